@@ -1,0 +1,98 @@
+"""Validation of ``quantize_mxfp8`` arguments: one validator for every backend and the dispatcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
+
+__all__ = ["QuantizeProblem", "validate_quantize_args", "SUPPORTED_INPUT_DTYPES"]
+
+SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class QuantizeProblem:
+    """The validated, host-known description of one quantize call (no device values)."""
+
+    num_rows: int  # M (T when grouped)
+    num_cols: int  # K
+    num_experts: int  # 1 when not grouped
+    grouped: bool
+    dtype: torch.dtype
+    device: torch.device
+    rowwise: bool
+    columnwise: bool
+    swizzle: bool
+    element_format: ElementFormat
+    scale_mode: ScaleMode
+
+
+def validate_quantize_args(
+    x: torch.Tensor,
+    *,
+    rowwise: bool,
+    columnwise: bool,
+    swizzle: bool,
+    split_sizes: torch.Tensor | None,
+    element_format: ElementFormat,
+    scale_mode: ScaleMode,
+) -> QuantizeProblem:
+    """Check every argument and say which one is wrong, with what was expected and given.
+
+    Checks that need the values of ``split_sizes`` (negative sizes, sum != T) would need a host
+    sync; they are done by the reference path and by ``check_split_values`` on request, never
+    on the hot path.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_INPUT_DTYPES:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype=}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)=}")
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous (row-major (M, K)), got {x.stride()=} for {tuple(x.shape)=}")
+    rows, cols = x.shape
+    if cols % BLOCK_SIZE != 0:
+        raise ValueError(f"x's last dimension K must be a multiple of {BLOCK_SIZE}, got K={cols}")
+    if not (rowwise or columnwise):
+        raise ValueError(f"at least one of rowwise, columnwise must be True, got {rowwise=}, {columnwise=}")
+    if not isinstance(element_format, ElementFormat):
+        raise TypeError(f"element_format must be a gmlp.ElementFormat, got {element_format!r}")
+    if not isinstance(scale_mode, ScaleMode):
+        raise TypeError(f"scale_mode must be a gmlp.ScaleMode, got {scale_mode!r}")
+    num_experts = 1
+    if split_sizes is not None:
+        if not isinstance(split_sizes, torch.Tensor):
+            raise TypeError(f"split_sizes must be an integer torch.Tensor of shape (E,), got {type(split_sizes).__name__}")
+        if split_sizes.dim() != 1 or split_sizes.numel() == 0:
+            raise ValueError(f"split_sizes must have shape (E,) with E >= 1, got {tuple(split_sizes.shape)=}")
+        if split_sizes.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"split_sizes must be int32 or int64, got {split_sizes.dtype=}")
+        if split_sizes.device != x.device:
+            raise ValueError(f"split_sizes must be on x's device, got {split_sizes.device=} and {x.device=}")
+        num_experts = split_sizes.numel()
+    return QuantizeProblem(
+        num_rows=rows,
+        num_cols=cols,
+        num_experts=num_experts,
+        grouped=split_sizes is not None,
+        dtype=x.dtype,
+        device=x.device,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        swizzle=swizzle,
+        element_format=element_format,
+        scale_mode=scale_mode,
+    )
+
+
+def check_split_values(split_sizes: torch.Tensor, num_rows: int) -> None:
+    """Check split sizes' values (syncs with the device): non-negative and summing to num_rows."""
+    sizes = split_sizes.tolist()
+    if any(m < 0 for m in sizes):
+        raise ValueError(f"split_sizes must be non-negative, got {sizes}")
+    if sum(sizes) != num_rows:
+        raise ValueError(f"split_sizes must sum to x's row count {num_rows}, got sum={sum(sizes)} from {sizes}")
