@@ -1,0 +1,155 @@
+"""Triton kernels: fused one-pass MXFP8 quantization (rowwise + columnwise) of a (T, K) tensor."""
+
+import triton
+import triton.language as tl
+
+from gmlp.triton_ref._mxfp8_math import e8m0_from_amax, nan_ignoring_abs, quantize_multiplier
+
+
+@triton.jit
+def find_group(tile, unit_start, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """Largest g < NUM_GROUPS with unit_start[g] <= tile (binary search over device prefix sums)."""
+    lo = 0
+    hi = NUM_GROUPS
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        go_right = tl.load(unit_start + mid) <= tile
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo
+
+
+@triton.jit
+def group_tile(tile, row_start, tile_start, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, GROUPED: tl.constexpr,
+               NUM_ROWS):
+    """Locate 128-row tile number ``tile`` of the expert-aligned tiling.
+
+    Returns (first_row, end_row, group_tile_start, group_tiles, group): the tile covers rows
+    [first_row, first_row + 128) of which those below end_row are real. A tile past the last
+    expert acts as an empty expert of one tile starting at itself, so that it writes the zero
+    padding of the swizzled layouts through the same code as the others.
+    """
+    if GROUPED:
+        total_tiles = tl.load(tile_start + NUM_GROUPS)
+        group = find_group(tile, tile_start, NUM_GROUPS, SEARCH_STEPS)
+        group_tile_start = tl.load(tile_start + group)
+        group_first_row = tl.load(row_start + group)
+        group_end_row = tl.load(row_start + group + 1)
+        group_tiles = tl.load(tile_start + group + 1) - group_tile_start
+        idle = tile >= total_tiles
+        first_row = group_first_row + (tile - group_tile_start) * 128
+        end_row = tl.where(idle, first_row, group_end_row)
+        group_tile_start = tl.where(idle, tile, group_tile_start)
+        group_tiles = tl.where(idle, 1, group_tiles)
+    else:
+        group = 0
+        first_row = tile * 128
+        end_row = NUM_ROWS
+        group_tile_start = 0
+        group_tiles = tl.cdiv(NUM_ROWS, 128)
+    return first_row, end_row, group_tile_start, group_tiles, group
+
+
+@triton.jit
+def swizzled_offset(i, j, col_tiles):
+    """Flat offset of scale (i, j) in a swizzled matrix with col_tiles 4-column tiles (scale_layout)."""
+    return ((i // 128) * col_tiles + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4)
+
+
+@triton.jit
+def quantize_mxfp8_kernel(
+    # input
+    x_ptr,  # (T, K) bf16 | fp32
+    row_start_ptr,  # (E+1,) int32 prefix sums of split sizes (GROUPED)
+    tile_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/128) (GROUPED)
+    block_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/32) (GROUPED)
+    # outputs
+    row_data_ptr,  # (T, K) fp8
+    row_scale_ptr,  # compact (T, K/32) | swizzled flat
+    col_data_ptr,  # (K, T) fp8, transposed
+    col_scale_ptr,  # compact (K, n_blocks) | swizzled flat
+    # sizes
+    NUM_ROWS,  # T
+    NUM_COLS,  # K
+    NUM_COL_BLOCKS,  # n_blocks of the compact columnwise scales
+    # format
+    RECIPROCAL_MAX: tl.constexpr,
+    EMAX: tl.constexpr,
+    FLOOR_MODE: tl.constexpr,
+    # what to write
+    ROWWISE: tl.constexpr,
+    COLUMNWISE: tl.constexpr,
+    SWIZZLE: tl.constexpr,
+    # grouping
+    GROUPED: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    # tiling
+    BLOCK_K: tl.constexpr,
+):
+    tl.static_assert(BLOCK_K % 128 == 0, f"{BLOCK_K=} must be a multiple of 128 to cover the swizzled padding")
+    BLOCK_M: tl.constexpr = 128
+    SCALES_K: tl.constexpr = BLOCK_K // 32
+    tile = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    first_row, end_row, group_tile_start, group_tiles, group = group_tile(
+        tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED, NUM_ROWS)
+
+    # One read of the (128, BLOCK_K) tile; rows past the expert's end read as zeros.
+    local_rows = tl.arange(0, BLOCK_M)
+    rows = first_row + local_rows
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_mask = rows < end_row
+    col_mask = cols < NUM_COLS
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    magnitude = nan_ignoring_abs(x)
+
+    if ROWWISE:
+        amax = tl.max(tl.reshape(magnitude, (BLOCK_M, SCALES_K, 32)), axis=2)
+        e = e8m0_from_amax(amax, RECIPROCAL_MAX, EMAX, FLOOR_MODE)
+        scaled = tl.reshape(x, (BLOCK_M, SCALES_K, 32)) * quantize_multiplier(e)[:, :, None]
+        q = tl.reshape(scaled, (BLOCK_M, BLOCK_K)).to(row_data_ptr.dtype.element_ty)
+        tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q, mask=mask)
+        scale_cols = pid_k * SCALES_K + tl.arange(0, SCALES_K)
+        num_scale_cols = NUM_COLS // 32
+        if SWIZZLE:
+            # Tile `tile` is tile row `tile` of the grouped swizzled layout; all 128 rows and the
+            # padding columns up to a multiple of 4 are written (zeros where there is no data).
+            col_tiles = tl.cdiv(num_scale_cols, 4)
+            offsets = swizzled_offset(tile * 128 + local_rows[:, None], scale_cols[None, :], col_tiles)
+            tl.store(row_scale_ptr + offsets, e.to(tl.uint8), mask=(scale_cols < col_tiles * 4)[None, :])
+        else:
+            offsets = rows[:, None].to(tl.int64) * num_scale_cols + scale_cols[None, :]
+            tl.store(row_scale_ptr + offsets, e.to(tl.uint8), mask=row_mask[:, None] & (scale_cols < num_scale_cols)[None, :])
+
+    if COLUMNWISE:
+        # Blocks of 32 rows along tokens; the tile starts at an expert-aligned row, so blocks never
+        # cross experts, and a partial trailing block sees zeros past the expert's end.
+        amax = tl.max(tl.reshape(magnitude, (BLOCK_M // 32, 32, BLOCK_K)), axis=1)
+        e = e8m0_from_amax(amax, RECIPROCAL_MAX, EMAX, FLOOR_MODE)
+        scaled = tl.reshape(x, (BLOCK_M // 32, 32, BLOCK_K)) * quantize_multiplier(e)[:, None, :]
+        q = tl.reshape(scaled, (BLOCK_M, BLOCK_K)).to(col_data_ptr.dtype.element_ty)
+        tl.store(col_data_ptr + cols[None, :].to(tl.int64) * NUM_ROWS + rows[:, None], q, mask=mask)
+        local_tile = tile - group_tile_start
+        block_in_tile = tl.arange(0, BLOCK_M // 32)
+        e_t = tl.trans(e)  # (BLOCK_K, 4): scale (k, block)
+        if SWIZZLE:
+            # Expert g's scales form their own swizzled (K, 4 * group_tiles) matrix at byte
+            # ceil(K/128)*128 * 4 * tile_start[g]; local block = local_tile * 4 + block_in_tile.
+            padded_k = tl.cdiv(NUM_COLS, 128) * 128
+            base = padded_k.to(tl.int64) * 4 * group_tile_start
+            offsets = base + swizzled_offset(cols[:, None], local_tile * 4 + block_in_tile[None, :], group_tiles)
+            tl.store(col_scale_ptr + offsets, e_t.to(tl.uint8), mask=(cols < padded_k)[:, None])
+        else:
+            if GROUPED:
+                group_block_start = tl.load(block_start_ptr + group)
+                group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
+                group_blocks = tl.where(end_row > first_row, group_blocks, 0)  # idle tile: nothing
+            else:
+                group_block_start = 0
+                group_blocks = tl.cdiv(NUM_ROWS, 32)
+            local_blocks = local_tile * 4 + block_in_tile
+            offsets = cols[:, None].to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_blocks[None, :]
+            valid = col_mask[:, None] & (local_blocks < group_blocks)[None, :]
+            tl.store(col_scale_ptr + offsets, e_t.to(tl.uint8), mask=valid)

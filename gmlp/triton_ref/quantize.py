@@ -1,0 +1,109 @@
+"""Triton launcher of the fused one-pass MXFP8 quantize (rowwise and/or columnwise, grouped)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from gmlp import scale_layout
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
+from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
+
+__all__ = ["quantize_mxfp8", "problem_support", "QUANTIZE_BLOCK_K", "QUANTIZE_NUM_WARPS"]
+
+QUANTIZE_BLOCK_K = 128  # columns per program; a multiple of 128 (swizzled padding coverage)
+QUANTIZE_NUM_WARPS = 8
+
+
+def problem_support(problem: QuantizeProblem) -> str | None:
+    """None if this kernel runs ``problem``, else the reason it does not.
+
+    The kernel covers every problem that ``validate_quantize_args`` accepts (both input dtypes,
+    element formats, scale modes, layouts, any split sizes), so there is no shape reason today.
+    """
+    del problem
+    return None
+
+
+def _search_steps(num_groups: int) -> int:
+    return max(0, math.ceil(math.log2(num_groups))) if num_groups > 1 else 0
+
+
+def quantize_mxfp8(
+    x: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    swizzle: bool = True,
+    split_sizes: torch.Tensor | None = None,
+    element_format: ElementFormat = ElementFormat.E4M3,
+    scale_mode: ScaleMode = ScaleMode.RCEIL,
+) -> MXFP8Quantized:
+    """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
+
+    Split sizes stay on the device: offsets are prefix sums computed there, and every buffer is
+    sized from host-known bounds.
+    """
+    # validate
+    problem = validate_quantize_args(
+        x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
+        element_format=element_format, scale_mode=scale_mode,
+    )
+    rows, cols = problem.num_rows, problem.num_cols
+    experts = problem.num_experts
+    device = x.device
+
+    # canonicalize: device prefix sums of rows, 128-row tiles and 32-row blocks
+    if split_sizes is not None:
+        row_start, tile_start = scale_layout.grouped_starts(split_sizes, scale_layout.SCALE_TILE_ROWS)
+        _, block_start = scale_layout.grouped_starts(split_sizes, 32)
+    else:
+        row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=device)
+    num_tiles = scale_layout.max_row_tiles(rows, experts)
+    num_col_blocks = scale_layout.max_column_blocks(rows, experts)
+
+    # allocate
+    fp8 = element_format.torch_dtype
+    row_data = torch.empty(rows, cols, dtype=fp8, device=device) if rowwise else None
+    col_data = torch.empty(cols, rows, dtype=fp8, device=device) if columnwise else None
+    row_scales = col_scales = None
+    if rowwise:
+        row_scales = (
+            torch.empty(num_tiles * scale_layout.swizzled_size(128, cols // 32), dtype=torch.uint8, device=device)
+            if swizzle else torch.empty(rows, cols // 32, dtype=torch.uint8, device=device)
+        )
+    if columnwise:
+        col_scales = (
+            torch.empty(num_tiles * scale_layout.swizzled_size(cols, 4), dtype=torch.uint8, device=device)
+            if swizzle  # every byte, padding included, is written by the kernel
+            else torch.zeros(cols, num_col_blocks, dtype=torch.uint8, device=device)  # unused columns stay 0
+        )
+
+    # launch
+    if num_tiles > 0 and cols > 0:
+        grid = (num_tiles, triton.cdiv(cols, QUANTIZE_BLOCK_K))
+        placeholder = x  # unused pointer arguments of disabled outputs
+        quantize_mxfp8_kernel[grid](
+            x, row_start, tile_start, block_start,
+            row_data if rowwise else placeholder, row_scales if rowwise else placeholder,
+            col_data if columnwise else placeholder, col_scales if columnwise else placeholder,
+            rows, cols, num_col_blocks,
+            RECIPROCAL_MAX=float(torch.tensor(1.0 / element_format.max_normal, dtype=torch.float32)),
+            EMAX=element_format.emax,
+            FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
+            ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
+            GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=_search_steps(experts),
+            BLOCK_K=QUANTIZE_BLOCK_K,
+            num_warps=QUANTIZE_NUM_WARPS,
+        )
+    row_result = col_result = None
+    if rowwise:
+        row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, swizzle, element_format, scale_mode, split_sizes)
+    if columnwise:
+        col_result = MXFP8Tensor(col_data, col_scales, QuantAxis.COLUMNWISE, swizzle, element_format, scale_mode, split_sizes)
+    return MXFP8Quantized(row_result, col_result)
+

@@ -1,0 +1,30 @@
+"""Test configuration: seeds, the Triton interpreter's fp8 cast shim, and device markers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# On a machine without a GPU the Triton kernels run in Triton's interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests import interpreter_shim  # noqa: E402
+
+interpreter_shim.install()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on the H200 (see README)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
