@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -11,6 +10,7 @@ from gmlp import scale_layout
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.reasons import Reason
 from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
 
 __all__ = ["quantize_mxfp8", "problem_support", "QUANTIZE_BLOCK_K", "QUANTIZE_NUM_WARPS"]
@@ -19,7 +19,7 @@ QUANTIZE_BLOCK_K = 128  # columns per program; a multiple of 128 (swizzled paddi
 QUANTIZE_NUM_WARPS = 8
 
 
-def problem_support(problem: QuantizeProblem) -> str | None:
+def problem_support(problem: QuantizeProblem) -> Reason | None:
     """None if this kernel runs ``problem``, else the reason it does not.
 
     The kernel covers every problem that ``validate_quantize_args`` accepts (both input dtypes,
@@ -29,8 +29,9 @@ def problem_support(problem: QuantizeProblem) -> str | None:
     return None
 
 
-def _search_steps(num_groups: int) -> int:
-    return max(0, math.ceil(math.log2(num_groups))) if num_groups > 1 else 0
+def search_steps(num_groups: int) -> int:
+    """Binary-search steps that find a group among num_groups (ceil(log2(num_groups)))."""
+    return (num_groups - 1).bit_length()
 
 
 def quantize_mxfp8(
@@ -96,7 +97,7 @@ def quantize_mxfp8(
             EMAX=element_format.emax,
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
-            GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=_search_steps(experts),
+            GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts),
             BLOCK_K=QUANTIZE_BLOCK_K,
             num_warps=QUANTIZE_NUM_WARPS,
         )

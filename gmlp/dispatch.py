@@ -1,0 +1,171 @@
+"""The dispatch rules: which path runs each op, and why the faster ones could not (single source).
+
+Paths, fastest first: ``cutedsl`` (CuTeDSL kernels), ``triton`` (Triton kernels), ``torch`` (the
+spec, any device). For each op, a path is asked two questions, each answered by ``None`` (yes)
+or a ``Reason``: can this system run the path at all (cached per device), and can the path run
+this problem. The first path answering yes to both runs the op.
+
+Environment (read at each call; none of them changes which path a setting-free run takes):
+
+- ``GMLP_WARN_FALLBACK=1``: warn once per (op, path, reason) when an op skips a faster path.
+- ``GMLP_STRICT=1`` (or ``strict=True``): raise ``FallbackError`` instead of falling back.
+- ``GMLP_BACKEND=cutedsl|triton|torch``: run that path or raise ``FallbackError``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib.metadata
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from gmlp.reasons import Reason, ReasonKind
+
+__all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path"]
+
+
+class Path(enum.Enum):
+    CUTEDSL = "cutedsl"
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+PATHS_FASTEST_FIRST = (Path.CUTEDSL, Path.TRITON, Path.TORCH)
+
+
+class FallbackError(RuntimeError):
+    """Raised in strict mode, or when a forced backend cannot run; the message gives every reason."""
+
+
+class FallbackWarning(UserWarning):
+    """Emitted under GMLP_WARN_FALLBACK=1 when an op does not take the fastest path."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The path an op takes and, for each faster path skipped, why."""
+
+    op: str
+    path: Path
+    skipped: tuple[tuple[Path, Reason], ...] = field(default_factory=tuple)
+
+    def explain(self) -> str:
+        lines = [f"{self.op}: {self.path.value}"]
+        lines += [f"  not {path.value}: {reason}" for path, reason in self.skipped]
+        return "\n".join(lines)
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _triton_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _device_system_reason(path: Path, device_type: str, capability: tuple[int, int] | None, interpret: bool) -> Reason | None:
+    if path is Path.TORCH:
+        return None
+    if path is Path.TRITON:
+        if interpret:
+            return None
+        if device_type != "cuda":
+            return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the Triton kernels need a CUDA GPU "
+                                             "(or TRITON_INTERPRET=1 to run them in Triton's interpreter)")
+        if capability < (8, 9):
+            return Reason(ReasonKind.SYSTEM, f"compute capability {capability[0]}.{capability[1]} < 8.9: "
+                                             "the fp8 conversions need sm_89 or newer")
+        try:
+            import triton  # noqa: F401
+        except Exception as error:  # report any import failure, with the package version
+            return Reason(ReasonKind.SYSTEM, f"triton {_package_version('triton')} failed to import: {error!r}")
+        return None
+    if device_type != "cuda":
+        return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the CuTeDSL kernels need a CUDA GPU")
+    if capability[0] not in (9, 10):
+        return Reason(ReasonKind.SYSTEM, f"compute capability {capability[0]}.{capability[1]}: the CuTeDSL kernels "
+                                         "are built for sm_90a (Hopper) and sm_100a (Blackwell)")
+    from gmlp.cutedsl import import_error
+
+    error = import_error()
+    if error is not None:
+        return Reason(ReasonKind.SYSTEM, error)
+    return None
+
+
+def system_reason(path: Path, device: torch.device) -> Reason | None:
+    """None if this system can run ``path`` for tensors on ``device``, else why not (cached)."""
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return _device_system_reason(path, device.type, capability, _triton_interpreter())
+
+
+_warned: set[tuple[str, Path, Path, str]] = set()
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0", "false", "False")
+
+
+def forced_path() -> Path | None:
+    """The path named by GMLP_BACKEND, or None; an unknown name is an error."""
+    name = os.environ.get("GMLP_BACKEND", "").strip().lower()
+    if not name:
+        return None
+    try:
+        return Path(name)
+    except ValueError:
+        raise ValueError(f"GMLP_BACKEND must be one of {[p.value for p in Path]}, got {name!r}") from None
+
+
+def choose_path(
+    op: str,
+    device: torch.device,
+    problem_reason: Callable[[Path], Reason | None],
+    *,
+    strict: bool | None = None,
+    detail: str = "",
+) -> Decision:
+    """Pick the fastest path that can run ``op``; warn, raise or force as the settings say.
+
+    ``problem_reason(path)`` says whether ``path`` can run this op's problem. ``detail`` (for
+    example the activation) is added to warnings and errors to say which variant of the op.
+    """
+    label = f"{op}{f' ({detail})' if detail else ''}"
+    skipped: list[tuple[Path, Reason]] = []
+    forced = forced_path()
+    for path in PATHS_FASTEST_FIRST:
+        reason = system_reason(path, device) or problem_reason(path)
+        if path is forced and reason is not None:
+            raise FallbackError(f"GMLP_BACKEND={forced.value}: {label} cannot run on {forced.value}: {reason}")
+        if reason is None and forced in (None, path):
+            return _report(Decision(op, path, tuple(skipped)), label, strict)
+        if reason is not None:
+            skipped.append((path, reason))
+    raise AssertionError(f"the torch path runs every validated problem, but {label} found none: {skipped}")
+
+
+def _report(decision: Decision, label: str, strict: bool | None) -> Decision:
+    """Raise (strict) or warn (GMLP_WARN_FALLBACK) about the faster paths a decision skipped."""
+    skipped, chosen = decision.skipped, decision.path
+    if forced_path() is not None:
+        return decision
+    if skipped:
+        message = f"{label} took the {chosen.value} path; " + "; ".join(f"not {p.value}: {r}" for p, r in skipped)
+        if strict or (strict is None and _env_flag("GMLP_STRICT")):
+            raise FallbackError(f"strict mode: {message}")
+        if _env_flag("GMLP_WARN_FALLBACK"):
+            for path, reason in skipped:
+                key = (label, path, chosen, str(reason))
+                if key not in _warned:
+                    _warned.add(key)
+                    warnings.warn(f"{label}: not {path.value} ({reason}); took {chosen.value}", FallbackWarning, stacklevel=4)
+    return decision

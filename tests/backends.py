@@ -1,0 +1,27 @@
+"""The kernel paths a test can run here, each with the reason when it cannot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gmlp.dispatch import Path, system_reason
+
+
+def kernel_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def quantize_launcher(path: Path):
+    """The quantize launcher of ``path``, or pytest.skip with the dispatcher's reason."""
+    reason = system_reason(path, kernel_device())
+    if reason is not None:
+        pytest.skip(f"{path.value} cannot run here: {reason}")
+    if path is Path.CUTEDSL:
+        from gmlp.cutedsl.quantize import quantize_mxfp8
+    else:
+        from gmlp.triton_ref.quantize import quantize_mxfp8
+    return quantize_mxfp8
+
+
+KERNEL_PATHS = [Path.TRITON, Path.CUTEDSL]

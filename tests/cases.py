@@ -1,0 +1,97 @@
+"""Test inputs for quantization: random distributions, adversarial blocks, split sizes."""
+
+from __future__ import annotations
+
+import torch
+
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _bits_to_float(bits: int) -> float:
+    return torch.tensor([bits], dtype=torch.int32).view(torch.float32).item()
+
+
+def fp8_values(element_format: ElementFormat) -> torch.Tensor:
+    """Every finite non-negative value of the format, ascending."""
+    codes = torch.arange(0, 128, dtype=torch.uint8).view(element_format.torch_dtype).float()
+    return codes[torch.isfinite(codes)].unique()
+
+
+def tie_block(element_format: ElementFormat, scale_mode: ScaleMode, sign: float = 1.0) -> torch.Tensor:
+    """A block holding max_normal and midpoints between adjacent fp8 codes (after scaling)."""
+    top = element_format.max_normal
+    multiplier = quantize_multiplier(e8m0_from_amax(torch.tensor([top]), element_format, scale_mode)).item()
+    values = fp8_values(element_format)
+    midpoints = ((values[1:] + values[:-1]) / 2) / multiplier
+    picks = midpoints[torch.linspace(0, midpoints.numel() - 1, BLOCK_SIZE - 1).long()]
+    return sign * torch.cat([torch.tensor([top]), picks])
+
+
+def adversarial_blocks(element_format: ElementFormat, scale_mode: ScaleMode) -> list[torch.Tensor]:
+    """32-value fp32 blocks that exercise every special case of the spec."""
+    ramp = torch.linspace(-1, 1, BLOCK_SIZE)
+    blocks = {
+        "zeros": torch.zeros(BLOCK_SIZE),
+        "negative_zeros": torch.full((BLOCK_SIZE,), -0.0),
+        "nan_among_finite": torch.where(torch.arange(BLOCK_SIZE) == 5, NAN, ramp * 3),
+        "all_nan": torch.full((BLOCK_SIZE,), NAN),
+        "pos_inf": torch.where(torch.arange(BLOCK_SIZE) == 7, INF, ramp),
+        "neg_inf": torch.where(torch.arange(BLOCK_SIZE) == 0, -INF, ramp * 1e30),
+        "fp32_subnormals": ramp * _bits_to_float(0x00000400),
+        "smallest_subnormal": torch.full((BLOCK_SIZE,), _bits_to_float(1)),
+        "at_max": torch.where(ramp > 0, element_format.max_normal, -element_format.max_normal),
+        "beyond_max": ramp * element_format.max_normal * 1.07,
+        "e5m2_max": ramp * 57344.0,
+        "near_fp32_max": ramp * 3.0e38,
+        "fp32_max": torch.full((BLOCK_SIZE,), _bits_to_float(0x7F7FFFFF)),
+        "scale_2_pow_minus_127": ramp * 448.0 * 2.0**-127,
+        "tiny_normals": ramp * 2.0**-120,
+        "ties": tie_block(element_format, scale_mode),
+        "negative_ties": tie_block(element_format, scale_mode, sign=-1.0),
+    }
+    for exponent in (-100, -3, 0, 8, 9, 15, 16, 100):
+        power = 2.0**exponent
+        for name, amax in (("pow2", power), ("pow2_up", power * (1 + 2**-23)), ("pow2_down", power * (1 - 2**-24))):
+            blocks[f"{name}_{exponent}"] = torch.where(torch.arange(BLOCK_SIZE) == 3, amax, ramp * power / 2)
+    for scaled_max in (448.0, 57344.0):  # amax mapping exactly onto a power-of-two multiple of max_normal
+        for exponent in (-130, -10, 0, 10):
+            amax = scaled_max * 2.0**exponent
+            blocks[f"max_times_2^{exponent}_{scaled_max:g}"] = torch.where(torch.arange(BLOCK_SIZE) == 9, amax, ramp)
+    return [b.float() for b in blocks.values()]
+
+
+def adversarial_matrix(element_format: ElementFormat, scale_mode: ScaleMode, rows: int = 64) -> torch.Tensor:
+    """(rows, 32 * n_blocks): every adversarial block along K, and along M in the transposed use.
+
+    Row r holds the blocks rotated by r, so that each column also sees every kind of block.
+    """
+    blocks = adversarial_blocks(element_format, scale_mode)
+    row = torch.cat(blocks)
+    return torch.stack([torch.roll(row, shifts=BLOCK_SIZE * r + r) for r in range(rows)])
+
+
+def random_matrix(kind: str, rows: int, cols: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    """Random (rows, cols) data of a named distribution."""
+    if kind == "normal":
+        x = torch.randn(rows, cols)
+    elif kind == "uniform_wide":  # magnitudes over many binades
+        x = torch.randn(rows, cols) * torch.exp2(torch.randint(-40, 40, (rows, cols)).float())
+    elif kind == "outliers":  # activations with a few large channels
+        x = torch.randn(rows, cols)
+        x[:, :: max(1, cols // 7)] *= 300.0
+    elif kind == "lognormal":
+        x = torch.exp(torch.randn(rows, cols) * 3) * torch.sign(torch.randn(rows, cols))
+    else:
+        raise ValueError(f"unknown distribution {kind=}")
+    return x.to(dtype=dtype, device=device)
+
+
+SPLIT_CASES = {
+    "ungrouped": None,
+    "one_expert": [300],
+    "zeros_and_odd": [0, 37, 200, 63, 0],
+    "all_in_last": [0, 0, 0, 300],
+    "tiny_experts": [1, 31, 33, 1, 0, 105, 129],
+}
