@@ -1,0 +1,17 @@
+"""``python -m gmlp.bench {quantize}``."""
+
+import sys
+
+BENCHES = {"quantize": "gmlp.bench.quantize"}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHES:
+        sys.exit(f"usage: python -m gmlp.bench {{{','.join(BENCHES)}}} [--help]")
+    import importlib
+
+    importlib.import_module(BENCHES[sys.argv[1]]).main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Shared benchmark plumbing: CUDA-event timing, environment record, JSON results."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Callable
+
+import torch
+
+
+def median_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 15) -> float:
+    """Median wall time of fn() on the current CUDA stream, in milliseconds (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second, GB/s) of num_bytes."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * num_bytes / ms / 1e6
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _commit() -> str:
+    if os.environ.get("GMLP_COMMIT"):
+        return os.environ["GMLP_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as error:
+        return f"unknown ({error})"
+
+
+def environment() -> dict:
+    """Device, versions, commit and date of this run."""
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "nvidia-cutlass-dsl": _version("nvidia-cutlass-dsl"),
+        "nvidia-cudnn-frontend": _version("nvidia-cudnn-frontend"),
+        "commit": _commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_results(name: str, results: dict, out_dir: str | None) -> pathlib.Path:
+    """Write results as JSON into out_dir (default: bench_results/), named after the bench and date."""
+    folder = pathlib.Path(out_dir or "bench_results")
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = folder / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return path

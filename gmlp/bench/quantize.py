@@ -1,0 +1,86 @@
+"""Quantize bandwidth: Triton and CuTeDSL kernels, and torch.compile of the spec, vs device copy."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gmlp import scale_layout
+from gmlp.bench.common import copy_bandwidth_gbs, environment, median_ms, write_results
+from gmlp.dispatch import Path, system_reason
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
+
+SHAPES = [(32768, 7168), (65536, 2048)]
+MODES = {"rowwise": (True, False), "rowwise+columnwise": (True, True)}
+
+
+def plain_torch_quantize(x: torch.Tensor, rowwise: bool, columnwise: bool):
+    """The spec written as a plain ungrouped PyTorch function (what torch.compile gets)."""
+    rows, cols = x.shape
+    out = []
+    if rowwise:
+        data, scales = quantize_blocks(x.view(rows, cols // BLOCK_SIZE, BLOCK_SIZE), ElementFormat.E4M3, ScaleMode.RCEIL)
+        out += [data.view(rows, cols), scale_layout.swizzle(scales)]
+    if columnwise:
+        data, scales = quantize_blocks(x.t().reshape(cols, rows // BLOCK_SIZE, BLOCK_SIZE), ElementFormat.E4M3, ScaleMode.RCEIL)
+        out += [data.view(cols, rows), scale_layout.swizzle(scales)]
+    return out
+
+
+def bytes_moved(rows: int, cols: int, rowwise: bool, columnwise: bool) -> int:
+    """Bytes read (bf16 input) + written (fp8 data and swizzled scales), padding included."""
+    total = rows * cols * 2
+    if rowwise:
+        total += rows * cols + scale_layout.swizzled_size(rows, cols // BLOCK_SIZE)
+    if columnwise:
+        total += rows * cols + scale_layout.swizzled_size(cols, rows // BLOCK_SIZE)
+    return total
+
+
+def implementations(device: torch.device, names: list[str]) -> tuple[dict, dict]:
+    """name -> fn(x, rowwise, columnwise) for the requested names that can run; name -> reason for the others."""
+    impls, skipped = {}, {}
+    for path in (p for p in (Path.TRITON, Path.CUTEDSL) if p.value in names):
+        reason = system_reason(path, device)
+        if reason is not None:
+            skipped[path.value] = str(reason)
+            continue
+        if path is Path.TRITON:
+            from gmlp.triton_ref.quantize import quantize_mxfp8
+        else:
+            from gmlp.cutedsl.quantize import quantize_mxfp8
+        impls[path.value] = lambda x, r, c, f=quantize_mxfp8: f(x, rowwise=r, columnwise=c, swizzle=True)
+    if "torch.compile" in names:
+        compiled = torch.compile(plain_torch_quantize, dynamic=False)
+        impls["torch.compile"] = lambda x, r, c: compiled(x, r, c)
+    return impls, skipped
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gmlp.bench quantize", description=__doc__)
+    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    parser.add_argument("--impl", default="triton,cutedsl,torch.compile", help="comma-separated implementations")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    env = environment()
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"{env['device']}: copy bandwidth {copy_gbs:.0f} GB/s (read + write)", flush=True)
+    impls, skipped = implementations(device, args.impl.split(","))
+    for name, reason in skipped.items():
+        print(f"  {name}: skipped ({reason})")
+    rows_out = []
+    for rows, cols in SHAPES:
+        x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16)
+        for mode, (rowwise, columnwise) in MODES.items():
+            moved = bytes_moved(rows, cols, rowwise, columnwise)
+            for name, fn in impls.items():
+                ms = median_ms(lambda: fn(x, rowwise, columnwise))
+                gbs = moved / ms / 1e6
+                rows_out.append(dict(impl=name, rows=rows, cols=cols, mode=mode, ms=ms, gb_per_s=gbs,
+                                     ratio_to_copy=gbs / copy_gbs))
+                print(f"  {rows}x{cols} {mode:>18} {name:>14}: {ms:7.3f} ms {gbs:7.0f} GB/s "
+                      f"{gbs / copy_gbs:5.2f} of copy", flush=True)
+        del x
+    path = write_results("quantize", dict(environment=env, copy_gb_per_s=copy_gbs, skipped=skipped, results=rows_out), args.out)
+    print(f"wrote {path}")
