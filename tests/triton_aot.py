@@ -18,15 +18,16 @@ SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr
 
 def configs() -> dict[str, tuple]:
     """name -> (kernel name, signature, constexprs, capability, num_warps)."""
-    from gmlp.triton_ref.quantize import QUANTIZE_BLOCK_K, QUANTIZE_NUM_WARPS
+    from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG as config
 
     out = {}
     for capability in (90, 100):
         for fp8, emax, reciprocal in (("fp8e4nv", 8, 1 / 448), ("fp8e5", 15, 1 / 57344)):
             signature = {k: v.format(fp8=fp8) for k, v in QUANTIZE_SIGNATURE.items()}
             constexprs = dict(RECIPROCAL_MAX=float(reciprocal), EMAX=emax, FLOOR_MODE=False, ROWWISE=True, COLUMNWISE=True,
-                              SWIZZLE=True, GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=QUANTIZE_BLOCK_K)
-            out[f"quantize_{fp8}_sm{capability}"] = ("quantize", signature, constexprs, capability, QUANTIZE_NUM_WARPS)
+                              SWIZZLE=True, GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3,
+                              BLOCK_M=config.block_m, BLOCK_K=config.block_k)
+            out[f"quantize_{fp8}_sm{capability}"] = ("quantize", signature, constexprs, capability, config.num_warps)
         for columnwise in (False, True):
             constexprs = dict(COLUMNWISE=columnwise, UNSWIZZLE=columnwise, GROUPED=True, NUM_GROUPS=4, SEARCH_STEPS=2)
             out[f"swizzle_col{int(columnwise)}_sm{capability}"] = ("swizzle", SWIZZLE_SIGNATURE, constexprs, capability, 1)

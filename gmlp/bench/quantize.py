@@ -57,10 +57,28 @@ def implementations(device: torch.device, names: list[str]) -> tuple[dict, dict]
     return impls, skipped
 
 
+def sweep_triton_configs(copy_gbs: float) -> list[dict]:
+    """Time every Triton quantize config candidate on the benchmark shapes (rowwise + columnwise)."""
+    from gmlp.triton_ref.quantize import QuantizeConfig, quantize_mxfp8
+
+    candidates = [QuantizeConfig(m, k, w) for m in (32, 64, 128) for k in (128, 256) for w in (4, 8)]
+    out = []
+    for rows, cols in SHAPES:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        moved = bytes_moved(rows, cols, True, True)
+        for config in candidates:
+            ms = median_ms(lambda: quantize_mxfp8(x, rowwise=True, columnwise=True, config=config))
+            ratio = moved / ms / 1e6 / copy_gbs
+            out.append(dict(rows=rows, cols=cols, config=vars(config), ms=ms, ratio_to_copy=ratio))
+            print(f"  sweep {rows}x{cols} {config}: {ms:.3f} ms, {ratio:.2f} of copy", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench quantize", description=__doc__)
     parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
     parser.add_argument("--impl", default="triton,cutedsl,torch.compile", help="comma-separated implementations")
+    parser.add_argument("--sweep", action="store_true", help="also time every Triton config candidate")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     env = environment()
@@ -82,5 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {rows}x{cols} {mode:>18} {name:>14}: {ms:7.3f} ms {gbs:7.0f} GB/s "
                       f"{gbs / copy_gbs:5.2f} of copy", flush=True)
         del x
-    path = write_results("quantize", dict(environment=env, copy_gb_per_s=copy_gbs, skipped=skipped, results=rows_out), args.out)
+    sweep = sweep_triton_configs(copy_gbs) if args.sweep else []
+    results = dict(environment=env, copy_gb_per_s=copy_gbs, skipped=skipped, results=rows_out, triton_config_sweep=sweep)
+    path = write_results("quantize", results, args.out)
     print(f"wrote {path}")

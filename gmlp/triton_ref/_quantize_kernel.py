@@ -36,17 +36,22 @@ def quantize_mxfp8_kernel(
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     # tiling
+    BLOCK_M: tl.constexpr,  # rows per program: 32, 64 or 128 (a slice of one 128-row tile)
     BLOCK_K: tl.constexpr,
 ):
     tl.static_assert(BLOCK_K % 128 == 0, f"{BLOCK_K=} must be a multiple of 128 to cover the swizzled padding")
-    BLOCK_M: tl.constexpr = 128
+    tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % 32 == 0, f"{BLOCK_M=} must be 32, 64 or 128")
+    SLICES: tl.constexpr = 128 // BLOCK_M
     SCALES_K: tl.constexpr = BLOCK_K // 32
-    tile = tl.program_id(0)
+    BLOCKS_M: tl.constexpr = BLOCK_M // 32
+    tile = tl.program_id(0) // SLICES
+    slice_row = (tl.program_id(0) % SLICES) * BLOCK_M  # first row of this slice within the tile
     pid_k = tl.program_id(1)
-    first_row, end_row, group_tile_start, group_tiles, group = group_tile(
+    tile_first_row, end_row, group_tile_start, group_tiles, group = group_tile(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED, NUM_ROWS)
 
-    # One read of the (128, BLOCK_K) tile; rows past the expert's end read as zeros.
+    # One read of the (BLOCK_M, BLOCK_K) slice; rows past the expert's end read as zeros.
+    first_row = tile_first_row + slice_row
     local_rows = tl.arange(0, BLOCK_M)
     rows = first_row + local_rows
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -65,42 +70,48 @@ def quantize_mxfp8_kernel(
         scale_cols = pid_k * SCALES_K + tl.arange(0, SCALES_K)
         num_scale_cols = NUM_COLS // 32
         if SWIZZLE:
-            # Tile `tile` is tile row `tile` of the grouped swizzled layout; all 128 rows and the
-            # padding columns up to a multiple of 4 are written (zeros where there is no data).
+            # This slice is part of tile row `tile` of the grouped swizzled layout; all its rows
+            # and the padding columns up to a multiple of 4 are written (zeros where no data).
             col_tiles = tl.cdiv(num_scale_cols, 4)
-            offsets = swizzled_offset(tile * 128 + local_rows[:, None], scale_cols[None, :], col_tiles)
+            offsets = swizzled_offset(tile * 128 + slice_row + local_rows[:, None], scale_cols[None, :], col_tiles)
             tl.store(row_scale_ptr + offsets, e.to(tl.uint8), mask=(scale_cols < col_tiles * 4)[None, :])
         else:
             offsets = rows[:, None].to(tl.int64) * num_scale_cols + scale_cols[None, :]
             tl.store(row_scale_ptr + offsets, e.to(tl.uint8), mask=row_mask[:, None] & (scale_cols < num_scale_cols)[None, :])
 
     if COLUMNWISE:
-        # Blocks of 32 rows along tokens; the tile starts at an expert-aligned row, so blocks never
+        # Blocks of 32 rows along tokens; slices start at expert-aligned rows, so blocks never
         # cross experts, and a partial trailing block sees zeros past the expert's end.
-        amax = tl.max(tl.reshape(magnitude, (BLOCK_M // 32, 32, BLOCK_K)), axis=1)
+        amax = tl.max(tl.reshape(magnitude, (BLOCKS_M, 32, BLOCK_K)), axis=1)
         e = e8m0_from_amax(amax, RECIPROCAL_MAX, EMAX, FLOOR_MODE)
-        scaled = tl.reshape(x, (BLOCK_M // 32, 32, BLOCK_K)) * quantize_multiplier(e)[:, None, :]
-        q = tl.reshape(scaled, (BLOCK_M, BLOCK_K)).to(col_data_ptr.dtype.element_ty)
-        tl.store(col_data_ptr + cols[None, :].to(tl.int64) * NUM_ROWS + rows[:, None], q, mask=mask)
+        scaled = tl.reshape(x, (BLOCKS_M, 32, BLOCK_K)) * quantize_multiplier(e)[:, None, :]
+        q_t = tl.trans(tl.reshape(scaled, (BLOCK_M, BLOCK_K)).to(col_data_ptr.dtype.element_ty))  # (BLOCK_K, BLOCK_M)
+        col_rows = cols[:, None].to(tl.int64) * NUM_ROWS
+        if (end_row - first_row >= BLOCK_M) & (first_row % 16 == 0):
+            # Full, 16-aligned slice: no row mask, and a first row the compiler can see is a
+            # multiple of 16 (it equals first_row here), so the transposed rows go out as vectors.
+            aligned_rows = (first_row // 16) * 16 + local_rows
+            tl.store(col_data_ptr + col_rows + aligned_rows[None, :], q_t, mask=col_mask[:, None])
+        else:
+            tl.store(col_data_ptr + col_rows + rows[None, :], q_t, mask=col_mask[:, None] & row_mask[None, :])
         local_tile = tile - group_tile_start
-        block_in_tile = tl.arange(0, BLOCK_M // 32)
-        e_t = tl.trans(e)  # (BLOCK_K, 4): scale (k, block)
+        local_blocks = local_tile * 4 + slice_row // 32 + tl.arange(0, BLOCKS_M)
+        e_t = tl.trans(e)  # (BLOCK_K, BLOCKS_M): scale (k, block)
         if SWIZZLE:
             # Expert g's scales form their own swizzled (K, 4 * group_tiles) matrix at byte
-            # ceil(K/128)*128 * 4 * tile_start[g]; local block = local_tile * 4 + block_in_tile.
+            # ceil(K/128)*128 * 4 * tile_start[g].
             padded_k = tl.cdiv(NUM_COLS, 128) * 128
             base = padded_k.to(tl.int64) * 4 * group_tile_start
-            offsets = base + swizzled_offset(cols[:, None], local_tile * 4 + block_in_tile[None, :], group_tiles)
+            offsets = base + swizzled_offset(cols[:, None], local_blocks[None, :], group_tiles)
             tl.store(col_scale_ptr + offsets, e_t.to(tl.uint8), mask=(cols < padded_k)[:, None])
         else:
             if GROUPED:
                 group_block_start = tl.load(block_start_ptr + group)
                 group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
-                group_blocks = tl.where(end_row > first_row, group_blocks, 0)  # idle tile: nothing
+                group_blocks = tl.where(end_row > tile_first_row, group_blocks, 0)  # idle tile: nothing
             else:
                 group_block_start = 0
                 group_blocks = tl.cdiv(NUM_ROWS, 32)
-            local_blocks = local_tile * 4 + block_in_tile
             offsets = cols[:, None].to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_blocks[None, :]
             valid = col_mask[:, None] & (local_blocks < group_blocks)[None, :]
             tl.store(col_scale_ptr + offsets, e_t.to(tl.uint8), mask=valid)

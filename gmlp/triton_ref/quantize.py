@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -13,10 +15,24 @@ from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
 from gmlp.reasons import Reason
 from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
 
-__all__ = ["quantize_mxfp8", "problem_support", "QUANTIZE_BLOCK_K", "QUANTIZE_NUM_WARPS"]
+__all__ = ["quantize_mxfp8", "problem_support", "QuantizeConfig", "DEFAULT_QUANTIZE_CONFIG"]
 
-QUANTIZE_BLOCK_K = 128  # columns per program; a multiple of 128 (swizzled padding coverage)
-QUANTIZE_NUM_WARPS = 8
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Tiling of the quantize kernel: one program per (block_m rows, block_k columns) slice."""
+
+    block_m: int = 128  # 32, 64 or 128: a slice of one expert-aligned 128-row tile
+    block_k: int = 128  # a multiple of 128, so that programs cover the swizzled padding
+    num_warps: int = 8
+
+    def check(self) -> None:
+        if self.block_m not in (32, 64, 128) or self.block_k % 128 or self.block_k <= 0:
+            raise ValueError(f"invalid quantize config: {self}; block_m in (32, 64, 128), block_k a multiple of 128")
+
+
+DEFAULT_QUANTIZE_CONFIG = QuantizeConfig()
 
 
 def problem_support(problem: QuantizeProblem) -> Reason | None:
@@ -43,6 +59,7 @@ def quantize_mxfp8(
     split_sizes: torch.Tensor | None = None,
     element_format: ElementFormat = ElementFormat.E4M3,
     scale_mode: ScaleMode = ScaleMode.RCEIL,
+    config: QuantizeConfig = DEFAULT_QUANTIZE_CONFIG,
 ) -> MXFP8Quantized:
     """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
 
@@ -86,7 +103,8 @@ def quantize_mxfp8(
 
     # launch
     if num_tiles > 0 and cols > 0:
-        grid = (num_tiles, triton.cdiv(cols, QUANTIZE_BLOCK_K))
+        config.check()
+        grid = (num_tiles * (128 // config.block_m), triton.cdiv(cols, config.block_k))
         placeholder = x  # unused pointer arguments of disabled outputs
         quantize_mxfp8_kernel[grid](
             x, row_start, tile_start, block_start,
@@ -98,8 +116,8 @@ def quantize_mxfp8(
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
             GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts),
-            BLOCK_K=QUANTIZE_BLOCK_K,
-            num_warps=QUANTIZE_NUM_WARPS,
+            BLOCK_M=config.block_m, BLOCK_K=config.block_k,
+            num_warps=config.num_warps,
         )
     row_result = col_result = None
     if rowwise:
