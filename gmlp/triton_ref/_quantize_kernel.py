@@ -1,4 +1,11 @@
-"""Triton kernels: fused one-pass MXFP8 quantization (rowwise + columnwise) of a (T, K) tensor."""
+"""Triton kernel: fused one-pass MXFP8 quantization (rowwise + columnwise) of a (T, K) tensor.
+
+Work unit: a 32x32 block of x, the intersection of one rowwise and one columnwise quantization
+block. A program owns one 32-row slice of an expert-aligned 128-row tile and walks along K over
+CHUNKS_PER_PROGRAM such blocks. With one warp per program the 32x32 block lives in one warp, so
+both reductions (along K for rowwise, along T for columnwise) and the transpose stay within the
+warp: no shared-memory round trip, no barrier, few registers, many programs per SM.
+"""
 
 import triton
 import triton.language as tl
@@ -36,82 +43,74 @@ def quantize_mxfp8_kernel(
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     # tiling
-    BLOCK_M: tl.constexpr,  # rows per program: 32, 64 or 128 (a slice of one 128-row tile)
-    BLOCK_K: tl.constexpr,
+    CHUNKS_PER_PROGRAM: tl.constexpr,  # 32-column blocks each program walks over
+    NUM_STAGES: tl.constexpr,  # software pipelining depth of that walk (loads run ahead)
 ):
-    tl.static_assert(BLOCK_K % 128 == 0, f"{BLOCK_K=} must be a multiple of 128 to cover the swizzled padding")
-    tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % 32 == 0, f"{BLOCK_M=} must be 32, 64 or 128")
-    SLICES: tl.constexpr = 128 // BLOCK_M
-    SCALES_K: tl.constexpr = BLOCK_K // 32
-    BLOCKS_M: tl.constexpr = BLOCK_M // 32
-    tile = tl.program_id(0) // SLICES
-    slice_row = (tl.program_id(0) % SLICES) * BLOCK_M  # first row of this slice within the tile
-    pid_k = tl.program_id(1)
+    tile = tl.program_id(0) // 4
+    slice_row = (tl.program_id(0) % 4) * 32  # first row of this 32-row slice within the tile
     tile_first_row, end_row, group_tile_start, group_tiles, group = group_tile(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED, NUM_ROWS)
-
-    # One read of the (BLOCK_M, BLOCK_K) slice; rows past the expert's end read as zeros.
     first_row = tile_first_row + slice_row
-    local_rows = tl.arange(0, BLOCK_M)
-    rows = first_row + local_rows
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    row_mask = rows < end_row
-    col_mask = cols < NUM_COLS
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    magnitude = nan_ignoring_abs(x)
+    lanes = tl.arange(0, 32)
+    rows = first_row + lanes
+    row_mask = rows < end_row  # rows past the expert's end read as zeros
+    # Full, 16-aligned slices store the transposed data unmasked along rows from a first row the
+    # compiler can see is a multiple of 16 (it equals first_row there): 16-byte vector stores.
+    full_aligned_slice = (end_row - first_row >= 32) & (first_row % 16 == 0)
+    aligned_rows = (first_row // 16) * 16 + lanes
+    local_block = (tile - group_tile_start) * 4 + slice_row // 32  # columnwise block within the expert
 
-    if ROWWISE:
-        amax = tl.max(tl.reshape(magnitude, (BLOCK_M, SCALES_K, 32)), axis=2)
-        e = e8m0_from_amax(amax, RECIPROCAL_MAX, EMAX, FLOOR_MODE)
-        scaled = tl.reshape(x, (BLOCK_M, SCALES_K, 32)) * quantize_multiplier(e)[:, :, None]
-        q = tl.reshape(scaled, (BLOCK_M, BLOCK_K)).to(row_data_ptr.dtype.element_ty)
-        tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q, mask=mask)
-        scale_cols = pid_k * SCALES_K + tl.arange(0, SCALES_K)
-        num_scale_cols = NUM_COLS // 32
-        if SWIZZLE:
-            # This slice is part of tile row `tile` of the grouped swizzled layout; all its rows
-            # and the padding columns up to a multiple of 4 are written (zeros where no data).
-            col_tiles = tl.cdiv(num_scale_cols, 4)
-            offsets = swizzled_offset(tile * 128 + slice_row + local_rows[:, None], scale_cols[None, :], col_tiles)
-            tl.store(row_scale_ptr + offsets, e.to(tl.uint8), mask=(scale_cols < col_tiles * 4)[None, :])
-        else:
-            offsets = rows[:, None].to(tl.int64) * num_scale_cols + scale_cols[None, :]
-            tl.store(row_scale_ptr + offsets, e.to(tl.uint8), mask=row_mask[:, None] & (scale_cols < num_scale_cols)[None, :])
+    # Swizzled layouts: walking K up to its padding writes the zero scales of the padding too.
+    if SWIZZLE:
+        num_chunks = tl.cdiv(NUM_COLS, 128) * 4
+    else:
+        num_chunks = tl.cdiv(NUM_COLS, 32)
+    first_chunk = tl.program_id(1) * CHUNKS_PER_PROGRAM
+    last_chunk = tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, num_chunks)
+    for chunk in tl.range(first_chunk, last_chunk, num_stages=NUM_STAGES):
+        cols = chunk * 32 + lanes
+        col_mask = cols < NUM_COLS
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :],
+                    mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        magnitude = nan_ignoring_abs(x)
 
-    if COLUMNWISE:
-        # Blocks of 32 rows along tokens; slices start at expert-aligned rows, so blocks never
-        # cross experts, and a partial trailing block sees zeros past the expert's end.
-        amax = tl.max(tl.reshape(magnitude, (BLOCKS_M, 32, BLOCK_K)), axis=1)
-        e = e8m0_from_amax(amax, RECIPROCAL_MAX, EMAX, FLOOR_MODE)
-        scaled = tl.reshape(x, (BLOCKS_M, 32, BLOCK_K)) * quantize_multiplier(e)[:, None, :]
-        q_t = tl.trans(tl.reshape(scaled, (BLOCK_M, BLOCK_K)).to(col_data_ptr.dtype.element_ty))  # (BLOCK_K, BLOCK_M)
-        col_rows = cols[:, None].to(tl.int64) * NUM_ROWS
-        if (end_row - first_row >= BLOCK_M) & (first_row % 16 == 0):
-            # Full, 16-aligned slice: no row mask, and a first row the compiler can see is a
-            # multiple of 16 (it equals first_row here), so the transposed rows go out as vectors.
-            aligned_rows = (first_row // 16) * 16 + local_rows
-            tl.store(col_data_ptr + col_rows + aligned_rows[None, :], q_t, mask=col_mask[:, None])
-        else:
-            tl.store(col_data_ptr + col_rows + rows[None, :], q_t, mask=col_mask[:, None] & row_mask[None, :])
-        local_tile = tile - group_tile_start
-        local_blocks = local_tile * 4 + slice_row // 32 + tl.arange(0, BLOCKS_M)
-        e_t = tl.trans(e)  # (BLOCK_K, BLOCKS_M): scale (k, block)
-        if SWIZZLE:
-            # Expert g's scales form their own swizzled (K, 4 * group_tiles) matrix at byte
-            # ceil(K/128)*128 * 4 * tile_start[g].
-            padded_k = tl.cdiv(NUM_COLS, 128) * 128
-            base = padded_k.to(tl.int64) * 4 * group_tile_start
-            offsets = base + swizzled_offset(cols[:, None], local_blocks[None, :], group_tiles)
-            tl.store(col_scale_ptr + offsets, e_t.to(tl.uint8), mask=(cols < padded_k)[:, None])
-        else:
-            if GROUPED:
-                group_block_start = tl.load(block_start_ptr + group)
-                group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
-                group_blocks = tl.where(end_row > tile_first_row, group_blocks, 0)  # idle tile: nothing
+        if ROWWISE:
+            e = e8m0_from_amax(tl.max(magnitude, axis=1), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) per row
+            q = (x * quantize_multiplier(e)[:, None]).to(row_data_ptr.dtype.element_ty)
+            tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q,
+                     mask=row_mask[:, None] & col_mask[None, :])
+            if SWIZZLE:
+                # Row `slice_row + lane` of tile row `tile` of the grouped swizzled layout.
+                offsets = swizzled_offset(tile * 128 + slice_row + lanes, chunk, tl.cdiv(NUM_COLS, 128))
+                tl.store(row_scale_ptr + offsets, e.to(tl.uint8))
             else:
-                group_block_start = 0
-                group_blocks = tl.cdiv(NUM_ROWS, 32)
-            offsets = cols[:, None].to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_blocks[None, :]
-            valid = col_mask[:, None] & (local_blocks < group_blocks)[None, :]
-            tl.store(col_scale_ptr + offsets, e_t.to(tl.uint8), mask=valid)
+                # Compact: chunks stop at K (num_chunks = K/32), so only rows need a mask.
+                tl.store(row_scale_ptr + rows.to(tl.int64) * (NUM_COLS // 32) + chunk, e.to(tl.uint8), mask=row_mask)
+
+        if COLUMNWISE:
+            # One block of 32 rows per column; slices start at expert-aligned rows, so blocks never
+            # cross experts, and a partial trailing block sees zeros past the expert's end.
+            e = e8m0_from_amax(tl.max(magnitude, axis=0), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) per column
+            q_t = tl.trans((x * quantize_multiplier(e)[None, :]).to(col_data_ptr.dtype.element_ty))  # (K, T) block
+            col_rows = cols[:, None].to(tl.int64) * NUM_ROWS
+            if full_aligned_slice:
+                tl.store(col_data_ptr + col_rows + aligned_rows[None, :], q_t, mask=col_mask[:, None])
+            else:
+                tl.store(col_data_ptr + col_rows + rows[None, :], q_t, mask=col_mask[:, None] & row_mask[None, :])
+            if SWIZZLE:
+                # Expert g's scales form their own swizzled (K, 4 * group_tiles) matrix at byte
+                # ceil(K/128)*128 * 4 * tile_start[g]; k runs up to that padded K.
+                base = (tl.cdiv(NUM_COLS, 128) * 128).to(tl.int64) * 4 * group_tile_start
+                tl.store(col_scale_ptr + base + swizzled_offset(cols, local_block, group_tiles), e.to(tl.uint8))
+            else:
+                if GROUPED:
+                    group_block_start = tl.load(block_start_ptr + group)
+                    group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
+                    group_blocks = tl.where(end_row > first_row, group_blocks, 0)  # idle tile: nothing
+                else:
+                    group_block_start = 0
+                    group_blocks = tl.cdiv(NUM_ROWS, 32)
+                # local_block broadcast to a vector: the interpreter wants tensor masks.
+                valid = col_mask & (local_block + tl.zeros_like(lanes) < group_blocks)
+                tl.store(col_scale_ptr + cols.to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_block,
+                         e.to(tl.uint8), mask=valid)

@@ -21,15 +21,15 @@ __all__ = ["quantize_mxfp8", "problem_support", "QuantizeConfig", "DEFAULT_QUANT
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    """Tiling of the quantize kernel: one program per (block_m rows, block_k columns) slice."""
+    """Tiling of the quantize kernel: a program walks one 32-row slice over chunks of 32 columns."""
 
-    block_m: int = 128  # 32, 64 or 128: a slice of one expert-aligned 128-row tile
-    block_k: int = 128  # a multiple of 128, so that programs cover the swizzled padding
-    num_warps: int = 8
+    chunks_per_program: int = 8  # 32-column chunks one program walks over
+    num_warps: int = 1  # one warp holds a 32x32 block: both reductions stay in the warp
+    num_stages: int = 1  # pipelining depth of the walk
 
     def check(self) -> None:
-        if self.block_m not in (32, 64, 128) or self.block_k % 128 or self.block_k <= 0:
-            raise ValueError(f"invalid quantize config: {self}; block_m in (32, 64, 128), block_k a multiple of 128")
+        if self.chunks_per_program < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"invalid quantize config: {self}; every field must be >= 1")
 
 
 DEFAULT_QUANTIZE_CONFIG = QuantizeConfig()
@@ -104,7 +104,8 @@ def quantize_mxfp8(
     # launch
     if num_tiles > 0 and cols > 0:
         config.check()
-        grid = (num_tiles * (128 // config.block_m), triton.cdiv(cols, config.block_k))
+        chunks = scale_layout.ceil_div(cols, 128) * 4 if swizzle else scale_layout.ceil_div(cols, 32)
+        grid = (num_tiles * 4, triton.cdiv(chunks, config.chunks_per_program))
         placeholder = x  # unused pointer arguments of disabled outputs
         quantize_mxfp8_kernel[grid](
             x, row_start, tile_start, block_start,
@@ -116,7 +117,7 @@ def quantize_mxfp8(
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
             GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts),
-            BLOCK_M=config.block_m, BLOCK_K=config.block_k,
+            CHUNKS_PER_PROGRAM=config.chunks_per_program, NUM_STAGES=config.num_stages,
             num_warps=config.num_warps,
         )
     row_result = col_result = None

@@ -1,0 +1,39 @@
+"""CuTeDSL kernels: the production fast path (SM90 kernels of our own; SM100 adds cuDNN's).
+
+Layer map:
+- ``quantize``: launcher of the fused one-pass MXFP8 quantize (``quantize_mxfp8``, same contract
+  as ``gmlp.quantize_ref.quantize_mxfp8_ref``), its ``problem_support``, and
+  ``compile_quantize_kernel`` (ahead-of-time build for sm_90a / sm_100a, no GPU needed);
+- ``_quantize_kernel``: the jit kernel code.
+
+This package imports without cutlass-dsl: only the modules above import ``cutlass``, and
+``import_error()`` says why they cannot be imported (the dispatcher's fallback reason).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+
+__all__ = ["import_error"]
+
+_PACKAGE = "nvidia-cutlass-dsl"
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version(_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@functools.lru_cache(maxsize=None)
+def import_error() -> str | None:
+    """None if the CuTeDSL kernel modules import, else what failed (package, version, error)."""
+    try:
+        importlib.import_module("gmlp.cutedsl.quantize")
+    except Exception as error:  # any failure is a reason to fall back; it is reported, not hidden
+        return (f"gmlp.cutedsl.quantize failed to import with {_PACKAGE} {_package_version()}: "
+                f"{type(error).__name__}: {error}")
+    return None

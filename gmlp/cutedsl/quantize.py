@@ -1,0 +1,275 @@
+"""CuTeDSL launcher of the fused one-pass MXFP8 quantize (rowwise and/or columnwise, grouped).
+
+Same signature and bit-identical results as ``gmlp.quantize_ref.quantize_mxfp8_ref``; the kernel
+is in ``_quantize_kernel``. Importing this module imports cutlass-dsl and raises if it is missing
+or broken (``gmlp.cutedsl.import_error`` turns that into a fallback reason).
+
+One compiled kernel per ``KernelConfig`` (dtype, orientations, layout, grouping, format, mode);
+shapes are runtime values, so ``compile_quantize_kernel`` builds the same code with fake tensors
+for any architecture, without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from gmlp import scale_layout
+from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Kernel
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
+from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.reasons import Reason, ReasonKind
+
+__all__ = [
+    "quantize_mxfp8",
+    "problem_support",
+    "KernelConfig",
+    "CompiledQuantizeKernel",
+    "compile_quantize_kernel",
+    "SUPPORTED_ARCHS",
+]
+
+SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+_INPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}
+_INT32_MAX = 2**31 - 1
+_ALIGN = 16  # bytes: 16-byte vector loads of x and stores of data and scales
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What one compiled kernel is specialized on (everything else is a runtime value)."""
+
+    dtype: torch.dtype  # x: bfloat16 or float32
+    rowwise: bool
+    columnwise: bool
+    swizzle: bool
+    grouped: bool
+    element_format: ElementFormat
+    scale_mode: ScaleMode
+
+    @classmethod
+    def of(cls, problem: QuantizeProblem) -> "KernelConfig":
+        return cls(problem.dtype, problem.rowwise, problem.columnwise, problem.swizzle, problem.grouped,
+                   problem.element_format, problem.scale_mode)
+
+
+def problem_support(problem: QuantizeProblem) -> Reason | None:
+    """None if the CuTeDSL kernel runs ``problem``, else the reason it does not.
+
+    Every combination of the validated arguments is supported (bf16 and fp32 inputs, rowwise,
+    columnwise or both, swizzled or compact scales, grouped or not, E4M3/E5M2, RCEIL/FLOOR);
+    the only limit is 32-bit row, tile and scale-byte indices. (The device is the dispatcher's
+    system question; the launcher checks it too.)
+    """
+    if problem.dtype not in _INPUT_DTYPES:
+        return Reason(ReasonKind.SHAPE, f"x dtype {problem.dtype} not supported by the CuTeDSL quantize kernel "
+                                        f"(supported: {', '.join(str(d) for d in _INPUT_DTYPES)})")
+    rows, cols, experts = problem.num_rows, problem.num_cols, problem.num_experts
+    padded_rows = rows + (TILE_ROWS - 1) * experts
+    tiles = scale_layout.max_row_tiles(rows, experts)
+    scale_bytes = tiles * scale_layout.ceil_div(cols, TILE_COLS) * 512
+    if padded_rows > _INT32_MAX or scale_bytes > _INT32_MAX:
+        return Reason(ReasonKind.SHAPE, f"T={rows}, K={cols}, E={experts} too large for the CuTeDSL quantize kernel's "
+                                        f"32-bit indices (T + 127*E = {padded_rows}, scale bytes {scale_bytes}; "
+                                        f"limit {_INT32_MAX})")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation (cached per config and architecture)
+# ---------------------------------------------------------------------------------------------
+
+
+def _kernel(config: KernelConfig) -> QuantizeMXFP8Kernel:
+    return QuantizeMXFP8Kernel(
+        _INPUT_DTYPES[config.dtype], rowwise=config.rowwise, columnwise=config.columnwise,
+        swizzle=config.swizzle, grouped=config.grouped, e5m2=config.element_format is ElementFormat.E5M2,
+        floor_mode=config.scale_mode is ScaleMode.FLOOR,
+    )
+
+
+def _fake_arguments(config: KernelConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments, in order (None for absent ones).
+
+    T and K are shared between tensors so that the runtime checks they agree; alignments are
+    what the launcher guarantees (16-byte bases, K a multiple of 32).
+    """
+    rows, cols = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
+
+    def tensor(dtype, shape, row_stride_divisibility=1, align=_ALIGN):  # row-major, 1-D or 2-D
+        strides = (cute.sym_int64(divisibility=row_stride_divisibility), 1) if len(shape) == 2 else (1,)
+        return make_fake_tensor(dtype, shape, stride=strides, assumed_align=align)
+
+    u8 = cutlass.Uint8
+    x = tensor(_INPUT_DTYPES[config.dtype], (rows, cols), BLOCK_SIZE)
+    row_data = tensor(u8, (rows, cols), BLOCK_SIZE) if config.rowwise else None
+    col_data = tensor(u8, (cols, rows)) if config.columnwise else None
+    if config.swizzle:
+        row_scales = tensor(u8, (cute.sym_int(divisibility=512),)) if config.rowwise else None
+        col_scales = tensor(u8, (cute.sym_int(divisibility=512),)) if config.columnwise else None
+    else:
+        row_scales = tensor(u8, (rows, cute.sym_int()), align=1) if config.rowwise else None
+        col_scales = tensor(u8, (cols, cute.sym_int()), align=1) if config.columnwise else None
+    row_start = tile_start = block_start = None
+    if config.grouped:
+        starts = cute.sym_int()  # E + 1
+        row_start = tensor(cutlass.Int32, (starts,), align=4)
+        tile_start = tensor(cutlass.Int32, (starts,), align=4)
+        if config.columnwise and not config.swizzle:
+            block_start = tensor(cutlass.Int32, (starts,), align=4)
+    return (x, row_data, row_scales, col_data, col_scales, row_start, tile_start, block_start,
+            make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+@dataclass(frozen=True)
+class CompiledQuantizeKernel:
+    """A kernel compiled ahead of time: the callable (runs on a matching GPU) and its PTX."""
+
+    config: KernelConfig
+    arch: str
+    function: object
+    ptx: str
+
+
+def _artifact_text(value) -> str:
+    """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if len(value) < 4096 and "\n" not in value and os.path.isfile(value):
+        with open(value) as handle:
+            return handle.read()
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(config: KernelConfig, arch: str | None) -> CompiledQuantizeKernel:
+    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
+    options = "--enable-tvm-ffi"
+    if arch is None:
+        return CompiledQuantizeKernel(config, "native", cute.compile(_kernel(config), *_fake_arguments(config),
+                                                                     options=options), ptx="")
+    with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
+        function = cute.compile(_kernel(config), *_fake_arguments(config),
+                                options=f"{options} --gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
+        ptx = _artifact_text(function.__ptx__)
+    return CompiledQuantizeKernel(config, arch, function, ptx)
+
+
+def compile_quantize_kernel(
+    arch: str,
+    *,
+    num_rows: int,
+    num_cols: int,
+    num_experts: int | None,
+    dtype: torch.dtype,
+    rowwise: bool,
+    columnwise: bool,
+    swizzle: bool,
+    element_format: ElementFormat,
+    scale_mode: ScaleMode,
+) -> CompiledQuantizeKernel:
+    """Compile the kernel for ``arch`` (sm_90a or sm_100a) without a GPU; returns it with its PTX.
+
+    The shape (num_rows T, num_cols K, num_experts E; None: ungrouped) is checked against the
+    kernel's support; the compiled code itself is shape-generic.
+    """
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
+    x = torch.empty(num_rows, num_cols, dtype=dtype, device="meta")
+    splits = None if num_experts is None else torch.empty(num_experts, dtype=torch.int32, device="meta")
+    problem = validate_quantize_args(x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=splits,
+                                     element_format=element_format, scale_mode=scale_mode)
+    reason = problem_support(problem)
+    if reason is not None:
+        raise ValueError(f"cannot compile the CuTeDSL quantize kernel for this problem: {reason}")
+    return _compile(KernelConfig.of(problem), arch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def quantize_mxfp8(
+    x: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    swizzle: bool = True,
+    split_sizes: torch.Tensor | None = None,
+    element_format: ElementFormat = ElementFormat.E4M3,
+    scale_mode: ScaleMode = ScaleMode.RCEIL,
+) -> MXFP8Quantized:
+    """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
+
+    Split sizes stay on the device (no host sync): their prefix sums are computed there, every
+    buffer is sized from host-known bounds, and the kernel finds each tile's expert itself.
+    """
+    # validate
+    problem = validate_quantize_args(
+        x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
+        element_format=element_format, scale_mode=scale_mode,
+    )
+    if x.device.type != "cuda":
+        raise ValueError(f"the CuTeDSL quantize kernel needs CUDA tensors, got {x.device=}")
+    reason = problem_support(problem)
+    if reason is not None:
+        raise ValueError(f"the CuTeDSL quantize kernel cannot run this problem: {reason}")
+    rows, cols, experts = problem.num_rows, problem.num_cols, problem.num_experts
+    device = x.device
+
+    # canonicalize: a 16-byte aligned x (only an odd view needs the copy); device prefix sums of
+    # rows, 128-row tiles and (compact columnwise) 32-row blocks
+    if x.data_ptr() % _ALIGN != 0:
+        x = x.clone()
+    row_start = tile_start = block_start = None
+    if split_sizes is not None:
+        row_start, tile_start = scale_layout.grouped_starts(split_sizes, scale_layout.SCALE_TILE_ROWS)
+        if columnwise and not swizzle:
+            _, block_start = scale_layout.grouped_starts(split_sizes, BLOCK_SIZE)
+    num_tiles = scale_layout.max_row_tiles(rows, experts)
+
+    # allocate: with a launch, the kernel writes every byte (swizzle padding included) except the
+    # unused trailing columns of compact columnwise scales; without one (T == 0 or K == 0) the
+    # scales are all padding, i.e. zeros
+    launch = rows > 0 and cols > 0
+    fp8 = element_format.torch_dtype
+    scale_buffer = torch.empty if launch else torch.zeros
+    row_data = row_scales = col_data = col_scales = None
+    if rowwise:
+        row_data = torch.empty(rows, cols, dtype=fp8, device=device)
+        row_scales = (
+            scale_buffer(num_tiles * scale_layout.swizzled_size(TILE_ROWS, cols // BLOCK_SIZE), dtype=torch.uint8, device=device)
+            if swizzle else torch.empty(rows, cols // BLOCK_SIZE, dtype=torch.uint8, device=device)
+        )
+    if columnwise:
+        col_data = torch.empty(cols, rows, dtype=fp8, device=device)
+        col_scales = (
+            scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), dtype=torch.uint8, device=device)
+            if swizzle
+            else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), dtype=torch.uint8, device=device)
+        )
+
+    # launch: max_row_tiles(T, E) * ceil(K / 128) CTAs (the grid is sized in the jit function)
+    if launch:
+        kernel = _compile(KernelConfig.of(problem), None).function
+        as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731 (fp8 as raw bytes)
+        with torch.cuda.device(device):
+            kernel(x, as_bytes(row_data), row_scales, as_bytes(col_data), col_scales, row_start, tile_start, block_start)
+
+    row_result = col_result = None
+    if rowwise:
+        row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, swizzle, element_format, scale_mode, split_sizes)
+    if columnwise:
+        col_result = MXFP8Tensor(col_data, col_scales, QuantAxis.COLUMNWISE, swizzle, element_format, scale_mode, split_sizes)
+    return MXFP8Quantized(row_result, col_result)
+
