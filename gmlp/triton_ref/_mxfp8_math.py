@@ -12,10 +12,13 @@ _QUIET_NAN = tl.constexpr(0x7FC00000)
 
 
 @triton.jit
-def nan_ignoring_abs(x):
-    """|x| in fp32 with NaN replaced by 0, so that max() ignores NaN on every backend."""
-    magnitude = tl.abs(x.to(tl.float32))
-    return tl.where(magnitude == magnitude, magnitude, 0.0)
+def block_amax(magnitude, axis: tl.constexpr):
+    """max |x| along ``axis`` of fp32 magnitudes, NaN ignored, starting at 0 (the spec's amax).
+
+    tl.max and tl.maximum lower to max.f32, IEEE maxNum, which returns the other operand when
+    one is NaN; the final max with 0 turns an all-NaN block's NaN into 0.
+    """
+    return tl.maximum(tl.max(magnitude, axis=axis), 0.0)
 
 
 @triton.jit

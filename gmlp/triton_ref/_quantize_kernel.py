@@ -4,14 +4,74 @@ Work unit: a 32x32 block of x, the intersection of one rowwise and one columnwis
 block. A program owns one 32-row slice of an expert-aligned 128-row tile and walks along K over
 CHUNKS_PER_PROGRAM such blocks. With one warp per program the 32x32 block lives in one warp, so
 both reductions (along K for rowwise, along T for columnwise) and the transpose stay within the
-warp: no shared-memory round trip, no barrier, few registers, many programs per SM.
+warp. The kernel is close to instruction-bound on Hopper, so the walk keeps per-element work to
+the spec's arithmetic: addresses and scale offsets are split into a loop-invariant part and a
+per-chunk scalar, and full slices (the common case) run without any mask.
 """
 
 import triton
 import triton.language as tl
 
-from gmlp.triton_ref._grouping import group_tile, swizzled_offset
-from gmlp.triton_ref._mxfp8_math import e8m0_from_amax, nan_ignoring_abs, quantize_multiplier
+from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._mxfp8_math import block_amax, e8m0_from_amax, quantize_multiplier
+
+
+@triton.jit
+def _quantize_chunk(
+    chunk,  # index of the 32-column chunk
+    lanes,  # (32,) 0..31
+    row_mask,  # (32,) rows of the slice that hold data (MASKED only)
+    x_slice,  # x at (first_row, 0)
+    row_data_slice,  # rowwise data at (first_row, 0)
+    col_data_chunk,  # columnwise data (K, T) at (chunk * 32, first_row)
+    row_scale_lane_offsets,  # (32,) per-row part of the rowwise scale offsets
+    col_scale_lane_offsets,  # (32,) per-column part of the columnwise scale offsets (swizzled)
+    col_scale_chunk_base,  # scalar part of the columnwise scale offsets for this chunk
+    row_scale_ptr, col_scale_ptr, col_scale_valid,
+    NUM_ROWS, NUM_COLS, col_tiles_of_group,
+    RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, SWIZZLE: tl.constexpr, MASKED: tl.constexpr,
+):
+    offsets = lanes[:, None] * NUM_COLS + (chunk * 32 + lanes)[None, :]  # (row, column) within the slice
+    if MASKED:
+        x = tl.load(x_slice + offsets, mask=row_mask[:, None], other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_slice + offsets).to(tl.float32)
+    magnitude = tl.abs(x)
+
+    if ROWWISE:
+        e = e8m0_from_amax(block_amax(magnitude, 1), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) one per row
+        q = (x * quantize_multiplier(e)[:, None]).to(row_data_slice.dtype.element_ty)
+        if MASKED:
+            tl.store(row_data_slice + offsets, q, mask=row_mask[:, None])
+        else:
+            tl.store(row_data_slice + offsets, q)
+        if SWIZZLE:
+            # scale (i, j) at ((i//128)*col_tiles + j//4)*512 + (i%32)*16 + ((i%128)//32)*4 + j%4:
+            # the i part is per lane, the j = chunk part is one scalar.
+            tl.store(row_scale_ptr + row_scale_lane_offsets + ((chunk // 4) * 512 + chunk % 4), e.to(tl.uint8))
+        elif MASKED:
+            tl.store(row_scale_ptr + row_scale_lane_offsets + chunk, e.to(tl.uint8), mask=row_mask)
+        else:
+            tl.store(row_scale_ptr + row_scale_lane_offsets + chunk, e.to(tl.uint8))
+
+    if COLUMNWISE:
+        # One block of 32 rows per column: slices start at expert-aligned rows, so blocks never
+        # cross experts, and a partial trailing block sees zeros past the expert's end.
+        e = e8m0_from_amax(block_amax(magnitude, 0), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) one per column
+        q_t = tl.trans((x * quantize_multiplier(e)[None, :]).to(col_data_chunk.dtype.element_ty))
+        transposed = lanes[:, None] * NUM_ROWS + lanes[None, :]  # (k, row) within the chunk
+        if MASKED:
+            tl.store(col_data_chunk + transposed, q_t, mask=row_mask[None, :])
+        else:
+            tl.store(col_data_chunk + transposed, q_t)
+        if SWIZZLE:
+            # k = chunk*32 + lane: (k//128)*col_tiles*512 + ((k%128)//32)*4 is per chunk, (k%32)*16 per lane.
+            chunk_part = col_scale_chunk_base + (chunk // 4) * col_tiles_of_group * 512 + (chunk % 4) * 4
+            tl.store(col_scale_ptr + col_scale_lane_offsets + chunk_part, e.to(tl.uint8))
+        else:
+            tl.store(col_scale_ptr + col_scale_chunk_base + col_scale_lane_offsets, e.to(tl.uint8),
+                     mask=col_scale_valid)
 
 
 @triton.jit
@@ -43,8 +103,7 @@ def quantize_mxfp8_kernel(
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     # tiling
-    CHUNKS_PER_PROGRAM: tl.constexpr,  # 32-column blocks each program walks over
-    NUM_STAGES: tl.constexpr,  # software pipelining depth of that walk (loads run ahead)
+    CHUNKS_PER_PROGRAM: tl.constexpr,  # 32-column chunks each program walks over
 ):
     tile = tl.program_id(0) // 4
     slice_row = (tl.program_id(0) % 4) * 32  # first row of this 32-row slice within the tile
@@ -52,65 +111,65 @@ def quantize_mxfp8_kernel(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED, NUM_ROWS)
     first_row = tile_first_row + slice_row
     lanes = tl.arange(0, 32)
-    rows = first_row + lanes
-    row_mask = rows < end_row  # rows past the expert's end read as zeros
-    # Full, 16-aligned slices store the transposed data unmasked along rows from a first row the
-    # compiler can see is a multiple of 16 (it equals first_row there): 16-byte vector stores.
-    full_aligned_slice = (end_row - first_row >= 32) & (first_row % 16 == 0)
-    aligned_rows = (first_row // 16) * 16 + lanes
+    row_mask = first_row + lanes < end_row  # rows past the expert's end read as zeros
+    # Full, 16-aligned slices run unmasked; their first row is written as (first_row // 16) * 16,
+    # equal to it there, so that the compiler sees the transposed stores' 16-byte alignment.
+    full_slice = (end_row - first_row >= 32) & (first_row % 16 == 0)
+    aligned_first_row = (first_row // 16) * 16
     local_block = (tile - group_tile_start) * 4 + slice_row // 32  # columnwise block within the expert
 
-    # Swizzled layouts: walking K up to its padding writes the zero scales of the padding too.
+    x_slice = x_ptr + first_row.to(tl.int64) * NUM_COLS
+    row_data_slice = row_data_ptr + first_row.to(tl.int64) * NUM_COLS
+    col_tiles = tl.cdiv(NUM_COLS, 128)  # 4-column tiles of the rowwise scales (K/32 columns)
     if SWIZZLE:
-        num_chunks = tl.cdiv(NUM_COLS, 128) * 4
+        swizzled_row = tile * 128 + slice_row + lanes
+        row_scale_lane_offsets = (swizzled_row // 128).to(tl.int64) * col_tiles * 512 + (swizzled_row % 32) * 16 + (
+            (swizzled_row % 128) // 32) * 4
+        # Expert g's columnwise scales: its own swizzled (K, 4 * group_tiles) matrix at byte
+        # ceil(K/128)*128 * 4 * tile_start[g]; this slice is its column local_block.
+        col_scale_group_base = (col_tiles * 128).to(tl.int64) * 4 * group_tile_start + (local_block // 4) * 512 + local_block % 4
+        col_scale_lane_offsets = lanes * 16
+        col_scale_valid = lanes >= 0
     else:
-        num_chunks = tl.cdiv(NUM_COLS, 32)
+        row_scale_lane_offsets = (first_row + lanes).to(tl.int64) * (NUM_COLS // 32)
+        if GROUPED:
+            group_block_start = tl.load(block_start_ptr + group)
+            group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
+            group_blocks = tl.where(end_row > first_row, group_blocks, 0)  # idle tile: nothing
+        else:
+            group_block_start = 0
+            group_blocks = tl.cdiv(NUM_ROWS, 32)
+        col_scale_group_base = group_block_start + local_block
+        col_scale_lane_offsets = lanes.to(tl.int64) * NUM_COL_BLOCKS
+        col_scale_valid = local_block + tl.zeros_like(lanes) < group_blocks
+
+    data_chunks = NUM_COLS // 32
     first_chunk = tl.program_id(1) * CHUNKS_PER_PROGRAM
-    last_chunk = tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, num_chunks)
-    for chunk in tl.range(first_chunk, last_chunk, num_stages=NUM_STAGES):
-        cols = chunk * 32 + lanes
-        col_mask = cols < NUM_COLS
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :],
-                    mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-        magnitude = nan_ignoring_abs(x)
+    last_chunk = tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, data_chunks)
+    if full_slice:
+        for chunk in tl.range(first_chunk, last_chunk):
+            col_chunk_base = col_scale_group_base if SWIZZLE else col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
+            _quantize_chunk(chunk, lanes, row_mask, x_slice, row_data_slice,
+                            col_data_ptr + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS + aligned_first_row,
+                            row_scale_lane_offsets, col_scale_lane_offsets, col_chunk_base,
+                            row_scale_ptr, col_scale_ptr, col_scale_valid, NUM_ROWS, NUM_COLS, group_tiles,
+                            RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=False)
+    else:
+        for chunk in tl.range(first_chunk, last_chunk):
+            col_chunk_base = col_scale_group_base if SWIZZLE else col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
+            _quantize_chunk(chunk, lanes, row_mask, x_slice, row_data_slice,
+                            col_data_ptr + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS + first_row,
+                            row_scale_lane_offsets, col_scale_lane_offsets, col_chunk_base,
+                            row_scale_ptr, col_scale_ptr, col_scale_valid, NUM_ROWS, NUM_COLS, group_tiles,
+                            RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=True)
 
-        if ROWWISE:
-            e = e8m0_from_amax(tl.max(magnitude, axis=1), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) per row
-            q = (x * quantize_multiplier(e)[:, None]).to(row_data_ptr.dtype.element_ty)
-            tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q,
-                     mask=row_mask[:, None] & col_mask[None, :])
-            if SWIZZLE:
-                # Row `slice_row + lane` of tile row `tile` of the grouped swizzled layout.
-                offsets = swizzled_offset(tile * 128 + slice_row + lanes, chunk, tl.cdiv(NUM_COLS, 128))
-                tl.store(row_scale_ptr + offsets, e.to(tl.uint8))
-            else:
-                # Compact: chunks stop at K (num_chunks = K/32), so only rows need a mask.
-                tl.store(row_scale_ptr + rows.to(tl.int64) * (NUM_COLS // 32) + chunk, e.to(tl.uint8), mask=row_mask)
-
-        if COLUMNWISE:
-            # One block of 32 rows per column; slices start at expert-aligned rows, so blocks never
-            # cross experts, and a partial trailing block sees zeros past the expert's end.
-            e = e8m0_from_amax(tl.max(magnitude, axis=0), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) per column
-            q_t = tl.trans((x * quantize_multiplier(e)[None, :]).to(col_data_ptr.dtype.element_ty))  # (K, T) block
-            col_rows = cols[:, None].to(tl.int64) * NUM_ROWS
-            if full_aligned_slice:
-                tl.store(col_data_ptr + col_rows + aligned_rows[None, :], q_t, mask=col_mask[:, None])
-            else:
-                tl.store(col_data_ptr + col_rows + rows[None, :], q_t, mask=col_mask[:, None] & row_mask[None, :])
-            if SWIZZLE:
-                # Expert g's scales form their own swizzled (K, 4 * group_tiles) matrix at byte
-                # ceil(K/128)*128 * 4 * tile_start[g]; k runs up to that padded K.
-                base = (tl.cdiv(NUM_COLS, 128) * 128).to(tl.int64) * 4 * group_tile_start
-                tl.store(col_scale_ptr + base + swizzled_offset(cols, local_block, group_tiles), e.to(tl.uint8))
-            else:
-                if GROUPED:
-                    group_block_start = tl.load(block_start_ptr + group)
-                    group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
-                    group_blocks = tl.where(end_row > first_row, group_blocks, 0)  # idle tile: nothing
-                else:
-                    group_block_start = 0
-                    group_blocks = tl.cdiv(NUM_ROWS, 32)
-                # local_block broadcast to a vector: the interpreter wants tensor masks.
-                valid = col_mask & (local_block + tl.zeros_like(lanes) < group_blocks)
-                tl.store(col_scale_ptr + cols.to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_block,
-                         e.to(tl.uint8), mask=valid)
+    if SWIZZLE:
+        # Padding chunks, K <= k < ceil(K/128)*128: their scales are the layout's zero padding.
+        zeros = tl.zeros_like(lanes).to(tl.uint8)
+        padded_chunks = col_tiles * 4
+        for chunk in tl.range(tl.maximum(first_chunk, data_chunks), tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, padded_chunks)):
+            if ROWWISE:
+                tl.store(row_scale_ptr + row_scale_lane_offsets + ((chunk // 4) * 512 + chunk % 4), zeros)
+            if COLUMNWISE:
+                chunk_part = col_scale_group_base + (chunk // 4) * group_tiles * 512 + (chunk % 4) * 4
+                tl.store(col_scale_ptr + col_scale_lane_offsets + chunk_part, zeros)

@@ -25,10 +25,9 @@ class QuantizeConfig:
 
     chunks_per_program: int = 8  # 32-column chunks one program walks over
     num_warps: int = 1  # one warp holds a 32x32 block: both reductions stay in the warp
-    num_stages: int = 1  # pipelining depth of the walk
 
     def check(self) -> None:
-        if self.chunks_per_program < 1 or self.num_warps < 1 or self.num_stages < 1:
+        if self.chunks_per_program < 1 or self.num_warps < 1:
             raise ValueError(f"invalid quantize config: {self}; every field must be >= 1")
 
 
@@ -117,7 +116,7 @@ def quantize_mxfp8(
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
             GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts),
-            CHUNKS_PER_PROGRAM=config.chunks_per_program, NUM_STAGES=config.num_stages,
+            CHUNKS_PER_PROGRAM=config.chunks_per_program,
             num_warps=config.num_warps,
         )
     row_result = col_result = None
