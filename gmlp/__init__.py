@@ -10,6 +10,7 @@ Layer map:
 
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.quantize import plan_quantize, quantize_mxfp8
 from gmlp.quantize_ref import quantize_mxfp8_ref
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     "QuantAxis",
     "MXFP8Tensor",
     "MXFP8Quantized",
+    "quantize_mxfp8",
+    "plan_quantize",
     "quantize_mxfp8_ref",
 ]
 __version__ = "0.1.0"

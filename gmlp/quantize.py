@@ -12,7 +12,7 @@ from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized
 from gmlp.reasons import Reason
 
-__all__ = ["quantize_mxfp8", "plan_quantize"]
+__all__ = ["quantize_mxfp8", "plan_quantize", "launcher"]
 
 OP_NAME = "quantize_mxfp8"
 
@@ -30,7 +30,8 @@ def _problem_reason(problem: QuantizeProblem) -> Callable[[Path], Reason | None]
     return reason
 
 
-def _runner(path: Path):
+def launcher(path: Path) -> Callable[..., MXFP8Quantized]:
+    """The ``quantize_mxfp8`` implementation of one path (same signature, no dispatch)."""
     if path is Path.CUTEDSL:
         from gmlp.cutedsl.quantize import quantize_mxfp8 as run
     elif path is Path.TRITON:
@@ -86,4 +87,4 @@ def quantize_mxfp8(
     args = dict(rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
                 element_format=element_format, scale_mode=scale_mode)
     decision = plan_quantize(x, strict=strict, **args)
-    return _runner(decision.path)(x, **args)
+    return launcher(decision.path)(x, **args)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gmlp.dispatch import Path, system_reason
+from gmlp.quantize import launcher
 
 
 def kernel_device() -> torch.device:
@@ -17,11 +18,7 @@ def quantize_launcher(path: Path):
     reason = system_reason(path, kernel_device())
     if reason is not None:
         pytest.skip(f"{path.value} cannot run here: {reason}")
-    if path is Path.CUTEDSL:
-        from gmlp.cutedsl.quantize import quantize_mxfp8
-    else:
-        from gmlp.triton_ref.quantize import quantize_mxfp8
-    return quantize_mxfp8
+    return launcher(path)
 
 
 KERNEL_PATHS = [Path.TRITON, Path.CUTEDSL]

@@ -1,4 +1,4 @@
-"""Test configuration: seeds, the Triton interpreter's fp8 cast shim, and device markers."""
+"""Test configuration: seeds, Triton's interpreter on CPU-only machines, and device markers."""
 
 from __future__ import annotations
 
@@ -10,10 +10,6 @@ import torch
 # On a machine without a GPU the Triton kernels run in Triton's interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from tests import interpreter_shim  # noqa: E402
-
-interpreter_shim.install()
 
 
 @pytest.fixture(autouse=True)

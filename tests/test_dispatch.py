@@ -1,0 +1,65 @@
+"""First dispatcher checks: reasons for every skipped path, forced backends, strict mode, warnings."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gmlp
+from gmlp.dispatch import FallbackError, FallbackWarning, Path
+from gmlp.reasons import ReasonKind
+
+
+def test_cpu_plan_explains_every_skipped_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    decision = gmlp.plan_quantize(torch.zeros(64, 64))
+    assert decision.path is Path.TORCH
+    skipped = dict(decision.skipped)
+    assert set(skipped) == {Path.CUTEDSL, Path.TRITON}
+    assert all(reason.kind is ReasonKind.SYSTEM for reason in skipped.values())
+    assert "CUDA GPU" in str(skipped[Path.TRITON]) and "TRITON_INTERPRET=1" in str(skipped[Path.TRITON])
+    assert "not cutedsl" in decision.explain()
+
+
+def test_interpreter_makes_triton_the_cpu_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gmlp.plan_quantize(torch.zeros(64, 64)).path is Path.TRITON
+
+
+def test_strict_raises_with_the_reasons(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(FallbackError, match=r"strict mode: quantize_mxfp8 took the torch path.*not cutedsl: \[system\]"):
+        gmlp.quantize_mxfp8(torch.zeros(64, 64), strict=True)
+    monkeypatch.setenv("GMLP_STRICT", "1")
+    with pytest.raises(FallbackError):
+        gmlp.quantize_mxfp8(torch.zeros(64, 64))
+
+
+def test_forced_backend(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("GMLP_BACKEND", "cutedsl")
+    with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_mxfp8 cannot run on cutedsl: \[system\]"):
+        gmlp.quantize_mxfp8(torch.zeros(64, 64))
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    assert gmlp.plan_quantize(torch.zeros(64, 64)).path is Path.TORCH
+    monkeypatch.setenv("GMLP_BACKEND", "fastest")
+    with pytest.raises(ValueError, match=r"GMLP_BACKEND must be one of .* got 'fastest'"):
+        gmlp.quantize_mxfp8(torch.zeros(64, 64))
+
+
+def test_fallback_warns_once_per_reason_and_only_when_asked(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("GMLP_WARN_FALLBACK", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gmlp.quantize_mxfp8(torch.zeros(64, 64))
+    monkeypatch.setenv("GMLP_WARN_FALLBACK", "1")
+    monkeypatch.setattr("gmlp.dispatch._warned", set())
+    with pytest.warns(FallbackWarning) as record:
+        for _ in range(3):
+            gmlp.quantize_mxfp8(torch.zeros(64, 64))
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 2, messages  # one per skipped path, not one per call
+    assert any("not triton" in m and "took torch" in m for m in messages)
