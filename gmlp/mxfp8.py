@@ -71,6 +71,15 @@ class ElementFormat(enum.Enum):
         return {ElementFormat.E4M3: 448.0, ElementFormat.E5M2: 57344.0}[self]
 
     @property
+    def mantissa_bits(self) -> int:
+        return {ElementFormat.E4M3: 3, ElementFormat.E5M2: 2}[self]
+
+    @property
+    def min_normal_exponent(self) -> int:
+        """log2 of the smallest normal value (E4M3: 2**-6, E5M2: 2**-14)."""
+        return {ElementFormat.E4M3: -6, ElementFormat.E5M2: -14}[self]
+
+    @property
     def emax(self) -> int:
         """Exponent of the largest power of two the format represents (log2 of 256 or 32768)."""
         return {ElementFormat.E4M3: 8, ElementFormat.E5M2: 15}[self]

@@ -74,9 +74,11 @@ def test_quantize_kernel_ptx(arch, case):
     # The multiplier 2**-127 of scale byte 254 is an fp32 subnormal: nothing may flush it.
     assert ".ftz" not in ptx
     assert re.search(r"\bmul(\.rn)?\.f32\b", ptx)
-    # x is read once, with 16-byte (or, on sm_100a, 32-byte) vector loads: 4 passes of 32 (bf16)
-    # or 64 (fp32) bytes per thread.
-    assert vector_bytes(ptx, "ld") == 4 * 16 * case.dtype.itemsize
+    # x is read once, straight into shared memory with 16-byte cp.async that bypass L1 (.cg):
+    # 128 x 128 elements per CTA of 256 threads.
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16", ptx)
+    assert len(copies) == 128 * 128 * case.dtype.itemsize // 16 // 256, len(copies)
+    assert vector_bytes(ptx, "ld") == 0
     # Register fragments stay in registers.
     assert "ld.local" not in ptx and "st.local" not in ptx
     # rowwise: one 16-byte data store per pass; columnwise: 16-byte transposed chunks (4 passes,

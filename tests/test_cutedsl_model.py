@@ -142,7 +142,8 @@ def kernel_model(x, split_sizes, *, rowwise, columnwise, swizzle, element_format
                 for k in range(128):
                     for c in range(8):
                         position = kernel.sq_position(k, c)
-                        sq[k * 128 + 16 * position : k * 128 + 16 * position + 16] = bytes(logical[k, 16 * c : 16 * c + 16].tolist())
+                        at = k * 128 + 16 * position
+                        sq[at : at + 16] = bytes(logical[k, 16 * c : 16 * c + 16].tolist())
                 stage = torch.zeros(512, dtype=torch.uint8)
                 for k in range(128):
                     for b in range(4):
@@ -178,7 +179,9 @@ def kernel_model(x, split_sizes, *, rowwise, columnwise, swizzle, element_format
                                 if 0 <= start + i < valid:
                                     col_data[first + i] = out_bytes[i]
     fp8 = element_format.torch_dtype
-    return (row_data.view(fp8), row_scales) if rowwise else None, (col_data.view(cols, rows).view(fp8), col_scales) if columnwise else None
+    row_result = (row_data.view(fp8), row_scales) if rowwise else None
+    col_result = (col_data.view(cols, rows).view(fp8), col_scales) if columnwise else None
+    return row_result, col_result
 
 
 def check(x, split_sizes=None, *, rowwise=True, columnwise=True, swizzle=True,
@@ -239,6 +242,16 @@ def test_sq_positions_are_conflict_free():
         for half in (0, 1):
             for c in range(8):
                 assert len({kernel.sq_position(2 * (8 * m + lane) + half, c) for lane in range(8)}) == 8
+
+
+@pytest.mark.parametrize("chunks_per_thread", [2, 4], ids=["bf16", "fp32"])
+def test_sx_positions_are_conflict_free(chunks_per_thread):
+    chunks_per_row = 8 * chunks_per_thread  # 8 lanes per row in the rowwise step
+    positions = [kernel.sx_position(c, chunks_per_thread) for c in range(chunks_per_row)]
+    assert sorted(positions) == list(range(chunks_per_row))
+    assert all(p // 8 == c // 8 for c, p in enumerate(positions))  # columnwise runs stay in place
+    for i in range(chunks_per_thread):  # a rowwise 16-byte load phase: lanes cg = 0..7 of one row
+        assert len({positions[chunks_per_thread * cg + i] % 8 for cg in range(8)}) == 8
 
 
 @pytest.mark.parametrize("split_case", list(SPLIT_CASES), ids=str)

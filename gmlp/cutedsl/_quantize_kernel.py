@@ -13,22 +13,24 @@ Hence every CTA writes exactly one 512-byte swizzled rowwise scale tile and one 
 columnwise scale tile, padding included (masked rows/columns have amax 0, scale byte 0x00); CTAs
 past the last expert's tiles write the zero tiles of the padding. Every scale byte is written.
 
-Dataflow (x read once with 16-byte loads; values handled as raw 32-bit words: a bf16 pair or
-one fp32):
-1. gmem -> registers: thread (row lr = tid / 8, column group cg = tid % 8) loads 16 consecutive
-   values of rows lr, lr + 32, lr + 64, lr + 96 (4 passes), all loads in flight at once.
-2. registers -> sX (row-major smem tile) for the transposition.
-3. rowwise, from registers: a 1x32 block is held by 2 lanes (16 values each); amax by one
-   xor-shuffle; each lane stores its 16 fp8 bytes with one 16-byte store (a warp writes four
-   full 128-byte row runs).
-4. columnwise: thread (column pair cp = tid % 64, block b = tid / 64) reads 32 rows x 2 columns of
-   sX (a warp reads one 128- or 256-byte run per row: no bank conflict), quantizes the two 32x1
-   blocks and writes their 2 x 32 fp8 bytes into sQ, the transposed (K-major) fp8 tile.
-5. sQ -> gmem: 8 lanes per K row write the row's (up to) 128 bytes as 16-byte chunks aligned in
-   global memory. Expert starts (and T) need not be multiples of 16: a row's first byte sits at
-   d = address % 16, so each aligned chunk is assembled from two smem chunks by a byte funnel
-   shift (prmt); full chunks take one 16-byte store, the partial head/tail chunks byte stores.
-Scale bytes are staged in smem (512 bytes per orientation) and stored as 16-byte chunks.
+Dataflow (x read once, coalesced; values handled as raw 32-bit words: a bf16 pair or one fp32):
+1. gmem -> sX (smem) with 16-byte cp.async that bypass L1 (a warp copies 512 contiguous bytes
+   per step; masked chunks are zero-filled), then one barrier.
+2. rowwise, from sX: thread (row lr = tid / 8, column group cg = tid % 8) takes 16 consecutive
+   values of rows lr, lr + 32, lr + 64, lr + 96 (4 passes); a 1x32 block is held by 2 lanes, amax
+   by one xor-shuffle; each lane stores its 16 fp8 bytes with one 16-byte store (a warp writes
+   four full 128-byte row runs).
+3. columnwise, from sX: thread (column pair cp = tid % 64, block b = tid / 64) reads 32 rows x 2
+   columns (a warp reads one 128- or 256-byte run per row), quantizes the two 32x1 blocks and
+   writes their 2 x 32 fp8 bytes into sQ, the transposed (K-major) fp8 tile.
+4. sQ -> gmem (after a barrier): 8 lanes per K row write the row's (up to) 128 bytes as 16-byte
+   chunks aligned in global memory. Expert starts (and T) need not be multiples of 16: a row's
+   first byte sits at d = address % 16, so each aligned chunk is assembled from two smem chunks
+   by a byte funnel shift (prmt); full chunks take one 16-byte store, partial head/tail chunks
+   byte stores.
+Scale bytes are staged in smem (512 bytes per orientation) and stored as 16-byte chunks. Both
+smem tiles xor-permute their 16-byte chunks so that no step has shared-memory bank conflicts
+(``sx_position``, ``sq_position``).
 
 The block amax works on integer keys of the magnitude bits (|x| bits compare like integers),
 built so that NaNs sort below 0 (the spec ignores NaN): two integer ops and a packed max.s16x2
@@ -42,14 +44,15 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import arith, llvm, nvvm
+from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 TILE_ROWS = 128  # token rows per CTA: one 128-row scale tile, 4 columnwise blocks
 TILE_COLS = 128  # K columns per CTA: 4 rowwise blocks, one column of swizzled scale tiles
 NUM_THREADS = 256
 BLOCK = 32  # elements per scale block (gmlp.mxfp8.BLOCK_SIZE)
-VEC = 16  # consecutive K values per thread and load pass (32 B of bf16, 64 B of fp32)
-COL_GROUPS = TILE_COLS // VEC  # 8 threads per tile row in the load phase
+VEC = 16  # consecutive K values per thread and pass of the rowwise step (32 B of bf16, 64 B of fp32)
+COL_GROUPS = TILE_COLS // VEC  # 8 threads per tile row in the rowwise step
 ROWS_PER_PASS = NUM_THREADS // COL_GROUPS  # 32
 PASSES = TILE_ROWS // ROWS_PER_PASS  # 4
 LANES_PER_BLOCK = BLOCK // VEC  # 2 lanes share one rowwise block
@@ -87,6 +90,15 @@ def columnwise_scale_tile(tile_base, expert_tiles, local_tile, chunk, num_chunks
     tile_base * num_chunks * 512, and has `expert_tiles` tile columns; this CTA is its tile row
     `chunk` (128 K rows), tile column `local_tile` (4 blocks of 32 tokens)."""
     return tile_base * num_chunks + chunk * expert_tiles + local_tile
+
+
+def sx_position(c, chunks_per_thread):
+    """Position of 16-byte chunk c of a tile row in sX (a row holds 16 chunks of bf16 or 32 of
+    fp32). The xor of c's low bits with its bits 3.. spreads the 8 lanes of one 16-byte load phase
+    of the rowwise step (chunks c = n * cg + i, cg = 0..7, n = chunks_per_thread = 2 or 4) over
+    the 8 bank groups; it permutes chunks within each aligned group of 8, so the columnwise
+    step's row reads (128 or 256 contiguous bytes) stay conflict-free."""
+    return c ^ ((c >> 3) & (chunks_per_thread - 1))
 
 
 def sq_position(k, c):
@@ -151,6 +163,11 @@ def _fp8x4(a: Float32, b: Float32, c: Float32, d: Float32, e5m2: bool, *, loc=No
     low, high = pair(a, b), pair(c, d)
     high = llvm.shl(high, Int32(16).ir_value(loc=loc, ip=ip), llvm.IntegerOverflowFlags.none, loc=loc, ip=ip)
     return Uint32(llvm.or_(low, high, loc=loc, ip=ip))
+
+
+def _elem_address(tensor: cute.Tensor, row, col) -> Int64:
+    """Global address of tensor[row, col]."""
+    return (tensor.iterator + cute.crd2idx((row, col), tensor.layout)).toint()
 
 
 def _values(word, bf16: bool):
@@ -268,6 +285,7 @@ class QuantizeMXFP8Kernel:
         self.bf16 = dtype is cutlass.BFloat16
         self.words = VEC * dtype.width // 32  # raw 32-bit words per load vector: 8 or 16
         self.pair_words = 2 * dtype.width // 32  # words per column pair of a row: 1 or 2
+        self.chunks_per_thread = VEC * dtype.width // 128  # 16-byte chunks per rowwise pass: 2 or 4
         self.rowwise = rowwise
         self.columnwise = columnwise
         self.swizzle = swizzle
@@ -326,12 +344,17 @@ class QuantizeMXFP8Kernel:
         chunk = bid - tile * num_chunks
 
         smem = cutlass.memory.SmemAllocator()
-        words_per_row = TILE_COLS * self.dtype.width // 32
-        sX = smem.allocate_tensor(Uint32, cute.make_layout((TILE_ROWS, words_per_row), stride=(words_per_row, 1)), 128)
-        sQ = smem.allocate_tensor(Uint32, cute.make_layout(TILE_COLS * CHUNKS * 4), 128)  # 128 rows x 8 chunks
-        sRowScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
-        sColScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
-        sInfo = smem.allocate_tensor(Int32, cute.make_layout(8), 16)
+        # sX: the x tile, 128 rows of chunks_per_row 16-byte chunks, chunk c of row r at position
+        # sx_position(c) of the row; sQ: the transposed fp8 tile, 128 K rows of 8 16-byte chunks,
+        # chunk c of row k at position sq_position(k, c).
+        sX = smem.allocate_tensor(self.dtype, cute.make_layout(TILE_ROWS * TILE_COLS), 128)
+        if const_expr(self.rowwise):
+            sRowScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
+        if const_expr(self.columnwise):
+            sQ = smem.allocate_tensor(Uint32, cute.make_layout(TILE_COLS * CHUNKS * 4), 128)
+            sColScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
+        if const_expr(self.grouped):
+            sInfo = smem.allocate_tensor(Int32, cute.make_layout(8), 16)
 
         # ---- which rows this CTA owns --------------------------------------------------------
         # row0: first token row; valid_rows: rows of the expert in this tile (1..128; 0 for the
@@ -380,33 +403,60 @@ class QuantizeMXFP8Kernel:
             block0 = tile * (TILE_ROWS // BLOCK)
         col0 = chunk * TILE_COLS
 
-        # ---- 1. load x: PASSES vectors of VEC values per thread, all in flight -----------------
+        # ---- 1. x tile -> sX: 16-byte cp.async (L2 only, no register staging), coalesced: a warp
+        # copies 512 contiguous bytes per step. Masked rows/columns are zeros: amax 0, scale 0x00.
+        elems16 = 128 // self.dtype.width  # elements per 16-byte chunk: 8 or 4
+        chunks_per_row = TILE_COLS // elems16  # 16 or 32
+        rows_per_step = NUM_THREADS // chunks_per_row  # 16 or 8
+        steps = TILE_ROWS // rows_per_step
+        first_row = tid // chunks_per_row
+        c = tid % chunks_per_row
+        # This thread's chunks: rows first_row + rows_per_step * step, chunk c (16-byte aligned).
+        src = cute.make_tensor(
+            cute.make_ptr(self.dtype, _elem_address(mX, row0 + first_row, col0 + c * elems16),
+                          cute.AddressSpace.gmem, assumed_align=16),
+            cute.make_layout((elems16, steps), stride=(1, rows_per_step * mX.stride[0])),
+        )
+        sX16 = cute.zipped_divide(sX, (elems16,))
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                  num_bits_per_copy=128)
+        rZero = cute.make_rmem_tensor(cute.make_layout(elems16), self.dtype)
+        rZero.fill(0)
+        col_in = col0 + c * elems16 < num_cols  # K % 32 == 0: a chunk is all in or all out
+        for step in cutlass.range_constexpr(steps):
+            r = step * rows_per_step + first_row
+            dst = sX16[None, r * chunks_per_row + sx_position(c, self.chunks_per_thread)]
+            if col_in and r < valid_rows:
+                cute.copy(g2s, src[None, step], dst)
+            else:
+                cute.autovec_copy(rZero, dst)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()  # sX complete: every thread waited for its own copies
+        sXw = cute.recast_tensor(sX, Uint32)
+
+        # ---- 2. rowwise: 1x32 blocks along K. Thread (lr, cg): VEC values of rows lr + 32p ------
         lr = tid // COL_GROUPS
         cg = tid % COL_GROUPS
-        col_ok = col0 + cg * VEC < num_cols  # K % 32 == 0: a vector is all in or all out
-        gX = cute.zipped_divide(mX, (1, VEC))
-        rXv = cute.make_rmem_tensor(cute.make_layout((VEC, PASSES)), self.dtype)
-        rXv.fill(0)  # masked rows/columns are zeros: amax 0, scale 0x00, nothing stored
-        for p in cutlass.range_constexpr(PASSES):
-            if col_ok and p * ROWS_PER_PASS + lr < valid_rows:
-                cute.autovec_copy(gX[(0, None), (row0 + p * ROWS_PER_PASS + lr, chunk * COL_GROUPS + cg)], rXv[None, p])
-        rX = cute.recast_tensor(rXv, Uint32)  # (words, PASSES) raw words
-
-        # ---- 2. registers -> sX (the transposition goes through shared memory) ---------------
-        if const_expr(self.columnwise):
-            sXv = cute.zipped_divide(sX, (1, self.words))
-            for p in cutlass.range_constexpr(PASSES):
-                cute.autovec_copy(rX[None, p], sXv[(0, None), (p * ROWS_PER_PASS + lr, cg)])
-
-        # ---- 3. rowwise: 1x32 blocks along K, from registers ---------------------------------
         if const_expr(self.rowwise):
-            gRowData = cute.zipped_divide(mRowData, (1, VEC))  # 16 fp8 bytes per thread and pass
+            sX4 = cute.zipped_divide(sXw, (4,))  # 16-byte chunks
+            rX = cute.make_rmem_tensor(cute.make_layout((4, self.chunks_per_thread)), Uint32)
+            # This thread's 16 fp8 bytes of rows lr + 32p (16-byte aligned: K % 32 == 0).
+            gRowData = cute.make_tensor(
+                cute.make_ptr(Uint8, _elem_address(mRowData, row0 + lr, col0 + cg * VEC), cute.AddressSpace.gmem,
+                              assumed_align=16),
+                cute.make_layout((VEC, PASSES), stride=(1, ROWS_PER_PASS * mRowData.stride[0])),
+            )
             rQ = cute.make_rmem_tensor(cute.make_layout(VEC), Uint8)
             rQw = cute.recast_tensor(rQ, Uint32)
             j = cg // LANES_PER_BLOCK  # block column within the tile
+            col_ok = col0 + cg * VEC < num_cols  # K % 32 == 0: VEC values are all in or all out
             for p in cutlass.range_constexpr(PASSES):
                 r = p * ROWS_PER_PASS + lr
-                words = [rX[w, p] for w in range(self.words)]
+                for i in cutlass.range_constexpr(self.chunks_per_thread):
+                    position = sx_position(cg * self.chunks_per_thread + i, self.chunks_per_thread)
+                    cute.autovec_copy(sX4[None, r * chunks_per_row + position], rX[None, i])
+                words = [rX[w % 4, w // 4] for w in range(self.words)]
                 amax = _amax_of_keys(_amax_keys(words, self.bf16), self.bf16)
                 # The 2 lanes of a block are lanes 2q, 2q+1 of the warp (same row).
                 amax = cutlass.max(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
@@ -416,18 +466,17 @@ class QuantizeMXFP8Kernel:
                 for w in cutlass.range_constexpr(VEC // 4):
                     rQw[w] = quantized[w]
                 if col_ok and r < valid_rows:
-                    cute.autovec_copy(rQ, gRowData[(0, None), (row0 + r, chunk * COL_GROUPS + cg)])
+                    cute.autovec_copy(rQ, gRowData[None, p])
                 if cg % LANES_PER_BLOCK == 0:
                     sRowScale[stage_offset(r, j, self.swizzle)] = Uint8(e)
 
-        # ---- 4. columnwise: 32x1 blocks along T, from sX ------------------------------------
+        # ---- 3. columnwise: 32x1 blocks along T, from sX --------------------------------------
         if const_expr(self.columnwise):
-            cute.arch.sync_threads()  # sX complete
-            self._quantize_columns(sX, sQ, sColScale, tid)
+            self._quantize_columns(sXw, sQ, sColScale, tid)
 
         cute.arch.sync_threads()  # sQ and both scale stagings complete
 
-        # ---- 5. stores of the staged scales and of the transposed data -----------------------
+        # ---- 4. stores of the staged scales and of the transposed data -----------------------
         if const_expr(self.rowwise):
             if const_expr(self.swizzle):
                 if tid < SCALE_TILE_BYTES // 16:
@@ -436,7 +485,8 @@ class QuantizeMXFP8Kernel:
                 if tid < valid_rows:  # row tid of the tile, its (up to) 4 blocks
                     for jj in cutlass.range_constexpr(TILE_COLS // BLOCK):
                         if col0 + jj * BLOCK < num_cols:
-                            mRowScale[row0 + tid, chunk * (TILE_COLS // BLOCK) + jj] = sRowScale[stage_offset(tid, jj, False)]
+                            scale = sRowScale[stage_offset(tid, jj, False)]
+                            mRowScale[row0 + tid, chunk * (TILE_COLS // BLOCK) + jj] = scale
         if const_expr(self.columnwise):
             if const_expr(self.swizzle):
                 if tid >= 32 and tid < 32 + SCALE_TILE_BYTES // 16:
@@ -449,21 +499,25 @@ class QuantizeMXFP8Kernel:
                         for bb in cutlass.range_constexpr(TILE_ROWS // BLOCK):
                             if bb * BLOCK < valid_rows:
                                 mColScale[col0 + k, block0 + bb] = sColScale[stage_offset(k, bb, False)]
-            self._store_transposed(sQ, mColData, tid, col0, row0, valid_rows, num_rows, num_cols)
+            self._store_transposed(sQ, mColData, tid, col0, row0, valid_rows, num_cols)
 
     # -----------------------------------------------------------------------------------------
 
     @cute.jit
-    def _quantize_columns(self, sX: cute.Tensor, sQ: cute.Tensor, sColScale: cute.Tensor, tid: Int32):
+    def _quantize_columns(self, sXw: cute.Tensor, sQ: cute.Tensor, sColScale: cute.Tensor, tid: Int32):
         """Thread (cp, b): tile columns 2cp, 2cp+1 over rows 32b .. 32b+31 -> 2 x 32 fp8 bytes,
         written as logical chunks 2b, 2b+1 of sQ rows k = 2cp, 2cp+1."""
         cp = tid % COL_PAIRS
         b = tid // COL_PAIRS
-        sXp = cute.zipped_divide(sX, (1, self.pair_words))  # column pairs of a row
+        # Column pair cp of a row: pair cp % pairs_per_chunk of chunk cp // pairs_per_chunk.
+        pairs_per_chunk = 4 // self.pair_words
+        pairs_per_row = TILE_COLS // 2
+        sXp = cute.zipped_divide(sXw, (self.pair_words,))
+        in_row = sx_position(cp // pairs_per_chunk, self.chunks_per_thread) * pairs_per_chunk + cp % pairs_per_chunk
         rPair = cute.make_rmem_tensor(cute.make_layout(self.pair_words), Uint32)
         rows = []
         for i in cutlass.range_constexpr(BLOCK):
-            cute.autovec_copy(sXp[(0, None), (b * BLOCK + i, cp)], rPair)
+            cute.autovec_copy(sXp[None, (b * BLOCK + i) * pairs_per_row + in_row], rPair)
             rows.append([rPair[w] for w in range(self.pair_words)])
         if const_expr(self.bf16):  # one word per row: (column 2cp, column 2cp+1) in its halves
             keys = _amax_keys([r[0] for r in rows], True)
@@ -493,7 +547,7 @@ class QuantizeMXFP8Kernel:
         cute.autovec_copy(src16[None, src_chunk], dst16[None, dst_chunk])
 
     @cute.jit
-    def _store_transposed(self, sQ, mColData, tid, col0, row0, valid_rows, num_rows, num_cols):
+    def _store_transposed(self, sQ, mColData, tid, col0, row0, valid_rows, num_cols):
         """sQ rows -> mColData[col0 + k, row0 : row0 + valid_rows] for the tile's K rows.
 
         Chunk q (0..8) of K row k covers the 16 aligned global bytes [G - d + 16q, +16), G the
@@ -506,7 +560,9 @@ class QuantizeMXFP8Kernel:
         rLo = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
         rHi = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
         rOut = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        base = mColData.iterator.toint()
+        # First byte of K row (tid // 8) of the tile; a pass moves 32 K rows down.
+        first_row_addr = _elem_address(mColData, col0 + tid // CHUNKS, row0)
+        pass_stride = Int64(ROWS_PER_STORE_PASS) * mColData.stride[0]
         for it in cutlass.range_constexpr(TILE_COLS // ROWS_PER_STORE_PASS + 1):
             if const_expr(it < TILE_COLS // ROWS_PER_STORE_PASS):
                 k = tid // CHUNKS + it * ROWS_PER_STORE_PASS
@@ -517,29 +573,35 @@ class QuantizeMXFP8Kernel:
                 q = Int32(CHUNKS)
                 active = tid < TILE_COLS
             if active and col0 + k < num_cols and valid_rows > 0:
-                row_addr = base + Int64(col0 + k) * Int64(num_rows) + Int64(row0)  # G
+                if const_expr(it < TILE_COLS // ROWS_PER_STORE_PASS):
+                    row_addr = first_row_addr + Int64(it) * pass_stride  # G
+                else:
+                    row_addr = _elem_address(mColData, col0 + k, row0)
                 d = Int32(row_addr & Int64(15))
                 start = q * 16 - d
-                rLo.fill(0)
-                rHi.fill(0)
-                if q < CHUNKS:
-                    cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q)], rHi)
-                if d == 0:
-                    for w in cutlass.range_constexpr(4):
-                        rOut[w] = rHi[w]
-                else:
-                    if q > 0:
-                        cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q - 1)], rLo)
-                    out = _funnel([rLo[w] for w in range(4)], [rHi[w] for w in range(4)], d)
-                    for w in cutlass.range_constexpr(4):
-                        rOut[w] = out[w]
-                if start >= 0 and start + 16 <= valid_rows:
-                    dst = cute.make_tensor(
-                        cute.make_ptr(Uint32, row_addr - Int64(d) + Int64(q * 16), cute.AddressSpace.gmem, assumed_align=16),
-                        cute.make_layout(4),
-                    )
-                    cute.autovec_copy(rOut, dst)
-                else:  # a partial head or tail chunk
-                    for i in cutlass.range_constexpr(16):
-                        if start + i >= 0 and start + i < valid_rows:
-                            mColData[col0 + k, row0 + start + i] = Uint8((rOut[i // 4] >> (8 * (i % 4))) & Uint32(0xFF))
+                if start < valid_rows:  # else the chunk holds no byte of the tile
+                    rLo.fill(0)
+                    rHi.fill(0)
+                    if q < CHUNKS:
+                        cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q)], rHi)
+                    if d == 0:
+                        for w in cutlass.range_constexpr(4):
+                            rOut[w] = rHi[w]
+                    else:
+                        if q > 0:
+                            cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q - 1)], rLo)
+                        out = _funnel([rLo[w] for w in range(4)], [rHi[w] for w in range(4)], d)
+                        for w in cutlass.range_constexpr(4):
+                            rOut[w] = out[w]
+                    if start >= 0 and start + 16 <= valid_rows:
+                        chunk_addr = row_addr - Int64(d) + Int64(q * 16)  # 16-byte aligned
+                        dst = cute.make_tensor(
+                            cute.make_ptr(Uint32, chunk_addr, cute.AddressSpace.gmem, assumed_align=16),
+                            cute.make_layout(4),
+                        )
+                        cute.autovec_copy(rOut, dst)
+                    else:  # a partial head or tail chunk
+                        for i in cutlass.range_constexpr(16):
+                            if start + i >= 0 and start + i < valid_rows:
+                                byte = (rOut[i // 4] >> (8 * (i % 4))) & Uint32(0xFF)
+                                mColData[col0 + k, row0 + start + i] = Uint8(byte)

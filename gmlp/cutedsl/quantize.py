@@ -244,19 +244,19 @@ def quantize_mxfp8(
     launch = rows > 0 and cols > 0
     fp8 = element_format.torch_dtype
     scale_buffer = torch.empty if launch else torch.zeros
+    u8 = dict(dtype=torch.uint8, device=device)
     row_data = row_scales = col_data = col_scales = None
     if rowwise:
         row_data = torch.empty(rows, cols, dtype=fp8, device=device)
         row_scales = (
-            scale_buffer(num_tiles * scale_layout.swizzled_size(TILE_ROWS, cols // BLOCK_SIZE), dtype=torch.uint8, device=device)
-            if swizzle else torch.empty(rows, cols // BLOCK_SIZE, dtype=torch.uint8, device=device)
+            scale_buffer(num_tiles * scale_layout.swizzled_size(TILE_ROWS, cols // BLOCK_SIZE), **u8)
+            if swizzle else torch.empty(rows, cols // BLOCK_SIZE, **u8)
         )
     if columnwise:
         col_data = torch.empty(cols, rows, dtype=fp8, device=device)
         col_scales = (
-            scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), dtype=torch.uint8, device=device)
-            if swizzle
-            else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), dtype=torch.uint8, device=device)
+            scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), **u8)
+            if swizzle else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), **u8)
         )
 
     # launch: max_row_tiles(T, E) * ceil(K / 128) CTAs (the grid is sized in the jit function)
@@ -264,12 +264,14 @@ def quantize_mxfp8(
         kernel = _compile(KernelConfig.of(problem), None).function
         as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731 (fp8 as raw bytes)
         with torch.cuda.device(device):
-            kernel(x, as_bytes(row_data), row_scales, as_bytes(col_data), col_scales, row_start, tile_start, block_start)
+            kernel(x, as_bytes(row_data), row_scales, as_bytes(col_data), col_scales,
+                   row_start, tile_start, block_start)
 
     row_result = col_result = None
+    recipe = (swizzle, element_format, scale_mode, split_sizes)
     if rowwise:
-        row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, swizzle, element_format, scale_mode, split_sizes)
+        row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, *recipe)
     if columnwise:
-        col_result = MXFP8Tensor(col_data, col_scales, QuantAxis.COLUMNWISE, swizzle, element_format, scale_mode, split_sizes)
+        col_result = MXFP8Tensor(col_data, col_scales, QuantAxis.COLUMNWISE, *recipe)
     return MXFP8Quantized(row_result, col_result)
 
