@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gmlp.groups import should_check_split_values
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 
 __all__ = ["QuantizeProblem", "validate_quantize_args", "SUPPORTED_INPUT_DTYPES"]
@@ -42,9 +43,9 @@ def validate_quantize_args(
 ) -> QuantizeProblem:
     """Check every argument and say which one is wrong, with what was expected and given.
 
-    Checks that need the values of ``split_sizes`` (negative sizes, sum != T) would need a host
-    sync; they are done by the reference path and by ``check_split_values`` on request, never
-    on the hot path.
+    The values of ``split_sizes`` (negative sizes, sum != T) are checked here only where that
+    needs no host sync (CPU tensors) or when asked (GMLP_CHECK_SPLITS=1); otherwise the kernels
+    poison their output instead (see ``gmlp.groups``).
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -74,6 +75,8 @@ def validate_quantize_args(
         if split_sizes.device != x.device:
             raise ValueError(f"split_sizes must be on x's device, got {split_sizes.device=} and {x.device=}")
         num_experts = split_sizes.numel()
+        if should_check_split_values(split_sizes):
+            check_split_values(split_sizes, rows)
     return QuantizeProblem(
         num_rows=rows,
         num_cols=cols,

@@ -34,10 +34,27 @@ def test_bad_arguments(quantize, make_input, kwargs, error, match):
         quantize(make_input(), **kwargs)
 
 
+@pytest.mark.parametrize("quantize", _all_entry_points(), ids=["dispatched", "ref"])
 @pytest.mark.parametrize("splits,match", [([40, -8, 32], r"non-negative"), ([10, 20], r"sum to x's row count 64, got sum=30")])
-def test_split_values_checked_by_reference(splits, match):
+def test_split_values_checked_on_cpu(quantize, splits, match):
     with pytest.raises(ValueError, match=match):
-        gmlp.quantize_mxfp8_ref(torch.randn(64, 64), split_sizes=torch.tensor(splits))
+        quantize(torch.randn(64, 64), split_sizes=torch.tensor(splits))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda p: p.value)
+@pytest.mark.parametrize("splits", [[40, -8, 32], [10, 20], [64, 64]])
+def test_invalid_split_values_poison_gpu_results(path, splits, monkeypatch):
+    launcher = quantize_launcher(path)
+    monkeypatch.delenv("GMLP_CHECK_SPLITS", raising=False)
+    split_sizes = torch.tensor(splits, device="cuda")
+    q = launcher(torch.randn(64, 64, device="cuda"), rowwise=True, columnwise=True, split_sizes=split_sizes)
+    for t in (q.rowwise, q.columnwise):
+        assert bool((t.scales == 0xFF).all()), "invalid split sizes must make every scale NaN"
+        assert torch.isnan(t.dequantize()).all()
+    monkeypatch.setenv("GMLP_CHECK_SPLITS", "1")
+    with pytest.raises(ValueError, match=r"split_sizes must"):
+        launcher(torch.randn(64, 64, device="cuda"), split_sizes=split_sizes)
 
 
 @pytest.mark.gpu

@@ -9,6 +9,7 @@ import torch
 import triton
 
 from gmlp import scale_layout
+from gmlp.groups import device_groups, poison_scales_if_invalid
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
@@ -75,9 +76,9 @@ def quantize_mxfp8(
     device = x.device
 
     # canonicalize: device prefix sums of rows, 128-row tiles and 32-row blocks
-    if split_sizes is not None:
-        row_start, tile_start = scale_layout.grouped_starts(split_sizes, scale_layout.SCALE_TILE_ROWS)
-        _, block_start = scale_layout.grouped_starts(split_sizes, 32)
+    groups = device_groups(split_sizes, rows) if split_sizes is not None else None
+    if groups is not None:
+        row_start, tile_start, block_start = groups.row_start, groups.tile_start, groups.block_start
     else:
         row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=device)
     num_tiles = scale_layout.max_row_tiles(rows, experts)
@@ -119,6 +120,9 @@ def quantize_mxfp8(
             CHUNKS_PER_PROGRAM=config.chunks_per_program,
             num_warps=config.num_warps,
         )
+    for scales in (row_scales, col_scales):
+        if scales is not None:
+            poison_scales_if_invalid(scales, groups)
     row_result = col_result = None
     if rowwise:
         row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, swizzle, element_format, scale_mode, split_sizes)

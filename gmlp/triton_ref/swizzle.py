@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from gmlp import scale_layout
+from gmlp.groups import device_groups
 from gmlp.mxfp8 import BLOCK_SIZE
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
@@ -20,8 +21,8 @@ def _launch(tensor: MXFP8Tensor, compact: torch.Tensor, swizzled: torch.Tensor, 
     splits = tensor.split_sizes
     device = tensor.data.device
     if splits is not None:
-        row_start, tile_start = scale_layout.grouped_starts(splits, scale_layout.SCALE_TILE_ROWS)
-        _, block_start = scale_layout.grouped_starts(splits, BLOCK_SIZE)
+        groups = device_groups(splits, tokens)
+        row_start, tile_start, block_start = groups.row_start, groups.tile_start, groups.block_start
     else:
         row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=device)
     experts = 1 if splits is None else splits.numel()

@@ -1,0 +1,55 @@
+"""Expert groups on the device: prefix sums that kernels index with, safe whatever the split sizes hold.
+
+Split sizes stay on the device (no host sync), so their values cannot be checked before a
+launch without stalling the stream. Instead the offsets are built from sizes clamped to be
+non-negative with running totals clamped to T, so a kernel never leaves its tensors, and
+``invalid`` records on the device whether the sizes were negative or did not sum to T; launchers
+then set every scale byte to 0xFF (E8M0 NaN), so an invalid split poisons the result instead of
+silently giving a wrong one. ``GMLP_CHECK_SPLITS=1`` (and CPU tensors, where it is free) checks
+eagerly and raises instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.scale_layout import SCALE_TILE_ROWS
+
+__all__ = ["DeviceGroups", "device_groups", "should_check_split_values", "poison_scales_if_invalid"]
+
+
+@dataclass(frozen=True)
+class DeviceGroups:
+    """(E+1,) int32 prefix sums of rows, 128-row tiles and 32-row blocks, and the validity flag."""
+
+    row_start: torch.Tensor
+    tile_start: torch.Tensor
+    block_start: torch.Tensor
+    invalid: torch.Tensor  # () bool: a size was negative, or the sizes did not sum to T
+
+
+def device_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
+    """Offsets of the expert groups of ``split_sizes`` over ``num_rows`` rows, without host sync."""
+    sizes = split_sizes.to(torch.int64)
+    zero = torch.zeros(1, dtype=torch.int64, device=sizes.device)
+    row_start = torch.cat([zero, torch.cumsum(sizes.clamp(min=0), 0).clamp(max=num_rows)])
+    safe_sizes = row_start[1:] - row_start[:-1]
+    tile_start = torch.cat([zero, torch.cumsum((safe_sizes + SCALE_TILE_ROWS - 1) // SCALE_TILE_ROWS, 0)])
+    block_start = torch.cat([zero, torch.cumsum((safe_sizes + BLOCK_SIZE - 1) // BLOCK_SIZE, 0)])
+    invalid = (sizes < 0).any() | (sizes.sum() != num_rows)
+    return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32), invalid)
+
+
+def should_check_split_values(split_sizes: torch.Tensor) -> bool:
+    """Whether to check split sizes' values eagerly: free on the CPU, on request elsewhere."""
+    return split_sizes.device.type == "cpu" or os.environ.get("GMLP_CHECK_SPLITS", "0") == "1"
+
+
+def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) -> None:
+    """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync."""
+    if groups is not None:
+        scales.masked_fill_(groups.invalid, 0xFF)
