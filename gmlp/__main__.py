@@ -9,6 +9,7 @@ device, and which path each op takes and why.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -37,9 +38,17 @@ def _mismatches(actual: MXFP8Quantized, expected: MXFP8Quantized) -> dict[str, i
     return counts
 
 
+def _interpret_triton_without_gpu(device: torch.device) -> None:
+    """Without a GPU, run the Triton kernels in Triton's interpreter so that they are checked too."""
+    if device.type == "cpu" and "TRITON_INTERPRET" not in os.environ and "gmlp.triton_ref" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+        print("no CUDA GPU: the Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
+
+
 def demo() -> int:
     """Quantize a small MoE layer's tensors on every runnable path; 0 if all match the spec."""
     device = _device()
+    _interpret_triton_without_gpu(device)
     split_sizes = torch.tensor(DEMO_TOKENS_PER_EXPERT, dtype=torch.int32, device=device)
     tokens = int(sum(DEMO_TOKENS_PER_EXPERT))
     x = torch.randn(tokens, DEMO_HIDDEN, device=device, dtype=torch.bfloat16)
