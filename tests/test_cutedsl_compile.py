@@ -6,7 +6,11 @@ where cutlass-dsl is missing or broken.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 
 import pytest
@@ -51,20 +55,53 @@ def vector_bytes(ptx: str, op: str) -> int:
     return sum(n * len(re.findall(rf"\b{op}\.global\.{re.escape(kind)}\b", ptx)) for kind, n in widths.items())
 
 
-def compile_case(arch: str, case: Case):
-    from gmlp.cutedsl.quantize import compile_quantize_kernel
+SCHEDULES = ["ONE_TILE_PER_CTA", "PERSISTENT", "PERSISTENT_PREFETCH"]  # gmlp.cutedsl.quantize constants
 
-    return compile_quantize_kernel(
+
+def _cuobjdump() -> str | None:
+    """A cuobjdump for the cubin's resource usage: on PATH, or the one Triton bundles."""
+    found = shutil.which("cuobjdump")
+    if found is None:
+        try:
+            import triton
+
+            bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+            found = bundled if os.access(bundled, os.X_OK) else None
+        except ImportError:
+            pass
+    return found
+
+
+def resource_usage(cubin: bytes) -> dict[str, int] | None:
+    """{"REG", "STACK", "SHARED", "LOCAL"} of the cubin's kernel (cuobjdump -res-usage); None
+    without a cuobjdump that reads it."""
+    tool = _cuobjdump()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        result = subprocess.run([tool, "-res-usage", handle.name], capture_output=True, text=True)
+    match = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", result.stdout)
+    return None if match is None else dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, match.groups())))
+
+
+def compile_case(arch: str, case: Case, schedule: str = "PERSISTENT_PREFETCH"):
+    from gmlp.cutedsl import quantize
+
+    return quantize.compile_quantize_kernel(
         arch, num_rows=4099, num_cols=7168, num_experts=case.num_experts, dtype=case.dtype, rowwise=case.rowwise,
         columnwise=case.columnwise, swizzle=case.swizzle, element_format=case.element_format,
-        scale_mode=case.scale_mode,
+        scale_mode=case.scale_mode, config=getattr(quantize, schedule),
     )
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_quantize_kernel_ptx(arch, case):
-    ptx = compile_case(arch, case).ptx
+def test_quantize_kernel_ptx(arch, case, schedule):
+    compiled = compile_case(arch, case, schedule)
+    ptx = compiled.ptx
     assert f".target {arch}" in ptx
     assert ".reqntid 256, 1, 1" in ptx
     # The spec's cast (round to nearest even, saturating, NaN -> 0x7F), and only that one.
@@ -75,12 +112,22 @@ def test_quantize_kernel_ptx(arch, case):
     assert ".ftz" not in ptx
     assert re.search(r"\bmul(\.rn)?\.f32\b", ptx)
     # x is read once, straight into shared memory with 16-byte cp.async that bypass L1 (.cg):
-    # 128 x 128 elements per CTA of 256 threads.
+    # 128 x 128 elements per tile and CTA of 256 threads; with prefetch, one load site before
+    # the loop (first tile) and one in it (next tile), which waits for all but the newest group.
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16", ptx)
-    assert len(copies) == 128 * 128 * case.dtype.itemsize // 16 // 256, len(copies)
+    stages = compiled.schedule.stages
+    assert len(copies) == stages * 128 * 128 * case.dtype.itemsize // 16 // 256, len(copies)
+    waits = re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)
+    assert waits == (["1"] if stages == 2 else ["0"]), waits
     assert vector_bytes(ptx, "ld") == 0
-    # Register fragments stay in registers.
+    # Register fragments stay in registers: no local memory in the PTX, no spills in the cubin,
+    # and registers within the budget of the CTAs per SM it is built for.
     assert "ld.local" not in ptx and "st.local" not in ptx
+    assert compiled.smem_bytes * compiled.min_blocks_per_sm <= 228 * 1024
+    usage = resource_usage(compiled.cubin)
+    if usage is not None:
+        assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
+        assert usage["REG"] * 256 * compiled.min_blocks_per_sm <= 65536, (usage, compiled.min_blocks_per_sm)
     # rowwise: one 16-byte data store per pass; columnwise: 16-byte transposed chunks (4 passes,
     # and the tail pass where the compiler cannot rule it out); swizzled: one 16-byte store of
     # each 512-byte scale tile.

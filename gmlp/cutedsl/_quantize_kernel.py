@@ -60,6 +60,8 @@ COL_PAIRS = TILE_COLS // 2  # threads per 32-row band in the columnwise step, 2 
 CHUNKS = TILE_ROWS // 16  # 16-byte chunks per transposed fp8 row of sQ (8)
 ROWS_PER_STORE_PASS = NUM_THREADS // CHUNKS  # 32 K rows written per store pass
 SCALE_TILE_BYTES = 512  # one 128 x 4 swizzled scale tile
+SMEM_PER_SM = 228 * 1024  # bytes of shared memory per SM (SM90 and SM100)
+RESERVED_SMEM_PER_CTA = 1024  # bytes the driver reserves per resident CTA
 
 FP32_INF = 0x7F800000  # bits of +inf; larger magnitude bits are NaNs
 
@@ -274,13 +276,18 @@ class QuantizeMXFP8Kernel:
     """Fused rowwise + columnwise MXFP8 quantization of x (T, K), grouped by expert or not.
 
     Compile-time configuration (one compiled kernel each): input dtype, which orientations,
-    swizzled or compact scales, grouped, E5M2 instead of E4M3, FLOOR instead of RCEIL.
+    swizzled or compact scales, grouped, E5M2 instead of E4M3, FLOOR instead of RCEIL; and the
+    schedule (see the module docstring): ``persistent``, ``stages`` (sX buffers), ``ctas_per_sm``
+    and ``num_sms`` (the persistent grid is ctas_per_sm * num_sms CTAs, at most one per item).
     """
 
     def __init__(self, dtype, *, rowwise: bool, columnwise: bool, swizzle: bool, grouped: bool,
-                 e5m2: bool, floor_mode: bool):
+                 e5m2: bool, floor_mode: bool, persistent: bool = False, stages: int = 1,
+                 ctas_per_sm: int = 4, num_sms: int = 0):
         assert dtype in (cutlass.BFloat16, cutlass.Float32), f"{dtype=} not supported"
         assert rowwise or columnwise, f"{rowwise=}, {columnwise=}: nothing to do"
+        assert stages in (1, 2) and (persistent or stages == 1), f"{persistent=}, {stages=}"
+        assert not persistent or num_sms > 0, f"a persistent grid needs the SM count, got {num_sms=}"
         self.dtype = dtype
         self.bf16 = dtype is cutlass.BFloat16
         self.words = VEC * dtype.width // 32  # raw 32-bit words per load vector: 8 or 16
@@ -292,9 +299,19 @@ class QuantizeMXFP8Kernel:
         self.grouped = grouped
         self.e5m2 = e5m2
         self.floor_mode = floor_mode
-        # CTAs per SM the register budget must allow: what shared memory allows (bf16: 49 KB
-        # per CTA -> 4 on a 228 KB SM, i.e. 64 registers; fp32: 81 KB -> 2).
-        self.min_blocks_per_sm = 4 if self.bf16 else 2
+        self.persistent = persistent
+        self.stages = stages
+        # CTAs per SM the register budget must allow, at most what shared memory allows
+        # (smem_bytes: bf16 1 stage 49 KB -> 4 on a 228 KB SM, i.e. 64 registers; 2 stages 81 KB
+        # -> 2; fp32 81 KB -> 2, 145 KB -> 1).
+        self.min_blocks_per_sm = max(1, min(ctas_per_sm, SMEM_PER_SM // self.smem_bytes()))
+        self.max_ctas = self.min_blocks_per_sm * num_sms  # the persistent grid
+
+    def smem_bytes(self) -> int:
+        """Shared memory of one CTA (with 128 bytes of alignment slack per buffer)."""
+        total = self.stages * TILE_ROWS * TILE_COLS * self.dtype.width // 8 + 128
+        total += self.rowwise * (SCALE_TILE_BYTES + 16) + self.columnwise * (TILE_COLS * TILE_ROWS + 128 + SCALE_TILE_BYTES + 16)
+        return total + self.grouped * 48 + RESERVED_SMEM_PER_CTA
 
     @cute.jit
     def __call__(
@@ -316,10 +333,14 @@ class QuantizeMXFP8Kernel:
         else:
             num_tiles = (num_rows + TILE_ROWS - 1) // TILE_ROWS
         num_chunks = (num_cols + TILE_COLS - 1) // TILE_COLS
-        # One CTA per (tile, chunk), chunk fastest: the CTAs running together read whole rows of
-        # x and write whole row runs of both outputs.
+        # Work items (tile, chunk), chunk fastest: the CTAs running together read whole rows of x
+        # and write whole row runs of both outputs. One CTA per item, or a persistent grid.
+        num_items = num_tiles * num_chunks
+        grid = num_items
+        if const_expr(self.persistent):
+            grid = cutlass.min(num_items, Int32(self.max_ctas))
         self.kernel(mX, mRowData, mRowScale, mColData, mColScale, mRowStart, mTileStart, mBlockStart).launch(
-            grid=[num_tiles * num_chunks, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+            grid=[grid, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks_per_sm,
             preferred_smem_carveout=100,  # percent: all of L1/smem as smem (also: no device query)
         )
@@ -340,14 +361,13 @@ class QuantizeMXFP8Kernel:
         bid, _, _ = cute.arch.block_idx()
         num_rows, num_cols = mX.shape
         num_chunks = (num_cols + TILE_COLS - 1) // TILE_COLS
-        tile = bid // num_chunks
-        chunk = bid - tile * num_chunks
 
         smem = cutlass.memory.SmemAllocator()
-        # sX: the x tile, 128 rows of chunks_per_row 16-byte chunks, chunk c of row r at position
-        # sx_position(c) of the row; sQ: the transposed fp8 tile, 128 K rows of 8 16-byte chunks,
-        # chunk c of row k at position sq_position(k, c).
-        sX = smem.allocate_tensor(self.dtype, cute.make_layout(TILE_ROWS * TILE_COLS), 128)
+        # sX: `stages` x tiles, 128 rows of chunks_per_row 16-byte chunks, chunk c of row r at
+        # position sx_position(c) of the row; sQ: the transposed fp8 tile, 128 K rows of 8 16-byte
+        # chunks, chunk c of row k at position sq_position(k, c).
+        sX = smem.allocate_tensor(self.dtype, cute.make_layout((TILE_ROWS * TILE_COLS, self.stages)), 128)
+        sRowScale = sQ = sColScale = sInfo = None
         if const_expr(self.rowwise):
             sRowScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
         if const_expr(self.columnwise):
@@ -355,11 +375,81 @@ class QuantizeMXFP8Kernel:
             sColScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
         if const_expr(self.grouped):
             sInfo = smem.allocate_tensor(Int32, cute.make_layout(8), 16)
+        starts = (mRowStart, mTileStart, mBlockStart)
+        outputs = (mRowData, mRowScale, mColData, mColScale)
+        staging = (sRowScale, sQ, sColScale)
 
-        # ---- which rows this CTA owns --------------------------------------------------------
-        # row0: first token row; valid_rows: rows of the expert in this tile (1..128; 0 for the
-        # padding tiles past the last expert); tile_base, expert_tiles: the expert's first tile
-        # and tile count; block0: the tile's first compact column block.
+        # Barriers of one item (A: in _locate, grouped only; B, C: below and in _process):
+        #   [A: sInfo written -> read] load (cp.async) ... wait own copies, [B: sX complete]
+        #   rowwise + columnwise (read sX, write sQ and scale stagings) [C: staging complete]
+        #   stores (read sQ and stagings)
+        # The next item's sX writes (loads) and staging writes come after C and B, after every
+        # read of the previous contents; the next sInfo write after B, after every sInfo read.
+        if const_expr(not self.persistent):
+            # One item per CTA: load, wait, compute, store.
+            info = self._locate(starts, sInfo, bid // num_chunks, num_rows, tid)
+            self._load(mX, sX[None, 0], info, (bid % num_chunks) * TILE_COLS, tid)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()  # B: sX complete (every thread waited for its own copies)
+            self._process(sX[None, 0], staging, outputs, bid, num_chunks, info, num_cols, tid)
+        else:
+            num_items = self._num_items(mTileStart, num_rows, num_chunks)
+            stride = cute.arch.grid_dim()[0]
+            count = (num_items - bid + stride - 1) // stride  # items of this CTA: bid + i * stride
+            if const_expr(self.stages == 1):
+                for i in cutlass.range(count, unroll=1):
+                    item = bid + i * stride
+                    info = self._locate(starts, sInfo, item // num_chunks, num_rows, tid)
+                    self._load(mX, sX[None, 0], info, (item % num_chunks) * TILE_COLS, tid)
+                    cute.arch.cp_async_commit_group()
+                    cute.arch.cp_async_wait_group(0)
+                    cute.arch.sync_threads()  # B: sX complete (each thread waited for its own copies)
+                    self._process(sX[None, 0], staging, outputs, item, num_chunks, info, num_cols, tid)
+            else:
+                # Double buffering: item i + 1 streams into sX[(i + 1) % 2] while item i is
+                # computed from sX[i % 2]; one commit group per item, so waiting for all but the
+                # newest group waits for item i only.
+                info = self._locate(starts, sInfo, bid // num_chunks, num_rows, tid)
+                self._load(mX, sX[None, 0], info, (bid % num_chunks) * TILE_COLS, tid)
+                cute.arch.cp_async_commit_group()
+                row0, valid_rows, tile_base, expert_tiles, block0 = info
+                for i in cutlass.range(count, unroll=1):
+                    item = bid + i * stride
+                    following = item + stride
+                    # Also A for the following item; its buffer was last read by item i - 1's
+                    # compute, which ended at that item's barrier C.
+                    next_info = self._locate(starts, sInfo, following // num_chunks, num_rows, tid)
+                    if following < num_items:
+                        self._load(mX, sX[None, (i + 1) % 2], next_info, (following % num_chunks) * TILE_COLS, tid)
+                    cute.arch.cp_async_commit_group()  # possibly empty: keeps one group per item
+                    cute.arch.cp_async_wait_group(1)  # this thread's copies of item i have landed
+                    cute.arch.sync_threads()  # B: sX[i % 2] complete (everyone's copies)
+                    self._process(sX[None, i % 2], staging, outputs, item, num_chunks,
+                                  (row0, valid_rows, tile_base, expert_tiles, block0), num_cols, tid)
+                    row0, valid_rows, tile_base, expert_tiles, block0 = next_info
+
+    # -----------------------------------------------------------------------------------------
+
+    @cute.jit
+    def _num_items(self, mTileStart, num_rows, num_chunks):
+        """Work items: row tiles (padding tiles included) x column chunks (as in __call__)."""
+        if const_expr(self.grouped):
+            num_tiles = (num_rows + (TILE_ROWS - 1) * (mTileStart.shape[0] - 1)) // TILE_ROWS
+        else:
+            num_tiles = (num_rows + TILE_ROWS - 1) // TILE_ROWS
+        return num_tiles * num_chunks
+
+    @cute.jit
+    def _locate(self, starts, sInfo, tile, num_rows, tid):
+        """The rows row tile `tile` owns: (row0, valid_rows, tile_base, expert_tiles, block0).
+
+        row0: first token row; valid_rows: rows of the expert in this tile (1..128; 0 for the
+        padding tiles past the last expert); tile_base, expert_tiles: the expert's first tile
+        and tile count; block0: the tile's first compact column block. Grouped: every thread
+        returns the values one thread found (through sInfo, with a barrier, A).
+        """
+        mRowStart, mTileStart, mBlockStart = starts
         if const_expr(self.grouped):
             num_experts = mTileStart.shape[0] - 1
             if tid == 0:
@@ -377,34 +467,33 @@ class QuantizeMXFP8Kernel:
                 if g < num_experts:
                     t0 = mTileStart[g]
                     t1 = mTileStart[g + 1]
-                    r0 = mRowStart[g]
-                    r1 = mRowStart[g + 1]
-                    b0 = Int32(0)
-                    if const_expr(mBlockStart is not None):
-                        b0 = mBlockStart[g]
                     if t0 <= tile and tile < t1:
+                        r0 = mRowStart[g]
+                        r1 = mRowStart[g + 1]
+                        b0 = Int32(0)
+                        if const_expr(mBlockStart is not None):
+                            b0 = mBlockStart[g]
                         local = tile - t0
                         sInfo[0] = r0 + local * TILE_ROWS
                         sInfo[1] = cutlass.min(r1 - r0 - local * TILE_ROWS, Int32(TILE_ROWS))
                         sInfo[2] = t0
                         sInfo[3] = t1 - t0
                         sInfo[4] = b0 + local * (TILE_ROWS // BLOCK)
-            cute.arch.sync_threads()  # sInfo: written by one thread, read by all
-            row0 = sInfo[0]
-            valid_rows = sInfo[1]
-            tile_base = sInfo[2]
-            expert_tiles = sInfo[3]
-            block0 = sInfo[4]
+            cute.arch.sync_threads()  # A: sInfo written by one thread, read by all
+            return sInfo[0], sInfo[1], sInfo[2], sInfo[3], sInfo[4]
         else:
             row0 = tile * TILE_ROWS
             valid_rows = cutlass.min(num_rows - row0, Int32(TILE_ROWS))
-            tile_base = Int32(0)
             expert_tiles = (num_rows + TILE_ROWS - 1) // TILE_ROWS
-            block0 = tile * (TILE_ROWS // BLOCK)
-        col0 = chunk * TILE_COLS
+            return row0, valid_rows, Int32(0), expert_tiles, tile * (TILE_ROWS // BLOCK)
 
-        # ---- 1. x tile -> sX: 16-byte cp.async (L2 only, no register staging), coalesced: a warp
-        # copies 512 contiguous bytes per step. Masked rows/columns are zeros: amax 0, scale 0x00.
+    @cute.jit
+    def _load(self, mX: cute.Tensor, sX: cute.Tensor, info, col0: Int32, tid: Int32):
+        """x tile -> sX: 16-byte cp.async (L2 only, no register staging), coalesced: a warp
+        copies 512 contiguous bytes per step. Masked rows/columns are zeros (plain smem stores):
+        amax 0, scale 0x00. The caller commits the group and waits for it."""
+        row0, valid_rows, _, _, _ = info
+        num_cols = mX.shape[1]
         elems16 = 128 // self.dtype.width  # elements per 16-byte chunk: 8 or 4
         chunks_per_row = TILE_COLS // elems16  # 16 or 32
         rows_per_step = NUM_THREADS // chunks_per_row  # 16 or 8
@@ -430,9 +519,18 @@ class QuantizeMXFP8Kernel:
                 cute.copy(g2s, src[None, step], dst)
             else:
                 cute.autovec_copy(rZero, dst)
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()  # sX complete: every thread waited for its own copies
+
+    @cute.jit
+    def _process(self, sX: cute.Tensor, staging, outputs, item: Int32, num_chunks: Int32, info,
+                 num_cols: Int32, tid: Int32):
+        """Work item `item` from its complete x tile in sX: quantize, stage, barrier C, store."""
+        sRowScale, sQ, sColScale = staging
+        mRowData, mRowScale, mColData, mColScale = outputs
+        row0, valid_rows, tile_base, expert_tiles, block0 = info
+        tile = item // num_chunks
+        chunk = item - tile * num_chunks
+        col0 = chunk * TILE_COLS
+        chunks_per_row = TILE_COLS * self.dtype.width // 128
         sXw = cute.recast_tensor(sX, Uint32)
 
         # ---- 2. rowwise: 1x32 blocks along K. Thread (lr, cg): VEC values of rows lr + 32p ------
@@ -474,7 +572,7 @@ class QuantizeMXFP8Kernel:
         if const_expr(self.columnwise):
             self._quantize_columns(sXw, sQ, sColScale, tid)
 
-        cute.arch.sync_threads()  # sQ and both scale stagings complete
+        cute.arch.sync_threads()  # C: sQ and both scale stagings complete
 
         # ---- 4. stores of the staged scales and of the transposed data -----------------------
         if const_expr(self.rowwise):
