@@ -17,11 +17,23 @@ from gmlp.triton_ref._mxfp8_math import block_amax, e8m0_from_amax, quantize_mul
 
 
 @triton.jit
+def _load_chunk(x_slice, chunk, lanes, row_mask, end_chunk, NUM_COLS, MASKED: tl.constexpr):
+    """The (32, 32) block of chunk ``chunk`` as loaded (bf16 stays packed until used): zeros past
+    the expert's rows, and no access at all from ``end_chunk`` on."""
+    cols = chunk * 32 + lanes
+    offsets = lanes[:, None] * NUM_COLS + cols[None, :]
+    in_range = cols[None, :] < end_chunk * 32  # a vector compare, uniform over each 16-byte vector
+    if MASKED:
+        return tl.load(x_slice + offsets, mask=row_mask[:, None] & in_range, other=0.0)
+    return tl.load(x_slice + offsets, mask=in_range)
+
+
+@triton.jit
 def _quantize_chunk(
+    x,  # (32, 32) block of x, as loaded
     chunk,  # index of the 32-column chunk
     lanes,  # (32,) 0..31
     row_mask,  # (32,) rows of the slice that hold data (MASKED only)
-    x_slice,  # x at (first_row, 0)
     row_data_slice,  # rowwise data at (first_row, 0)
     col_data_chunk,  # columnwise data (K, T) at (chunk * 32, first_row)
     row_scale_lane_offsets,  # (32,) per-row part of the rowwise scale offsets
@@ -33,10 +45,7 @@ def _quantize_chunk(
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, SWIZZLE: tl.constexpr, MASKED: tl.constexpr,
 ):
     offsets = lanes[:, None] * NUM_COLS + (chunk * 32 + lanes)[None, :]  # (row, column) within the slice
-    if MASKED:
-        x = tl.load(x_slice + offsets, mask=row_mask[:, None], other=0.0).to(tl.float32)
-    else:
-        x = tl.load(x_slice + offsets).to(tl.float32)
+    x = x.to(tl.float32)
     magnitude = tl.abs(x)
 
     if ROWWISE:
@@ -146,22 +155,31 @@ def quantize_mxfp8_kernel(
     data_chunks = NUM_COLS // 32
     first_chunk = tl.program_id(1) * CHUNKS_PER_PROGRAM
     last_chunk = tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, data_chunks)
+    # The walk loads chunk c + 1 before quantizing chunk c (register double buffering), so that
+    # each warp keeps a load in flight while it computes: one-warp programs need that to cover
+    # DRAM latency.
     if full_slice:
+        x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, NUM_COLS, MASKED=False)
         for chunk in tl.range(first_chunk, last_chunk):
+            x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, NUM_COLS, MASKED=False)
             col_chunk_base = col_scale_group_base if SWIZZLE else col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
-            _quantize_chunk(chunk, lanes, row_mask, x_slice, row_data_slice,
+            _quantize_chunk(x, chunk, lanes, row_mask, row_data_slice,
                             col_data_ptr + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS + aligned_first_row,
                             row_scale_lane_offsets, col_scale_lane_offsets, col_chunk_base,
                             row_scale_ptr, col_scale_ptr, col_scale_valid, NUM_ROWS, NUM_COLS, group_tiles,
                             RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=False)
+            x = x_next
     else:
+        x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, NUM_COLS, MASKED=True)
         for chunk in tl.range(first_chunk, last_chunk):
+            x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, NUM_COLS, MASKED=True)
             col_chunk_base = col_scale_group_base if SWIZZLE else col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
-            _quantize_chunk(chunk, lanes, row_mask, x_slice, row_data_slice,
+            _quantize_chunk(x, chunk, lanes, row_mask, row_data_slice,
                             col_data_ptr + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS + first_row,
                             row_scale_lane_offsets, col_scale_lane_offsets, col_chunk_base,
                             row_scale_ptr, col_scale_ptr, col_scale_valid, NUM_ROWS, NUM_COLS, group_tiles,
                             RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=True)
+            x = x_next
 
     if SWIZZLE:
         # Padding chunks, K <= k < ceil(K/128)*128: their scales are the layout's zero padding.
