@@ -14,7 +14,7 @@ columnwise scale tile, padding included (masked rows/columns have amax 0, scale 
 past the last expert's tiles write the zero tiles of the padding. Every scale byte is written.
 
 Dataflow (x read once, coalesced; values handled as raw 32-bit words: a bf16 pair or one fp32):
-1. gmem -> sX (smem) with 16-byte cp.async that bypass L1 (a warp copies 512 contiguous bytes
+1. gmem -> sX (smem, one buffer per stage) with 16-byte cp.async that bypass L1 (a warp copies 512 contiguous bytes
    per step; masked chunks are zero-filled), then one barrier.
 2. rowwise, from sX: thread (row lr = tid / 8, column group cg = tid % 8) takes 16 consecutive
    values of rows lr, lr + 32, lr + 64, lr + 96 (4 passes); a 1x32 block is held by 2 lanes, amax
@@ -28,6 +28,10 @@ Dataflow (x read once, coalesced; values handled as raw 32-bit words: a bf16 pai
    first byte sits at d = address % 16, so each aligned chunk is assembled from two smem chunks
    by a byte funnel shift (prmt); full chunks take one 16-byte store, partial head/tail chunks
    byte stores.
+Schedules (``gmlp.cutedsl.quantize.QuantizeKernelConfig``; identical results): one CTA per work
+item (tile, chunk), chunk fastest; or a persistent grid of ctas_per_sm CTAs per SM, CTA b taking
+items b, b + grid, ...; with stages=2 the next item's tile streams into a second sX buffer
+(its own cp.async commit group) while the current one is computed and stored.
 Scale bytes are staged in smem (512 bytes per orientation) and stored as 16-byte chunks. Both
 smem tiles xor-permute their 16-byte chunks so that no step has shared-memory bank conflicts
 (``sx_position``, ``sq_position``).
@@ -398,8 +402,7 @@ class QuantizeMXFP8Kernel:
             stride = cute.arch.grid_dim()[0]
             count = (num_items - bid + stride - 1) // stride  # items of this CTA: bid + i * stride
             if const_expr(self.stages == 1):
-                for i in cutlass.range(count, unroll=1):
-                    item = bid + i * stride
+                for item in cutlass.range(bid, num_items, stride, unroll=1):
                     info = self._locate(starts, sInfo, item // num_chunks, num_rows, tid)
                     self._load(mX, sX[None, 0], info, (item % num_chunks) * TILE_COLS, tid)
                     cute.arch.cp_async_commit_group()

@@ -92,7 +92,7 @@ class QuantizeKernelConfig:
 
 
 ONE_TILE_PER_CTA = QuantizeKernelConfig(persistent=False, stages=1, ctas_per_sm=4)  # the first kernel
-PERSISTENT = QuantizeKernelConfig(persistent=True, stages=1, ctas_per_sm=3)  # 4: 64 registers spill
+PERSISTENT = QuantizeKernelConfig(persistent=True, stages=1, ctas_per_sm=3)  # 4 (64 registers) spills
 PERSISTENT_PREFETCH = QuantizeKernelConfig(persistent=True, stages=2, ctas_per_sm=2)
 DEFAULT_CONFIG = PERSISTENT_PREFETCH  # best guess until measured on the H200
 
