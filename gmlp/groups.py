@@ -52,4 +52,4 @@ def should_check_split_values(split_sizes: torch.Tensor) -> bool:
 def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) -> None:
     """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync."""
     if groups is not None:
-        scales.masked_fill_(groups.invalid, 0xFF)
+        scales.bitwise_or_(groups.invalid.to(torch.uint8) * 0xFF)  # 0-dim, broadcast: 0xFF or unchanged

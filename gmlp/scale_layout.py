@@ -44,7 +44,6 @@ __all__ = [
     "swizzled_size",
     "max_row_tiles",
     "max_column_blocks",
-    "grouped_starts",
     "swizzle",
     "unswizzle",
     "swizzle_rowwise_grouped",
@@ -82,19 +81,6 @@ def max_row_tiles(num_rows: int, num_experts: int) -> int:
 def max_column_blocks(num_rows: int, num_experts: int) -> int:
     """Upper bound of sum_g ceil(m_g/32) over any split of num_rows into num_experts groups."""
     return (num_rows + (BLOCK_SIZE - 1) * num_experts) // BLOCK_SIZE
-
-
-def grouped_starts(split_sizes: torch.Tensor, unit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row_start, unit_start), each (E+1,) int32 on split_sizes' device, without host sync.
-
-    ``row_start[g] = sum_{h<g} m_h``; ``unit_start[g] = sum_{h<g} ceil(m_h / unit)`` (tile rows
-    for unit=128, column blocks for unit=32). The last entries are the totals.
-    """
-    sizes = split_sizes.to(torch.int32)
-    zero = torch.zeros(1, dtype=torch.int32, device=sizes.device)
-    row_start = torch.cat([zero, torch.cumsum(sizes, 0, dtype=torch.int32)])
-    unit_start = torch.cat([zero, torch.cumsum((sizes + unit - 1) // unit, 0, dtype=torch.int32)])
-    return row_start, unit_start
 
 
 def swizzle(scales: torch.Tensor) -> torch.Tensor:

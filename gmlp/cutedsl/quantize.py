@@ -24,6 +24,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp import scale_layout
 from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Kernel
+from gmlp.groups import device_groups, poison_scales_if_invalid
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
@@ -94,7 +95,7 @@ class QuantizeKernelConfig:
 ONE_TILE_PER_CTA = QuantizeKernelConfig(persistent=False, stages=1, ctas_per_sm=4)  # the first kernel
 PERSISTENT = QuantizeKernelConfig(persistent=True, stages=1, ctas_per_sm=3)  # 4 (64 registers) spills
 PERSISTENT_PREFETCH = QuantizeKernelConfig(persistent=True, stages=2, ctas_per_sm=2)
-DEFAULT_CONFIG = PERSISTENT_PREFETCH  # best guess until measured on the H200
+DEFAULT_CONFIG = ONE_TILE_PER_CTA  # fastest on the H200 (bench_results/, 2026-11-29)
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,10 +290,11 @@ def quantize_mxfp8(
     if x.data_ptr() % _ALIGN != 0:
         x = x.clone()
     row_start = tile_start = block_start = None
-    if split_sizes is not None:
-        row_start, tile_start = scale_layout.grouped_starts(split_sizes, scale_layout.SCALE_TILE_ROWS)
+    groups = device_groups(split_sizes, rows) if split_sizes is not None else None
+    if groups is not None:
+        row_start, tile_start = groups.row_start, groups.tile_start
         if columnwise and not swizzle:
-            _, block_start = scale_layout.grouped_starts(split_sizes, BLOCK_SIZE)
+            block_start = groups.block_start
     num_tiles = scale_layout.max_row_tiles(rows, experts)
 
     # allocate: with a launch, the kernel writes every byte (swizzle padding included) except the
@@ -326,6 +328,9 @@ def quantize_mxfp8(
             kernel(x, as_bytes(row_data), row_scales, as_bytes(col_data), col_scales,
                    row_start, tile_start, block_start)
 
+    for scales in (row_scales, col_scales):
+        if scales is not None:
+            poison_scales_if_invalid(scales, groups)
     row_result = col_result = None
     recipe = (swizzle, element_format, scale_mode, split_sizes)
     if rowwise:
