@@ -14,13 +14,24 @@ from typing import Callable
 import torch
 
 
-def median_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 15) -> float:
-    """Median wall time of fn() on the current CUDA stream, in milliseconds (CUDA events)."""
-    for _ in range(warmup):
-        fn()
+def median_ms(fn: Callable[[], object], *, warmup_ms: float = 100.0, measure_ms: float = 300.0) -> float:
+    """Median time of one fn() call in milliseconds, by CUDA events, after a timed warm-up.
+
+    The warm-up runs fn for about warmup_ms (compilation, allocator, clocks settling); then at
+    least 10 calls, about measure_ms in all, are timed one by one.
+    """
+    fn()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    estimate = max(start.elapsed_time(end), 1e-3)
+    for _ in range(int(warmup_ms / estimate) + 1):
+        fn()
     times = []
-    for _ in range(iters):
+    for _ in range(max(10, int(measure_ms / estimate))):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench quantize", description=__doc__)
     parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
     parser.add_argument("--impl", default="triton,cutedsl,torch.compile", help="comma-separated implementations")
+    parser.add_argument("--rounds", type=int, default=2, help="times each measurement is repeated (spread = noise)")
     parser.add_argument("--sweep", action="store_true", help="also time every Triton config candidate")
     parser.add_argument("--sweep-cutedsl", action="store_true", help="also time every CuTeDSL schedule")
     args = parser.parse_args(argv)
@@ -112,13 +113,14 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16)
         for mode, (rowwise, columnwise) in MODES.items():
             moved = bytes_moved(rows, cols, rowwise, columnwise)
-            for name, fn in impls.items():
-                ms = median_ms(lambda: fn(x, rowwise, columnwise))
-                gbs = moved / ms / 1e6
-                rows_out.append(dict(impl=name, rows=rows, cols=cols, mode=mode, ms=ms, gb_per_s=gbs,
-                                     ratio_to_copy=gbs / copy_gbs))
-                print(f"  {rows}x{cols} {mode:>18} {name:>14}: {ms:7.3f} ms {gbs:7.0f} GB/s "
-                      f"{gbs / copy_gbs:5.2f} of copy", flush=True)
+            for round_ in range(args.rounds):
+                for name, fn in impls.items():
+                    ms = median_ms(lambda: fn(x, rowwise, columnwise))
+                    gbs = moved / ms / 1e6
+                    rows_out.append(dict(impl=name, rows=rows, cols=cols, mode=mode, round=round_, ms=ms, gb_per_s=gbs,
+                                         ratio_to_copy=gbs / copy_gbs))
+                    print(f"  {rows}x{cols} {mode:>18} {name:>14} round {round_}: {ms:7.3f} ms {gbs:7.0f} GB/s "
+                          f"{gbs / copy_gbs:5.2f} of copy", flush=True)
         del x
     sweep = sweep_triton_configs(copy_gbs) if args.sweep else []
     cutedsl_sweep = sweep_cutedsl_configs(copy_gbs) if args.sweep_cutedsl else []
