@@ -61,7 +61,7 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
     """Time every Triton quantize config candidate on the benchmark shapes (rowwise + columnwise)."""
     from gmlp.triton_ref.quantize import QuantizeConfig, quantize_mxfp8
 
-    candidates = [QuantizeConfig(chunks, 1, paired) for chunks in (2, 4, 8, 16) for paired in (False, True)]
+    candidates = [QuantizeConfig(chunks, warps) for chunks in (2, 4, 8, 16, 56) for warps in (1, 2)]
     out = []
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)

@@ -26,7 +26,6 @@ class QuantizeConfig:
 
     chunks_per_program: int = 8  # 32-column chunks one program walks over
     num_warps: int = 1  # one warp holds a 32x32 block: both reductions stay in the warp
-    paired: bool = False  # quantize two chunks per step (two independent instruction streams)
 
     def check(self) -> None:
         if self.chunks_per_program < 1 or self.num_warps < 1:
@@ -118,7 +117,7 @@ def quantize_mxfp8(
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
             GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts),
-            CHUNKS_PER_PROGRAM=config.chunks_per_program, PAIRED=config.paired,
+            CHUNKS_PER_PROGRAM=config.chunks_per_program,
             num_warps=config.num_warps,
         )
     for scales in (row_scales, col_scales):
