@@ -19,6 +19,7 @@ from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize import launcher, plan_quantize
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Quantized
+from gmlp.versions import REPORTED_PACKAGES, package_version
 
 DEMO_EXPERTS = 8
 DEMO_HIDDEN = 256
@@ -77,14 +78,8 @@ def demo() -> int:
 
 def doctor() -> int:
     """Print versions, device and the quantize plan; always 0."""
-    import importlib.metadata as metadata
-
-    for name in ("torch", "triton", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend"):
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            version = "not installed"
-        print(f"{name:>22}: {version}")
+    for name in REPORTED_PACKAGES:
+        print(f"{name:>22}: {package_version(name)}")
     device = _device()
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import importlib.metadata
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Callable
 import torch
 
 from gmlp.reasons import Reason, ReasonKind
+from gmlp.versions import package_version
 
 __all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path"]
 
@@ -60,13 +60,6 @@ class Decision:
         return "\n".join(lines)
 
 
-def _package_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _triton_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -87,7 +80,7 @@ def _device_system_reason(path: Path, device_type: str, capability: tuple[int, i
         try:
             import triton  # noqa: F401
         except Exception as error:  # report any import failure, with the package version
-            return Reason(ReasonKind.SYSTEM, f"triton {_package_version('triton')} failed to import: {error!r}")
+            return Reason(ReasonKind.SYSTEM, f"triton {package_version('triton')} failed to import: {error!r}")
         return None
     if device_type != "cuda":
         return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the CuTeDSL kernels need a CUDA GPU")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import json
 import os
 import pathlib
@@ -12,6 +11,8 @@ import sys
 from typing import Callable
 
 import torch
+
+from gmlp.versions import REPORTED_PACKAGES, package_version
 
 
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 100.0, measure_ms: float = 300.0) -> float:
@@ -53,13 +54,6 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
     return 2 * num_bytes / ms / 1e6
 
 
-def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _commit() -> str:
     if os.environ.get("GMLP_COMMIT"):
         return os.environ["GMLP_COMMIT"]
@@ -78,9 +72,7 @@ def environment() -> dict:
         "multiprocessors": props.multi_processor_count,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "triton": _version("triton"),
-        "nvidia-cutlass-dsl": _version("nvidia-cutlass-dsl"),
-        "nvidia-cudnn-frontend": _version("nvidia-cudnn-frontend"),
+        **{name: package_version(name) for name in REPORTED_PACKAGES if name != "torch"},
         "commit": _commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

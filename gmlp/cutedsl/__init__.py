@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
+
+from gmlp.versions import package_version
 
 __all__ = ["import_error"]
 
 _PACKAGE = "nvidia-cutlass-dsl"
-
-
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version(_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,6 +28,6 @@ def import_error() -> str | None:
     try:
         importlib.import_module("gmlp.cutedsl.quantize")
     except Exception as error:  # any failure is a reason to fall back; it is reported, not hidden
-        return (f"gmlp.cutedsl.quantize failed to import with {_PACKAGE} {_package_version()}: "
+        return (f"gmlp.cutedsl.quantize failed to import with {_PACKAGE} {package_version(_PACKAGE)}: "
                 f"{type(error).__name__}: {error}")
     return None

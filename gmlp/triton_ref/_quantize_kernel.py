@@ -35,12 +35,12 @@ def _quantize_chunk(
     lanes,  # (32,) 0..31
     row_mask,  # (32,) rows of the slice that hold data (MASKED only)
     row_data_slice,  # rowwise data at (first_row, 0)
-    col_data_chunk,  # columnwise data (K, T) at (chunk * 32, first_row)
+    col_data_slice,  # columnwise data (K, T) at (0, first_row)
     row_scale_lane_offsets,  # (32,) per-row part of the rowwise scale offsets
-    col_scale_lane_offsets,  # (32,) per-column part of the columnwise scale offsets (swizzled)
-    col_scale_chunk_base,  # scalar part of the columnwise scale offsets for this chunk
+    col_scale_lane_offsets,  # (32,) per-column part of the columnwise scale offsets
+    col_scale_group_base,  # scalar part of the columnwise scale offsets common to all chunks
     row_scale_ptr, col_scale_ptr, col_scale_valid,
-    NUM_ROWS, NUM_COLS, col_tiles_of_group,
+    NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, col_tiles_of_group,
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, SWIZZLE: tl.constexpr, MASKED: tl.constexpr,
 ):
@@ -68,7 +68,8 @@ def _quantize_chunk(
         # One block of 32 rows per column: slices start at expert-aligned rows, so blocks never
         # cross experts, and a partial trailing block sees zeros past the expert's end.
         e = e8m0_from_amax(block_amax(magnitude, 0), RECIPROCAL_MAX, EMAX, FLOOR_MODE)  # (32,) one per column
-        q_t = tl.trans((x * quantize_multiplier(e)[None, :]).to(col_data_chunk.dtype.element_ty))
+        q_t = tl.trans((x * quantize_multiplier(e)[None, :]).to(col_data_slice.dtype.element_ty))
+        col_data_chunk = col_data_slice + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS
         transposed = lanes[:, None] * NUM_ROWS + lanes[None, :]  # (k, row) within the chunk
         if MASKED:
             tl.store(col_data_chunk + transposed, q_t, mask=row_mask[None, :])
@@ -76,11 +77,33 @@ def _quantize_chunk(
             tl.store(col_data_chunk + transposed, q_t)
         if SWIZZLE:
             # k = chunk*32 + lane: (k//128)*col_tiles*512 + ((k%128)//32)*4 is per chunk, (k%32)*16 per lane.
-            chunk_part = col_scale_chunk_base + (chunk // 4) * col_tiles_of_group * 512 + (chunk % 4) * 4
+            chunk_part = col_scale_group_base + (chunk // 4) * col_tiles_of_group * 512 + (chunk % 4) * 4
             tl.store(col_scale_ptr + col_scale_lane_offsets + chunk_part, e.to(tl.uint8))
         else:
-            tl.store(col_scale_ptr + col_scale_chunk_base + col_scale_lane_offsets, e.to(tl.uint8),
-                     mask=col_scale_valid)
+            chunk_part = col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
+            tl.store(col_scale_ptr + chunk_part + col_scale_lane_offsets, e.to(tl.uint8), mask=col_scale_valid)
+
+
+@triton.jit
+def _walk(
+    first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_slice,
+    row_scale_lane_offsets, col_scale_lane_offsets, col_scale_group_base,
+    row_scale_ptr, col_scale_ptr, col_scale_valid,
+    NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, col_tiles_of_group,
+    RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, SWIZZLE: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Quantize chunks [first_chunk, last_chunk) of one slice, loading chunk c + 1 before
+    quantizing chunk c (register double buffering): a one-warp program has little else to
+    overlap with DRAM latency."""
+    x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, NUM_COLS, MASKED)
+    for chunk in tl.range(first_chunk, last_chunk):
+        x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, NUM_COLS, MASKED)
+        _quantize_chunk(x, chunk, lanes, row_mask, row_data_slice, col_data_slice, row_scale_lane_offsets,
+                        col_scale_lane_offsets, col_scale_group_base, row_scale_ptr, col_scale_ptr, col_scale_valid,
+                        NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, col_tiles_of_group,
+                        RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED)
+        x = x_next
 
 
 @triton.jit
@@ -155,31 +178,16 @@ def quantize_mxfp8_kernel(
     data_chunks = NUM_COLS // 32
     first_chunk = tl.program_id(1) * CHUNKS_PER_PROGRAM
     last_chunk = tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, data_chunks)
-    # The walk loads chunk c + 1 before quantizing chunk c (register double buffering), so that
-    # each warp keeps a load in flight while it computes: one-warp programs need that to cover
-    # DRAM latency.
     if full_slice:
-        x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, NUM_COLS, MASKED=False)
-        for chunk in tl.range(first_chunk, last_chunk):
-            x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, NUM_COLS, MASKED=False)
-            col_chunk_base = col_scale_group_base if SWIZZLE else col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
-            _quantize_chunk(x, chunk, lanes, row_mask, row_data_slice,
-                            col_data_ptr + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS + aligned_first_row,
-                            row_scale_lane_offsets, col_scale_lane_offsets, col_chunk_base,
-                            row_scale_ptr, col_scale_ptr, col_scale_valid, NUM_ROWS, NUM_COLS, group_tiles,
-                            RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=False)
-            x = x_next
+        _walk(first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_ptr + aligned_first_row,
+              row_scale_lane_offsets, col_scale_lane_offsets, col_scale_group_base, row_scale_ptr, col_scale_ptr,
+              col_scale_valid, NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, group_tiles,
+              RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=False)
     else:
-        x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, NUM_COLS, MASKED=True)
-        for chunk in tl.range(first_chunk, last_chunk):
-            x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, NUM_COLS, MASKED=True)
-            col_chunk_base = col_scale_group_base if SWIZZLE else col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
-            _quantize_chunk(x, chunk, lanes, row_mask, row_data_slice,
-                            col_data_ptr + tl.cast(chunk, tl.int64) * 32 * NUM_ROWS + first_row,
-                            row_scale_lane_offsets, col_scale_lane_offsets, col_chunk_base,
-                            row_scale_ptr, col_scale_ptr, col_scale_valid, NUM_ROWS, NUM_COLS, group_tiles,
-                            RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=True)
-            x = x_next
+        _walk(first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_ptr + first_row,
+              row_scale_lane_offsets, col_scale_lane_offsets, col_scale_group_base, row_scale_ptr, col_scale_ptr,
+              col_scale_valid, NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, group_tiles,
+              RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=True)
 
     if SWIZZLE:
         # Padding chunks, K <= k < ceil(K/128)*128: their scales are the layout's zero padding.
