@@ -80,7 +80,7 @@ def _quantize_chunk(
             chunk_part = col_scale_group_base + (chunk // 4) * col_tiles_of_group * 512 + (chunk % 4) * 4
             tl.store(col_scale_ptr + col_scale_lane_offsets + chunk_part, e.to(tl.uint8))
         else:
-            chunk_part = col_scale_group_base + chunk * 32 * NUM_COL_BLOCKS
+            chunk_part = col_scale_group_base + tl.cast(chunk, tl.int64) * 32 * NUM_COL_BLOCKS
             tl.store(col_scale_ptr + chunk_part + col_scale_lane_offsets, e.to(tl.uint8), mask=col_scale_valid)
 
 

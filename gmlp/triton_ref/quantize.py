@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,6 @@ from gmlp.reasons import Reason
 from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
 
 __all__ = ["quantize_mxfp8", "problem_support", "QuantizeConfig", "DEFAULT_QUANTIZE_CONFIG"]
-
 
 
 @dataclass(frozen=True)
