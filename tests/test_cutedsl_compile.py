@@ -55,9 +55,6 @@ def vector_bytes(ptx: str, op: str) -> int:
     return sum(n * len(re.findall(rf"\b{op}\.global\.{re.escape(kind)}\b", ptx)) for kind, n in widths.items())
 
 
-SCHEDULES = ["ONE_TILE_PER_CTA", "PERSISTENT", "PERSISTENT_PREFETCH"]  # gmlp.cutedsl.quantize constants
-
-
 def _cuobjdump() -> str | None:
     """A cuobjdump for the cubin's resource usage: on PATH, or the one Triton bundles."""
     found = shutil.which("cuobjdump")
@@ -86,21 +83,20 @@ def resource_usage(cubin: bytes) -> dict[str, int] | None:
     return None if match is None else dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, match.groups())))
 
 
-def compile_case(arch: str, case: Case, schedule: str = "PERSISTENT_PREFETCH"):
+def compile_case(arch: str, case: Case):
     from gmlp.cutedsl import quantize
 
     return quantize.compile_quantize_kernel(
         arch, num_rows=4099, num_cols=7168, num_experts=case.num_experts, dtype=case.dtype, rowwise=case.rowwise,
         columnwise=case.columnwise, swizzle=case.swizzle, element_format=case.element_format,
-        scale_mode=case.scale_mode, config=getattr(quantize, schedule),
+        scale_mode=case.scale_mode,
     )
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_quantize_kernel_ptx(arch, case, schedule):
-    compiled = compile_case(arch, case, schedule)
+def test_quantize_kernel_ptx(arch, case):
+    compiled = compile_case(arch, case)
     ptx = compiled.ptx
     assert f".target {arch}" in ptx
     assert ".reqntid 256, 1, 1" in ptx
@@ -112,13 +108,11 @@ def test_quantize_kernel_ptx(arch, case, schedule):
     assert ".ftz" not in ptx
     assert re.search(r"\bmul(\.rn)?\.f32\b", ptx)
     # x is read once, straight into shared memory with 16-byte cp.async that bypass L1 (.cg):
-    # 128 x 128 elements per tile and CTA of 256 threads; with prefetch, one load site before
-    # the loop (first tile) and one in it (next tile), which waits for all but the newest group.
+    # 128 x 128 elements per tile and CTA of 256 threads, one load site, one wait for all copies.
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16", ptx)
-    stages = compiled.schedule.stages
-    assert len(copies) == stages * 128 * 128 * case.dtype.itemsize // 16 // 256, len(copies)
+    assert len(copies) == 128 * 128 * case.dtype.itemsize // 16 // 256, len(copies)
     waits = re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)
-    assert waits == (["1"] if stages == 2 else ["0"]), waits
+    assert waits == ["0"], waits
     assert vector_bytes(ptx, "ld") == 0
     # Register fragments stay in registers: no local memory in the PTX, no spills in the cubin,
     # and registers within the budget of the CTAs per SM it is built for.

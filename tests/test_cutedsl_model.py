@@ -278,17 +278,3 @@ def test_odd_shapes_and_alignments(shape, rowwise, columnwise):
     for splits in (None, [shape[0] // 3, 0, shape[0] - shape[0] // 3]):
         for swizzle in (True, False):
             check(x, splits, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, col_base=16 * 7)
-
-
-@pytest.mark.parametrize("num_items", [1, 7, 131, 132 * 3 + 5, 4096])
-@pytest.mark.parametrize("max_ctas", [132 * 2, 132 * 3])
-def test_persistent_schedule_covers_every_item_once(num_items, max_ctas):
-    # The persistent grid: min(items, max_ctas) CTAs; CTA bid takes items bid + i * grid for
-    # i < count = ceil((items - bid) / grid) (the prefetching loop's trip count), buffer i % 2.
-    grid = min(num_items, max_ctas)
-    seen = []
-    for bid in range(grid):
-        count = (num_items - bid + grid - 1) // grid
-        assert count == len(range(bid, num_items, grid)) >= 1
-        seen += [bid + i * grid for i in range(count)]
-    assert sorted(seen) == list(range(num_items))

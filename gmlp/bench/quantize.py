@@ -61,7 +61,7 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
     """Time every Triton quantize config candidate on the benchmark shapes (rowwise + columnwise)."""
     from gmlp.triton_ref.quantize import QuantizeConfig, quantize_mxfp8
 
-    candidates = [QuantizeConfig(chunks, warps) for chunks in (2, 4, 8, 16, 56) for warps in (1, 2)]
+    candidates = [QuantizeConfig(chunks, warps) for chunks in (1, 2, 4, 8, 16) for warps in (1, 2)]
     out = []
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
@@ -74,32 +74,12 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
     return out
 
 
-def sweep_cutedsl_configs(copy_gbs: float) -> list[dict]:
-    """Time every CuTeDSL quantize schedule on the benchmark shapes, rowwise and rowwise + columnwise."""
-    from gmlp.cutedsl import quantize as cutedsl_quantize
-
-    schedules = {"one_tile_per_cta": cutedsl_quantize.ONE_TILE_PER_CTA, "persistent": cutedsl_quantize.PERSISTENT,
-                 "persistent_prefetch": cutedsl_quantize.PERSISTENT_PREFETCH}
-    out = []
-    for rows, cols in SHAPES:
-        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-        for mode, (rowwise, columnwise) in MODES.items():
-            moved = bytes_moved(rows, cols, rowwise, columnwise)
-            for name, config in schedules.items():
-                ms = median_ms(lambda: cutedsl_quantize.quantize_mxfp8(x, rowwise=rowwise, columnwise=columnwise, config=config))
-                ratio = moved / ms / 1e6 / copy_gbs
-                out.append(dict(rows=rows, cols=cols, mode=mode, schedule=name, ms=ms, ratio_to_copy=ratio))
-                print(f"  cutedsl sweep {rows}x{cols} {mode:>18} {name:>20}: {ms:.3f} ms, {ratio:.2f} of copy", flush=True)
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench quantize", description=__doc__)
     parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
     parser.add_argument("--impl", default="triton,cutedsl,torch.compile", help="comma-separated implementations")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement is repeated (spread = noise)")
     parser.add_argument("--sweep", action="store_true", help="also time every Triton config candidate")
-    parser.add_argument("--sweep-cutedsl", action="store_true", help="also time every CuTeDSL schedule")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     env = environment()
@@ -123,8 +103,6 @@ def main(argv: list[str] | None = None) -> None:
                           f"{gbs / copy_gbs:5.2f} of copy", flush=True)
         del x
     sweep = sweep_triton_configs(copy_gbs) if args.sweep else []
-    cutedsl_sweep = sweep_cutedsl_configs(copy_gbs) if args.sweep_cutedsl else []
-    results = dict(environment=env, copy_gb_per_s=copy_gbs, skipped=skipped, results=rows_out, triton_config_sweep=sweep,
-                   cutedsl_schedule_sweep=cutedsl_sweep)
+    results = dict(environment=env, copy_gb_per_s=copy_gbs, skipped=skipped, results=rows_out, triton_config_sweep=sweep)
     path = write_results("quantize", results, args.out)
     print(f"wrote {path}")

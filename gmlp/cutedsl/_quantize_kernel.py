@@ -14,7 +14,7 @@ columnwise scale tile, padding included (masked rows/columns have amax 0, scale 
 past the last expert's tiles write the zero tiles of the padding. Every scale byte is written.
 
 Dataflow (x read once, coalesced; values handled as raw 32-bit words: a bf16 pair or one fp32):
-1. gmem -> sX (smem, one buffer per stage) with 16-byte cp.async that bypass L1 (a warp copies 512 contiguous bytes
+1. gmem -> sX (smem) with 16-byte cp.async that bypass L1 (a warp copies 512 contiguous bytes
    per step; masked chunks are zero-filled), then one barrier.
 2. rowwise, from sX: thread (row lr = tid / 8, column group cg = tid % 8) takes 16 consecutive
    values of rows lr, lr + 32, lr + 64, lr + 96 (4 passes); a 1x32 block is held by 2 lanes, amax
@@ -28,10 +28,9 @@ Dataflow (x read once, coalesced; values handled as raw 32-bit words: a bf16 pai
    first byte sits at d = address % 16, so each aligned chunk is assembled from two smem chunks
    by a byte funnel shift (prmt); full chunks take one 16-byte store, partial head/tail chunks
    byte stores.
-Schedules (``gmlp.cutedsl.quantize.QuantizeKernelConfig``; identical results): one CTA per work
-item (tile, chunk), chunk fastest; or a persistent grid of ctas_per_sm CTAs per SM, CTA b taking
-items b, b + grid, ...; with stages=2 the next item's tile streams into a second sX buffer
-(its own cp.async commit group) while the current one is computed and stored.
+One CTA per work item (tile, chunk), chunk fastest, built for 4 resident CTAs per SM (bf16: 64
+registers, ~51.5 KB of shared memory each). (Persistent grids, with or without prefetching the
+next tile into a second sX buffer, measured slower on the H200 and were removed.)
 Scale bytes are staged in smem (512 bytes per orientation) and stored as 16-byte chunks. Both
 smem tiles xor-permute their 16-byte chunks so that no step has shared-memory bank conflicts
 (``sx_position``, ``sq_position``).
@@ -66,6 +65,7 @@ ROWS_PER_STORE_PASS = NUM_THREADS // CHUNKS  # 32 K rows written per store pass
 SCALE_TILE_BYTES = 512  # one 128 x 4 swizzled scale tile
 SMEM_PER_SM = 228 * 1024  # bytes of shared memory per SM (SM90 and SM100)
 RESERVED_SMEM_PER_CTA = 1024  # bytes the driver reserves per resident CTA
+OCCUPANCY = 4  # CTAs per SM the register budget is sized for, at most what shared memory allows
 
 FP32_INF = 0x7F800000  # bits of +inf; larger magnitude bits are NaNs
 
@@ -280,18 +280,14 @@ class QuantizeMXFP8Kernel:
     """Fused rowwise + columnwise MXFP8 quantization of x (T, K), grouped by expert or not.
 
     Compile-time configuration (one compiled kernel each): input dtype, which orientations,
-    swizzled or compact scales, grouped, E5M2 instead of E4M3, FLOOR instead of RCEIL; and the
-    schedule (see the module docstring): ``persistent``, ``stages`` (sX buffers), ``ctas_per_sm``
-    and ``num_sms`` (the persistent grid is ctas_per_sm * num_sms CTAs, at most one per item).
+    swizzled or compact scales, grouped, E5M2 instead of E4M3, FLOOR instead of RCEIL. One CTA
+    per work item (see the module docstring).
     """
 
     def __init__(self, dtype, *, rowwise: bool, columnwise: bool, swizzle: bool, grouped: bool,
-                 e5m2: bool, floor_mode: bool, persistent: bool = False, stages: int = 1,
-                 ctas_per_sm: int = 4, num_sms: int = 0):
+                 e5m2: bool, floor_mode: bool):
         assert dtype in (cutlass.BFloat16, cutlass.Float32), f"{dtype=} not supported"
         assert rowwise or columnwise, f"{rowwise=}, {columnwise=}: nothing to do"
-        assert stages in (1, 2) and (persistent or stages == 1), f"{persistent=}, {stages=}"
-        assert not persistent or num_sms > 0, f"a persistent grid needs the SM count, got {num_sms=}"
         self.dtype = dtype
         self.bf16 = dtype is cutlass.BFloat16
         self.words = VEC * dtype.width // 32  # raw 32-bit words per load vector: 8 or 16
@@ -303,17 +299,14 @@ class QuantizeMXFP8Kernel:
         self.grouped = grouped
         self.e5m2 = e5m2
         self.floor_mode = floor_mode
-        self.persistent = persistent
-        self.stages = stages
         # CTAs per SM the register budget must allow, at most what shared memory allows
-        # (smem_bytes: bf16 1 stage 49 KB -> 4 on a 228 KB SM, i.e. 64 registers; 2 stages 81 KB
-        # -> 2; fp32 81 KB -> 2, 145 KB -> 1).
-        self.min_blocks_per_sm = max(1, min(ctas_per_sm, SMEM_PER_SM // self.smem_bytes()))
-        self.max_ctas = self.min_blocks_per_sm * num_sms  # the persistent grid
+        # (smem_bytes: bf16 up to ~51.5 KB -> 4 on a 228 KB SM, i.e. 64 registers; fp32 up to
+        # ~83 KB -> 2).
+        self.min_blocks_per_sm = max(1, min(OCCUPANCY, SMEM_PER_SM // self.smem_bytes()))
 
     def smem_bytes(self) -> int:
         """Shared memory of one CTA (with 128 bytes of alignment slack per buffer)."""
-        total = self.stages * TILE_ROWS * TILE_COLS * self.dtype.width // 8 + 128
+        total = TILE_ROWS * TILE_COLS * self.dtype.width // 8 + 128
         total += self.rowwise * (SCALE_TILE_BYTES + 16) + self.columnwise * (TILE_COLS * TILE_ROWS + 128 + SCALE_TILE_BYTES + 16)
         return total + self.grouped * 48 + RESERVED_SMEM_PER_CTA
 
@@ -338,11 +331,8 @@ class QuantizeMXFP8Kernel:
             num_tiles = (num_rows + TILE_ROWS - 1) // TILE_ROWS
         num_chunks = (num_cols + TILE_COLS - 1) // TILE_COLS
         # Work items (tile, chunk), chunk fastest: the CTAs running together read whole rows of x
-        # and write whole row runs of both outputs. One CTA per item, or a persistent grid.
-        num_items = num_tiles * num_chunks
-        grid = num_items
-        if const_expr(self.persistent):
-            grid = cutlass.min(num_items, Int32(self.max_ctas))
+        # and write whole row runs of both outputs. One CTA per item.
+        grid = num_tiles * num_chunks
         self.kernel(mX, mRowData, mRowScale, mColData, mColScale, mRowStart, mTileStart, mBlockStart).launch(
             grid=[grid, 1, 1], block=[NUM_THREADS, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks_per_sm,
@@ -367,10 +357,10 @@ class QuantizeMXFP8Kernel:
         num_chunks = (num_cols + TILE_COLS - 1) // TILE_COLS
 
         smem = cutlass.memory.SmemAllocator()
-        # sX: `stages` x tiles, 128 rows of chunks_per_row 16-byte chunks, chunk c of row r at
-        # position sx_position(c) of the row; sQ: the transposed fp8 tile, 128 K rows of 8 16-byte
-        # chunks, chunk c of row k at position sq_position(k, c).
-        sX = smem.allocate_tensor(self.dtype, cute.make_layout((TILE_ROWS * TILE_COLS, self.stages)), 128)
+        # sX: the x tile, 128 rows of chunks_per_row 16-byte chunks, chunk c of row r at position
+        # sx_position(c) of the row; sQ: the transposed fp8 tile, 128 K rows of 8 16-byte chunks,
+        # chunk c of row k at position sq_position(k, c).
+        sX = smem.allocate_tensor(self.dtype, cute.make_layout(TILE_ROWS * TILE_COLS), 128)
         sRowScale = sQ = sColScale = sInfo = None
         if const_expr(self.rowwise):
             sRowScale = smem.allocate_tensor(Uint8, cute.make_layout(SCALE_TILE_BYTES), 16)
@@ -383,65 +373,18 @@ class QuantizeMXFP8Kernel:
         outputs = (mRowData, mRowScale, mColData, mColScale)
         staging = (sRowScale, sQ, sColScale)
 
-        # Barriers of one item (A: in _locate, grouped only; B, C: below and in _process):
+        # Barriers (A: in _locate, grouped only; B, C: below and in _process):
         #   [A: sInfo written -> read] load (cp.async) ... wait own copies, [B: sX complete]
         #   rowwise + columnwise (read sX, write sQ and scale stagings) [C: staging complete]
         #   stores (read sQ and stagings)
-        # The next item's sX writes (loads) and staging writes come after C and B, after every
-        # read of the previous contents; the next sInfo write after B, after every sInfo read.
-        if const_expr(not self.persistent):
-            # One item per CTA: load, wait, compute, store.
-            info = self._locate(starts, sInfo, bid // num_chunks, num_rows, tid)
-            self._load(mX, sX[None, 0], info, (bid % num_chunks) * TILE_COLS, tid)
-            cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.sync_threads()  # B: sX complete (every thread waited for its own copies)
-            self._process(sX[None, 0], staging, outputs, bid, num_chunks, info, num_cols, tid)
-        else:
-            num_items = self._num_items(mTileStart, num_rows, num_chunks)
-            stride = cute.arch.grid_dim()[0]
-            count = (num_items - bid + stride - 1) // stride  # items of this CTA: bid + i * stride
-            if const_expr(self.stages == 1):
-                for item in cutlass.range(bid, num_items, stride, unroll=1):
-                    info = self._locate(starts, sInfo, item // num_chunks, num_rows, tid)
-                    self._load(mX, sX[None, 0], info, (item % num_chunks) * TILE_COLS, tid)
-                    cute.arch.cp_async_commit_group()
-                    cute.arch.cp_async_wait_group(0)
-                    cute.arch.sync_threads()  # B: sX complete (each thread waited for its own copies)
-                    self._process(sX[None, 0], staging, outputs, item, num_chunks, info, num_cols, tid)
-            else:
-                # Double buffering: item i + 1 streams into sX[(i + 1) % 2] while item i is
-                # computed from sX[i % 2]; one commit group per item, so waiting for all but the
-                # newest group waits for item i only.
-                info = self._locate(starts, sInfo, bid // num_chunks, num_rows, tid)
-                self._load(mX, sX[None, 0], info, (bid % num_chunks) * TILE_COLS, tid)
-                cute.arch.cp_async_commit_group()
-                row0, valid_rows, tile_base, expert_tiles, block0 = info
-                for i in cutlass.range(count, unroll=1):
-                    item = bid + i * stride
-                    following = item + stride
-                    # Also A for the following item; its buffer was last read by item i - 1's
-                    # compute, which ended at that item's barrier C.
-                    next_info = self._locate(starts, sInfo, following // num_chunks, num_rows, tid)
-                    if following < num_items:
-                        self._load(mX, sX[None, (i + 1) % 2], next_info, (following % num_chunks) * TILE_COLS, tid)
-                    cute.arch.cp_async_commit_group()  # possibly empty: keeps one group per item
-                    cute.arch.cp_async_wait_group(1)  # this thread's copies of item i have landed
-                    cute.arch.sync_threads()  # B: sX[i % 2] complete (everyone's copies)
-                    self._process(sX[None, i % 2], staging, outputs, item, num_chunks,
-                                  (row0, valid_rows, tile_base, expert_tiles, block0), num_cols, tid)
-                    row0, valid_rows, tile_base, expert_tiles, block0 = next_info
+        info = self._locate(starts, sInfo, bid // num_chunks, num_rows, tid)
+        self._load(mX, sX, info, (bid % num_chunks) * TILE_COLS, tid)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()  # B: sX complete (every thread waited for its own copies)
+        self._process(sX, staging, outputs, bid, num_chunks, info, num_cols, tid)
 
     # -----------------------------------------------------------------------------------------
-
-    @cute.jit
-    def _num_items(self, mTileStart, num_rows, num_chunks):
-        """Work items: row tiles (padding tiles included) x column chunks (as in __call__)."""
-        if const_expr(self.grouped):
-            num_tiles = (num_rows + (TILE_ROWS - 1) * (mTileStart.shape[0] - 1)) // TILE_ROWS
-        else:
-            num_tiles = (num_rows + TILE_ROWS - 1) // TILE_ROWS
-        return num_tiles * num_chunks
 
     @cute.jit
     def _locate(self, starts, sInfo, tile, num_rows, tid):

@@ -34,11 +34,6 @@ __all__ = [
     "quantize_mxfp8",
     "problem_support",
     "KernelConfig",
-    "QuantizeKernelConfig",
-    "ONE_TILE_PER_CTA",
-    "PERSISTENT",
-    "PERSISTENT_PREFETCH",
-    "DEFAULT_CONFIG",
     "CompiledQuantizeKernel",
     "compile_quantize_kernel",
     "SUPPORTED_ARCHS",
@@ -68,41 +63,6 @@ class KernelConfig:
                    problem.element_format, problem.scale_mode)
 
 
-@dataclass(frozen=True)
-class QuantizeKernelConfig:
-    """The kernel's schedule (results are bit-identical for every config; only speed differs).
-
-    - persistent: False launches one CTA per work item (128-row tile, 128-column chunk); True
-      launches ctas_per_sm CTAs per SM (at most one per item), each looping over items with a
-      stride of the grid size.
-    - stages: x tile buffers in shared memory. 1: load, wait, compute, store per item; 2
-      (persistent only): the next item's tile streams in while this one is computed.
-    - ctas_per_sm: the occupancy the register budget is sized for (min blocks per SM), capped by
-      shared memory (bf16: 49 KB per CTA with 1 stage, 81 KB with 2; fp32: 81 KB, 145 KB).
-    """
-
-    persistent: bool = True
-    stages: int = 2
-    ctas_per_sm: int = 2
-
-    def __post_init__(self):
-        if self.stages not in (1, 2) or (self.stages == 2 and not self.persistent):
-            raise ValueError(f"stages must be 1, or 2 with persistent=True; got {self}")
-        if not 1 <= self.ctas_per_sm <= 8:
-            raise ValueError(f"ctas_per_sm must be 1..8, got {self}")
-
-
-ONE_TILE_PER_CTA = QuantizeKernelConfig(persistent=False, stages=1, ctas_per_sm=4)  # the first kernel
-PERSISTENT = QuantizeKernelConfig(persistent=True, stages=1, ctas_per_sm=3)  # 4 (64 registers) spills
-PERSISTENT_PREFETCH = QuantizeKernelConfig(persistent=True, stages=2, ctas_per_sm=2)
-DEFAULT_CONFIG = ONE_TILE_PER_CTA  # fastest on the H200 (bench_results/, 2026-11-29)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def problem_support(problem: QuantizeProblem) -> Reason | None:
     """None if the CuTeDSL kernel runs ``problem``, else the reason it does not.
 
@@ -130,12 +90,11 @@ def problem_support(problem: QuantizeProblem) -> Reason | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _kernel(config: KernelConfig, schedule: QuantizeKernelConfig, num_sms: int) -> QuantizeMXFP8Kernel:
+def _kernel(config: KernelConfig) -> QuantizeMXFP8Kernel:
     return QuantizeMXFP8Kernel(
         _INPUT_DTYPES[config.dtype], rowwise=config.rowwise, columnwise=config.columnwise,
         swizzle=config.swizzle, grouped=config.grouped, e5m2=config.element_format is ElementFormat.E5M2,
-        floor_mode=config.scale_mode is ScaleMode.FLOOR, persistent=schedule.persistent, stages=schedule.stages,
-        ctas_per_sm=schedule.ctas_per_sm, num_sms=num_sms if schedule.persistent else 0,
+        floor_mode=config.scale_mode is ScaleMode.FLOOR,
     )
 
 
@@ -177,7 +136,6 @@ class CompiledQuantizeKernel:
     """A kernel compiled ahead of time: the callable (runs on a matching GPU) and its PTX."""
 
     config: KernelConfig
-    schedule: QuantizeKernelConfig
     arch: str
     function: object
     ptx: str
@@ -197,23 +155,21 @@ def _artifact_text(value) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(config: KernelConfig, schedule: QuantizeKernelConfig, num_sms: int,
-             arch: str | None) -> CompiledQuantizeKernel:
-    """Compile ``config`` with ``schedule``; arch None targets the current GPU (the runtime path).
-    num_sms sizes the persistent grid (callers pass 0 for non-persistent schedules)."""
+def _compile(config: KernelConfig, arch: str | None) -> CompiledQuantizeKernel:
+    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
     options = "--enable-tvm-ffi"
-    kernel = _kernel(config, schedule, num_sms)
+    kernel = _kernel(config)
     resources = dict(min_blocks_per_sm=kernel.min_blocks_per_sm, smem_bytes=kernel.smem_bytes())
     if arch is None:
         function = cute.compile(kernel, *_fake_arguments(config), options=options)
-        return CompiledQuantizeKernel(config, schedule, "native", function, ptx="", cubin=b"", **resources)
+        return CompiledQuantizeKernel(config, "native", function, ptx="", cubin=b"", **resources)
     with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
         function = cute.compile(kernel, *_fake_arguments(config),
                                 options=f"{options} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
         ptx = _artifact_text(function.__ptx__)
         cubin = function.__cubin__
         cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
-    return CompiledQuantizeKernel(config, schedule, arch, function, ptx, cubin, **resources)
+    return CompiledQuantizeKernel(config, arch, function, ptx, cubin, **resources)
 
 
 def compile_quantize_kernel(
@@ -228,14 +184,11 @@ def compile_quantize_kernel(
     swizzle: bool,
     element_format: ElementFormat,
     scale_mode: ScaleMode,
-    config: QuantizeKernelConfig = DEFAULT_CONFIG,
-    num_sms: int = 132,
 ) -> CompiledQuantizeKernel:
     """Compile the kernel for ``arch`` (sm_90a or sm_100a) without a GPU; returns it with its PTX.
 
     The shape (num_rows T, num_cols K, num_experts E; None: ungrouped) is checked against the
-    kernel's support; the compiled code itself is shape-generic. ``config`` is the schedule;
-    num_sms (default: an H200's 132) sizes a persistent grid.
+    kernel's support; the compiled code itself is shape-generic.
     """
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
@@ -246,7 +199,7 @@ def compile_quantize_kernel(
     reason = problem_support(problem)
     if reason is not None:
         raise ValueError(f"cannot compile the CuTeDSL quantize kernel for this problem: {reason}")
-    return _compile(KernelConfig.of(problem), config, num_sms if config.persistent else 0, arch)
+    return _compile(KernelConfig.of(problem), arch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,11 +216,8 @@ def quantize_mxfp8(
     split_sizes: torch.Tensor | None = None,
     element_format: ElementFormat = ElementFormat.E4M3,
     scale_mode: ScaleMode = ScaleMode.RCEIL,
-    config: QuantizeKernelConfig = DEFAULT_CONFIG,
 ) -> MXFP8Quantized:
     """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
-
-    ``config`` picks the kernel's schedule (``QuantizeKernelConfig``; same results for all).
 
     Split sizes stay on the device (no host sync): their prefix sums are computed there, every
     buffer is sized from host-known bounds, and the kernel finds each tile's expert itself.
@@ -318,11 +268,9 @@ def quantize_mxfp8(
             if swizzle else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), **u8)
         )
 
-    # launch: max_row_tiles(T, E) * ceil(K / 128) work items, one CTA each or a persistent grid
-    # of config.ctas_per_sm CTAs per SM (sized in the jit function)
+    # launch: max_row_tiles(T, E) * ceil(K / 128) work items, one CTA each
     if launch:
-        num_sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        kernel = _compile(KernelConfig.of(problem), config, num_sms if config.persistent else 0, None).function
+        kernel = _compile(KernelConfig.of(problem), None).function
         as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731 (fp8 as raw bytes)
         with torch.cuda.device(device):
             kernel(x, as_bytes(row_data), row_scales, as_bytes(col_data), col_scales,
