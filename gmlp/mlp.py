@@ -1,0 +1,152 @@
+"""``GroupedMLP``: the experts of an MoE layer (FC1, gated activation, FC2), forward and backward.
+
+Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed). Weights are
+``w1`` (E, 2F, H) as [gate; up] halves for gated activations, (E, F, H) for srelu, and ``w2``
+(E, H, F). The computation is DESIGN.md's dataflow (``gmlp.mlp_ref``); which implementation of
+each fused step runs is the dispatcher's choice. Today the torch path (the oracle) is the only
+one for the MLP ops; the Triton and CuTeDSL grouped GEMMs plug in behind the same function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from gmlp.activations import Activation, activation_from
+from gmlp.dispatch import Path, choose_path
+from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
+from gmlp.reasons import Reason, ReasonKind
+from gmlp.recipe import MXFP8Recipe
+
+__all__ = ["GroupedMLP"]
+
+_DEFAULT_RECIPE = MXFP8Recipe()
+
+
+class _GroupedMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad):
+        y, saved = grouped_mlp_forward_ref(x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
+        ctx.saved = saved
+        ctx.activation, ctx.recipe = activation, recipe
+        ctx.params = (w1, b1, w2, b2)
+        ctx.accumulate_main_grad = accumulate_main_grad
+        ctx.probs_dtype = None if probs is None else probs.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        grads = grouped_mlp_backward_ref(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe)
+        w1, b1, w2, b2 = ctx.params
+        weight_grads = []
+        for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):
+            if param is None:
+                weight_grads.append(None)
+            elif ctx.accumulate_main_grad:
+                param.main_grad.add_(grad)  # fp32 accumulation; autograd gets no weight gradient
+                weight_grads.append(None)
+            else:
+                weight_grads.append(grad.to(param.dtype))
+        dprobs = None if grads.dprobs is None else grads.dprobs.to(ctx.probs_dtype)
+        ctx.saved = None
+        return (grads.dx, None, dprobs, *weight_grads, None, None, None)
+
+
+class GroupedMLP(nn.Module):
+    """The expert MLPs of a Mixture-of-Experts layer, MXFP8 (or bf16) forward and backward.
+
+    Args:
+        num_experts: E.
+        hidden_size: H, the model dimension (a multiple of 32 with MXFP8).
+        ffn_hidden_size: F, each expert's intermediate size (a multiple of 32 with MXFP8).
+        activation: "swiglu", "geglu", "qgeglu", "srelu", or an ``Activation`` (qgeglu's
+            limit / alpha / offset).
+        bias: add per-expert biases b1 (E, 2F | F) and b2 (E, H).
+        recipe: ``MXFP8Recipe`` (scale mode, gradient element format); None runs in bf16.
+        strict: raise instead of falling back to a slower path (default: GMLP_STRICT).
+        accumulate_main_grad: add weight gradients into each parameter's fp32 ``main_grad``
+            (which must exist) instead of returning them to autograd.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        activation: str | Activation = "swiglu",
+        bias: bool = False,
+        recipe: MXFP8Recipe | None = _DEFAULT_RECIPE,
+        strict: bool | None = None,
+        accumulate_main_grad: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ):
+        super().__init__()
+        for name, value in (("num_experts", num_experts), ("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if recipe is not None and not isinstance(recipe, MXFP8Recipe):
+            raise TypeError(f"recipe must be a gmlp.MXFP8Recipe or None, got {recipe!r}")
+        if recipe is not None and (hidden_size % 32 or ffn_hidden_size % 32):
+            raise ValueError(f"MXFP8 needs hidden_size and ffn_hidden_size multiples of 32, got {hidden_size=}, {ffn_hidden_size=}")
+        self.activation = activation_from(activation)
+        self.num_experts, self.hidden_size, self.ffn_hidden_size = num_experts, hidden_size, ffn_hidden_size
+        self.recipe, self.strict, self.accumulate_main_grad = recipe, strict, accumulate_main_grad
+        fc1_outputs = (2 if self.activation.gated else 1) * ffn_hidden_size
+        factory = dict(device=device, dtype=dtype)
+        self.w1 = nn.Parameter(torch.empty(num_experts, fc1_outputs, hidden_size, **factory))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size, **factory))
+        self.b1 = nn.Parameter(torch.zeros(num_experts, fc1_outputs, **factory)) if bias else None
+        self.b2 = nn.Parameter(torch.zeros(num_experts, hidden_size, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) weights, as nn.Linear; zero biases."""
+        with torch.no_grad():
+            self.w1.uniform_(-1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.hidden_size))
+            self.w2.uniform_(-1 / math.sqrt(self.ffn_hidden_size), 1 / math.sqrt(self.ffn_hidden_size))
+            for bias in (self.b1, self.b2):
+                if bias is not None:
+                    bias.zero_()
+
+    def extra_repr(self) -> str:
+        recipe = "bf16" if self.recipe is None else f"mxfp8 {self.recipe.scale_mode.value}, grads {self.recipe.grad_format.value}"
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"activation={self.activation.name}, bias={self.b1 is not None}, {recipe}")
+
+    def _check_inputs(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f"x must be a (T, hidden_size={self.hidden_size}) tensor, got {getattr(x, 'shape', type(x))}")
+        if x.dtype != self.w1.dtype:
+            raise TypeError(f"x must have the parameters' dtype {self.w1.dtype}, got {x.dtype=}")
+        if x.device != self.w1.device:
+            raise ValueError(f"x must be on the parameters' device {self.w1.device}, got {x.device=}")
+        if not isinstance(split_sizes, torch.Tensor) or split_sizes.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"split_sizes must be an int32/int64 tensor of shape (num_experts,), got {split_sizes!r}")
+        if split_sizes.shape != (self.num_experts,):
+            raise ValueError(f"split_sizes must have shape ({self.num_experts},), got {tuple(split_sizes.shape)}")
+        if split_sizes.device != x.device:
+            raise ValueError(f"split_sizes must be on x's device {x.device}, got {split_sizes.device=}")
+        if probs is not None and (probs.shape != (x.shape[0],) or not probs.is_floating_point()):
+            raise ValueError(f"probs must be a float tensor of shape ({x.shape[0]},), got {probs.dtype} {tuple(probs.shape)}")
+        if self.accumulate_main_grad:
+            for name, param in self.named_parameters():
+                main_grad = getattr(param, "main_grad", None)
+                if main_grad is None or main_grad.shape != param.shape or main_grad.dtype != torch.float32:
+                    raise ValueError(f"accumulate_main_grad=True needs {name}.main_grad, an fp32 tensor of shape {tuple(param.shape)}")
+
+    def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation."""
+        self._check_inputs(x, split_sizes, probs)
+        choose_path("grouped_mlp", x.device, _mlp_problem_reason, strict=self.strict, detail=self.activation.name)
+        return _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
+                                         self.activation, self.recipe, self.accumulate_main_grad)
+
+
+def _mlp_problem_reason(path: Path) -> Reason | None:
+    if path is Path.TORCH:
+        return None
+    return Reason(ReasonKind.SYSTEM, f"the grouped MLP has no {path.value} kernels yet (issue 3 adds Triton, "
+                                     "issue 5 the CuTeDSL SM100 path); the torch oracle runs it")

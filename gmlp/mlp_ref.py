@@ -1,0 +1,179 @@
+"""The oracle of the grouped MLP: DESIGN.md's dataflow, step for step, in plain PyTorch.
+
+Quantization happens exactly where the fused kernels quantize (``Q_row`` along a matrix's last
+dimension, ``Q_col`` along its first, per expert for activations), through the bit-exact spec;
+the GEMMs run on the dequantized values with float64 accumulation, rounded to float32 where the
+dataflow keeps float32. It runs on any device and syncs freely (it reads split sizes on the
+host): it is the reference every backend is tested against, not a fast path.
+
+Forward, for each expert g (rows s_g of x; GLU: FC1 has 2F outputs)::
+
+    h = Q_row(x) @ Q_row(W1_g)^T (+ b1)           fp32; c = bf16(h) saved
+    a = act(h) * probs                             fp32; Q_row(a), Q_col(a)
+    y = Q_row(a) @ Q_row(W2_g)^T (+ b2)            -> bf16
+
+Backward, given dy::
+
+    da = Q_row(dy) @ Q_col(W2_g)                   fp32
+    dprobs = sum_f(da * act(c)); dh = act'(c) applied to da * probs; Q_row(dh), Q_col(dh)
+    dx = Q_row(dh) @ Q_col(W1_g)                   -> bf16
+    dW2_g = Q_col(dy)^T @ Q_col(a); dW1_g = Q_col(dh)^T @ Q_col(x)   fp32
+    db2 = sum(dy), db1 = sum(dh)                   fp32
+
+With ``recipe=None`` the same flow runs in bf16: every ``Q`` becomes a round to bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.activations import Activation
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.recipe import MXFP8Recipe
+
+__all__ = ["ForwardSaved", "MLPGrads", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+
+ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
+
+
+@dataclass
+class ForwardSaved:
+    """What the forward keeps for the backward (dequantized operands, in float32)."""
+
+    x_col: torch.Tensor  # (T, H) Q_col(x)
+    c: torch.Tensor  # (T, 2F | F) bf16(h)
+    a_col: torch.Tensor  # (T, F) Q_col(a)
+    probs: torch.Tensor | None  # (T,)
+    w1_col: torch.Tensor  # (E, 2F | F, H) Q_col(W1): blocks along FC1's outputs
+    w2_col: torch.Tensor  # (E, H, F) Q_col(W2): blocks along H
+    split_sizes: list[int]
+    has_b1: bool
+    has_b2: bool
+
+
+@dataclass
+class MLPGrads:
+    """Gradients of the grouped MLP's inputs and parameters (None where there is no input)."""
+
+    dx: torch.Tensor  # (T, H) bf16
+    dprobs: torch.Tensor | None  # (T,) fp32
+    dw1: torch.Tensor  # (E, 2F | F, H) fp32
+    db1: torch.Tensor | None  # (E, 2F | F) fp32
+    dw2: torch.Tensor  # (E, H, F) fp32
+    db2: torch.Tensor | None  # (E, H) fp32
+
+
+class _Quantizer:
+    """The dataflow's Q_row / Q_col for one recipe: quantize by the spec, return fp32 values."""
+
+    def __init__(self, recipe: MXFP8Recipe | None):
+        self.recipe = recipe
+
+    def row(self, t: torch.Tensor, element_format: ElementFormat = ElementFormat.E4M3) -> torch.Tensor:
+        if self.recipe is None:
+            return t.to(torch.bfloat16).float()
+        return quantize_mxfp8_ref(t.float().contiguous(), rowwise=True, swizzle=False, element_format=element_format,
+                                  scale_mode=self.recipe.scale_mode).rowwise.dequantize()
+
+    def col(self, t: torch.Tensor, split_sizes: torch.Tensor | None,
+            element_format: ElementFormat = ElementFormat.E4M3) -> torch.Tensor:
+        if self.recipe is None:
+            return t.to(torch.bfloat16).float()
+        return quantize_mxfp8_ref(t.float().contiguous(), rowwise=False, columnwise=True, swizzle=False,
+                                  split_sizes=split_sizes, element_format=element_format,
+                                  scale_mode=self.recipe.scale_mode).columnwise.dequantize()
+
+    @property
+    def grad_format(self) -> ElementFormat:
+        return self.recipe.grad_format if self.recipe is not None else ElementFormat.E4M3
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b accumulated in float64, rounded to float32."""
+    return (a.to(ACCUMULATE) @ b.to(ACCUMULATE)).float()
+
+
+def _segments(split_sizes: list[int]):
+    start = 0
+    for g, rows in enumerate(split_sizes):
+        yield g, slice(start, start + rows)
+        start += rows
+
+
+def grouped_mlp_forward_ref(
+    x: torch.Tensor,  # (T, H) bf16, rows grouped by expert
+    split_sizes: torch.Tensor,  # (E,) int
+    probs: torch.Tensor | None,  # (T,)
+    w1: torch.Tensor,  # (E, 2F | F, H)
+    b1: torch.Tensor | None,  # (E, 2F | F)
+    w2: torch.Tensor,  # (E, H, F)
+    b2: torch.Tensor | None,  # (E, H)
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+) -> tuple[torch.Tensor, ForwardSaved]:
+    """y (T, H) bf16 and what the backward needs."""
+    q = _Quantizer(recipe)
+    sizes = [int(m) for m in split_sizes.tolist()]
+    tokens, hidden = x.shape
+    x_row = q.row(x)
+    h = torch.empty(tokens, w1.shape[1], dtype=torch.float32, device=x.device)
+    for g, rows in _segments(sizes):
+        h[rows] = _matmul(x_row[rows], q.row(w1[g]).t())
+        if b1 is not None:
+            h[rows] += b1[g].float()
+    a = activation.forward(h)
+    if probs is not None:
+        a = a * probs.float()[:, None]
+    a_row = q.row(a)
+    y = torch.empty(tokens, hidden, dtype=torch.float32, device=x.device)
+    for g, rows in _segments(sizes):
+        y[rows] = _matmul(a_row[rows], q.row(w2[g]).t())
+        if b2 is not None:
+            y[rows] += b2[g].float()
+    saved = ForwardSaved(
+        x_col=q.col(x, split_sizes), c=h.to(torch.bfloat16), a_col=q.col(a, split_sizes),
+        probs=None if probs is None else probs.float(),
+        w1_col=torch.stack([q.col(w1[g], None) for g in range(len(sizes))]),
+        w2_col=torch.stack([q.col(w2[g], None) for g in range(len(sizes))]),
+        split_sizes=sizes, has_b1=b1 is not None, has_b2=b2 is not None,
+    )
+    return y.to(torch.bfloat16), saved
+
+
+def grouped_mlp_backward_ref(dy: torch.Tensor, saved: ForwardSaved, activation: Activation,
+                             recipe: MXFP8Recipe | None) -> MLPGrads:
+    """Gradients for dy (T, H), from the forward's saved state."""
+    q = _Quantizer(recipe)
+    sizes = saved.split_sizes
+    split_sizes = torch.tensor(sizes, device=dy.device)
+    experts = len(sizes)
+    dy_row = q.row(dy, q.grad_format)
+    da = torch.empty(dy.shape[0], saved.w2_col.shape[2], dtype=torch.float32, device=dy.device)
+    for g, rows in _segments(sizes):
+        da[rows] = _matmul(dy_row[rows], saved.w2_col[g])
+    c = saved.c.float()
+    dprobs = None
+    if saved.probs is not None:
+        dprobs = (da.to(ACCUMULATE) * activation.forward(c).to(ACCUMULATE)).sum(-1).float()
+        da = da * saved.probs[:, None]
+    dh = activation.backward(c, da)
+    dh_row = q.row(dh, q.grad_format)
+    dh_col = q.col(dh, split_sizes, q.grad_format)
+    dy_col = q.col(dy, split_sizes, q.grad_format)
+    dx = torch.empty(dy.shape[0], saved.w1_col.shape[2], dtype=torch.float32, device=dy.device)
+    dw1 = torch.zeros_like(saved.w1_col)
+    dw2 = torch.zeros_like(saved.w2_col)
+    db1 = torch.zeros(experts, saved.w1_col.shape[1], device=dy.device) if saved.has_b1 else None
+    db2 = torch.zeros(experts, saved.w2_col.shape[1], device=dy.device) if saved.has_b2 else None
+    for g, rows in _segments(sizes):
+        dx[rows] = _matmul(dh_row[rows], saved.w1_col[g])
+        dw2[g] = _matmul(dy_col[rows].t(), saved.a_col[rows])
+        dw1[g] = _matmul(dh_col[rows].t(), saved.x_col[rows])
+        if db1 is not None:
+            db1[g] = dh[rows].to(ACCUMULATE).sum(0).float()
+        if db2 is not None:
+            db2[g] = dy[rows].to(ACCUMULATE).sum(0).float()
+    return MLPGrads(dx=dx.to(torch.bfloat16), dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)
