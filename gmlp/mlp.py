@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gmlp.activations import Activation, activation_from
-from gmlp.dispatch import Path, choose_path
+from gmlp.dispatch import Decision, Path, choose_path
 from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
 from gmlp.reasons import Reason, ReasonKind
 from gmlp.recipe import MXFP8Recipe
@@ -137,10 +137,14 @@ class GroupedMLP(nn.Module):
                 if main_grad is None or main_grad.shape != param.shape or main_grad.dtype != torch.float32:
                     raise ValueError(f"accumulate_main_grad=True needs {name}.main_grad, an fp32 tensor of shape {tuple(param.shape)}")
 
+    def plan(self, x: torch.Tensor, strict: bool | None = False) -> Decision:
+        """The path the layer takes for inputs like x, and why each faster path is skipped."""
+        return choose_path("grouped_mlp", x.device, _mlp_problem_reason, strict=strict, detail=self.activation.name)
+
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation."""
         self._check_inputs(x, split_sizes, probs)
-        choose_path("grouped_mlp", x.device, _mlp_problem_reason, strict=self.strict, detail=self.activation.name)
+        self.plan(x, strict=self.strict)
         return _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
                                          self.activation, self.recipe, self.accumulate_main_grad)
 
