@@ -32,9 +32,10 @@ import torch
 from gmlp.activations import Activation
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["ForwardSaved", "MLPGrads", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -64,6 +65,17 @@ class MLPGrads:
     db1: torch.Tensor | None  # (E, 2F | F) fp32
     dw2: torch.Tensor  # (E, H, F) fp32
     db2: torch.Tensor | None  # (E, H) fp32
+
+
+@dataclass(frozen=True)
+class FC1Output:
+    """FC1 step's outputs: c = bf16(h) (T, 2F | F), and a = act(h) * probs as bf16 (T, F), or
+    quantized both ways (compact scales) under MXFP8."""
+
+    c: torch.Tensor
+    a: torch.Tensor | None  # bf16 mode
+    a_rowwise: MXFP8Tensor | None  # MXFP8: FC2's forward operand
+    a_columnwise: MXFP8Tensor | None  # MXFP8: FC2's weight-gradient operand
 
 
 class _Quantizer:
@@ -103,6 +115,46 @@ def _segments(split_sizes: list[int]):
         start += rows
 
 
+def _fc1_h(x_values: torch.Tensor, w1_values: torch.Tensor, b1: torch.Tensor | None, sizes: list[int]) -> torch.Tensor:
+    """h = x @ W1_g^T (+ b1) per expert, fp32, from the operands' (dequantized) values."""
+    h = torch.empty(x_values.shape[0], w1_values.shape[1], dtype=torch.float32, device=x_values.device)
+    for g, rows in _segments(sizes):
+        h[rows] = _matmul(x_values[rows], w1_values[g].t())
+        if b1 is not None:
+            h[rows] += b1[g].float()
+    return h
+
+
+def _fc1_a(h: torch.Tensor, probs: torch.Tensor | None, activation: Activation) -> torch.Tensor:
+    a = activation.forward(h)
+    return a if probs is None else a * probs.float()[:, None]
+
+
+def fc1_forward_ref(
+    x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x)
+    w1: torch.Tensor | MXFP8Tensor,  # (E, N1, H) bf16, or Q_row of its (E * N1, H) view
+    split_sizes: torch.Tensor,
+    *,
+    ffn_hidden_size: int,
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+    b1: torch.Tensor | None = None,
+    probs: torch.Tensor | None = None,
+) -> FC1Output:
+    """The FC1 step (dataflow steps 2-3) on given operands; twin of ``gmlp.triton_ref.fc1.fc1_forward``."""
+    sizes = [int(m) for m in split_sizes.tolist()]
+    fc1_outputs = (2 if activation.gated else 1) * ffn_hidden_size
+    x_values = x.dequantize() if isinstance(x, MXFP8Tensor) else x.float()
+    w1_values = (w1.dequantize() if isinstance(w1, MXFP8Tensor) else w1.float()).reshape(len(sizes), fc1_outputs, -1)
+    h = _fc1_h(x_values, w1_values, b1, sizes)
+    a = _fc1_a(h, probs, activation)
+    if recipe is None:
+        return FC1Output(c=h.to(torch.bfloat16), a=a.to(torch.bfloat16), a_rowwise=None, a_columnwise=None)
+    q = quantize_mxfp8_ref(a, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                           scale_mode=recipe.scale_mode)
+    return FC1Output(c=h.to(torch.bfloat16), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
+
+
 def grouped_mlp_forward_ref(
     x: torch.Tensor,  # (T, H) bf16, rows grouped by expert
     split_sizes: torch.Tensor,  # (E,) int
@@ -118,15 +170,8 @@ def grouped_mlp_forward_ref(
     q = _Quantizer(recipe)
     sizes = [int(m) for m in split_sizes.tolist()]
     tokens, hidden = x.shape
-    x_row = q.row(x)
-    h = torch.empty(tokens, w1.shape[1], dtype=torch.float32, device=x.device)
-    for g, rows in _segments(sizes):
-        h[rows] = _matmul(x_row[rows], q.row(w1[g]).t())
-        if b1 is not None:
-            h[rows] += b1[g].float()
-    a = activation.forward(h)
-    if probs is not None:
-        a = a * probs.float()[:, None]
+    h = _fc1_h(q.row(x), torch.stack([q.row(w1[g]) for g in range(len(sizes))]), b1, sizes)
+    a = _fc1_a(h, probs, activation)
     a_row = q.row(a)
     y = torch.empty(tokens, hidden, dtype=torch.float32, device=x.device)
     for g, rows in _segments(sizes):

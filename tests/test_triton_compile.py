@@ -43,3 +43,12 @@ def test_quantize_kernel_ptx(ptx_dir, name):
 def test_swizzle_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     assert f".target sm_{configs()[name][3]}a" in ptx
+
+
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("fc1")])
+def test_fc1_kernel_uses_tensor_cores(ptx_dir, name):
+    ptx = (ptx_dir / f"{name}.ptx").read_text()
+    capability = configs()[name][3]
+    assert f".target sm_{capability}a" in ptx
+    # bf16 tensor-core MMAs of the generation: Hopper warpgroup MMA, Blackwell tcgen05 MMA
+    assert ("wgmma.mma_async" in ptx) if capability == 90 else ("tcgen05.mma" in ptx)

@@ -16,6 +16,12 @@ SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr
                      "block_start_ptr": "*i32", "NUM_TOKENS": "i32", "NUM_COMPACT_ROWS": "i32", "NUM_COMPACT_COLS": "i32"}
 
 
+FC1_SIGNATURE = {"x_ptr": "*{op}", "x_scale_ptr": "*u8", "w1_ptr": "*{op}", "w1_scale_ptr": "*u8", "b1_ptr": "*bf16",
+                 "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
+                 "c_ptr": "*bf16", "a_ptr": "*{out}", "a_scale_ptr": "*u8", "a_col_ptr": "*{out}", "a_col_scale_ptr": "*u8",
+                 "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32"}
+
+
 def configs() -> dict[str, tuple]:
     """name -> (kernel name, signature, constexprs, capability, num_warps)."""
     from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG as config
@@ -31,6 +37,13 @@ def configs() -> dict[str, tuple]:
         for columnwise in (False, True):
             constexprs = dict(COLUMNWISE=columnwise, UNSWIZZLE=columnwise, GROUPED=True, NUM_GROUPS=4, SEARCH_STEPS=2)
             out[f"swizzle_col{int(columnwise)}_sm{capability}"] = ("swizzle", SWIZZLE_SIGNATURE, constexprs, capability, 1)
+        for quantized in (False, True):
+            signature = {k: v.format(op="fp8e4nv" if quantized else "bf16", out="fp8e4nv" if quantized else "bf16")
+                         for k, v in FC1_SIGNATURE.items()}
+            constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
+                              ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
+                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64)
+            out[f"fc1_{'mxfp8' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
     return out
 
 
@@ -54,7 +67,9 @@ def main(out_dir: str) -> None:
     from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
     from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
 
-    kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel}
+    from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
+
+    kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel, "fc1": fc1_forward_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))

@@ -1,4 +1,6 @@
-"""Under TRITON_INTERPRET=1, route the interpreter's fp32 -> fp8 casts through the spec's cast.
+"""Under TRITON_INTERPRET=1, make Triton's interpreter compute what the GPU computes.
+
+1. fp32 -> fp8 casts go through the spec's cast.
 
 Triton's interpreter rounds fp32 -> fp8 wrongly (ties away from even, lost exponent carry,
 flushed subnormals, no saturation; DESIGN.md). On the GPU the same ``.to(fp8)`` compiles to
@@ -8,6 +10,11 @@ check the compiled kernels bit for bit. With this fix the interpreted kernels (C
 users without a GPU who set TRITON_INTERPRET=1) compute what the compiled ones do. Installed by
 ``gmlp.triton_ref`` only when the interpreter is on; remove it once the interpreter's cast
 rounds like the hardware.
+
+2. ``tl.dot`` of bf16 operands: the interpreter multiplies the raw 16-bit patterns (DESIGN.md);
+   the fix widens them to fp32 first, as the tensor cores do (products of bf16 values are exact
+   in fp32). Remove it once the interpreter's dot handles bf16.
+3. fp32 -> bf16 casts: the interpreter truncates; the GPU (and torch) round to nearest even.
 """
 
 from __future__ import annotations
@@ -38,5 +45,26 @@ def install() -> None:
         encoded = cast_to_element(values, element_format).view(torch.uint8).numpy()
         return interpreter.TensorHandle(encoded, dst_type.scalar)
 
+    original_dot = interpreter.InterpreterBuilder.create_dot
+
+    def widen_bf16(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        bits = np.ascontiguousarray(handle.data).view(np.uint16).astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original_dot(self, widen_bf16(a), widen_bf16(b), d, input_precision, max_num_imprecise_acc)
+
+    original_cast = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return original_cast(self, src, dst_type)
+        values = torch.from_numpy(np.ascontiguousarray(src.data).astype(np.float32))
+        return interpreter.TensorHandle(values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+
     interpreter.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
+    interpreter.InterpreterBuilder.create_dot = create_dot
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
     _installed = True

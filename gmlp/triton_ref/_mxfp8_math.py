@@ -42,3 +42,10 @@ def quantize_multiplier(e):
     subnormal 2**-127."""
     bits = tl.where(e == 254, _SUBNORMAL_2_POW_MINUS_127, (254 - e) << 23)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e8m0_to_float(e):
+    """fp32 2**(e - 127) of E8M0 bytes e (int32 < 255): 0 gives the subnormal 2**-127."""
+    bits = tl.where(e == 0, _SUBNORMAL_2_POW_MINUS_127, e << 23)
+    return bits.to(tl.float32, bitcast=True)

@@ -1,0 +1,125 @@
+"""Triton kernel: grouped FC1 with the fused forward epilogue (DESIGN.md dataflow steps 1-3).
+
+One program computes a (128-row expert tile, BLOCK_N outputs) tile of ``h = x @ W1_g^T (+ b1)``.
+Gated activations take BLOCK_N gate columns and the matching BLOCK_N up columns (rows n and F + n
+of W1_g, [gate; up] halves) into two accumulators, so the epilogue holds both halves of each
+activation. MXFP8 operands are dequantized to bf16 as they are loaded (fp8 values times a
+power-of-two scale are exact in bf16 but for results below 2**-133) and multiplied by bf16
+tensor-core dots with fp32 accumulation. The epilogue writes ``c = bf16(h)`` and
+``a = act(h) * probs``: bf16, or Q_row(a) and Q_col(a) from the same registers.
+"""
+
+import triton
+import triton.language as tl
+
+from gmlp.triton_ref._activations import glu_forward, srelu_forward
+from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._mxfp8_math import block_amax, e8m0_from_amax, e8m0_to_float, quantize_multiplier
+
+
+@triton.jit
+def _load_operand(ptr, scale_ptr, rows, row_mask, k0, HIDDEN, QUANTIZED: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """A (BLOCK_R, BLOCK_K) bf16 tile of a row-major (R, HIDDEN) operand at columns k0..; when
+    QUANTIZED, fp8 data with compact rowwise scales (R, HIDDEN/32), dequantized."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    mask = row_mask[:, None] & (cols < HIDDEN)[None, :]
+    values = tl.load(ptr + rows[:, None].to(tl.int64) * HIDDEN + cols[None, :], mask=mask, other=0.0)
+    if QUANTIZED:
+        blocks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        e = tl.load(scale_ptr + rows[:, None].to(tl.int64) * (HIDDEN // 32) + blocks[None, :],
+                    mask=row_mask[:, None] & (blocks < HIDDEN // 32)[None, :], other=127).to(tl.int32)
+        scaled = tl.reshape(values.to(tl.float32), (BLOCK_R, BLOCK_K // 32, 32)) * e8m0_to_float(e)[:, :, None]
+        values = tl.reshape(scaled, (BLOCK_R, BLOCK_K))
+    return values.to(tl.bfloat16)
+
+
+@triton.jit
+def fc1_forward_kernel(
+    # inputs
+    x_ptr, x_scale_ptr,  # (T, H) bf16, or fp8 with compact scales (T, H/32)
+    w1_ptr, w1_scale_ptr,  # (E, N1, H) bf16, or fp8 with compact scales (E * N1, H/32); N1 = 2F | F
+    b1_ptr,  # (E, N1)
+    probs_ptr,  # (T,)
+    row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    # outputs
+    c_ptr,  # (T, N1) bf16
+    a_ptr, a_scale_ptr,  # (T, F) bf16, or Q_row(a): fp8 (T, F) with compact scales (T, F/32)
+    a_col_ptr, a_col_scale_ptr,  # Q_col(a): fp8 (F, T) with compact scales (F, n_blocks)
+    # sizes
+    NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
+    # what
+    QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
+    ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
+    # format of a's quantization
+    RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
+    # grouping and tiling
+    NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    tl.static_assert(BLOCK_N % 32 == 0 and BLOCK_K % 32 == 0, f"{BLOCK_N=} and {BLOCK_K=} must be multiples of 32")
+    BLOCK_M: tl.constexpr = 128  # one expert-aligned tile; its 4 columnwise blocks never cross experts
+    N1 = 2 * FFN if GATED else FFN
+    tile = tl.program_id(0)
+    first_row, end_row, group_tile_start, group_tiles, group = group_tile(
+        tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True, NUM_ROWS)
+    if end_row <= first_row:
+        return  # a tile past the last expert
+    rows = first_row + tl.arange(0, BLOCK_M)
+    row_mask = rows < end_row
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # activation columns f
+    n_mask = n < FFN
+    w_rows = group * N1 + n  # gate rows (all rows for srelu) of W1_g in the (E * N1, H) view
+
+    # main loop: h = x @ W1_g^T over H
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        a_tile = _load_operand(x_ptr, x_scale_ptr, rows, row_mask, k0, HIDDEN, QUANTIZED, BLOCK_M, BLOCK_K)
+        w_tile = _load_operand(w1_ptr, w1_scale_ptr, w_rows, n_mask, k0, HIDDEN, QUANTIZED, BLOCK_N, BLOCK_K)
+        acc = tl.dot(a_tile, tl.trans(w_tile), acc)
+        if GATED:
+            up_tile = _load_operand(w1_ptr, w1_scale_ptr, w_rows + FFN, n_mask, k0, HIDDEN, QUANTIZED, BLOCK_N, BLOCK_K)
+            acc_up = tl.dot(a_tile, tl.trans(up_tile), acc_up)
+
+    # epilogue: bias, saved c = bf16(h), a = act(h) * probs
+    if HAS_BIAS:
+        acc += tl.load(b1_ptr + w_rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b1_ptr + w_rows + FFN, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out_mask = row_mask[:, None] & n_mask[None, :]
+    c_rows = c_ptr + rows[:, None].to(tl.int64) * N1
+    tl.store(c_rows + n[None, :], acc.to(tl.bfloat16), mask=out_mask)
+    if GATED:
+        tl.store(c_rows + FFN + n[None, :], acc_up.to(tl.bfloat16), mask=out_mask)
+        act = glu_forward(acc, acc_up, ACTIVATION, LIMIT, ALPHA, OFFSET)
+    else:
+        act = srelu_forward(acc)
+    if HAS_PROBS:
+        act *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    act = tl.where(out_mask, act, 0.0)  # rows past the expert (and columns past F) quantize as zeros
+
+    a_rows = rows[:, None].to(tl.int64) * FFN
+    if not QUANTIZED:
+        tl.store(a_ptr + a_rows + n[None, :], act.to(tl.bfloat16), mask=out_mask)
+    else:
+        # Q_row(a): blocks of 32 along F
+        e = e8m0_from_amax(block_amax(tl.reshape(tl.abs(act), (BLOCK_M, BLOCK_N // 32, 32)), 2), RECIPROCAL_MAX, EMAX,
+                           FLOOR_MODE)
+        q = tl.reshape(tl.reshape(act, (BLOCK_M, BLOCK_N // 32, 32)) * quantize_multiplier(e)[:, :, None],
+                       (BLOCK_M, BLOCK_N)).to(a_ptr.dtype.element_ty)
+        tl.store(a_ptr + a_rows + n[None, :], q, mask=out_mask)
+        scale_cols = tl.program_id(1) * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
+        tl.store(a_scale_ptr + rows[:, None].to(tl.int64) * (FFN // 32) + scale_cols[None, :], e.to(tl.uint8),
+                 mask=row_mask[:, None] & (scale_cols < FFN // 32)[None, :])
+        # Q_col(a): blocks of 32 tokens, starting at the expert's first row (the tile is aligned)
+        e = e8m0_from_amax(block_amax(tl.reshape(tl.abs(act), (BLOCK_M // 32, 32, BLOCK_N)), 1), RECIPROCAL_MAX, EMAX,
+                           FLOOR_MODE)
+        q = tl.reshape(tl.reshape(act, (BLOCK_M // 32, 32, BLOCK_N)) * quantize_multiplier(e)[:, None, :],
+                       (BLOCK_M, BLOCK_N)).to(a_col_ptr.dtype.element_ty)
+        tl.store(a_col_ptr + n[None, :].to(tl.int64) * NUM_ROWS + rows[:, None], q, mask=out_mask)
+        local_blocks = (tile - group_tile_start) * 4 + tl.arange(0, BLOCK_M // 32)
+        group_block_start = tl.load(block_start_ptr + group)
+        group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
+        offsets = n[:, None].to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_blocks[None, :]
+        tl.store(a_col_scale_ptr + offsets, tl.trans(e).to(tl.uint8),
+                 mask=n_mask[:, None] & (local_blocks < group_blocks)[None, :])

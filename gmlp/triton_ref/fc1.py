@@ -1,0 +1,104 @@
+"""Triton launcher: grouped FC1 + activation + probs, with c and a (bf16 or Q_row/Q_col) outputs."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from gmlp import scale_layout
+from gmlp.activations import Activation, ActivationKind
+from gmlp.groups import device_groups
+from gmlp.mlp_ref import FC1Output
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
+from gmlp.triton_ref.quantize import search_steps
+
+__all__ = ["fc1_forward", "ACTIVATION_CODES"]
+
+ACTIVATION_CODES = {ActivationKind.SWIGLU: 0, ActivationKind.GEGLU: 1, ActivationKind.QGEGLU: 2, ActivationKind.SRELU: 3}
+
+
+def _check_operand(name: str, value, rows: int, cols: int, quantized: bool) -> None:
+    if quantized:
+        if not (isinstance(value, MXFP8Tensor) and value.axis is QuantAxis.ROWWISE and not value.swizzled):
+            raise TypeError(f"{name} must be a rowwise MXFP8Tensor with compact scales, got {value!r}")
+        shape = value.source_shape
+    else:
+        if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.is_contiguous()):
+            raise TypeError(f"{name} must be a contiguous bf16 tensor, got {getattr(value, 'dtype', type(value))}")
+        shape = tuple(value.reshape(-1, value.shape[-1]).shape)
+    if shape != (rows, cols):
+        raise ValueError(f"{name} must hold a ({rows}, {cols}) matrix, got {shape}")
+
+
+def fc1_forward(
+    x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x) with compact scales
+    w1: torch.Tensor | MXFP8Tensor,  # (E, N1, H) bf16, or Q_row of its (E * N1, H) view, compact scales
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    ffn_hidden_size: int,
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+    b1: torch.Tensor | None = None,  # (E, N1)
+    probs: torch.Tensor | None = None,  # (T,)
+    block_n: int = 64,
+    block_k: int = 64,
+) -> FC1Output:
+    """FC1 of every expert with the fused forward epilogue; no host sync. Twin of
+    ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs)."""
+    # validate
+    quantized = recipe is not None
+    experts, ffn = split_sizes.numel(), ffn_hidden_size
+    fc1_outputs = (2 if activation.gated else 1) * ffn
+    tokens, hidden = x.source_shape if isinstance(x, MXFP8Tensor) else tuple(x.shape)
+    _check_operand("x", x, tokens, hidden, quantized)
+    _check_operand("w1", w1, experts * fc1_outputs, hidden, quantized)
+    if hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
+        raise ValueError(f"hidden and ffn sizes must be multiples of {BLOCK_SIZE}, got {hidden=}, {ffn=}")
+    if block_n % 32 or block_k % 32:
+        raise ValueError(f"block_n and block_k must be multiples of 32, got {block_n=}, {block_k=}")
+    x_data, x_scales = (x.data, x.scales) if quantized else (x, x)
+    w_data, w_scales = (w1.data, w1.scales) if quantized else (w1, w1)
+    device = x_data.device
+
+    # canonicalize
+    groups = device_groups(split_sizes, tokens)
+    num_tiles = scale_layout.max_row_tiles(tokens, experts)
+    num_col_blocks = scale_layout.max_column_blocks(tokens, experts)
+    fmt = ElementFormat.E4M3
+    scale_mode = recipe.scale_mode if quantized else ScaleMode.RCEIL
+
+    # allocate
+    c = torch.empty(tokens, fc1_outputs, dtype=torch.bfloat16, device=device)
+    if quantized:
+        a = torch.empty(tokens, ffn, dtype=fmt.torch_dtype, device=device)
+        a_scales = torch.empty(tokens, ffn // BLOCK_SIZE, dtype=torch.uint8, device=device)
+        a_col = torch.empty(ffn, tokens, dtype=fmt.torch_dtype, device=device)
+        a_col_scales = torch.zeros(ffn, num_col_blocks, dtype=torch.uint8, device=device)  # unused columns stay 0
+    else:
+        a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=device)
+        a_scales = a_col = a_col_scales = a
+
+    # launch
+    if num_tiles > 0 and tokens > 0:
+        grid = (num_tiles, triton.cdiv(ffn, block_n))
+        fc1_forward_kernel[grid](
+            x_data, x_scales, w_data, w_scales,
+            b1 if b1 is not None else c, probs if probs is not None else c,
+            groups.row_start, groups.tile_start, groups.block_start,
+            c, a, a_scales, a_col, a_col_scales,
+            tokens, hidden, ffn, num_col_blocks,
+            QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
+            ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
+            OFFSET=activation.offset,
+            RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)), EMAX=fmt.emax,
+            FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
+            NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=block_n, BLOCK_K=block_k,
+        )
+    if not quantized:
+        return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
+    a_rowwise = MXFP8Tensor(a, a_scales, QuantAxis.ROWWISE, False, fmt, scale_mode, split_sizes)
+    a_columnwise = MXFP8Tensor(a_col, a_col_scales, QuantAxis.COLUMNWISE, False, fmt, scale_mode, split_sizes)
+    return FC1Output(c=c, a=None, a_rowwise=a_rowwise, a_columnwise=a_columnwise)

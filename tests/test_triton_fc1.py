@@ -1,0 +1,80 @@
+"""The Triton FC1 kernel (grouped GEMM + fused epilogue) against its reference twin.
+
+Tolerance: the kernel accumulates in fp32 in its own order, the reference in fp64 (rounded
+once); the two h differ by at most delta_h = H * 2**-24 * max sum_k |x_k w_k|. Through the
+activation that becomes delta_a = delta_h * L, with L = 2 * max|h| + 2 a bound on |d act / d h|
+for these activations over |h| <= max|h| (and probs <= 1). So c and bf16 a may differ from the
+reference by one rounding step of their format plus that delta, and quantized a by one fp8 step
+(or one E8M0 step of the scale, where a block's amax sits at a power of two) plus that delta.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gmlp.activations import Activation, ActivationKind, activation_from
+from gmlp.dispatch import Path, system_reason
+from gmlp.mlp_ref import fc1_forward_ref
+from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.recipe import MXFP8Recipe
+from tests.backends import kernel_device
+
+
+@pytest.fixture
+def fc1_forward():
+    reason = system_reason(Path.TRITON, kernel_device())
+    if reason is not None:
+        pytest.skip(f"triton cannot run here: {reason}")
+    from gmlp.triton_ref.fc1 import fc1_forward
+
+    return fc1_forward
+
+
+def within_one_step(got: torch.Tensor, want: torch.Tensor, relative_step: float, delta: float) -> bool:
+    """|got - want| <= one rounding step of want's format (relative_step * |want|) + delta."""
+    got, want = got.float(), want.float()
+    return bool(((got - want).abs() <= relative_step * want.abs() + delta).all())
+
+
+ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
+@pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
+def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs):
+    activation = activation_from(activation)
+    device = kernel_device()
+    splits = [0, 37, 64, 1, 90]
+    tokens, hidden, ffn = sum(splits), 64, 96
+    fc1_outputs = (2 if activation.gated else 1) * ffn
+    split_sizes = torch.tensor(splits, device=device)
+    x = torch.randn(tokens, hidden, device=device).bfloat16()
+    w1 = (torch.randn(len(splits), fc1_outputs, hidden, device=device) / 8).bfloat16()
+    b1 = (torch.randn(len(splits), fc1_outputs, device=device) * 0.1).bfloat16() if bias else None
+    probs = torch.rand(tokens, device=device) if with_probs else None
+    if recipe is not None:
+        x = quantize_mxfp8_ref(x, rowwise=True, swizzle=False).rowwise
+        w1 = quantize_mxfp8_ref(w1.reshape(-1, hidden).contiguous(), rowwise=True, swizzle=False).rowwise
+    kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1, probs=probs)
+    got = fc1_forward(x, w1, split_sizes, block_n=32, block_k=32, **kwargs)
+    want = fc1_forward_ref(x, w1, split_sizes, **kwargs)
+    # accumulation-order bound (module docstring)
+    x_values = x.dequantize() if recipe is not None else x.float()
+    w_values = (w1.dequantize() if recipe is not None else w1.float()).reshape(len(splits), fc1_outputs, hidden)
+    magnitude = max((x_values.abs() @ w_values[g].abs().t()).max().item() for g in range(len(splits)))
+    delta_h = hidden * 2.0**-24 * magnitude
+    delta_a = delta_h * (2 * want.c.float().abs().max().item() + 2)
+    assert got.c.shape == want.c.shape and got.c.dtype == torch.bfloat16
+    assert within_one_step(got.c, want.c, 2.0**-7, delta_h)  # a bf16 step is at most 2**-7 |v|
+    if recipe is None:
+        assert within_one_step(got.a, want.a, 2.0**-7, delta_a)
+        return
+    for axis in ("a_rowwise", "a_columnwise"):
+        mine, ref = getattr(got, axis), getattr(want, axis)
+        assert mine.data.shape == ref.data.shape and mine.scales.shape == ref.scales.shape, axis
+        scale_steps = (mine.scales.int() - ref.scales.int()).abs()
+        assert int(scale_steps.max()) <= 1, f"{axis}: a scale differs by more than one power of two"
+        # one fp8 step (2**-3 relative for E4M3 normals), or one scale step: factor 2
+        assert within_one_step(mine.dequantize(), ref.dequantize(), 1.0 if scale_steps.any() else 2.0**-3, delta_a), axis
