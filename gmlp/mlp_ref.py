@@ -35,7 +35,7 @@ from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "grouped_gemm_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -153,6 +153,26 @@ def fc1_forward_ref(
     q = quantize_mxfp8_ref(a, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                            scale_mode=recipe.scale_mode)
     return FC1Output(c=h.to(torch.bfloat16), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
+
+
+def grouped_gemm_ref(
+    a: torch.Tensor | MXFP8Tensor,  # (T, K)
+    b: torch.Tensor | MXFP8Tensor,  # (E, N, K) bf16, or Q_row of its (E * N, K) view
+    split_sizes: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,  # (E, N)
+) -> torch.Tensor:
+    """(T, N) bf16 = per expert a @ b_g^T (+ bias); twin of ``gmlp.triton_ref.grouped_gemm``."""
+    sizes = [int(m) for m in split_sizes.tolist()]
+    a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
+    b_values = b.dequantize() if isinstance(b, MXFP8Tensor) else b.float().reshape(-1, b.shape[-1])
+    b_values = b_values.reshape(len(sizes), -1, b_values.shape[-1])
+    out = torch.empty(a_values.shape[0], b_values.shape[1], dtype=torch.float32, device=a_values.device)
+    for g, rows in _segments(sizes):
+        out[rows] = _matmul(a_values[rows], b_values[g].t())
+        if bias is not None:
+            out[rows] += bias[g].float()
+    return out.to(torch.bfloat16)
 
 
 def grouped_mlp_forward_ref(

@@ -1,0 +1,45 @@
+"""Triton kernel: grouped GEMM ``out[rows of g] = A[rows of g] @ B_g^T (+ bias_g)``.
+
+Serves FC2 forward (A = Q_row(a), B = Q_row(W2)) and FC1 dgrad (A = Q_row(dh), B = Q_col(W1)
+read as the rowwise quantization of W1_g^T). Operands are bf16, or fp8 with compact rowwise
+scales dequantized to bf16 on load (``_fc1_kernel``); fp32 accumulation; bf16 output.
+"""
+
+import triton
+import triton.language as tl
+
+from gmlp.triton_ref._fc1_kernel import _load_operand
+from gmlp.triton_ref._grouping import group_tile
+
+
+@triton.jit
+def grouped_gemm_kernel(
+    a_ptr, a_scale_ptr,  # (T, K) bf16, or fp8 with compact scales (T, K/32)
+    b_ptr, b_scale_ptr,  # (E * N, K) bf16, or fp8 with compact scales (E * N, K/32)
+    bias_ptr,  # (E, N)
+    row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    out_ptr,  # (T, N) bf16
+    NUM_ROWS, N, K,
+    QUANTIZED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    tl.static_assert(BLOCK_K % 32 == 0, f"{BLOCK_K=} must be a multiple of 32")
+    BLOCK_M: tl.constexpr = 128  # one expert-aligned tile
+    tile = tl.program_id(0)
+    first_row, end_row, group_tile_start, group_tiles, group = group_tile(
+        tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True, NUM_ROWS)
+    if end_row <= first_row:
+        return  # a tile past the last expert
+    rows = first_row + tl.arange(0, BLOCK_M)
+    row_mask = rows < end_row
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a_tile = _load_operand(a_ptr, a_scale_ptr, rows, row_mask, k0, K, QUANTIZED, BLOCK_M, BLOCK_K)
+        b_tile = _load_operand(b_ptr, b_scale_ptr, group * N + n, n_mask, k0, K, QUANTIZED, BLOCK_N, BLOCK_K)
+        acc = tl.dot(a_tile, tl.trans(b_tile), acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + group * N + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], acc.to(tl.bfloat16),
+             mask=row_mask[:, None] & n_mask[None, :])
