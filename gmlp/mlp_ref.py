@@ -35,7 +35,7 @@ from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "grouped_gemm_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "grouped_gemm_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -155,14 +155,52 @@ def fc1_forward_ref(
     return FC1Output(c=h.to(torch.bfloat16), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
 
 
+@dataclass(frozen=True)
+class FC2DgradOutput:
+    """FC2 dgrad step's outputs: dprobs (T,) fp32 (None without probs), and dh = act'(c) applied
+    to da * probs: bf16 (T, 2F | F), or quantized both ways in the gradient format."""
+
+    dprobs: torch.Tensor | None
+    dh: torch.Tensor | None  # bf16 mode
+    dh_rowwise: MXFP8Tensor | None  # MXFP8: FC1 dgrad operand
+    dh_columnwise: MXFP8Tensor | None  # MXFP8: FC1 wgrad operand
+
+
+def fc2_dgrad_ref(
+    dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format
+    w2t: torch.Tensor | MXFP8Tensor,  # (E, F, H) = W2_g^T per expert, or Q_col(W2) as Q_row of that view
+    c: torch.Tensor,  # (T, 2F | F) bf16 saved pre-activation
+    split_sizes: torch.Tensor,
+    *,
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+    probs: torch.Tensor | None = None,
+) -> FC2DgradOutput:
+    """Dataflow steps 5-6 on given operands; twin of ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``."""
+    da = grouped_gemm_ref(dy, w2t, split_sizes, out_dtype=torch.float32)
+    c = c.float()
+    dprobs = None
+    if probs is not None:
+        dprobs = (da.to(ACCUMULATE) * activation.forward(c).to(ACCUMULATE)).sum(-1).float()
+        da = da * probs.float()[:, None]
+    dh = activation.backward(c, da)
+    if recipe is None:
+        return FC2DgradOutput(dprobs=dprobs, dh=dh.to(torch.bfloat16), dh_rowwise=None, dh_columnwise=None)
+    q = quantize_mxfp8_ref(dh, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                           element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
+    return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise)
+
+
 def grouped_gemm_ref(
     a: torch.Tensor | MXFP8Tensor,  # (T, K)
     b: torch.Tensor | MXFP8Tensor,  # (E, N, K) bf16, or Q_row of its (E * N, K) view
     split_sizes: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,  # (E, N)
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """(T, N) bf16 = per expert a @ b_g^T (+ bias); twin of ``gmlp.triton_ref.grouped_gemm``."""
+    """(T, N) = per expert a @ b_g^T (+ bias), fp32 rounded to out_dtype; twin of
+    ``gmlp.triton_ref.grouped_gemm``."""
     sizes = [int(m) for m in split_sizes.tolist()]
     a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
     b_values = b.dequantize() if isinstance(b, MXFP8Tensor) else b.float().reshape(-1, b.shape[-1])
@@ -172,7 +210,7 @@ def grouped_gemm_ref(
         out[rows] = _matmul(a_values[rows], b_values[g].t())
         if bias is not None:
             out[rows] += bias[g].float()
-    return out.to(torch.bfloat16)
+    return out.to(out_dtype)
 
 
 def grouped_mlp_forward_ref(

@@ -35,3 +35,30 @@ def srelu_forward(h):
     """relu(h) ** 2 in fp32."""
     positive = tl.maximum(h, 0.0)
     return positive * positive
+
+
+@triton.jit
+def glu_backward(gate, up, grad, KIND: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr):
+    """(d gate, d up) of act([gate | up]) applied to grad, fp32, for the gated kinds."""
+    if KIND == 0:
+        s = _sigmoid(gate)
+        return grad * up * s * (1.0 + gate * (1.0 - s)), grad * gate * s
+    elif KIND == 1:
+        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
+        tanh = 2.0 * _sigmoid(2.0 * inner) - 1.0
+        d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * gate * gate)
+        d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh * tanh) * d_inner
+        return grad * up * d_gelu, grad * 0.5 * gate * (1.0 + tanh)
+    else:
+        clamped = tl.minimum(gate, LIMIT)
+        s = _sigmoid(ALPHA * clamped)
+        d_gate = tl.where(gate > LIMIT, 0.0, s * (1.0 + ALPHA * clamped * (1.0 - s)))
+        up_clamped = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        d_up = tl.where((up >= -LIMIT) & (up <= LIMIT), 1.0, 0.0)
+        return grad * (up_clamped + OFFSET) * d_gate, grad * clamped * s * d_up
+
+
+@triton.jit
+def srelu_backward(h, grad):
+    """d relu(h)**2 applied to grad, fp32."""
+    return grad * 2.0 * tl.maximum(h, 0.0)

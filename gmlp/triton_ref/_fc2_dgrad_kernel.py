@@ -1,0 +1,122 @@
+"""Triton kernel: grouped FC2 dgrad with the fused activation backward (dataflow steps 5-6).
+
+One program computes a (128-row expert tile, BLOCK_N) tile of ``da = dy @ W2_g`` (B operand:
+Q_col(W2_g), i.e. the rowwise quantization of W2_g^T), then in the epilogue reads the saved
+``c`` (gate and up columns n and F + n), and writes its share of ``dprobs = sum_f da * act(c)``
+(one partial sum per program column, added up deterministically by the launcher) and
+``dh = act'(c)`` applied to ``da * probs``: bf16, or Q_row(dh) and Q_col(dh) in the gradient
+format from the same registers.
+"""
+
+import triton
+import triton.language as tl
+
+from gmlp.triton_ref._activations import glu_backward, glu_forward, srelu_backward, srelu_forward
+from gmlp.triton_ref._fc1_kernel import _load_operand
+from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._mxfp8_math import block_amax, e8m0_from_amax, quantize_multiplier
+
+
+@triton.jit
+def _store_quantized(values, rows, row_mask, n0, col_offset, VALID_N, data_ptr, scale_ptr, col_data_ptr, col_scale_ptr,
+                     NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, local_blocks, group_block_start, group_blocks,
+                     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Q_row and Q_col of a (BLOCK_M, BLOCK_N) fp32 tile whose columns are col_offset + n0 + j of a
+    (T, NUM_COLS) matrix (j valid while n0 + j < VALID_N): rowwise data (T, NUM_COLS) + compact
+    scales (T, NUM_COLS/32); columnwise data (NUM_COLS, T) + compact scales (NUM_COLS, n_blocks),
+    the tile's 4 token blocks at local_blocks."""
+    local = tl.arange(0, BLOCK_N)
+    cols = col_offset + n0 + local
+    col_mask = n0 + local < VALID_N
+    mask = row_mask[:, None] & col_mask[None, :]
+    values = tl.where(mask, values, 0.0)
+    e = e8m0_from_amax(block_amax(tl.reshape(tl.abs(values), (BLOCK_M, BLOCK_N // 32, 32)), 2), RECIPROCAL_MAX, EMAX,
+                       FLOOR_MODE)
+    q = tl.reshape(tl.reshape(values, (BLOCK_M, BLOCK_N // 32, 32)) * quantize_multiplier(e)[:, :, None],
+                   (BLOCK_M, BLOCK_N)).to(data_ptr.dtype.element_ty)
+    tl.store(data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q, mask=mask)
+    blocks = tl.arange(0, BLOCK_N // 32)
+    scale_cols = (col_offset + n0) // 32 + blocks  # col_offset and n0 are multiples of 32
+    tl.store(scale_ptr + rows[:, None].to(tl.int64) * (NUM_COLS // 32) + scale_cols[None, :], e.to(tl.uint8),
+             mask=row_mask[:, None] & (n0 + blocks * 32 < VALID_N)[None, :])
+    e = e8m0_from_amax(block_amax(tl.reshape(tl.abs(values), (BLOCK_M // 32, 32, BLOCK_N)), 1), RECIPROCAL_MAX, EMAX,
+                       FLOOR_MODE)
+    q = tl.reshape(tl.reshape(values, (BLOCK_M // 32, 32, BLOCK_N)) * quantize_multiplier(e)[:, None, :],
+                   (BLOCK_M, BLOCK_N)).to(col_data_ptr.dtype.element_ty)
+    tl.store(col_data_ptr + cols[None, :].to(tl.int64) * NUM_ROWS + rows[:, None], q, mask=mask)
+    offsets = cols[:, None].to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_blocks[None, :]
+    tl.store(col_scale_ptr + offsets, tl.trans(e).to(tl.uint8), mask=col_mask[:, None] & (local_blocks < group_blocks)[None, :])
+
+
+@triton.jit
+def fc2_dgrad_kernel(
+    dy_ptr, dy_scale_ptr,  # (T, H) bf16, or fp8 with compact scales (T, H/32)
+    w2t_ptr, w2t_scale_ptr,  # (E * F, H): W2_g^T per expert, bf16, or fp8 with compact scales
+    c_ptr,  # (T, N1) bf16 saved pre-activation
+    probs_ptr,  # (T,)
+    row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    dprobs_partial_ptr,  # (T, n_tiles) fp32
+    dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,  # dh: (T, N1) bf16 | Q_row + Q_col in the gradient format
+    NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
+    QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr,
+    ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
+    RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    tl.static_assert(BLOCK_N % 32 == 0 and BLOCK_K % 32 == 0, f"{BLOCK_N=} and {BLOCK_K=} must be multiples of 32")
+    BLOCK_M: tl.constexpr = 128
+    N1 = 2 * FFN if GATED else FFN
+    tile = tl.program_id(0)
+    first_row, end_row, group_tile_start, group_tiles, group = group_tile(
+        tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True, NUM_ROWS)
+    if end_row <= first_row:
+        return
+    rows = first_row + tl.arange(0, BLOCK_M)
+    row_mask = rows < end_row
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < FFN
+    mask = row_mask[:, None] & n_mask[None, :]
+
+    # da = dy @ W2_g over H
+    da = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        a_tile = _load_operand(dy_ptr, dy_scale_ptr, rows, row_mask, k0, HIDDEN, QUANTIZED, BLOCK_M, BLOCK_K)
+        b_tile = _load_operand(w2t_ptr, w2t_scale_ptr, group * FFN + n, n_mask, k0, HIDDEN, QUANTIZED, BLOCK_N, BLOCK_K)
+        da = tl.dot(a_tile, tl.trans(b_tile), da)
+
+    # epilogue: dprobs partial sums, dh
+    c_rows = c_ptr + rows[:, None].to(tl.int64) * N1
+    gate = tl.load(c_rows + n[None, :], mask=mask, other=0.0).to(tl.float32)
+    if GATED:
+        up = tl.load(c_rows + FFN + n[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_PROBS:
+        if GATED:
+            act = glu_forward(gate, up, ACTIVATION, LIMIT, ALPHA, OFFSET)
+        else:
+            act = srelu_forward(gate)
+        partial = tl.sum(tl.where(mask, da * act, 0.0), axis=1)
+        tl.store(dprobs_partial_ptr + rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), partial, mask=row_mask)
+        da *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    if GATED:
+        d_gate, d_up = glu_backward(gate, up, da, ACTIVATION, LIMIT, ALPHA, OFFSET)
+    else:
+        d_gate = srelu_backward(gate, da)
+
+    if not QUANTIZED:
+        dh_rows = dh_ptr + rows[:, None].to(tl.int64) * N1
+        tl.store(dh_rows + n[None, :], d_gate.to(tl.bfloat16), mask=mask)
+        if GATED:
+            tl.store(dh_rows + FFN + n[None, :], d_up.to(tl.bfloat16), mask=mask)
+    else:
+        local_blocks = (tile - group_tile_start) * 4 + tl.arange(0, BLOCK_M // 32)
+        group_block_start = tl.load(block_start_ptr + group)
+        group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
+        n0 = tl.program_id(1) * BLOCK_N
+        _store_quantized(d_gate, rows, row_mask, n0, 0, FFN, dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,
+                         NUM_ROWS, N1, NUM_COL_BLOCKS, local_blocks, group_block_start, group_blocks,
+                         RECIPROCAL_MAX, EMAX, FLOOR_MODE, BLOCK_M, BLOCK_N)
+        if GATED:
+            _store_quantized(d_up, rows, row_mask, n0, FFN, FFN, dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,
+                             NUM_ROWS, N1, NUM_COL_BLOCKS, local_blocks, group_block_start, group_blocks,
+                             RECIPROCAL_MAX, EMAX, FLOOR_MODE, BLOCK_M, BLOCK_N)

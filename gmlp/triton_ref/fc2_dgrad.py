@@ -1,0 +1,94 @@
+"""Triton launcher: grouped FC2 dgrad with fused activation backward, dprobs and dh outputs."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from gmlp import scale_layout
+from gmlp.activations import Activation
+from gmlp.groups import device_groups
+from gmlp.mlp_ref import FC2DgradOutput
+from gmlp.mxfp8 import BLOCK_SIZE, ScaleMode
+from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
+from gmlp.triton_ref.fc1 import ACTIVATION_CODES
+from gmlp.triton_ref.grouped_gemm import _operand
+from gmlp.triton_ref.quantize import search_steps
+
+__all__ = ["fc2_dgrad"]
+
+
+def fc2_dgrad(
+    dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format, compact scales
+    w2t: torch.Tensor | MXFP8Tensor,  # (E, F, H) = W2_g^T, or its rowwise quantization (Q_col(W2))
+    c: torch.Tensor,  # (T, 2F | F) bf16
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+    probs: torch.Tensor | None = None,  # (T,)
+    block_n: int = 64,
+    block_k: int = 64,
+) -> FC2DgradOutput:
+    """Steps 5-6 of the dataflow; no host sync; deterministic (dprobs partial sums are added in a
+    fixed order). Twin of ``gmlp.mlp_ref.fc2_dgrad_ref``."""
+    # validate
+    quantized = recipe is not None
+    if quantized != isinstance(dy, MXFP8Tensor):
+        raise TypeError(f"dy must be an MXFP8Tensor exactly when a recipe is given, got {type(dy).__name__} and {recipe=}")
+    dy_data, dy_scales, (tokens, hidden) = _operand("dy", dy, quantized)
+    w_data, w_scales, (w_rows, w_k) = _operand("w2t", w2t, quantized)
+    experts = split_sizes.numel()
+    ffn = w_rows // experts
+    fc1_outputs = (2 if activation.gated else 1) * ffn
+    if w_k != hidden or w_rows % experts:
+        raise ValueError(f"w2t must hold (E={experts}) x (F, H={hidden}) matrices, got a ({w_rows}, {w_k}) view")
+    if tuple(c.shape) != (tokens, fc1_outputs) or c.dtype != torch.bfloat16:
+        raise ValueError(f"c must be bf16 ({tokens}, {fc1_outputs}), got {c.dtype} {tuple(c.shape)}")
+    if ffn % BLOCK_SIZE or block_n % BLOCK_SIZE or block_k % BLOCK_SIZE:
+        raise ValueError(f"F, block_n and block_k must be multiples of {BLOCK_SIZE}, got {ffn=}, {block_n=}, {block_k=}")
+    device = dy_data.device
+
+    # canonicalize
+    groups = device_groups(split_sizes, tokens)
+    num_tiles = scale_layout.max_row_tiles(tokens, experts)
+    num_col_blocks = scale_layout.max_column_blocks(tokens, experts)
+    n_tiles = triton.cdiv(ffn, block_n)
+    fmt = recipe.grad_format if quantized else None
+    scale_mode = recipe.scale_mode if quantized else ScaleMode.RCEIL
+
+    # allocate
+    dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device)
+    if quantized:
+        dh = torch.empty(tokens, fc1_outputs, dtype=fmt.torch_dtype, device=device)
+        dh_scales = torch.empty(tokens, fc1_outputs // BLOCK_SIZE, dtype=torch.uint8, device=device)
+        dh_col = torch.empty(fc1_outputs, tokens, dtype=fmt.torch_dtype, device=device)
+        dh_col_scales = torch.zeros(fc1_outputs, num_col_blocks, dtype=torch.uint8, device=device)
+    else:
+        dh = torch.empty(tokens, fc1_outputs, dtype=torch.bfloat16, device=device)
+        dh_scales = dh_col = dh_col_scales = dh
+
+    # launch
+    if num_tiles > 0 and tokens > 0:
+        fc2_dgrad_kernel[(num_tiles, n_tiles)](
+            dy_data, dy_scales, w_data, w_scales, c, probs if probs is not None else c,
+            groups.row_start, groups.tile_start, groups.block_start,
+            dprobs_partial, dh, dh_scales, dh_col, dh_col_scales,
+            tokens, hidden, ffn, num_col_blocks,
+            QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None,
+            ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
+            OFFSET=activation.offset,
+            RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) if quantized else 1.0,
+            EMAX=fmt.emax if quantized else 0, FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
+            NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=block_n, BLOCK_K=block_k,
+        )
+    dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
+    if not quantized:
+        return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None)
+    return FC2DgradOutput(
+        dprobs=dprobs, dh=None,
+        dh_rowwise=MXFP8Tensor(dh, dh_scales, QuantAxis.ROWWISE, False, fmt, scale_mode, split_sizes),
+        dh_columnwise=MXFP8Tensor(dh_col, dh_col_scales, QuantAxis.COLUMNWISE, False, fmt, scale_mode, split_sizes),
+    )
