@@ -35,7 +35,7 @@ from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "grouped_gemm_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "grouped_gemm_ref", "grouped_wgrad_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -211,6 +211,22 @@ def grouped_gemm_ref(
         if bias is not None:
             out[rows] += bias[g].float()
     return out.to(out_dtype)
+
+
+def grouped_wgrad_ref(
+    a: torch.Tensor | MXFP8Tensor,  # (T, M) bf16, or Q_col
+    b: torch.Tensor | MXFP8Tensor,  # (T, N) bf16, or Q_col
+    split_sizes: torch.Tensor,
+) -> torch.Tensor:
+    """(E, M, N) fp32, dW_g = A_g^T @ B_g over expert g's tokens; twin of
+    ``gmlp.triton_ref.wgrad.grouped_wgrad``."""
+    sizes = [int(m) for m in split_sizes.tolist()]
+    a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
+    b_values = b.dequantize() if isinstance(b, MXFP8Tensor) else b.float()
+    out = torch.zeros(len(sizes), a_values.shape[1], b_values.shape[1], dtype=torch.float32, device=a_values.device)
+    for g, rows in _segments(sizes):
+        out[g] = _matmul(a_values[rows].t(), b_values[rows])
+    return out
 
 
 def grouped_mlp_forward_ref(

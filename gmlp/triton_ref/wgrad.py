@@ -1,0 +1,65 @@
+"""Triton launcher: grouped weight gradients ``dW_g = A_g^T @ B_g`` over each expert's tokens."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from gmlp import scale_layout
+from gmlp.groups import device_groups
+from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
+
+__all__ = ["grouped_wgrad"]
+
+
+def _token_operand(name: str, value, quantized: bool, tokens: int | None):
+    """(data, scales, (T, features)) of a bf16 (T, F) matrix or a columnwise compact MXFP8Tensor."""
+    if quantized:
+        if not (isinstance(value, MXFP8Tensor) and value.axis is QuantAxis.COLUMNWISE and not value.swizzled):
+            raise TypeError(f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}")
+        shape = value.source_shape
+        data, scales = value.data, value.scales
+    else:
+        if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() == 2 and value.is_contiguous()):
+            raise TypeError(f"{name} must be a contiguous bf16 (T, features) tensor, got {getattr(value, 'dtype', type(value))}")
+        shape, data, scales = tuple(value.shape), value, value
+    if tokens is not None and shape[0] != tokens:
+        raise ValueError(f"{name} must have {tokens} token rows, got {shape}")
+    return data, scales, shape
+
+
+def grouped_wgrad(
+    a: torch.Tensor | MXFP8Tensor,  # (T, M): dy (FC2) or dh (FC1), bf16 or Q_col
+    b: torch.Tensor | MXFP8Tensor,  # (T, N): a (FC2) or x (FC1), bf16 or Q_col
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
+    block_m: int = 64,
+    block_n: int = 64,
+    block_t: int = 64,
+) -> torch.Tensor:
+    """(E, M, N) fp32 weight gradients; added to ``out`` when given. No host sync.
+    Twin of ``gmlp.mlp_ref.grouped_wgrad_ref``."""
+    # validate
+    quantized = isinstance(a, MXFP8Tensor)
+    a_data, a_scales, (tokens, m) = _token_operand("a", a, quantized, None)
+    b_data, b_scales, (_, n) = _token_operand("b", b, quantized, tokens)
+    experts = split_sizes.numel()
+    if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} {tuple(out.shape)}")
+    if block_t % 32:
+        raise ValueError(f"block_t must be a multiple of 32, got {block_t=}")
+
+    # canonicalize, allocate, launch
+    groups = device_groups(split_sizes, tokens)
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(experts, m, n, dtype=torch.float32, device=a_data.device)
+    if m > 0 and n > 0:
+        wgrad_kernel[(experts, triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+            a_data, a_scales, b_data, b_scales, groups.row_start, groups.block_start, out,
+            tokens, m, n, scale_layout.max_column_blocks(tokens, experts),
+            QUANTIZED=quantized, ACCUMULATE=accumulate, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=block_t,
+        )
+    return out
