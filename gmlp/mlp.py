@@ -3,8 +3,8 @@
 Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed). Weights are
 ``w1`` (E, 2F, H) as [gate; up] halves for gated activations, (E, F, H) for srelu, and ``w2``
 (E, H, F). The computation is DESIGN.md's dataflow (``gmlp.mlp_ref``); which implementation of
-each fused step runs is the dispatcher's choice. Today the torch path (the oracle) is the only
-one for the MLP ops; the Triton and CuTeDSL grouped GEMMs plug in behind the same function.
+each fused step runs is the dispatcher's choice: the Triton kernels (``gmlp.triton_ref.mlp``)
+where Triton runs, else the torch oracle; the CuTeDSL SM100 path is to come (issue 5).
 """
 
 from __future__ import annotations
@@ -25,10 +25,20 @@ __all__ = ["GroupedMLP"]
 _DEFAULT_RECIPE = MXFP8Recipe()
 
 
+def _implementation(path: Path):
+    """(forward, backward) of the grouped MLP on one path; both take the oracle's arguments."""
+    if path is Path.TRITON:
+        from gmlp.triton_ref.mlp import grouped_mlp_backward_triton, grouped_mlp_forward_triton
+
+        return grouped_mlp_forward_triton, grouped_mlp_backward_triton
+    return grouped_mlp_forward_ref, grouped_mlp_backward_ref
+
+
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad):
-        y, saved = grouped_mlp_forward_ref(x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
+    def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad, path):
+        forward, ctx.backward_impl = _implementation(path)
+        y, saved = forward(x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
         ctx.saved = saved
         ctx.activation, ctx.recipe = activation, recipe
         ctx.params = (w1, b1, w2, b2)
@@ -38,7 +48,7 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        grads = grouped_mlp_backward_ref(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe)
+        grads = ctx.backward_impl(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe)
         w1, b1, w2, b2 = ctx.params
         weight_grads = []
         for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):
@@ -51,7 +61,7 @@ class _GroupedMLPFunction(torch.autograd.Function):
                 weight_grads.append(grad.to(param.dtype))
         dprobs = None if grads.dprobs is None else grads.dprobs.to(ctx.probs_dtype)
         ctx.saved = None
-        return (grads.dx, None, dprobs, *weight_grads, None, None, None)
+        return (grads.dx, None, dprobs, *weight_grads, None, None, None, None)
 
 
 class GroupedMLP(nn.Module):
@@ -139,18 +149,18 @@ class GroupedMLP(nn.Module):
 
     def plan(self, x: torch.Tensor, strict: bool | None = False) -> Decision:
         """The path the layer takes for inputs like x, and why each faster path is skipped."""
-        return choose_path("grouped_mlp", x.device, _mlp_problem_reason, strict=strict, detail=self.activation.name)
+        return choose_path("grouped_mlp", x.device, self._problem_reason, strict=strict, detail=self.activation.name)
+
+    def _problem_reason(self, path: Path) -> Reason | None:
+        if path is Path.CUTEDSL:
+            return Reason(ReasonKind.SYSTEM, "the grouped MLP has no CuTeDSL kernels yet (issue 5: SM100 path)")
+        if path is Path.TRITON and self.b1 is not None:
+            return Reason(ReasonKind.SHAPE, "biases are not supported by the Triton grouped MLP yet (bias=True)")
+        return None
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation."""
         self._check_inputs(x, split_sizes, probs)
-        self.plan(x, strict=self.strict)
+        path = self.plan(x, strict=self.strict).path
         return _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
-                                         self.activation, self.recipe, self.accumulate_main_grad)
-
-
-def _mlp_problem_reason(path: Path) -> Reason | None:
-    if path is Path.TORCH:
-        return None
-    return Reason(ReasonKind.SYSTEM, f"the grouped MLP has no {path.value} kernels yet (issue 3 adds Triton, "
-                                     "issue 5 the CuTeDSL SM100 path); the torch oracle runs it")
+                                         self.activation, self.recipe, self.accumulate_main_grad, path)

@@ -1,0 +1,105 @@
+"""The grouped MLP's forward and backward on the Triton kernels (DESIGN.md dataflow, no host sync).
+
+Same interface and saved state shape as the oracle (``gmlp.mlp_ref.grouped_mlp_forward_ref`` /
+``grouped_mlp_backward_ref``), step for step:
+
+forward:  quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1_forward`` (c, Q_row(a),
+          Q_col(a)) -> ``grouped_gemm`` with Q_row(W2) -> y
+backward: quantize dy (both ways, gradient format) -> ``fc2_dgrad`` with Q_col(W2) (dprobs,
+          Q_row(dh), Q_col(dh)) -> ``grouped_gemm`` with Q_col(W1) -> dx; ``grouped_wgrad`` for
+          dW2 = Q_col(dy)^T Q_col(a) and dW1 = Q_col(dh)^T Q_col(x)
+
+Q_col(W) of a weight (blocks along its first dimension) is the rowwise quantization of its
+per-expert transpose, which is the layout the grouped GEMM reads. Biases are not supported here
+yet (the dispatcher gives that reason and the torch path runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.activations import Activation
+from gmlp.mlp_ref import MLPGrads
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantized import MXFP8Tensor
+from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref.fc1 import fc1_forward
+from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
+from gmlp.triton_ref.grouped_gemm import grouped_gemm
+from gmlp.triton_ref.quantize import quantize_mxfp8
+from gmlp.triton_ref.wgrad import grouped_wgrad
+
+__all__ = ["TritonSaved", "grouped_mlp_forward_triton", "grouped_mlp_backward_triton"]
+
+
+@dataclass
+class TritonSaved:
+    """What the Triton forward keeps for the backward."""
+
+    x_col: torch.Tensor | MXFP8Tensor  # (T, H) bf16, or Q_col(x)
+    c: torch.Tensor  # (T, 2F | F) bf16
+    a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
+    probs: torch.Tensor | None
+    w1t: torch.Tensor | MXFP8Tensor  # (E, H, 2F | F) W1_g^T, or Q_col(W1) as its rowwise quantization
+    w2t: torch.Tensor | MXFP8Tensor  # (E, F, H) W2_g^T, or Q_col(W2)
+    split_sizes: torch.Tensor
+
+
+def _rowwise(t: torch.Tensor, recipe: MXFP8Recipe | None, element_format: ElementFormat = ElementFormat.E4M3):
+    """Q_row of a matrix (or of the stacked rows of a 3-D weight), compact scales; bf16 without a recipe."""
+    matrix = t.reshape(-1, t.shape[-1]).contiguous()
+    if recipe is None:
+        return matrix.to(torch.bfloat16)
+    return quantize_mxfp8(matrix, rowwise=True, swizzle=False, element_format=element_format,
+                          scale_mode=recipe.scale_mode).rowwise
+
+
+def _per_expert_transpose(w: torch.Tensor) -> torch.Tensor:
+    return w.transpose(1, 2).contiguous()
+
+
+def grouped_mlp_forward_triton(
+    x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor, b1: torch.Tensor | None,
+    w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation, recipe: MXFP8Recipe | None,
+) -> tuple[torch.Tensor, TritonSaved]:
+    """y (T, H) bf16 and the saved state; same arguments as ``grouped_mlp_forward_ref``."""
+    if b1 is not None or b2 is not None:
+        raise ValueError("the Triton grouped MLP has no bias support yet; the dispatcher should have chosen torch")
+    ffn = w2.shape[2]
+    if recipe is None:
+        x_row = x_col = x
+    else:
+        xq = quantize_mxfp8(x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                            scale_mode=recipe.scale_mode)
+        x_row, x_col = xq.rowwise, xq.columnwise
+    fc1 = fc1_forward(x_row, _rowwise(w1, recipe), split_sizes, ffn_hidden_size=ffn, activation=activation,
+                      recipe=recipe, probs=probs)
+    a_row = fc1.a if recipe is None else fc1.a_rowwise
+    y = grouped_gemm(a_row, _rowwise(w2, recipe), split_sizes)
+    saved = TritonSaved(
+        x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
+        w1t=_rowwise(_per_expert_transpose(w1), recipe), w2t=_rowwise(_per_expert_transpose(w2), recipe),
+        split_sizes=split_sizes,
+    )
+    return y, saved
+
+
+def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation: Activation,
+                                recipe: MXFP8Recipe | None) -> MLPGrads:
+    """Gradients for dy (T, H); same arguments as ``grouped_mlp_backward_ref``."""
+    split_sizes = saved.split_sizes
+    if recipe is None:
+        dy_row = dy_col = dy
+    else:
+        dyq = quantize_mxfp8(dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                             element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
+        dy_row, dy_col = dyq.rowwise, dyq.columnwise
+    dgrad = fc2_dgrad(dy_row, saved.w2t, saved.c, split_sizes, activation=activation, recipe=recipe, probs=saved.probs)
+    dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
+    dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
+    dx = grouped_gemm(dh_row, saved.w1t, split_sizes)
+    dw2 = grouped_wgrad(dy_col, saved.a_col, split_sizes)
+    dw1 = grouped_wgrad(dh_col, saved.x_col, split_sizes)
+    return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=None, dw2=dw2, db2=None)

@@ -1,0 +1,85 @@
+"""GroupedMLP on the Triton kernels against the oracle.
+
+Both approximate the same exact layer: the oracle within the bounds of test_mlp (one rounding per
+quantized operand, tests/tolerances). Two such results differ by at most twice that bound, the
+triangle inequality; in practice they differ far less (the kernels reproduce the oracle's
+quantization points, only the fp32 accumulation order differs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gmlp
+from gmlp.dispatch import Path
+from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
+from gmlp.mxfp8 import ElementFormat
+from tests.backends import kernel_device
+from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
+
+SPLITS = [0, 37, 64, 1, 90]
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
+@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), gmlp.MXFP8Recipe(grad_format=ElementFormat.E5M2), None],
+                         ids=["mxfp8", "mxfp8-e5m2-grads", "bf16"])
+def test_triton_path_matches_oracle(activation, recipe):
+    device = kernel_device()
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 96, activation=activation, recipe=recipe, device=device)
+    decision = mlp.plan(torch.zeros(1, device=device))
+    if decision.path is not Path.TRITON:
+        pytest.skip(f"the Triton path does not run here: {decision.explain()}")
+    split_sizes = torch.tensor(SPLITS, device=device)
+    x = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(sum(SPLITS), device=device, requires_grad=True)
+    dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    # implementation
+    y = mlp(x, split_sizes, probs)
+    y.backward(dy)
+    # reference
+    want_y, saved = grouped_mlp_forward_ref(x.detach(), split_sizes, probs.detach(), mlp.w1.detach(), None,
+                                            mlp.w2.detach(), None, mlp.activation, recipe)
+    want = grouped_mlp_backward_ref(dy, saved, mlp.activation, recipe)
+    # expected error (module docstring); weight gradients reach autograd in bf16: one more rounding
+    act = unit_roundoff(ElementFormat.E4M3) if recipe is not None else BF16_UNIT
+    grad = unit_roundoff(recipe.grad_format) if recipe is not None else BF16_UNIT
+    checks = {
+        "y": (y, want_y, 2 * relative_rms_bound(act, act, act, act, BF16_UNIT)),
+        "dx": (x.grad, want.dx, 2 * relative_rms_bound(grad, act, BF16_UNIT, grad, act, BF16_UNIT)),
+        "dprobs": (probs.grad, want.dprobs, 2 * relative_rms_bound(grad, act, BF16_UNIT, act, act)),
+        "dw1": (mlp.w1.grad, want.dw1, 2 * relative_rms_bound(grad, act, BF16_UNIT, grad, act, BF16_UNIT)),
+        "dw2": (mlp.w2.grad, want.dw2, 2 * relative_rms_bound(grad, act, act, act, BF16_UNIT)),
+    }
+    errors = {name: relative_rms_error(got, ref) for name, (got, ref, _) in checks.items()}
+    assert all(errors[name] <= bound for name, (_, _, bound) in checks.items()), errors
+
+
+def test_bias_takes_the_torch_path_with_a_reason():
+    device = kernel_device()
+    mlp = gmlp.GroupedMLP(2, 64, 64, bias=True, device=device)
+    decision = mlp.plan(torch.zeros(1, device=device))
+    assert decision.path is Path.TORCH
+    assert any("biases are not supported by the Triton grouped MLP" in str(reason) for _, reason in decision.skipped)
+
+
+def test_triton_path_is_deterministic():
+    device = kernel_device()
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, device=device)
+    if mlp.plan(torch.zeros(1, device=device)).path is not Path.TRITON:
+        pytest.skip("the Triton path does not run here")
+    split_sizes = torch.tensor(SPLITS, device=device)
+    x = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    probs = torch.rand(sum(SPLITS), device=device)
+    dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    runs = []
+    for _ in range(2):
+        inputs = [x.clone().requires_grad_(), probs.clone().requires_grad_()]
+        mlp.zero_grad()
+        y = mlp(inputs[0], split_sizes, inputs[1])
+        y.backward(dy)
+        runs.append([y, inputs[0].grad, inputs[1].grad, mlp.w1.grad.clone(), mlp.w2.grad.clone()])
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
