@@ -45,8 +45,8 @@ def test_swizzle_kernel_ptx(ptx_dir, name):
     assert f".target sm_{configs()[name][3]}a" in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("fc1")])
-def test_fc1_kernel_uses_tensor_cores(ptx_dir, name):
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("fc1", "gemm", "dgrad", "wgrad"))])
+def test_gemm_kernels_use_tensor_cores(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     capability = configs()[name][3]
     assert f".target sm_{capability}a" in ptx

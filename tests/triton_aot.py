@@ -22,6 +22,19 @@ FC1_SIGNATURE = {"x_ptr": "*{op}", "x_scale_ptr": "*u8", "w1_ptr": "*{op}", "w1_
                  "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32"}
 
 
+GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8", "bias_ptr": "*bf16",
+                  "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32",
+                  "K": "i32"}
+DGRAD_SIGNATURE = {"dy_ptr": "*fp8e4nv", "dy_scale_ptr": "*u8", "w2t_ptr": "*fp8e4nv", "w2t_scale_ptr": "*u8",
+                   "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
+                   "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8",
+                   "dh_col_ptr": "*fp8e4nv", "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
+                   "NUM_COL_BLOCKS": "i32"}
+WGRAD_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8",
+                   "row_start_ptr": "*i32", "block_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_TOKENS": "i32", "M": "i32",
+                   "N": "i32", "NUM_COL_BLOCKS": "i32"}
+
+
 def configs() -> dict[str, tuple]:
     """name -> (kernel name, signature, constexprs, capability, num_warps)."""
     from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG as config
@@ -44,6 +57,14 @@ def configs() -> dict[str, tuple]:
                               ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
                               NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64)
             out[f"fc1_{'mxfp8' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
+        grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64)
+        out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, **grouping),
+                                             capability, 4)
+        out[f"dgrad_mxfp8_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
+            QUANTIZED=True, GATED=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
+            RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **grouping), capability, 4)
+        out[f"wgrad_mxfp8_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
+            QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64), capability, 4)
     return out
 
 
@@ -68,8 +89,12 @@ def main(out_dir: str) -> None:
     from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
 
     from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
+    from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
+    from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
+    from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
 
-    kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel, "fc1": fc1_forward_kernel}
+    kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel, "fc1": fc1_forward_kernel,
+               "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))
