@@ -154,8 +154,6 @@ class GroupedMLP(nn.Module):
     def _problem_reason(self, path: Path) -> Reason | None:
         if path is Path.CUTEDSL:
             return Reason(ReasonKind.SYSTEM, "the grouped MLP has no CuTeDSL kernels yet (issue 5: SM100 path)")
-        if path is Path.TRITON and self.b1 is not None:
-            return Reason(ReasonKind.SHAPE, "biases are not supported by the Triton grouped MLP yet (bias=True)")
         return None
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:

@@ -164,6 +164,7 @@ class FC2DgradOutput:
     dh: torch.Tensor | None  # bf16 mode
     dh_rowwise: MXFP8Tensor | None  # MXFP8: FC1 dgrad operand
     dh_columnwise: MXFP8Tensor | None  # MXFP8: FC1 wgrad operand
+    db1: torch.Tensor | None = None  # (E, 2F | F) fp32 per-expert sums of dh, when asked (bias_grad)
 
 
 def fc2_dgrad_ref(
@@ -175,6 +176,7 @@ def fc2_dgrad_ref(
     activation: Activation,
     recipe: MXFP8Recipe | None,
     probs: torch.Tensor | None = None,
+    bias_grad: bool = False,
 ) -> FC2DgradOutput:
     """Dataflow steps 5-6 on given operands; twin of ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``."""
     da = grouped_gemm_ref(dy, w2t, split_sizes, out_dtype=torch.float32)
@@ -184,11 +186,14 @@ def fc2_dgrad_ref(
         dprobs = (da.to(ACCUMULATE) * activation.forward(c).to(ACCUMULATE)).sum(-1).float()
         da = da * probs.float()[:, None]
     dh = activation.backward(c, da)
+    db1 = None
+    if bias_grad:
+        db1 = torch.stack([dh[rows].to(ACCUMULATE).sum(0).float() for _, rows in _segments(split_sizes.tolist())])
     if recipe is None:
-        return FC2DgradOutput(dprobs=dprobs, dh=dh.to(torch.bfloat16), dh_rowwise=None, dh_columnwise=None)
+        return FC2DgradOutput(dprobs=dprobs, dh=dh.to(torch.bfloat16), dh_rowwise=None, dh_columnwise=None, db1=db1)
     q = quantize_mxfp8_ref(dh, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                            element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
-    return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise)
+    return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise, db1=db1)
 
 
 def grouped_gemm_ref(

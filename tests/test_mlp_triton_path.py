@@ -24,10 +24,15 @@ SPLITS = [0, 37, 64, 1, 90]
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
 @pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), gmlp.MXFP8Recipe(grad_format=ElementFormat.E5M2), None],
                          ids=["mxfp8", "mxfp8-e5m2-grads", "bf16"])
-def test_triton_path_matches_oracle(activation, recipe):
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_triton_path_matches_oracle(activation, recipe, bias):
     device = kernel_device()
     torch.manual_seed(0)
-    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 96, activation=activation, recipe=recipe, device=device)
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 96, activation=activation, bias=bias, recipe=recipe, device=device)
+    if bias:
+        with torch.no_grad():
+            mlp.b1.normal_(0, 0.1)
+            mlp.b2.normal_(0, 0.1)
     decision = mlp.plan(torch.zeros(1, device=device))
     if decision.path is not Path.TRITON:
         pytest.skip(f"the Triton path does not run here: {decision.explain()}")
@@ -39,8 +44,9 @@ def test_triton_path_matches_oracle(activation, recipe):
     y = mlp(x, split_sizes, probs)
     y.backward(dy)
     # reference
-    want_y, saved = grouped_mlp_forward_ref(x.detach(), split_sizes, probs.detach(), mlp.w1.detach(), None,
-                                            mlp.w2.detach(), None, mlp.activation, recipe)
+    b1, b2 = (None, None) if not bias else (mlp.b1.detach(), mlp.b2.detach())
+    want_y, saved = grouped_mlp_forward_ref(x.detach(), split_sizes, probs.detach(), mlp.w1.detach(), b1,
+                                            mlp.w2.detach(), b2, mlp.activation, recipe)
     want = grouped_mlp_backward_ref(dy, saved, mlp.activation, recipe)
     # expected error (module docstring); weight gradients reach autograd in bf16: one more rounding
     act = unit_roundoff(ElementFormat.E4M3) if recipe is not None else BF16_UNIT
@@ -52,16 +58,11 @@ def test_triton_path_matches_oracle(activation, recipe):
         "dw1": (mlp.w1.grad, want.dw1, 2 * relative_rms_bound(grad, act, BF16_UNIT, grad, act, BF16_UNIT)),
         "dw2": (mlp.w2.grad, want.dw2, 2 * relative_rms_bound(grad, act, act, act, BF16_UNIT)),
     }
+    if bias:
+        checks["db1"] = (mlp.b1.grad, want.db1, 2 * relative_rms_bound(grad, act, BF16_UNIT, BF16_UNIT))
+        checks["db2"] = (mlp.b2.grad, want.db2, 2 * relative_rms_bound(BF16_UNIT, BF16_UNIT))
     errors = {name: relative_rms_error(got, ref) for name, (got, ref, _) in checks.items()}
     assert all(errors[name] <= bound for name, (_, _, bound) in checks.items()), errors
-
-
-def test_bias_takes_the_torch_path_with_a_reason():
-    device = kernel_device()
-    mlp = gmlp.GroupedMLP(2, 64, 64, bias=True, device=device)
-    decision = mlp.plan(torch.zeros(1, device=device))
-    assert decision.path is Path.TORCH
-    assert any("biases are not supported by the Triton grouped MLP" in str(reason) for _, reason in decision.skipped)
 
 
 def test_triton_path_is_deterministic():

@@ -5,7 +5,7 @@ Q_col(W2_g), i.e. the rowwise quantization of W2_g^T), then in the epilogue read
 ``c`` (gate and up columns n and F + n), and writes its share of ``dprobs = sum_f da * act(c)``
 (one partial sum per program column, added up deterministically by the launcher) and
 ``dh = act'(c)`` applied to ``da * probs``: bf16, or Q_row(dh) and Q_col(dh) in the gradient
-format from the same registers.
+format from the same registers; with BIAS_GRAD, also the tile's column sums of the fp32 dh.
 """
 
 import triton
@@ -57,9 +57,10 @@ def fc2_dgrad_kernel(
     probs_ptr,  # (T,)
     row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
     dprobs_partial_ptr,  # (T, n_tiles) fp32
+    dh_tile_sums_ptr,  # (max tiles, N1) fp32 column sums of dh per 128-row tile (BIAS_GRAD)
     dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,  # dh: (T, N1) bf16 | Q_row + Q_col in the gradient format
     NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
-    QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr,
+    QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
     NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -103,6 +104,12 @@ def fc2_dgrad_kernel(
     else:
         d_gate = srelu_backward(gate, da)
 
+    if BIAS_GRAD:
+        # per-tile column sums of the fp32 dh; the launcher adds each expert's tiles in order
+        sums_row = dh_tile_sums_ptr + tile.to(tl.int64) * N1
+        tl.store(sums_row + n, tl.sum(tl.where(mask, d_gate, 0.0), axis=0), mask=n_mask)
+        if GATED:
+            tl.store(sums_row + FFN + n, tl.sum(tl.where(mask, d_up, 0.0), axis=0), mask=n_mask)
     if not QUANTIZED:
         dh_rows = dh_ptr + rows[:, None].to(tl.int64) * N1
         tl.store(dh_rows + n[None, :], d_gate.to(tl.bfloat16), mask=mask)

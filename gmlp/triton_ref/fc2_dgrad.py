@@ -16,6 +16,7 @@ from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
 from gmlp.triton_ref.grouped_gemm import _operand
 from gmlp.triton_ref.quantize import search_steps
+from gmlp.triton_ref.segment_sum import segment_sum
 
 __all__ = ["fc2_dgrad"]
 
@@ -29,6 +30,7 @@ def fc2_dgrad(
     activation: Activation,
     recipe: MXFP8Recipe | None,
     probs: torch.Tensor | None = None,  # (T,)
+    bias_grad: bool = False,
     block_n: int = 64,
     block_k: int = 64,
 ) -> FC2DgradOutput:
@@ -61,6 +63,7 @@ def fc2_dgrad(
 
     # allocate
     dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device)
+    dh_tile_sums = torch.zeros(num_tiles if bias_grad else 1, fc1_outputs, dtype=torch.float32, device=device)
     if quantized:
         dh = torch.empty(tokens, fc1_outputs, dtype=fmt.torch_dtype, device=device)
         dh_scales = torch.empty(tokens, fc1_outputs // BLOCK_SIZE, dtype=torch.uint8, device=device)
@@ -75,9 +78,9 @@ def fc2_dgrad(
         fc2_dgrad_kernel[(num_tiles, n_tiles)](
             dy_data, dy_scales, w_data, w_scales, c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
-            dprobs_partial, dh, dh_scales, dh_col, dh_col_scales,
+            dprobs_partial, dh_tile_sums, dh, dh_scales, dh_col, dh_col_scales,
             tokens, hidden, ffn, num_col_blocks,
-            QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None,
+            QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) if quantized else 1.0,
@@ -85,10 +88,11 @@ def fc2_dgrad(
             NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=block_n, BLOCK_K=block_k,
         )
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
+    db1 = segment_sum(dh_tile_sums, groups.tile_start) if bias_grad else None
     if not quantized:
-        return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None)
+        return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)
     return FC2DgradOutput(
-        dprobs=dprobs, dh=None,
+        dprobs=dprobs, dh=None, db1=db1,
         dh_rowwise=MXFP8Tensor(dh, dh_scales, QuantAxis.ROWWISE, False, fmt, scale_mode, split_sizes),
         dh_columnwise=MXFP8Tensor(dh_col, dh_col_scales, QuantAxis.COLUMNWISE, False, fmt, scale_mode, split_sizes),
     )

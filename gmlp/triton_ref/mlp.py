@@ -10,8 +10,8 @@ backward: quantize dy (both ways, gradient format) -> ``fc2_dgrad`` with Q_col(W
           dW2 = Q_col(dy)^T Q_col(a) and dW1 = Q_col(dh)^T Q_col(x)
 
 Q_col(W) of a weight (blocks along its first dimension) is the rowwise quantization of its
-per-expert transpose, which is the layout the grouped GEMM reads. Biases are not supported here
-yet (the dispatcher gives that reason and the torch path runs).
+per-expert transpose, which is the layout the grouped GEMM reads. Bias gradients are fp32
+per-expert sums (``segment_sum``: of dy for b2; of dh's per-tile sums from ``fc2_dgrad`` for b1).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.activations import Activation
+from gmlp.groups import device_groups
 from gmlp.mlp_ref import MLPGrads
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantized import MXFP8Tensor
@@ -29,6 +30,7 @@ from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp.triton_ref.grouped_gemm import grouped_gemm
 from gmlp.triton_ref.quantize import quantize_mxfp8
+from gmlp.triton_ref.segment_sum import segment_sum
 from gmlp.triton_ref.wgrad import grouped_wgrad
 
 __all__ = ["TritonSaved", "grouped_mlp_forward_triton", "grouped_mlp_backward_triton"]
@@ -45,6 +47,8 @@ class TritonSaved:
     w1t: torch.Tensor | MXFP8Tensor  # (E, H, 2F | F) W1_g^T, or Q_col(W1) as its rowwise quantization
     w2t: torch.Tensor | MXFP8Tensor  # (E, F, H) W2_g^T, or Q_col(W2)
     split_sizes: torch.Tensor
+    has_b1: bool
+    has_b2: bool
 
 
 def _rowwise(t: torch.Tensor, recipe: MXFP8Recipe | None, element_format: ElementFormat = ElementFormat.E4M3):
@@ -65,8 +69,6 @@ def grouped_mlp_forward_triton(
     w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation, recipe: MXFP8Recipe | None,
 ) -> tuple[torch.Tensor, TritonSaved]:
     """y (T, H) bf16 and the saved state; same arguments as ``grouped_mlp_forward_ref``."""
-    if b1 is not None or b2 is not None:
-        raise ValueError("the Triton grouped MLP has no bias support yet; the dispatcher should have chosen torch")
     ffn = w2.shape[2]
     if recipe is None:
         x_row = x_col = x
@@ -75,13 +77,13 @@ def grouped_mlp_forward_triton(
                             scale_mode=recipe.scale_mode)
         x_row, x_col = xq.rowwise, xq.columnwise
     fc1 = fc1_forward(x_row, _rowwise(w1, recipe), split_sizes, ffn_hidden_size=ffn, activation=activation,
-                      recipe=recipe, probs=probs)
+                      recipe=recipe, b1=b1, probs=probs)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = grouped_gemm(a_row, _rowwise(w2, recipe), split_sizes)
+    y = grouped_gemm(a_row, _rowwise(w2, recipe), split_sizes, bias=b2)
     saved = TritonSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
         w1t=_rowwise(_per_expert_transpose(w1), recipe), w2t=_rowwise(_per_expert_transpose(w2), recipe),
-        split_sizes=split_sizes,
+        split_sizes=split_sizes, has_b1=b1 is not None, has_b2=b2 is not None,
     )
     return y, saved
 
@@ -96,10 +98,12 @@ def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation
         dyq = quantize_mxfp8(dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                              element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
-    dgrad = fc2_dgrad(dy_row, saved.w2t, saved.c, split_sizes, activation=activation, recipe=recipe, probs=saved.probs)
+    dgrad = fc2_dgrad(dy_row, saved.w2t, saved.c, split_sizes, activation=activation, recipe=recipe, probs=saved.probs,
+                      bias_grad=saved.has_b1)
     dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
     dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
     dx = grouped_gemm(dh_row, saved.w1t, split_sizes)
     dw2 = grouped_wgrad(dy_col, saved.a_col, split_sizes)
     dw1 = grouped_wgrad(dh_col, saved.x_col, split_sizes)
-    return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=None, dw2=dw2, db2=None)
+    db2 = segment_sum(dy, device_groups(split_sizes, dy.shape[0]).row_start) if saved.has_b2 else None
+    return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)
