@@ -100,7 +100,8 @@ def _module_and_inputs(activation="swiglu", bias=True, recipe=gmlp.MXFP8Recipe()
     return mlp, x, torch.tensor(SPLITS), probs
 
 
-def test_module_gradients_are_the_oracles():
+def test_module_gradients_are_the_oracles(monkeypatch):
+    monkeypatch.setenv("GMLP_BACKEND", "torch")  # the autograd wiring around the oracle, bit for bit
     mlp, x, split_sizes, probs = _module_and_inputs()
     dy = torch.randn(x.shape, dtype=torch.bfloat16)
     mlp(x, split_sizes, probs).backward(dy)
@@ -113,7 +114,8 @@ def test_module_gradients_are_the_oracles():
         assert torch.equal(got, want.to(got.dtype)), name
 
 
-def test_main_grad_accumulates_in_fp32():
+def test_main_grad_accumulates_in_fp32(monkeypatch):
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
     mlp, x, split_sizes, probs = _module_and_inputs(accumulate_main_grad=True)
     for param in mlp.parameters():
         param.main_grad = torch.zeros(param.shape, dtype=torch.float32)

@@ -27,7 +27,7 @@ GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv"
                   "K": "i32"}
 DGRAD_SIGNATURE = {"dy_ptr": "*fp8e4nv", "dy_scale_ptr": "*u8", "w2t_ptr": "*fp8e4nv", "w2t_scale_ptr": "*u8",
                    "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
-                   "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8",
+                   "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32", "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8",
                    "dh_col_ptr": "*fp8e4nv", "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
                    "NUM_COL_BLOCKS": "i32"}
 WGRAD_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8",
@@ -61,7 +61,7 @@ def configs() -> dict[str, tuple]:
         out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, **grouping),
                                              capability, 4)
         out[f"dgrad_mxfp8_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
-            QUANTIZED=True, GATED=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
+            QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
             RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **grouping), capability, 4)
         out[f"wgrad_mxfp8_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
             QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64), capability, 4)
