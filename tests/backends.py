@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -19,6 +21,14 @@ def quantize_launcher(path: Path):
     if reason is not None:
         pytest.skip(f"{path.value} cannot run here: {reason}")
     return launcher(path)
+
+
+def triton_op(module: str, name: str):
+    """A Triton launcher (gmlp.triton_ref.<module>.<name>), or pytest.skip with the reason."""
+    reason = system_reason(Path.TRITON, kernel_device())
+    if reason is not None:
+        pytest.skip(f"triton cannot run here: {reason}")
+    return getattr(importlib.import_module(f"gmlp.triton_ref.{module}"), name)
 
 
 KERNEL_PATHS = [Path.TRITON, Path.CUTEDSL]

@@ -5,20 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.dispatch import Path, system_reason
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from tests.backends import kernel_device
+from tests.backends import kernel_device, triton_op
 from tests.cases import SPLIT_CASES
 
 
 @pytest.fixture
 def swizzle_kernels():
-    reason = system_reason(Path.TRITON, kernel_device())
-    if reason is not None:
-        pytest.skip(f"triton cannot run here: {reason}")
-    from gmlp.triton_ref.swizzle import swizzle_scales, unswizzle_scales
-
-    return swizzle_scales, unswizzle_scales
+    return triton_op("swizzle", "swizzle_scales"), triton_op("swizzle", "unswizzle_scales")
 
 
 @pytest.mark.parametrize("split_case", list(SPLIT_CASES), ids=str)

@@ -14,27 +14,17 @@ import pytest
 import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
-from gmlp.dispatch import Path, system_reason
 from gmlp.mlp_ref import fc1_forward_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
-from tests.backends import kernel_device
+from tests.backends import kernel_device, triton_op
+from tests.tolerances import within_steps
 
 
 @pytest.fixture
 def fc1_forward():
-    reason = system_reason(Path.TRITON, kernel_device())
-    if reason is not None:
-        pytest.skip(f"triton cannot run here: {reason}")
-    from gmlp.triton_ref.fc1 import fc1_forward
+    return triton_op("fc1", "fc1_forward")
 
-    return fc1_forward
-
-
-def within_one_step(got: torch.Tensor, want: torch.Tensor, relative_step: float, delta: float) -> bool:
-    """|got - want| <= one rounding step of want's format (relative_step * |want|) + delta."""
-    got, want = got.float(), want.float()
-    return bool(((got - want).abs() <= relative_step * want.abs() + delta).all())
 
 
 ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)]
@@ -67,9 +57,9 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
     delta_h = hidden * 2.0**-24 * magnitude
     delta_a = delta_h * (2 * want.c.float().abs().max().item() + 2)
     assert got.c.shape == want.c.shape and got.c.dtype == torch.bfloat16
-    assert within_one_step(got.c, want.c, 2.0**-7, delta_h)  # a bf16 step is at most 2**-7 |v|
+    assert within_steps(got.c, want.c, 2.0**-7, delta_h)  # a bf16 step is at most 2**-7 |v|
     if recipe is None:
-        assert within_one_step(got.a, want.a, 2.0**-7, delta_a)
+        assert within_steps(got.a, want.a, 2.0**-7, delta_a)
         return
     for axis in ("a_rowwise", "a_columnwise"):
         mine, ref = getattr(got, axis), getattr(want, axis)
@@ -77,4 +67,4 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
         scale_steps = (mine.scales.int() - ref.scales.int()).abs()
         assert int(scale_steps.max()) <= 1, f"{axis}: a scale differs by more than one power of two"
         # one fp8 step (2**-3 relative for E4M3 normals), or one scale step: factor 2
-        assert within_one_step(mine.dequantize(), ref.dequantize(), 1.0 if scale_steps.any() else 2.0**-3, delta_a), axis
+        assert within_steps(mine.dequantize(), ref.dequantize(), 1.0 if scale_steps.any() else 2.0**-3, delta_a), axis

@@ -12,26 +12,18 @@ import pytest
 import torch
 
 from gmlp.activations import activation_from
-from gmlp.dispatch import Path, system_reason
 from gmlp.mlp_ref import fc2_dgrad_ref
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
-from tests.backends import kernel_device
+from tests.backends import kernel_device, triton_op
+from tests.tolerances import within_steps
 
 
 @pytest.fixture
 def fc2_dgrad():
-    reason = system_reason(Path.TRITON, kernel_device())
-    if reason is not None:
-        pytest.skip(f"triton cannot run here: {reason}")
-    from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
+    return triton_op("fc2_dgrad", "fc2_dgrad")
 
-    return fc2_dgrad
-
-
-def within(got: torch.Tensor, want: torch.Tensor, relative_step: float, delta: float) -> bool:
-    return bool(((got.float() - want.float()).abs() <= relative_step * want.float().abs() + delta).all())
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
@@ -61,11 +53,11 @@ def test_fc2_dgrad_matches_reference(fc2_dgrad, activation, recipe, with_probs):
     lipschitz = 2 * c.float().abs().max().item() + 2
     delta_dh = hidden * 2.0**-24 * magnitude * lipschitz
     if with_probs:
-        assert within(got.dprobs, want.dprobs, 2.0**-20, ffn * delta_dh * lipschitz)
+        assert within_steps(got.dprobs, want.dprobs, 2.0**-20, ffn * delta_dh * lipschitz)
     else:
         assert got.dprobs is None and want.dprobs is None
     if recipe is None:
-        assert within(got.dh, want.dh, 2.0**-7, delta_dh)
+        assert within_steps(got.dh, want.dh, 2.0**-7, delta_dh)
         return
     step = 2.0 ** -recipe.grad_format.mantissa_bits
     for axis in ("dh_rowwise", "dh_columnwise"):
@@ -73,4 +65,4 @@ def test_fc2_dgrad_matches_reference(fc2_dgrad, activation, recipe, with_probs):
         assert mine.data.shape == ref.data.shape and mine.scales.shape == ref.scales.shape, axis
         scale_steps = (mine.scales.int() - ref.scales.int()).abs()
         assert int(scale_steps.max()) <= 1, axis
-        assert within(mine.dequantize(), ref.dequantize(), 1.0 if scale_steps.any() else step, delta_dh), axis
+        assert within_steps(mine.dequantize(), ref.dequantize(), 1.0 if scale_steps.any() else step, delta_dh), axis

@@ -10,20 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.dispatch import Path, system_reason
 from gmlp.mlp_ref import grouped_gemm_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from tests.backends import kernel_device
+from tests.backends import kernel_device, triton_op
 
 
 @pytest.fixture
 def grouped_gemm():
-    reason = system_reason(Path.TRITON, kernel_device())
-    if reason is not None:
-        pytest.skip(f"triton cannot run here: {reason}")
-    from gmlp.triton_ref.grouped_gemm import grouped_gemm
-
-    return grouped_gemm
+    return triton_op("grouped_gemm", "grouped_gemm")
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "mxfp8"])

@@ -10,21 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.dispatch import Path, system_reason
 from gmlp.mlp_ref import grouped_wgrad_ref
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from tests.backends import kernel_device
+from tests.backends import kernel_device, triton_op
 
 
 @pytest.fixture
 def grouped_wgrad():
-    reason = system_reason(Path.TRITON, kernel_device())
-    if reason is not None:
-        pytest.skip(f"triton cannot run here: {reason}")
-    from gmlp.triton_ref.wgrad import grouped_wgrad
-
-    return grouped_wgrad
+    return triton_op("wgrad", "grouped_wgrad")
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "mxfp8"])

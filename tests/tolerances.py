@@ -32,3 +32,10 @@ def relative_rms_bound(*units: float) -> float:
 def relative_rms_error(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.detach().double(), want.detach().double()
     return float((got - want).norm() / want.norm().clamp_min(1e-300))
+
+
+def within_steps(got: torch.Tensor, want: torch.Tensor, relative_step: float, delta: float) -> bool:
+    """|got - want| <= relative_step * |want| + delta everywhere: one rounding step of want's
+    format (relative_step bounds a step relative to the value) plus an absolute delta."""
+    got, want = got.detach().float(), want.detach().float()
+    return bool(((got - want).abs() <= relative_step * want.abs() + delta).all())

@@ -14,7 +14,8 @@ import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_forward, srelu_forward
 from gmlp.triton_ref._grouping import group_tile
-from gmlp.triton_ref._mxfp8_math import block_amax, e8m0_from_amax, e8m0_to_float, quantize_multiplier
+from gmlp.triton_ref._epilogue import store_quantized_both_ways
+from gmlp.triton_ref._mxfp8_math import e8m0_to_float
 
 
 @triton.jit
@@ -96,30 +97,14 @@ def fc1_forward_kernel(
         act = srelu_forward(acc)
     if HAS_PROBS:
         act *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    act = tl.where(out_mask, act, 0.0)  # rows past the expert (and columns past F) quantize as zeros
-
-    a_rows = rows[:, None].to(tl.int64) * FFN
     if not QUANTIZED:
-        tl.store(a_ptr + a_rows + n[None, :], act.to(tl.bfloat16), mask=out_mask)
+        tl.store(a_ptr + rows[:, None].to(tl.int64) * FFN + n[None, :], act.to(tl.bfloat16), mask=out_mask)
     else:
-        # Q_row(a): blocks of 32 along F
-        e = e8m0_from_amax(block_amax(tl.reshape(tl.abs(act), (BLOCK_M, BLOCK_N // 32, 32)), 2), RECIPROCAL_MAX, EMAX,
-                           FLOOR_MODE)
-        q = tl.reshape(tl.reshape(act, (BLOCK_M, BLOCK_N // 32, 32)) * quantize_multiplier(e)[:, :, None],
-                       (BLOCK_M, BLOCK_N)).to(a_ptr.dtype.element_ty)
-        tl.store(a_ptr + a_rows + n[None, :], q, mask=out_mask)
-        scale_cols = tl.program_id(1) * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
-        tl.store(a_scale_ptr + rows[:, None].to(tl.int64) * (FFN // 32) + scale_cols[None, :], e.to(tl.uint8),
-                 mask=row_mask[:, None] & (scale_cols < FFN // 32)[None, :])
-        # Q_col(a): blocks of 32 tokens, starting at the expert's first row (the tile is aligned)
-        e = e8m0_from_amax(block_amax(tl.reshape(tl.abs(act), (BLOCK_M // 32, 32, BLOCK_N)), 1), RECIPROCAL_MAX, EMAX,
-                           FLOOR_MODE)
-        q = tl.reshape(tl.reshape(act, (BLOCK_M // 32, 32, BLOCK_N)) * quantize_multiplier(e)[:, None, :],
-                       (BLOCK_M, BLOCK_N)).to(a_col_ptr.dtype.element_ty)
-        tl.store(a_col_ptr + n[None, :].to(tl.int64) * NUM_ROWS + rows[:, None], q, mask=out_mask)
+        # Q_row(a) and Q_col(a) from the same registers; the tile's 4 token blocks are blocks
+        # local_blocks of the expert (the tile starts at an expert-aligned row)
         local_blocks = (tile - group_tile_start) * 4 + tl.arange(0, BLOCK_M // 32)
         group_block_start = tl.load(block_start_ptr + group)
         group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
-        offsets = n[:, None].to(tl.int64) * NUM_COL_BLOCKS + group_block_start + local_blocks[None, :]
-        tl.store(a_col_scale_ptr + offsets, tl.trans(e).to(tl.uint8),
-                 mask=n_mask[:, None] & (local_blocks < group_blocks)[None, :])
+        store_quantized_both_ways(act, rows, row_mask, tl.program_id(1) * BLOCK_N, 0, FFN, a_ptr, a_scale_ptr, a_col_ptr,
+                                  a_col_scale_ptr, NUM_ROWS, FFN, NUM_COL_BLOCKS, local_blocks, group_block_start,
+                                  group_blocks, RECIPROCAL_MAX, EMAX, FLOOR_MODE, BLOCK_M, BLOCK_N)
