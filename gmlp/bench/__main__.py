@@ -1,8 +1,8 @@
-"""``python -m gmlp.bench {quantize}``."""
+"""``python -m gmlp.bench {quantize,mlp}``."""
 
 import sys
 
-BENCHES = {"quantize": "gmlp.bench.quantize"}
+BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp"}
 
 
 def main() -> None:
