@@ -1,9 +1,21 @@
 """Triton kernels: the readable reference and the fallback that runs wherever Triton runs.
 
-- ``quantize``: fused one-pass MXFP8 quantize (kernel in ``_quantize_kernel``);
-- ``swizzle``: compact <-> swizzled scale layouts (kernel in ``_swizzle_kernel``);
-- ``_mxfp8_math``: the spec's per-block math as Triton device functions;
-- ``_interpreter_fixes``: makes Triton's interpreter cast to fp8 as the GPU does.
+Launchers (public, each the twin of a reference in ``gmlp.quantize_ref`` / ``gmlp.mlp_ref``),
+kernels in the ``_``-prefixed module beside them:
+
+- ``quantize``: fused one-pass MXFP8 quantize (``_quantize_kernel``);
+- ``swizzle``: compact <-> swizzled scale layouts (``_swizzle_kernel``);
+- ``fc1``: grouped FC1 + activation + probs, c and a (``_fc1_kernel``);
+- ``grouped_gemm``: FC2 forward and FC1 dgrad (``_grouped_gemm_kernel``);
+- ``fc2_dgrad``: FC2 dgrad + activation backward, dprobs, dh (``_fc2_dgrad_kernel``);
+- ``wgrad``: weight gradients over each expert's tokens (``_wgrad_kernel``);
+- ``segment_sum``: per-expert bias gradients (``_segment_sum_kernel``);
+- ``mlp``: the grouped MLP's forward and backward composed from the above.
+
+Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math), ``_activations``
+(the activations' formulas), ``_grouping`` (expert-aligned tiles, swizzled index), ``_epilogue``
+(a tile quantized both ways). ``_interpreter_fixes`` makes Triton's interpreter compute what the
+GPU does (fp8 and bf16 casts, bf16 dots).
 """
 
 import os
