@@ -17,6 +17,7 @@ import torch
 
 from gmlp.dispatch import PATHS_FASTEST_FIRST, Path, system_reason
 from gmlp.mlp import GroupedMLP
+from gmlp.mlp_ref import unquantized_mlp_fp64
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize import launcher, plan_quantize
 from gmlp.quantize_ref import quantize_mxfp8_ref
@@ -95,13 +96,8 @@ def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
     y.backward(dy)
     got = {"y": y, "dx": x.grad, "dprobs": probs.grad, "dw1": mlp.w1.grad, "dw2": mlp.w2.grad}
     # the same layer, unquantized, in float64, differentiated by autograd
-    x64, probs64, w1_64, w2_64 = (t.detach().double().requires_grad_() for t in (x, probs, mlp.w1, mlp.w2))
-    outputs, start = [], 0
-    for g, rows in enumerate(split_sizes.tolist()):
-        a = mlp.activation.forward(x64[start:start + rows] @ w1_64[g].t()) * probs64[start:start + rows, None]
-        outputs.append(a @ w2_64[g].t())
-        start += rows
-    y64 = torch.cat(outputs)
+    y64, (x64, probs64, w1_64, _, w2_64, _) = unquantized_mlp_fp64(x, split_sizes, probs, mlp.w1, None, mlp.w2, None,
+                                                                   mlp.activation)
     y64.backward(dy.double())
     want = {"y": y64, "dx": x64.grad, "dprobs": probs64.grad, "dw1": w1_64.grad, "dw2": w2_64.grad}
     print(f"GroupedMLP({DEMO_EXPERTS} experts, H={DEMO_HIDDEN}, F={DEMO_FFN}, swiglu, MXFP8 E4M3) forward + backward, "

@@ -35,7 +35,7 @@ from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "grouped_gemm_ref", "grouped_wgrad_ref", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "grouped_gemm_ref", "grouped_wgrad_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -232,6 +232,25 @@ def grouped_wgrad_ref(
     for g, rows in _segments(sizes):
         out[g] = _matmul(a_values[rows].t(), b_values[rows])
     return out
+
+
+def unquantized_mlp_fp64(x, split_sizes, probs, w1, b1, w2, b2, activation: Activation):
+    """The exact layer: no quantization, float64, differentiable by autograd.
+
+    Returns (y, leaves): y (T, H) float64 and the float64 leaf copies of (x, probs, w1, b1, w2,
+    b2) (None where an input is None), whose ``.grad`` autograd fills on ``y.backward``. The
+    yardstick tests and the demo measure the quantized dataflow's error against.
+    """
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, probs, w1, b1, w2, b2)]
+    x64, probs64, w1_64, b1_64, w2_64, b2_64 = leaves
+    outputs = []
+    for g, rows in _segments([int(m) for m in split_sizes.tolist()]):
+        h = x64[rows] @ w1_64[g].t() + (b1_64[g] if b1_64 is not None else 0)
+        a = activation.forward(h)
+        if probs64 is not None:
+            a = a * probs64[rows, None]
+        outputs.append(a @ w2_64[g].t() + (b2_64[g] if b2_64 is not None else 0))
+    return torch.cat(outputs), leaves
 
 
 def grouped_mlp_forward_ref(

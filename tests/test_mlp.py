@@ -9,28 +9,13 @@ import torch
 
 import gmlp
 from gmlp.activations import Activation, ActivationKind, activation_from
-from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
+from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref, unquantized_mlp_fp64
 from gmlp.mxfp8 import ElementFormat
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
 
 E4M3_UNIT = unit_roundoff(ElementFormat.E4M3)
 SPLITS = [0, 37, 64, 1, 90]  # an empty expert, odd sizes
 HIDDEN, FFN = 64, 96
-
-
-def fp64_model(x, split_sizes, probs, w1, b1, w2, b2, activation: Activation):
-    """The unquantized MoE experts in float64, differentiated by autograd."""
-    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, probs, w1, b1, w2, b2)]
-    x64, probs64, w1_64, b1_64, w2_64, b2_64 = leaves
-    outputs, start = [], 0
-    for g, rows in enumerate(split_sizes.tolist()):
-        h = x64[start:start + rows] @ w1_64[g].t() + (b1_64[g] if b1_64 is not None else 0)
-        a = activation.forward(h)
-        if probs64 is not None:
-            a = a * probs64[start:start + rows, None]
-        outputs.append(a @ w2_64[g].t() + (b2_64[g] if b2_64 is not None else 0))
-        start += rows
-    return torch.cat(outputs), leaves
 
 
 def make_inputs(activation: Activation, bias: bool, with_probs: bool, seed: int = 0):
@@ -62,7 +47,7 @@ def test_oracle_against_fp64_autograd(activation, recipe, bias, with_probs):
     y, saved = grouped_mlp_forward_ref(x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
     grads = grouped_mlp_backward_ref(dy, saved, activation, recipe)
     # reference
-    y64, leaves = fp64_model(x, split_sizes, probs, w1, b1, w2, b2, activation)
+    y64, leaves = unquantized_mlp_fp64(x, split_sizes, probs, w1, b1, w2, b2, activation)
     y64.backward(dy.double())
     x64, probs64, w1_64, b1_64, w2_64, b2_64 = leaves
     # expected error: one rounding per quantized operand on each result's path (tests/tolerances)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.dispatch import Path
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Quantized

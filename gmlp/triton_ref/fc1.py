@@ -13,24 +13,12 @@ from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
+from gmlp.triton_ref.operands import rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
 
 __all__ = ["fc1_forward", "ACTIVATION_CODES"]
 
 ACTIVATION_CODES = {ActivationKind.SWIGLU: 0, ActivationKind.GEGLU: 1, ActivationKind.QGEGLU: 2, ActivationKind.SRELU: 3}
-
-
-def _check_operand(name: str, value, rows: int, cols: int, quantized: bool) -> None:
-    if quantized:
-        if not (isinstance(value, MXFP8Tensor) and value.axis is QuantAxis.ROWWISE and not value.swizzled):
-            raise TypeError(f"{name} must be a rowwise MXFP8Tensor with compact scales, got {value!r}")
-        shape = value.source_shape
-    else:
-        if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.is_contiguous()):
-            raise TypeError(f"{name} must be a contiguous bf16 tensor, got {getattr(value, 'dtype', type(value))}")
-        shape = tuple(value.reshape(-1, value.shape[-1]).shape)
-    if shape != (rows, cols):
-        raise ValueError(f"{name} must hold a ({rows}, {cols}) matrix, got {shape}")
 
 
 def fc1_forward(
@@ -52,15 +40,14 @@ def fc1_forward(
     quantized = recipe is not None
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     fc1_outputs = (2 if activation.gated else 1) * ffn
-    tokens, hidden = x.source_shape if isinstance(x, MXFP8Tensor) else tuple(x.shape)
-    _check_operand("x", x, tokens, hidden, quantized)
-    _check_operand("w1", w1, experts * fc1_outputs, hidden, quantized)
+    x_data, x_scales, (tokens, hidden) = rowwise_operand("x", x, quantized)
+    w_data, w_scales, w_shape = rowwise_operand("w1", w1, quantized)
+    if w_shape != (experts * fc1_outputs, hidden):
+        raise ValueError(f"w1 must hold a ({experts * fc1_outputs}, {hidden}) matrix (E x N1 rows), got {w_shape}")
     if hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
         raise ValueError(f"hidden and ffn sizes must be multiples of {BLOCK_SIZE}, got {hidden=}, {ffn=}")
     if block_n % 32 or block_k % 32:
         raise ValueError(f"block_n and block_k must be multiples of 32, got {block_n=}, {block_k=}")
-    x_data, x_scales = (x.data, x.scales) if quantized else (x, x)
-    w_data, w_scales = (w1.data, w1.scales) if quantized else (w1, w1)
     device = x_data.device
 
     # canonicalize

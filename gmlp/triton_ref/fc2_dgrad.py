@@ -14,7 +14,7 @@ from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
-from gmlp.triton_ref.grouped_gemm import _operand
+from gmlp.triton_ref.operands import rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.segment_sum import segment_sum
 
@@ -40,8 +40,8 @@ def fc2_dgrad(
     quantized = recipe is not None
     if quantized != isinstance(dy, MXFP8Tensor):
         raise TypeError(f"dy must be an MXFP8Tensor exactly when a recipe is given, got {type(dy).__name__} and {recipe=}")
-    dy_data, dy_scales, (tokens, hidden) = _operand("dy", dy, quantized)
-    w_data, w_scales, (w_rows, w_k) = _operand("w2t", w2t, quantized)
+    dy_data, dy_scales, (tokens, hidden) = rowwise_operand("dy", dy, quantized)
+    w_data, w_scales, (w_rows, w_k) = rowwise_operand("w2t", w2t, quantized)
     experts = split_sizes.numel()
     ffn = w_rows // experts
     fc1_outputs = (2 if activation.gated else 1) * ffn

@@ -8,23 +8,12 @@ import triton
 from gmlp import scale_layout
 from gmlp.groups import device_groups
 from gmlp.mxfp8 import BLOCK_SIZE
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.quantized import MXFP8Tensor
 from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
+from gmlp.triton_ref.operands import rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
 
 __all__ = ["grouped_gemm"]
-
-
-def _operand(name: str, value, quantized: bool) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
-    """(data, scales, (rows, K)) of a bf16 matrix or a rowwise compact MXFP8Tensor."""
-    if quantized:
-        if not (isinstance(value, MXFP8Tensor) and value.axis is QuantAxis.ROWWISE and not value.swizzled):
-            raise TypeError(f"{name} must be a rowwise MXFP8Tensor with compact scales, got {value!r}")
-        return value.data, value.scales, value.source_shape
-    if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.is_contiguous()):
-        raise TypeError(f"{name} must be a contiguous bf16 tensor, got {getattr(value, 'dtype', type(value))}")
-    matrix = value.reshape(-1, value.shape[-1])
-    return matrix, matrix, tuple(matrix.shape)
 
 
 def grouped_gemm(
@@ -40,8 +29,8 @@ def grouped_gemm(
     Twin of ``gmlp.mlp_ref.grouped_gemm_ref``."""
     # validate
     quantized = isinstance(a, MXFP8Tensor)
-    a_data, a_scales, (tokens, k) = _operand("a", a, quantized)
-    b_data, b_scales, (b_rows, b_k) = _operand("b", b, quantized)
+    a_data, a_scales, (tokens, k) = rowwise_operand("a", a, quantized)
+    b_data, b_scales, (b_rows, b_k) = rowwise_operand("b", b, quantized)
     experts = split_sizes.numel()
     if b_k != k or b_rows % experts:
         raise ValueError(f"b must hold (E={experts}) x (N, K={k}) matrices, got a ({b_rows}, {b_k}) view")

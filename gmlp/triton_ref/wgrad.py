@@ -7,26 +7,11 @@ import triton
 
 from gmlp import scale_layout
 from gmlp.groups import device_groups
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.quantized import MXFP8Tensor
 from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
+from gmlp.triton_ref.operands import token_operand
 
 __all__ = ["grouped_wgrad"]
-
-
-def _token_operand(name: str, value, quantized: bool, tokens: int | None):
-    """(data, scales, (T, features)) of a bf16 (T, F) matrix or a columnwise compact MXFP8Tensor."""
-    if quantized:
-        if not (isinstance(value, MXFP8Tensor) and value.axis is QuantAxis.COLUMNWISE and not value.swizzled):
-            raise TypeError(f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}")
-        shape = value.source_shape
-        data, scales = value.data, value.scales
-    else:
-        if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() == 2 and value.is_contiguous()):
-            raise TypeError(f"{name} must be a contiguous bf16 (T, features) tensor, got {getattr(value, 'dtype', type(value))}")
-        shape, data, scales = tuple(value.shape), value, value
-    if tokens is not None and shape[0] != tokens:
-        raise ValueError(f"{name} must have {tokens} token rows, got {shape}")
-    return data, scales, shape
 
 
 def grouped_wgrad(
@@ -43,8 +28,8 @@ def grouped_wgrad(
     Twin of ``gmlp.mlp_ref.grouped_wgrad_ref``."""
     # validate
     quantized = isinstance(a, MXFP8Tensor)
-    a_data, a_scales, (tokens, m) = _token_operand("a", a, quantized, None)
-    b_data, b_scales, (_, n) = _token_operand("b", b, quantized, tokens)
+    a_data, a_scales, (tokens, m) = token_operand("a", a, quantized, None)
+    b_data, b_scales, (_, n) = token_operand("b", b, quantized, tokens)
     experts = split_sizes.numel()
     if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} {tuple(out.shape)}")
