@@ -32,10 +32,10 @@ import torch
 from gmlp.activations import Activation
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.quantized import MXFP8Tensor
+from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "grouped_gemm_ref", "grouped_wgrad_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "expert_matrices", "grouped_gemm_ref", "grouped_wgrad_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -132,7 +132,7 @@ def _fc1_a(h: torch.Tensor, probs: torch.Tensor | None, activation: Activation) 
 
 def fc1_forward_ref(
     x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x)
-    w1: torch.Tensor | MXFP8Tensor,  # (E, N1, H) bf16, or Q_row of its (E * N1, H) view
+    w1: torch.Tensor | MXFP8Tensor,  # W1_g (N1, H) per expert, any form of ``expert_matrices``
     split_sizes: torch.Tensor,
     *,
     ffn_hidden_size: int,
@@ -145,7 +145,7 @@ def fc1_forward_ref(
     sizes = [int(m) for m in split_sizes.tolist()]
     fc1_outputs = (2 if activation.gated else 1) * ffn_hidden_size
     x_values = x.dequantize() if isinstance(x, MXFP8Tensor) else x.float()
-    w1_values = (w1.dequantize() if isinstance(w1, MXFP8Tensor) else w1.float()).reshape(len(sizes), fc1_outputs, -1)
+    w1_values = expert_matrices(w1, len(sizes))
     h = _fc1_h(x_values, w1_values, b1, sizes)
     a = _fc1_a(h, probs, activation)
     if recipe is None:
@@ -169,7 +169,7 @@ class FC2DgradOutput:
 
 def fc2_dgrad_ref(
     dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format
-    w2t: torch.Tensor | MXFP8Tensor,  # (E, F, H) = W2_g^T per expert, or Q_col(W2) as Q_row of that view
+    w2t: torch.Tensor | MXFP8Tensor,  # W2_g^T (F, H) per expert, any form of ``expert_matrices`` (Q_col(W2) read as such)
     c: torch.Tensor,  # (T, 2F | F) bf16 saved pre-activation
     split_sizes: torch.Tensor,
     *,
@@ -196,9 +196,21 @@ def fc2_dgrad_ref(
     return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise, db1=db1)
 
 
+def expert_matrices(b: torch.Tensor | MXFP8Tensor, experts: int) -> torch.Tensor:
+    """(E, N, K) fp32 values of per-expert matrices B_g given as: bf16 (E, N, K) (any strides); a
+    rowwise MXFP8Tensor of the (E * N, K) stack; or a columnwise MXFP8Tensor of an (E * K, N)
+    stack S, meaning B_g = S_g^T (Q_col of a weight, read by the backward GEMMs). The forms that
+    ``gmlp.triton_ref.operands.expert_operand`` accepts."""
+    if not isinstance(b, MXFP8Tensor):
+        return b.float()
+    values = b.dequantize()
+    stacked = values.reshape(experts, -1, values.shape[1])
+    return stacked if b.axis is QuantAxis.ROWWISE else stacked.transpose(1, 2)
+
+
 def grouped_gemm_ref(
     a: torch.Tensor | MXFP8Tensor,  # (T, K)
-    b: torch.Tensor | MXFP8Tensor,  # (E, N, K) bf16, or Q_row of its (E * N, K) view
+    b: torch.Tensor | MXFP8Tensor,  # B_g (N, K) per expert, any form of ``expert_matrices``
     split_sizes: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,  # (E, N)
@@ -208,8 +220,7 @@ def grouped_gemm_ref(
     ``gmlp.triton_ref.grouped_gemm``."""
     sizes = [int(m) for m in split_sizes.tolist()]
     a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
-    b_values = b.dequantize() if isinstance(b, MXFP8Tensor) else b.float().reshape(-1, b.shape[-1])
-    b_values = b_values.reshape(len(sizes), -1, b_values.shape[-1])
+    b_values = expert_matrices(b, len(sizes))
     out = torch.empty(a_values.shape[0], b_values.shape[1], dtype=torch.float32, device=a_values.device)
     for g, rows in _segments(sizes):
         out[rows] = _matmul(a_values[rows], b_values[g].t())

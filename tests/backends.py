@@ -9,6 +9,7 @@ import torch
 
 from gmlp.dispatch import Path, system_reason
 from gmlp.quantize import launcher
+from gmlp.triton_ref.tuning import GemmTiling, WgradTiling
 
 
 def kernel_device() -> torch.device:
@@ -32,3 +33,9 @@ def triton_op(module: str, name: str):
 
 
 KERNEL_PATHS = [Path.TRITON, Path.CUTEDSL]
+
+
+# Small tiles, so that the tiny interpreted shapes span several tiles of the Triton GEMMs (warps
+# and stages matter only when compiled).
+SMALL_GEMM = GemmTiling(block_n=32, block_k=32, num_warps=4, num_stages=3)
+SMALL_WGRAD = WgradTiling(block_m=32, block_n=32, block_t=32, num_warps=4, num_stages=3)

@@ -17,7 +17,7 @@ from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.mlp_ref import fc1_forward_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
-from tests.backends import kernel_device, triton_op
+from tests.backends import SMALL_GEMM, kernel_device, triton_op
 from tests.tolerances import within_steps
 
 
@@ -48,7 +48,7 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
         x = quantize_mxfp8_ref(x, rowwise=True, swizzle=False).rowwise
         w1 = quantize_mxfp8_ref(w1.reshape(-1, hidden).contiguous(), rowwise=True, swizzle=False).rowwise
     kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1, probs=probs)
-    got = fc1_forward(x, w1, split_sizes, block_n=32, block_k=32, **kwargs)
+    got = fc1_forward(x, w1, split_sizes, tiling=SMALL_GEMM, **kwargs)
     want = fc1_forward_ref(x, w1, split_sizes, **kwargs)
     # accumulation-order bound (module docstring)
     x_values = x.dequantize() if recipe is not None else x.float()

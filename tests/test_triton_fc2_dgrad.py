@@ -16,7 +16,7 @@ from gmlp.mlp_ref import fc2_dgrad_ref
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
-from tests.backends import kernel_device, triton_op
+from tests.backends import SMALL_GEMM, kernel_device, triton_op
 from tests.tolerances import within_steps
 
 
@@ -47,7 +47,7 @@ def test_fc2_dgrad_matches_reference(fc2_dgrad, activation, recipe, with_probs):
         w2t = quantize_mxfp8_ref(w2t.reshape(-1, hidden).contiguous(), rowwise=True, swizzle=False).rowwise
         dy_values, w_values = dy.dequantize(), w2t.dequantize().reshape(len(splits), ffn, hidden)
     kwargs = dict(activation=activation, recipe=recipe, probs=probs)
-    got = fc2_dgrad(dy, w2t, c, split_sizes, block_n=32, block_k=32, **kwargs)
+    got = fc2_dgrad(dy, w2t, c, split_sizes, tiling=SMALL_GEMM, **kwargs)
     want = fc2_dgrad_ref(dy, w2t, c, split_sizes, **kwargs)
     magnitude = max((dy_values.abs() @ w_values[g].abs().t()).max().item() for g in range(len(splits)))
     lipschitz = 2 * c.float().abs().max().item() + 2

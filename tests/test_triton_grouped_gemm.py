@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.mlp_ref import grouped_gemm_ref
+from gmlp.mlp_ref import expert_matrices, grouped_gemm_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from tests.backends import kernel_device, triton_op
+from tests.backends import SMALL_GEMM, kernel_device, triton_op
 
 
 @pytest.fixture
@@ -20,21 +20,35 @@ def grouped_gemm():
     return triton_op("grouped_gemm", "grouped_gemm")
 
 
+def expert_weights(experts: int, n: int, k: int, quantized: bool, transposed: bool, device):
+    """B_g (N, K) per expert in one of the forms the GEMMs read: stacked rows (bf16 (E, N, K) or
+    its Q_row), or, transposed, from a weight W (E, K, N) with B_g = W_g^T (a transposed bf16 view,
+    or Q_col of W's (E * K, N) stack, read in place)."""
+    if not transposed:
+        b = (torch.randn(experts, n, k, device=device) / 8).bfloat16()
+        return quantize_mxfp8_ref(b.reshape(-1, k), rowwise=True, swizzle=False).rowwise if quantized else b
+    w = (torch.randn(experts, k, n, device=device) / 8).bfloat16()
+    return quantize_mxfp8_ref(w.reshape(-1, n), columnwise=True, rowwise=False, swizzle=False).columnwise if quantized \
+        else w.transpose(1, 2)
+
+
 @pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "mxfp8"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (96, 64, False), (40, 32, False)], ids=["fc2-like", "dgrad-like", "odd-n"])
-def test_grouped_gemm_matches_reference(grouped_gemm, quantized, n, k, bias):
+def test_grouped_gemm_matches_reference(grouped_gemm, quantized, transposed, n, k, bias):
+    if quantized and transposed and n % 32:
+        pytest.skip("quantizing a weight (E, K, N) needs N to be a multiple of 32")
     device = kernel_device()
     splits = [0, 37, 64, 1, 90]
     split_sizes = torch.tensor(splits, device=device)
     a = torch.randn(sum(splits), k, device=device).bfloat16()
-    b = (torch.randn(len(splits), n, k, device=device) / 8).bfloat16()
+    b = expert_weights(len(splits), n, k, quantized, transposed, device)
     bias_values = (torch.randn(len(splits), n, device=device) * 0.1).bfloat16() if bias else None
-    a_values, b_values = a.float(), b.float()
     if quantized:
         a = quantize_mxfp8_ref(a, rowwise=True, swizzle=False).rowwise
-        b = quantize_mxfp8_ref(b.reshape(-1, k).contiguous(), rowwise=True, swizzle=False).rowwise
-        a_values, b_values = a.dequantize(), b.dequantize().reshape(len(splits), n, k)
-    got = grouped_gemm(a, b, split_sizes, bias=bias_values, block_n=32, block_k=32)
+    a_values = a.dequantize() if quantized else a.float()
+    b_values = expert_matrices(b, len(splits))
+    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tiling=SMALL_GEMM)
     want = grouped_gemm_ref(a, b, split_sizes, bias=bias_values)
     magnitude = max((a_values.abs() @ b_values[g].abs().t()).max().item() for g in range(len(splits)))
     delta = k * 2.0**-24 * magnitude
@@ -44,6 +58,17 @@ def test_grouped_gemm_matches_reference(grouped_gemm, quantized, n, k, bias):
 
 def test_grouped_gemm_rejects_mismatched_operands(grouped_gemm):
     device = kernel_device()
-    with pytest.raises(ValueError, match=r"b must hold \(E=2\) x \(N, K=64\)"):
+    with pytest.raises(ValueError, match=r"b must hold 2 experts' \(N, K=64\) matrices, got \(4, 32\)"):
         grouped_gemm(torch.zeros(8, 64, device=device).bfloat16(), torch.zeros(2, 4, 32, device=device).bfloat16(),
                      torch.tensor([4, 4], device=device))
+
+
+def test_expert_matrices_forms_agree():
+    """The transposed forms give the same B_g as the stacked ones, bf16 exactly and Q_col as Q_row
+    of the per-expert transposes (same blocks, since K is a multiple of 32)."""
+    w = (torch.randn(3, 64, 96) / 8).bfloat16()  # W (E, K, N): B_g = W_g^T (N, K)
+    stacked = w.transpose(1, 2).contiguous()
+    assert torch.equal(expert_matrices(w.transpose(1, 2), 3), expert_matrices(stacked, 3))
+    q_col = quantize_mxfp8_ref(w.reshape(-1, 96), rowwise=False, columnwise=True, swizzle=False).columnwise
+    q_row = quantize_mxfp8_ref(stacked.reshape(-1, 64), rowwise=True, swizzle=False).rowwise
+    assert torch.equal(expert_matrices(q_col, 3), expert_matrices(q_row, 3))

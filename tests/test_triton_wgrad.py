@@ -13,7 +13,7 @@ import torch
 from gmlp.mlp_ref import grouped_wgrad_ref
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from tests.backends import kernel_device, triton_op
+from tests.backends import SMALL_WGRAD, kernel_device, triton_op
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_wgrad_matches_reference(grouped_wgrad, quantized, splits):
                                element_format=ElementFormat.E5M2).columnwise
         b = quantize_mxfp8_ref(b, rowwise=False, columnwise=True, swizzle=False, split_sizes=split_sizes).columnwise
     want = grouped_wgrad_ref(a, b, split_sizes)
-    got = grouped_wgrad(a, b, split_sizes, block_m=32, block_n=32, block_t=32)
+    got = grouped_wgrad(a, b, split_sizes, tiling=SMALL_WGRAD)
     a_values = a.dequantize() if quantized else a.float()
     b_values = b.dequantize() if quantized else b.float()
     delta = max(tokens, 1) * 2.0**-24 * (a_values.abs().t() @ b_values.abs()).max().item()
@@ -42,5 +42,5 @@ def test_wgrad_matches_reference(grouped_wgrad, quantized, splits):
     assert bool(((got - want).abs() <= delta + 1e-30).all())
     # accumulation into an existing fp32 buffer (main_grad)
     main_grad = torch.ones_like(want)
-    grouped_wgrad(a, b, split_sizes, out=main_grad, block_m=32, block_n=32, block_t=32)
+    grouped_wgrad(a, b, split_sizes, out=main_grad, tiling=SMALL_WGRAD)
     assert bool(((main_grad - 1 - want).abs() <= delta + 2.0**-23).all())

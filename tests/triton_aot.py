@@ -19,20 +19,28 @@ SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr
 FC1_SIGNATURE = {"x_ptr": "*{op}", "x_scale_ptr": "*u8", "w1_ptr": "*{op}", "w1_scale_ptr": "*u8", "b1_ptr": "*bf16",
                  "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
                  "c_ptr": "*bf16", "a_ptr": "*{out}", "a_scale_ptr": "*u8", "a_col_ptr": "*{out}", "a_col_scale_ptr": "*u8",
-                 "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32"}
+                 "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
+                 **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K", "WS_STRIDE_E", "WS_STRIDE_N",
+                                             "WS_STRIDE_K")}}
 
 
 GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8", "bias_ptr": "*bf16",
                   "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32",
-                  "K": "i32"}
+                  "K": "i32", **{name: "i32" for name in ("B_STRIDE_E", "B_STRIDE_N", "B_STRIDE_K", "BS_STRIDE_E",
+                                                          "BS_STRIDE_N", "BS_STRIDE_K")}}
 DGRAD_SIGNATURE = {"dy_ptr": "*fp8e4nv", "dy_scale_ptr": "*u8", "w2t_ptr": "*fp8e4nv", "w2t_scale_ptr": "*u8",
                    "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
                    "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32", "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8",
                    "dh_col_ptr": "*fp8e4nv", "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
-                   "NUM_COL_BLOCKS": "i32"}
+                   "NUM_COL_BLOCKS": "i32", **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K",
+                                                                         "WS_STRIDE_E", "WS_STRIDE_N", "WS_STRIDE_K")}}
 WGRAD_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8",
                    "row_start_ptr": "*i32", "block_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_TOKENS": "i32", "M": "i32",
                    "N": "i32", "NUM_COL_BLOCKS": "i32"}
+
+
+# Weight operands contiguous along K (the launchers' runtime specialization of strides equal to 1).
+UNIT_K_STRIDES = dict(W_STRIDE_K=1, WS_STRIDE_K=1)
 
 
 def configs() -> dict[str, tuple]:
@@ -55,14 +63,14 @@ def configs() -> dict[str, tuple]:
                          for k, v in FC1_SIGNATURE.items()}
             constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
                               ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
-                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64)
+                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, **UNIT_K_STRIDES)
             out[f"fc1_{'mxfp8' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
         grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64)
-        out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, **grouping),
+        out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, B_STRIDE_K=1, BS_STRIDE_K=1, **grouping),
                                              capability, 4)
         out[f"dgrad_mxfp8_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
             QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
-            RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **grouping), capability, 4)
+            RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **UNIT_K_STRIDES, **grouping), capability, 4)
         out[f"wgrad_mxfp8_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
             QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64), capability, 4)
     return out
@@ -75,7 +83,8 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
 
     # What the JIT launcher specializes on at run time for the DESIGN shapes: 16-byte aligned
     # pointers and integer arguments divisible by 16.
-    aligned = [name for name, kind in signature.items() if kind.startswith("*") or kind == "i32"]
+    aligned = [name for name, kind in signature.items()
+               if (kind.startswith("*") or kind == "i32") and name not in constexprs]
     signature = {**signature, **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()},

@@ -19,17 +19,19 @@ from gmlp.triton_ref._mxfp8_math import e8m0_to_float
 
 
 @triton.jit
-def _load_operand(ptr, scale_ptr, rows, row_mask, k0, HIDDEN, QUANTIZED: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """A (BLOCK_R, BLOCK_K) bf16 tile of a row-major (R, HIDDEN) operand at columns k0..; when
-    QUANTIZED, fp8 data with compact rowwise scales (R, HIDDEN/32), dequantized."""
+def _load_operand(ptr, scale_ptr, rows, row_mask, k0, K, ROW_STRIDE, K_STRIDE, SCALE_ROW_STRIDE, SCALE_K_STRIDE,
+                  QUANTIZED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A (BLOCK_R, BLOCK_K) bf16 tile at columns k0.. of an (R, K) operand with element (r, k) at
+    ptr[r*ROW_STRIDE + k*K_STRIDE]; when QUANTIZED, fp8 data whose block (r, k//32) has its scale
+    at scale_ptr[r*SCALE_ROW_STRIDE + (k//32)*SCALE_K_STRIDE], dequantized. (Strides equal to 1
+    are specialized by Triton's launcher, so a contiguous operand keeps its vector loads.)"""
     cols = k0 + tl.arange(0, BLOCK_K)
-    mask = row_mask[:, None] & (cols < HIDDEN)[None, :]
-    values = tl.load(ptr + rows[:, None].to(tl.int64) * HIDDEN + cols[None, :], mask=mask, other=0.0)
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    values = tl.load(ptr + rows[:, None].to(tl.int64) * ROW_STRIDE + cols[None, :] * K_STRIDE, mask=mask, other=0.0)
     if QUANTIZED:
         blocks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        e = tl.load(scale_ptr + rows[:, None].to(tl.int64) * (HIDDEN // 32) + blocks[None, :],
-                    mask=row_mask[:, None] & (blocks < HIDDEN // 32)[None, :], other=127).to(tl.int32)
+        e = tl.load(scale_ptr + rows[:, None].to(tl.int64) * SCALE_ROW_STRIDE + blocks[None, :] * SCALE_K_STRIDE,
+                    mask=row_mask[:, None] & (blocks < K // 32)[None, :], other=127).to(tl.int32)
         scaled = tl.reshape(values.to(tl.float32), (BLOCK_R, BLOCK_K // 32, 32)) * e8m0_to_float(e)[:, :, None]
         values = tl.reshape(scaled, (BLOCK_R, BLOCK_K))
     return values.to(tl.bfloat16)
@@ -39,7 +41,7 @@ def _load_operand(ptr, scale_ptr, rows, row_mask, k0, HIDDEN, QUANTIZED: tl.cons
 def fc1_forward_kernel(
     # inputs
     x_ptr, x_scale_ptr,  # (T, H) bf16, or fp8 with compact scales (T, H/32)
-    w1_ptr, w1_scale_ptr,  # (E, N1, H) bf16, or fp8 with compact scales (E * N1, H/32); N1 = 2F | F
+    w1_ptr, w1_scale_ptr,  # W1_g (N1, H) per expert (N1 = 2F | F): bf16 or fp8 with compact scales (operands.ExpertOperand)
     b1_ptr,  # (E, N1)
     probs_ptr,  # (T,)
     row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
@@ -47,8 +49,9 @@ def fc1_forward_kernel(
     c_ptr,  # (T, N1) bf16
     a_ptr, a_scale_ptr,  # (T, F) bf16, or Q_row(a): fp8 (T, F) with compact scales (T, F/32)
     a_col_ptr, a_col_scale_ptr,  # Q_col(a): fp8 (F, T) with compact scales (F, n_blocks)
-    # sizes
+    # sizes and W1's strides: expert, row, column of the data and of the scales
     NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
+    W_STRIDE_E, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_E, WS_STRIDE_N, WS_STRIDE_K,
     # what
     QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
@@ -69,24 +72,28 @@ def fc1_forward_kernel(
     row_mask = rows < end_row
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # activation columns f
     n_mask = n < FFN
-    w_rows = group * N1 + n  # gate rows (all rows for srelu) of W1_g in the (E * N1, H) view
+    w_expert = w1_ptr + group.to(tl.int64) * W_STRIDE_E  # W1_g: gate rows n (all rows for srelu), up rows F + n
+    ws_expert = w1_scale_ptr + group.to(tl.int64) * WS_STRIDE_E
 
     # main loop: h = x @ W1_g^T over H
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
-        a_tile = _load_operand(x_ptr, x_scale_ptr, rows, row_mask, k0, HIDDEN, QUANTIZED, BLOCK_M, BLOCK_K)
-        w_tile = _load_operand(w1_ptr, w1_scale_ptr, w_rows, n_mask, k0, HIDDEN, QUANTIZED, BLOCK_N, BLOCK_K)
+        a_tile = _load_operand(x_ptr, x_scale_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, HIDDEN // 32, 1,
+                               QUANTIZED, BLOCK_M, BLOCK_K)
+        w_tile = _load_operand(w_expert, ws_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_N,
+                               WS_STRIDE_K, QUANTIZED, BLOCK_N, BLOCK_K)
         acc = tl.dot(a_tile, tl.trans(w_tile), acc)
         if GATED:
-            up_tile = _load_operand(w1_ptr, w1_scale_ptr, w_rows + FFN, n_mask, k0, HIDDEN, QUANTIZED, BLOCK_N, BLOCK_K)
+            up_tile = _load_operand(w_expert, ws_expert, n + FFN, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K,
+                                    WS_STRIDE_N, WS_STRIDE_K, QUANTIZED, BLOCK_N, BLOCK_K)
             acc_up = tl.dot(a_tile, tl.trans(up_tile), acc_up)
 
     # epilogue: bias, saved c = bf16(h), a = act(h) * probs
     if HAS_BIAS:
-        acc += tl.load(b1_ptr + w_rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(b1_ptr + group * N1 + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
-            acc_up += tl.load(b1_ptr + w_rows + FFN, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            acc_up += tl.load(b1_ptr + group * N1 + FFN + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     out_mask = row_mask[:, None] & n_mask[None, :]
     c_rows = c_ptr + rows[:, None].to(tl.int64) * N1
     tl.store(c_rows + n[None, :], acc.to(tl.bfloat16), mask=out_mask)

@@ -13,8 +13,9 @@ from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
-from gmlp.triton_ref.operands import rowwise_operand
+from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
+from gmlp.triton_ref.tuning import FC1_TILING, GemmTiling
 
 __all__ = ["fc1_forward", "ACTIVATION_CODES"]
 
@@ -31,8 +32,7 @@ def fc1_forward(
     recipe: MXFP8Recipe | None,
     b1: torch.Tensor | None = None,  # (E, N1)
     probs: torch.Tensor | None = None,  # (T,)
-    block_n: int = 64,
-    block_k: int = 64,
+    tiling: GemmTiling | None = None,
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Twin of
     ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs)."""
@@ -41,13 +41,13 @@ def fc1_forward(
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     fc1_outputs = (2 if activation.gated else 1) * ffn
     x_data, x_scales, (tokens, hidden) = rowwise_operand("x", x, quantized)
-    w_data, w_scales, w_shape = rowwise_operand("w1", w1, quantized)
-    if w_shape != (experts * fc1_outputs, hidden):
-        raise ValueError(f"w1 must hold a ({experts * fc1_outputs}, {hidden}) matrix (E x N1 rows), got {w_shape}")
+    w = expert_operand("w1", w1, quantized, experts)
+    if (w.n, w.k) != (fc1_outputs, hidden):
+        raise ValueError(f"w1 must hold {experts} experts' ({fc1_outputs}, {hidden}) matrices, got ({w.n}, {w.k}) each")
     if hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
         raise ValueError(f"hidden and ffn sizes must be multiples of {BLOCK_SIZE}, got {hidden=}, {ffn=}")
-    if block_n % 32 or block_k % 32:
-        raise ValueError(f"block_n and block_k must be multiples of 32, got {block_n=}, {block_k=}")
+    tiling = tiling or FC1_TILING[quantized]
+    tiling.check()
     device = x_data.device
 
     # canonicalize
@@ -70,19 +70,20 @@ def fc1_forward(
 
     # launch
     if num_tiles > 0 and tokens > 0:
-        grid = (num_tiles, triton.cdiv(ffn, block_n))
+        grid = (num_tiles, triton.cdiv(ffn, tiling.block_n))
         fc1_forward_kernel[grid](
-            x_data, x_scales, w_data, w_scales,
+            x_data, x_scales, w.data, w.scales,
             b1 if b1 is not None else c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
             c, a, a_scales, a_col, a_col_scales,
-            tokens, hidden, ffn, num_col_blocks,
+            tokens, hidden, ffn, num_col_blocks, *w.strides, *w.scale_strides,
             QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)), EMAX=fmt.emax,
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
-            NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=block_n, BLOCK_K=block_k,
+            NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
+            num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     if not quantized:
         return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)

@@ -14,16 +14,17 @@ from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
-from gmlp.triton_ref.operands import rowwise_operand
+from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.segment_sum import segment_sum
+from gmlp.triton_ref.tuning import FC2_DGRAD_TILING, GemmTiling
 
 __all__ = ["fc2_dgrad"]
 
 
 def fc2_dgrad(
     dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format, compact scales
-    w2t: torch.Tensor | MXFP8Tensor,  # (E, F, H) = W2_g^T, or its rowwise quantization (Q_col(W2))
+    w2t: torch.Tensor | MXFP8Tensor,  # W2_g^T per expert: bf16 (E, F, H) (a transposed view of W2 is read in place) or Q_col(W2)
     c: torch.Tensor,  # (T, 2F | F) bf16
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -31,8 +32,7 @@ def fc2_dgrad(
     recipe: MXFP8Recipe | None,
     probs: torch.Tensor | None = None,  # (T,)
     bias_grad: bool = False,
-    block_n: int = 64,
-    block_k: int = 64,
+    tiling: GemmTiling | None = None,
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic (dprobs partial sums are added in a
     fixed order). Twin of ``gmlp.mlp_ref.fc2_dgrad_ref``."""
@@ -41,23 +41,25 @@ def fc2_dgrad(
     if quantized != isinstance(dy, MXFP8Tensor):
         raise TypeError(f"dy must be an MXFP8Tensor exactly when a recipe is given, got {type(dy).__name__} and {recipe=}")
     dy_data, dy_scales, (tokens, hidden) = rowwise_operand("dy", dy, quantized)
-    w_data, w_scales, (w_rows, w_k) = rowwise_operand("w2t", w2t, quantized)
     experts = split_sizes.numel()
-    ffn = w_rows // experts
+    w = expert_operand("w2t", w2t, quantized, experts)
+    ffn = w.n
     fc1_outputs = (2 if activation.gated else 1) * ffn
-    if w_k != hidden or w_rows % experts:
-        raise ValueError(f"w2t must hold (E={experts}) x (F, H={hidden}) matrices, got a ({w_rows}, {w_k}) view")
+    if w.k != hidden:
+        raise ValueError(f"w2t must hold {experts} experts' (F, H={hidden}) matrices, got ({w.n}, {w.k}) each")
     if tuple(c.shape) != (tokens, fc1_outputs) or c.dtype != torch.bfloat16:
         raise ValueError(f"c must be bf16 ({tokens}, {fc1_outputs}), got {c.dtype} {tuple(c.shape)}")
-    if ffn % BLOCK_SIZE or block_n % BLOCK_SIZE or block_k % BLOCK_SIZE:
-        raise ValueError(f"F, block_n and block_k must be multiples of {BLOCK_SIZE}, got {ffn=}, {block_n=}, {block_k=}")
+    if ffn % BLOCK_SIZE:
+        raise ValueError(f"F must be a multiple of {BLOCK_SIZE}, got {ffn=}")
+    tiling = tiling or FC2_DGRAD_TILING[quantized]
+    tiling.check()
     device = dy_data.device
 
     # canonicalize
     groups = device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     num_col_blocks = scale_layout.max_column_blocks(tokens, experts)
-    n_tiles = triton.cdiv(ffn, block_n)
+    n_tiles = triton.cdiv(ffn, tiling.block_n)
     fmt = recipe.grad_format if quantized else None
     scale_mode = recipe.scale_mode if quantized else ScaleMode.RCEIL
 
@@ -76,16 +78,17 @@ def fc2_dgrad(
     # launch
     if num_tiles > 0 and tokens > 0:
         fc2_dgrad_kernel[(num_tiles, n_tiles)](
-            dy_data, dy_scales, w_data, w_scales, c, probs if probs is not None else c,
+            dy_data, dy_scales, w.data, w.scales, c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
             dprobs_partial, dh_tile_sums, dh, dh_scales, dh_col, dh_col_scales,
-            tokens, hidden, ffn, num_col_blocks,
+            tokens, hidden, ffn, num_col_blocks, *w.strides, *w.scale_strides,
             QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) if quantized else 1.0,
             EMAX=fmt.emax if quantized else 0, FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
-            NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=block_n, BLOCK_K=block_k,
+            NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
+            num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = segment_sum(dh_tile_sums, groups.tile_start) if bias_grad else None

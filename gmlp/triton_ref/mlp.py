@@ -9,8 +9,10 @@ backward: quantize dy (both ways, gradient format) -> ``fc2_dgrad`` with Q_col(W
           Q_row(dh), Q_col(dh)) -> ``grouped_gemm`` with Q_col(W1) -> dx; ``grouped_wgrad`` for
           dW2 = Q_col(dy)^T Q_col(a) and dW1 = Q_col(dh)^T Q_col(x)
 
-Q_col(W) of a weight (blocks along its first dimension) is the rowwise quantization of its
-per-expert transpose, which is the layout the grouped GEMM reads. Bias gradients are fp32
+Each weight is quantized once per forward, rowwise and columnwise in one pass over its (E * N, K)
+stack: Q_row(W) for the forward GEMM, Q_col(W) for the backward one, which reads Q_col's
+transposed data in place as W_g^T (``operands.expert_operand``); in bf16 the backward reads a
+transposed view of the weight. No weight is copied or transposed. Bias gradients are fp32
 per-expert sums (``segment_sum``: of dy for b2; of dh's per-tile sums from ``fc2_dgrad`` for b1).
 """
 
@@ -23,7 +25,6 @@ import torch
 from gmlp.activations import Activation
 from gmlp.groups import device_groups
 from gmlp.mlp_ref import MLPGrads
-from gmlp.mxfp8 import ElementFormat
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.fc1 import fc1_forward
@@ -44,24 +45,22 @@ class TritonSaved:
     c: torch.Tensor  # (T, 2F | F) bf16
     a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
     probs: torch.Tensor | None
-    w1t: torch.Tensor | MXFP8Tensor  # (E, H, 2F | F) W1_g^T, or Q_col(W1) as its rowwise quantization
-    w2t: torch.Tensor | MXFP8Tensor  # (E, F, H) W2_g^T, or Q_col(W2)
+    w1t: torch.Tensor | MXFP8Tensor  # W1_g^T per expert: a (E, H, 2F | F) view of W1, or Q_col(W1)
+    w2t: torch.Tensor | MXFP8Tensor  # W2_g^T per expert: a (E, F, H) view of W2, or Q_col(W2)
     split_sizes: torch.Tensor
     has_b1: bool
     has_b2: bool
 
 
-def _rowwise(t: torch.Tensor, recipe: MXFP8Recipe | None, element_format: ElementFormat = ElementFormat.E4M3):
-    """Q_row of a matrix (or of the stacked rows of a 3-D weight), compact scales; bf16 without a recipe."""
-    matrix = t.reshape(-1, t.shape[-1]).contiguous()
+def _weight_operands(w: torch.Tensor, recipe: MXFP8Recipe | None):
+    """(forward, backward) operands of a weight (E, N, K): W_g and W_g^T per expert. MXFP8:
+    Q_row and Q_col of its (E * N, K) stack from one quantize pass (compact scales); bf16: the
+    weight and a transposed view of it."""
     if recipe is None:
-        return matrix.to(torch.bfloat16)
-    return quantize_mxfp8(matrix, rowwise=True, swizzle=False, element_format=element_format,
-                          scale_mode=recipe.scale_mode).rowwise
-
-
-def _per_expert_transpose(w: torch.Tensor) -> torch.Tensor:
-    return w.transpose(1, 2).contiguous()
+        return w, w.transpose(1, 2)
+    q = quantize_mxfp8(w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False,
+                       scale_mode=recipe.scale_mode)
+    return q.rowwise, q.columnwise
 
 
 def grouped_mlp_forward_triton(
@@ -76,13 +75,15 @@ def grouped_mlp_forward_triton(
         xq = quantize_mxfp8(x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                             scale_mode=recipe.scale_mode)
         x_row, x_col = xq.rowwise, xq.columnwise
-    fc1 = fc1_forward(x_row, _rowwise(w1, recipe), split_sizes, ffn_hidden_size=ffn, activation=activation,
+    w1_forward, w1t = _weight_operands(w1, recipe)
+    w2_forward, w2t = _weight_operands(w2, recipe)
+    fc1 = fc1_forward(x_row, w1_forward, split_sizes, ffn_hidden_size=ffn, activation=activation,
                       recipe=recipe, b1=b1, probs=probs)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = grouped_gemm(a_row, _rowwise(w2, recipe), split_sizes, bias=b2)
+    y = grouped_gemm(a_row, w2_forward, split_sizes, bias=b2)
     saved = TritonSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
-        w1t=_rowwise(_per_expert_transpose(w1), recipe), w2t=_rowwise(_per_expert_transpose(w2), recipe),
+        w1t=w1t, w2t=w2t,
         split_sizes=split_sizes, has_b1=b1 is not None, has_b2=b2 is not None,
     )
     return y, saved

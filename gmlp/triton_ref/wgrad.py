@@ -10,6 +10,7 @@ from gmlp.groups import device_groups
 from gmlp.quantized import MXFP8Tensor
 from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
 from gmlp.triton_ref.operands import token_operand
+from gmlp.triton_ref.tuning import WGRAD_TILING, WgradTiling
 
 __all__ = ["grouped_wgrad"]
 
@@ -20,9 +21,7 @@ def grouped_wgrad(
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
-    block_m: int = 64,
-    block_n: int = 64,
-    block_t: int = 64,
+    tiling: WgradTiling | None = None,
 ) -> torch.Tensor:
     """(E, M, N) fp32 weight gradients; added to ``out`` when given. No host sync.
     Twin of ``gmlp.mlp_ref.grouped_wgrad_ref``."""
@@ -33,8 +32,8 @@ def grouped_wgrad(
     experts = split_sizes.numel()
     if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} {tuple(out.shape)}")
-    if block_t % 32:
-        raise ValueError(f"block_t must be a multiple of 32, got {block_t=}")
+    tiling = tiling or WGRAD_TILING[quantized]
+    tiling.check()
 
     # canonicalize, allocate, launch
     groups = device_groups(split_sizes, tokens)
@@ -42,9 +41,10 @@ def grouped_wgrad(
     if out is None:
         out = torch.empty(experts, m, n, dtype=torch.float32, device=a_data.device)
     if m > 0 and n > 0:
-        wgrad_kernel[(experts, triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+        wgrad_kernel[(experts, triton.cdiv(m, tiling.block_m), triton.cdiv(n, tiling.block_n))](
             a_data, a_scales, b_data, b_scales, groups.row_start, groups.block_start, out,
             tokens, m, n, scale_layout.max_column_blocks(tokens, experts),
-            QUANTIZED=quantized, ACCUMULATE=accumulate, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=block_t,
+            QUANTIZED=quantized, ACCUMULATE=accumulate, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, BLOCK_T=tiling.block_t,
+            num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     return out
