@@ -48,7 +48,9 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        grads = ctx.backward_impl(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe)
+        # weight gradients come out in the parameters' dtype, or fp32 for main_grad
+        weight_grad_dtype = torch.float32 if ctx.accumulate_main_grad else ctx.params[0].dtype
+        grads = ctx.backward_impl(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe, weight_grad_dtype)
         w1, b1, w2, b2 = ctx.params
         weight_grads = []
         for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):

@@ -61,9 +61,9 @@ class MLPGrads:
 
     dx: torch.Tensor  # (T, H) bf16
     dprobs: torch.Tensor | None  # (T,) fp32
-    dw1: torch.Tensor  # (E, 2F | F, H) fp32
+    dw1: torch.Tensor  # (E, 2F | F, H), fp32 sums stored as the backward's weight_grad_dtype
     db1: torch.Tensor | None  # (E, 2F | F) fp32
-    dw2: torch.Tensor  # (E, H, F) fp32
+    dw2: torch.Tensor  # (E, H, F), as dw1
     db2: torch.Tensor | None  # (E, H) fp32
 
 
@@ -298,8 +298,9 @@ def grouped_mlp_forward_ref(
 
 
 def grouped_mlp_backward_ref(dy: torch.Tensor, saved: ForwardSaved, activation: Activation,
-                             recipe: MXFP8Recipe | None) -> MLPGrads:
-    """Gradients for dy (T, H), from the forward's saved state."""
+                             recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32) -> MLPGrads:
+    """Gradients for dy (T, H), from the forward's saved state; weight gradients are fp32 sums
+    stored as ``weight_grad_dtype``."""
     q = _Quantizer(recipe)
     sizes = saved.split_sizes
     split_sizes = torch.tensor(sizes, device=dy.device)
@@ -330,4 +331,5 @@ def grouped_mlp_backward_ref(dy: torch.Tensor, saved: ForwardSaved, activation: 
             db1[g] = dh[rows].to(ACCUMULATE).sum(0).float()
         if db2 is not None:
             db2[g] = dy[rows].to(ACCUMULATE).sum(0).float()
-    return MLPGrads(dx=dx.to(torch.bfloat16), dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)
+    return MLPGrads(dx=dx.to(torch.bfloat16), dprobs=dprobs, dw1=dw1.to(weight_grad_dtype), db1=db1,
+                    dw2=dw2.to(weight_grad_dtype), db2=db2)

@@ -45,6 +45,15 @@ def test_swizzle_kernel_ptx(ptx_dir, name):
     assert f".target sm_{configs()[name][3]}a" in ptx
 
 
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("dequantize")])
+def test_dequantize_kernel_ptx(ptx_dir, name):
+    ptx = (ptx_dir / f"{name}.ptx").read_text()
+    assert f".target sm_{configs()[name][3]}a" in ptx
+    # fp8 -> bf16 through fp32 without flushing: the 2**-127 scale multiplier is an fp32 subnormal
+    assert ".ftz" not in ptx
+    assert "cvt.rn.bf16" in ptx or "cvt.rn.bf16x2" in ptx
+
+
 @pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("fc1", "gemm", "dgrad", "wgrad"))])
 def test_gemm_kernels_use_tensor_cores(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()

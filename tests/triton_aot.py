@@ -43,6 +43,13 @@ WGRAD_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv
 UNIT_K_STRIDES = dict(W_STRIDE_K=1, WS_STRIDE_K=1)
 
 
+DEQUANTIZE_ROW_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16", "NUM_ROWS": "i32",
+                            "NUM_COLS": "i32"}
+DEQUANTIZE_COL_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
+                            "block_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "NUM_COLS": "i32",
+                            "NUM_COL_BLOCKS": "i32"}
+
+
 def configs() -> dict[str, tuple]:
     """name -> (kernel name, signature, constexprs, capability, num_warps)."""
     from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG as config
@@ -61,7 +68,7 @@ def configs() -> dict[str, tuple]:
         for quantized in (False, True):
             signature = {k: v.format(op="fp8e4nv" if quantized else "bf16", out="fp8e4nv" if quantized else "bf16")
                          for k, v in FC1_SIGNATURE.items()}
-            constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
+            constexprs = dict(MXFP8_OPERANDS=quantized, QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
                               ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
                               NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, **UNIT_K_STRIDES)
             out[f"fc1_{'mxfp8' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
@@ -69,8 +76,12 @@ def configs() -> dict[str, tuple]:
         out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, B_STRIDE_K=1, BS_STRIDE_K=1, **grouping),
                                              capability, 4)
         out[f"dgrad_mxfp8_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
-            QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
+            MXFP8_OPERANDS=True, QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
             RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **UNIT_K_STRIDES, **grouping), capability, 4)
+        out[f"dequantize_row_sm{capability}"] = ("dequantize_row", DEQUANTIZE_ROW_SIGNATURE, dict(BLOCK_M=32, BLOCK_K=128),
+                                                  capability, 4)
+        out[f"dequantize_col_sm{capability}"] = ("dequantize_col", DEQUANTIZE_COL_SIGNATURE, dict(
+            GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=64), capability, 4)
         out[f"wgrad_mxfp8_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
             QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64), capability, 4)
     return out
@@ -101,9 +112,11 @@ def main(out_dir: str) -> None:
     from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
     from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
     from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
+    from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
 
     kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel, "fc1": fc1_forward_kernel,
-               "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel}
+               "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
+               "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))

@@ -53,7 +53,9 @@ def fc1_forward_kernel(
     NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
     W_STRIDE_E, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_E, WS_STRIDE_N, WS_STRIDE_K,
     # what
-    QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
+    MXFP8_OPERANDS: tl.constexpr,  # x and W1 are fp8 with scales, dequantized as loaded (else bf16)
+    QUANTIZED: tl.constexpr,  # a is written as Q_row(a) and Q_col(a) (else bf16)
+    GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
     # format of a's quantization
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
@@ -80,13 +82,13 @@ def fc1_forward_kernel(
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
         a_tile = _load_operand(x_ptr, x_scale_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, HIDDEN // 32, 1,
-                               QUANTIZED, BLOCK_M, BLOCK_K)
+                               MXFP8_OPERANDS, BLOCK_M, BLOCK_K)
         w_tile = _load_operand(w_expert, ws_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_N,
-                               WS_STRIDE_K, QUANTIZED, BLOCK_N, BLOCK_K)
+                               WS_STRIDE_K, MXFP8_OPERANDS, BLOCK_N, BLOCK_K)
         acc = tl.dot(a_tile, tl.trans(w_tile), acc)
         if GATED:
             up_tile = _load_operand(w_expert, ws_expert, n + FFN, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K,
-                                    WS_STRIDE_N, WS_STRIDE_K, QUANTIZED, BLOCK_N, BLOCK_K)
+                                    WS_STRIDE_N, WS_STRIDE_K, MXFP8_OPERANDS, BLOCK_N, BLOCK_K)
             acc_up = tl.dot(a_tile, tl.trans(up_tile), acc_up)
 
     # epilogue: bias, saved c = bf16(h), a = act(h) * probs

@@ -29,7 +29,9 @@ def fc2_dgrad_kernel(
     dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,  # dh: (T, N1) bf16 | Q_row + Q_col in the gradient format
     NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
     W_STRIDE_E, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_E, WS_STRIDE_N, WS_STRIDE_K,  # W2^T's data and scale strides
-    QUANTIZED: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    MXFP8_OPERANDS: tl.constexpr,  # dy and W2^T are fp8 with scales, dequantized as loaded (else bf16)
+    QUANTIZED: tl.constexpr,  # dh is written as Q_row(dh) and Q_col(dh) (else bf16)
+    GATED: tl.constexpr, HAS_PROBS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
     NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -54,9 +56,9 @@ def fc2_dgrad_kernel(
     da = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
         a_tile = _load_operand(dy_ptr, dy_scale_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, HIDDEN // 32, 1,
-                               QUANTIZED, BLOCK_M, BLOCK_K)
+                               MXFP8_OPERANDS, BLOCK_M, BLOCK_K)
         b_tile = _load_operand(w_expert, ws_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_N,
-                               WS_STRIDE_K, QUANTIZED, BLOCK_N, BLOCK_K)
+                               WS_STRIDE_K, MXFP8_OPERANDS, BLOCK_N, BLOCK_K)
         da = tl.dot(a_tile, tl.trans(b_tile), da)
 
     # epilogue: dprobs partial sums, dh

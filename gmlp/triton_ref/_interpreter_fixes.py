@@ -1,13 +1,15 @@
 """Under TRITON_INTERPRET=1, make Triton's interpreter compute what the GPU computes.
 
-1. fp32 -> fp8 casts go through the spec's cast.
+1. fp32 -> fp8 casts go through the spec's cast, and fp8 -> fp32 decodes through torch.
 
 Triton's interpreter rounds fp32 -> fp8 wrongly (ties away from even, lost exponent carry,
 flushed subnormals, no saturation; DESIGN.md). On the GPU the same ``.to(fp8)`` compiles to
 ``cvt.rn.satfinite`` (round to nearest even, saturating, NaN -> 0x7F), which is exactly
 ``gmlp.mxfp8.cast_to_element``; the compile tests assert that instruction and the H200 tests
 check the compiled kernels bit for bit. With this fix the interpreted kernels (CPU tests, and
-users without a GPU who set TRITON_INTERPRET=1) compute what the compiled ones do. Installed by
+users without a GPU who set TRITON_INTERPRET=1) compute what the compiled ones do. The other way,
+the interpreter decodes E4M3's NaN code as +-480 (DESIGN.md); the GPU (and torch) give NaN.
+Installed by
 ``gmlp.triton_ref`` only when the interpreter is on; remove it once the interpreter's cast
 rounds like the hardware.
 
@@ -38,6 +40,10 @@ def install() -> None:
     original = interpreter.InterpreterBuilder.create_fp_to_fp
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        source_format = formats.get(src.dtype.scalar)
+        if source_format is not None and dst_type.scalar == tl.float32:
+            codes = torch.from_numpy(np.ascontiguousarray(src.data).view(np.uint8))
+            return interpreter.TensorHandle(codes.view(source_format.torch_dtype).float().numpy(), tl.float32)
         element_format = formats.get(dst_type.scalar)
         if element_format is None or src.dtype.scalar != tl.float32:
             return original(self, src, dst_type, rounding_mode)

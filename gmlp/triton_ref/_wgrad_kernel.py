@@ -5,7 +5,7 @@
 (row-major (T, M)) or the columnwise MXFP8 quantization (data (M, T), compact scales
 (M, n_blocks) with 32-token blocks starting at each expert's first token), dequantized to bf16 on
 load. One program owns a (BLOCK_M, BLOCK_N) tile of one expert's dW and walks that expert's
-tokens; fp32 result, written or added to (``ACCUMULATE``, for ``main_grad``).
+tokens; fp32 sums, stored as fp32 or bf16, or added to an fp32 ``out`` (``ACCUMULATE``, for ``main_grad``).
 """
 
 import triton
@@ -37,7 +37,7 @@ def wgrad_kernel(
     a_ptr, a_scale_ptr,  # (T, M) bf16 | columnwise MXFP8 (M, T) + (M, n_blocks)
     b_ptr, b_scale_ptr,  # (T, N) bf16 | columnwise MXFP8 (N, T) + (N, n_blocks)
     row_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
-    out_ptr,  # (E, M, N) fp32
+    out_ptr,  # (E, M, N) fp32 | bf16 (not ACCUMULATE)
     NUM_TOKENS, M, N, NUM_COL_BLOCKS,
     QUANTIZED: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -65,4 +65,4 @@ def wgrad_kernel(
     mask = m_mask[:, None] & n_mask[None, :]
     if ACCUMULATE:
         acc += tl.load(out, mask=mask, other=0.0)
-    tl.store(out, acc, mask=mask)
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)

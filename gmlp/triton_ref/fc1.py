@@ -24,7 +24,7 @@ ACTIVATION_CODES = {ActivationKind.SWIGLU: 0, ActivationKind.GEGLU: 1, Activatio
 
 def fc1_forward(
     x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x) with compact scales
-    w1: torch.Tensor | MXFP8Tensor,  # (E, N1, H) bf16, or Q_row of its (E * N1, H) view, compact scales
+    w1: torch.Tensor | MXFP8Tensor,  # W1_g (N1, H) per expert, the same kind as x (operands.expert_operand)
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     ffn_hidden_size: int,
@@ -35,18 +35,23 @@ def fc1_forward(
     tiling: GemmTiling | None = None,
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Twin of
-    ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs)."""
+    ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs).
+
+    The operands are bf16 (the bf16 layer, or MXFP8 operands dequantized beforehand by
+    ``gmlp.triton_ref.dequantize``) or MXFP8Tensors dequantized as they are loaded; ``recipe``
+    decides whether ``a`` is written quantized."""
     # validate
-    quantized = recipe is not None
+    quantized = recipe is not None  # a is quantized (Q_row and Q_col); the operands may be either kind
+    mxfp8_operands = isinstance(x, MXFP8Tensor)
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     fc1_outputs = (2 if activation.gated else 1) * ffn
-    x_data, x_scales, (tokens, hidden) = rowwise_operand("x", x, quantized)
-    w = expert_operand("w1", w1, quantized, experts)
+    x_data, x_scales, (tokens, hidden) = rowwise_operand("x", x, mxfp8_operands)
+    w = expert_operand("w1", w1, mxfp8_operands, experts)
     if (w.n, w.k) != (fc1_outputs, hidden):
         raise ValueError(f"w1 must hold {experts} experts' ({fc1_outputs}, {hidden}) matrices, got ({w.n}, {w.k}) each")
     if hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
         raise ValueError(f"hidden and ffn sizes must be multiples of {BLOCK_SIZE}, got {hidden=}, {ffn=}")
-    tiling = tiling or FC1_TILING[quantized]
+    tiling = tiling or FC1_TILING[mxfp8_operands]
     tiling.check()
     device = x_data.device
 
@@ -77,7 +82,7 @@ def fc1_forward(
             groups.row_start, groups.tile_start, groups.block_start,
             c, a, a_scales, a_col, a_col_scales,
             tokens, hidden, ffn, num_col_blocks, *w.strides, *w.scale_strides,
-            QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
+            MXFP8_OPERANDS=mxfp8_operands, QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)), EMAX=fmt.emax,

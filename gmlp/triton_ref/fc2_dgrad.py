@@ -24,7 +24,7 @@ __all__ = ["fc2_dgrad"]
 
 def fc2_dgrad(
     dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format, compact scales
-    w2t: torch.Tensor | MXFP8Tensor,  # W2_g^T per expert: bf16 (E, F, H) (a transposed view of W2 is read in place) or Q_col(W2)
+    w2t: torch.Tensor | MXFP8Tensor,  # W2_g^T per expert, the same kind as dy: bf16 (E, F, H) (a transposed view of W2 is read in place) or Q_col(W2)
     c: torch.Tensor,  # (T, 2F | F) bf16
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -37,12 +37,11 @@ def fc2_dgrad(
     """Steps 5-6 of the dataflow; no host sync; deterministic (dprobs partial sums are added in a
     fixed order). Twin of ``gmlp.mlp_ref.fc2_dgrad_ref``."""
     # validate
-    quantized = recipe is not None
-    if quantized != isinstance(dy, MXFP8Tensor):
-        raise TypeError(f"dy must be an MXFP8Tensor exactly when a recipe is given, got {type(dy).__name__} and {recipe=}")
-    dy_data, dy_scales, (tokens, hidden) = rowwise_operand("dy", dy, quantized)
+    quantized = recipe is not None  # dh is quantized (Q_row and Q_col); the operands may be either kind
+    mxfp8_operands = isinstance(dy, MXFP8Tensor)
+    dy_data, dy_scales, (tokens, hidden) = rowwise_operand("dy", dy, mxfp8_operands)
     experts = split_sizes.numel()
-    w = expert_operand("w2t", w2t, quantized, experts)
+    w = expert_operand("w2t", w2t, mxfp8_operands, experts)
     ffn = w.n
     fc1_outputs = (2 if activation.gated else 1) * ffn
     if w.k != hidden:
@@ -51,7 +50,7 @@ def fc2_dgrad(
         raise ValueError(f"c must be bf16 ({tokens}, {fc1_outputs}), got {c.dtype} {tuple(c.shape)}")
     if ffn % BLOCK_SIZE:
         raise ValueError(f"F must be a multiple of {BLOCK_SIZE}, got {ffn=}")
-    tiling = tiling or FC2_DGRAD_TILING[quantized]
+    tiling = tiling or FC2_DGRAD_TILING[mxfp8_operands]
     tiling.check()
     device = dy_data.device
 
@@ -82,7 +81,7 @@ def fc2_dgrad(
             groups.row_start, groups.tile_start, groups.block_start,
             dprobs_partial, dh_tile_sums, dh, dh_scales, dh_col, dh_col_scales,
             tokens, hidden, ffn, num_col_blocks, *w.strides, *w.scale_strides,
-            QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
+            MXFP8_OPERANDS=mxfp8_operands, QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) if quantized else 1.0,

@@ -9,10 +9,13 @@ backward: quantize dy (both ways, gradient format) -> ``fc2_dgrad`` with Q_col(W
           Q_row(dh), Q_col(dh)) -> ``grouped_gemm`` with Q_col(W1) -> dx; ``grouped_wgrad`` for
           dW2 = Q_col(dy)^T Q_col(a) and dW1 = Q_col(dh)^T Q_col(x)
 
-Each weight is quantized once per forward, rowwise and columnwise in one pass over its (E * N, K)
-stack: Q_row(W) for the forward GEMM, Q_col(W) for the backward one, which reads Q_col's
-transposed data in place as W_g^T (``operands.expert_operand``); in bf16 the backward reads a
-transposed view of the weight. No weight is copied or transposed. Bias gradients are fp32
+MXFP8 operands are dequantized to bf16 once, just before the GEMM that reads them
+(``dequantize``), and the GEMMs run on bf16: the same values the GEMMs would dequantize tile by
+tile as they load them, without repeating that work in every tile that reads an operand. Only
+the quantized tensors are kept for the backward. Each weight is quantized once per forward,
+rowwise and columnwise in one pass over its (E * N, K) stack: Q_row(W) for the forward GEMM,
+Q_col(W) for the backward one, which reads W_g^T as a transposed view of its dequantized values
+(in bf16, of the weight itself). No weight is copied to be transposed. Bias gradients are fp32
 per-expert sums (``segment_sum``: of dy for b2; of dh's per-tile sums from ``fc2_dgrad`` for b1).
 """
 
@@ -27,6 +30,7 @@ from gmlp.groups import device_groups
 from gmlp.mlp_ref import MLPGrads
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp.triton_ref.grouped_gemm import grouped_gemm
@@ -45,22 +49,21 @@ class TritonSaved:
     c: torch.Tensor  # (T, 2F | F) bf16
     a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
     probs: torch.Tensor | None
-    w1t: torch.Tensor | MXFP8Tensor  # W1_g^T per expert: a (E, H, 2F | F) view of W1, or Q_col(W1)
-    w2t: torch.Tensor | MXFP8Tensor  # W2_g^T per expert: a (E, F, H) view of W2, or Q_col(W2)
+    w1_col: torch.Tensor | MXFP8Tensor  # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack
+    w2_col: torch.Tensor | MXFP8Tensor  # (E, H, F) W2 (bf16), or Q_col(W2)
     split_sizes: torch.Tensor
     has_b1: bool
     has_b2: bool
 
 
-def _weight_operands(w: torch.Tensor, recipe: MXFP8Recipe | None):
-    """(forward, backward) operands of a weight (E, N, K): W_g and W_g^T per expert. MXFP8:
-    Q_row and Q_col of its (E * N, K) stack from one quantize pass (compact scales); bf16: the
-    weight and a transposed view of it."""
-    if recipe is None:
-        return w, w.transpose(1, 2)
-    q = quantize_mxfp8(w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False,
-                       scale_mode=recipe.scale_mode)
-    return q.rowwise, q.columnwise
+def _bf16(value: torch.Tensor | MXFP8Tensor) -> torch.Tensor:
+    """bf16 values of a GEMM operand: an MXFP8Tensor dequantized (source orientation), or itself."""
+    return dequantize_mxfp8(value) if isinstance(value, MXFP8Tensor) else value
+
+
+def _transposed_weight(w_col: torch.Tensor | MXFP8Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """W_g^T per expert, a (E, K, N) transposed view of the (E, N, K) weight's values (from Q_col)."""
+    return _bf16(w_col).view(shape).transpose(1, 2)
 
 
 def grouped_mlp_forward_triton(
@@ -71,26 +74,27 @@ def grouped_mlp_forward_triton(
     ffn = w2.shape[2]
     if recipe is None:
         x_row = x_col = x
+        w1_row, w1_col, w2_row, w2_col = w1, w1, w2, w2
     else:
         xq = quantize_mxfp8(x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                             scale_mode=recipe.scale_mode)
         x_row, x_col = xq.rowwise, xq.columnwise
-    w1_forward, w1t = _weight_operands(w1, recipe)
-    w2_forward, w2t = _weight_operands(w2, recipe)
-    fc1 = fc1_forward(x_row, w1_forward, split_sizes, ffn_hidden_size=ffn, activation=activation,
-                      recipe=recipe, b1=b1, probs=probs)
+        w1q, w2q = (quantize_mxfp8(w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False,
+                                   scale_mode=recipe.scale_mode) for w in (w1, w2))
+        w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
+    fc1 = fc1_forward(_bf16(x_row), _bf16(w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
+                      activation=activation, recipe=recipe, b1=b1, probs=probs)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = grouped_gemm(a_row, w2_forward, split_sizes, bias=b2)
+    y = grouped_gemm(_bf16(a_row), _bf16(w2_row).view(w2.shape), split_sizes, bias=b2)
     saved = TritonSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
-        w1t=w1t, w2t=w2t,
-        split_sizes=split_sizes, has_b1=b1 is not None, has_b2=b2 is not None,
+        w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, has_b1=b1 is not None, has_b2=b2 is not None,
     )
     return y, saved
 
 
 def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation: Activation,
-                                recipe: MXFP8Recipe | None) -> MLPGrads:
+                                recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32) -> MLPGrads:
     """Gradients for dy (T, H); same arguments as ``grouped_mlp_backward_ref``."""
     split_sizes = saved.split_sizes
     if recipe is None:
@@ -99,12 +103,15 @@ def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation
         dyq = quantize_mxfp8(dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                              element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
-    dgrad = fc2_dgrad(dy_row, saved.w2t, saved.c, split_sizes, activation=activation, recipe=recipe, probs=saved.probs,
-                      bias_grad=saved.has_b1)
+    hidden = dy.shape[1]
+    w2t = _transposed_weight(saved.w2_col, (split_sizes.numel(), hidden, -1))
+    dgrad = fc2_dgrad(_bf16(dy_row), w2t, saved.c, split_sizes, activation=activation, recipe=recipe,
+                      probs=saved.probs, bias_grad=saved.has_b1)
     dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
     dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
-    dx = grouped_gemm(dh_row, saved.w1t, split_sizes)
-    dw2 = grouped_wgrad(dy_col, saved.a_col, split_sizes)
-    dw1 = grouped_wgrad(dh_col, saved.x_col, split_sizes)
+    w1t = _transposed_weight(saved.w1_col, (split_sizes.numel(), -1, hidden))
+    dx = grouped_gemm(_bf16(dh_row), w1t, split_sizes)
+    dw2 = grouped_wgrad(_bf16(dy_col), _bf16(saved.a_col), split_sizes, out_dtype=weight_grad_dtype)
+    dw1 = grouped_wgrad(_bf16(dh_col), _bf16(saved.x_col), split_sizes, out_dtype=weight_grad_dtype)
     db2 = segment_sum(dy, device_groups(split_sizes, dy.shape[0]).row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)

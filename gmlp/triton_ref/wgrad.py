@@ -21,10 +21,11 @@ def grouped_wgrad(
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
+    out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
     tiling: WgradTiling | None = None,
 ) -> torch.Tensor:
-    """(E, M, N) fp32 weight gradients; added to ``out`` when given. No host sync.
-    Twin of ``gmlp.mlp_ref.grouped_wgrad_ref``."""
+    """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
+    given. No host sync. Twin of ``gmlp.mlp_ref.grouped_wgrad_ref``."""
     # validate
     quantized = isinstance(a, MXFP8Tensor)
     a_data, a_scales, (tokens, m) = token_operand("a", a, quantized, None)
@@ -32,6 +33,8 @@ def grouped_wgrad(
     experts = split_sizes.numel()
     if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} {tuple(out.shape)}")
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
     tiling = tiling or WGRAD_TILING[quantized]
     tiling.check()
 
@@ -39,7 +42,7 @@ def grouped_wgrad(
     groups = device_groups(split_sizes, tokens)
     accumulate = out is not None
     if out is None:
-        out = torch.empty(experts, m, n, dtype=torch.float32, device=a_data.device)
+        out = torch.empty(experts, m, n, dtype=out_dtype, device=a_data.device)
     if m > 0 and n > 0:
         wgrad_kernel[(experts, triton.cdiv(m, tiling.block_m), triton.cdiv(n, tiling.block_n))](
             a_data, a_scales, b_data, b_scales, groups.row_start, groups.block_start, out,
