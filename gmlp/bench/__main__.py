@@ -1,8 +1,8 @@
-"""``python -m gmlp.bench {quantize,mlp}``."""
+"""``python -m gmlp.bench {quantize,mlp,gemm}``."""
 
 import sys
 
-BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp"}
+BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm"}
 
 
 def main() -> None:

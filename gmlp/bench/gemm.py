@@ -1,0 +1,161 @@
+"""Each GEMM of the layer alone, Triton kernels against torch's bf16 grouped GEMM of the same product.
+
+For the DESIGN shapes (balanced routing) and each GEMM of the layer (FC1 with its fused epilogue,
+FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gradients), times:
+
+- ``torch._grouped_mm`` in bf16 of the same product (the baseline of the ratios);
+- the Triton kernel on bf16 operands, with each candidate tiling;
+- MXFP8 operands two ways: ``dequantize-once`` (the dequantize kernels, timed with the bf16 GEMM
+  that follows them, which is what the layer runs) and ``dequantize-on-load`` (the GEMM kernels'
+  fused path), each with its candidate tilings.
+
+TFLOP/s count the useful work (2 x the multiply-adds). Results as JSON; the tilings chosen from
+them live in ``gmlp.triton_ref.tuning``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+import torch
+
+from gmlp.activations import SWIGLU
+from gmlp.bench.common import environment, median_ms, write_results
+from gmlp.bench.mlp import SHAPES, split_sizes_for
+from gmlp.mxfp8 import ElementFormat
+from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref.dequantize import dequantize_mxfp8
+from gmlp.triton_ref.fc1 import fc1_forward
+from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
+from gmlp.triton_ref.grouped_gemm import grouped_gemm
+from gmlp.triton_ref.quantize import quantize_mxfp8
+from gmlp.triton_ref.tuning import (FC1_TILING, FC2_DGRAD_TILING, GROUPED_GEMM_TILING, WGRAD_TILING, GemmTiling,
+                                    WgradTiling)
+from gmlp.triton_ref.wgrad import grouped_wgrad
+
+GEMM_CANDIDATES = [GemmTiling(128, 64, 8, 4), GemmTiling(256, 64, 8, 3), GemmTiling(256, 64, 8, 4),
+                   GemmTiling(128, 128, 8, 2), GemmTiling(128, 64, 4, 3)]
+WGRAD_CANDIDATES = [WgradTiling(128, 256, 64, 8, 3), WgradTiling(128, 128, 64, 8, 3), WgradTiling(128, 128, 128, 8, 3),
+                    WgradTiling(256, 128, 64, 8, 3)]
+
+
+def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.device) -> dict:
+    """bf16 tensors of one layer step and their MXFP8 quantizations (as the layer makes them)."""
+    torch.manual_seed(0)
+    split_sizes = split_sizes_for("balanced", experts, tokens, device)
+    t = dict(split_sizes=split_sizes, offsets=torch.cumsum(split_sizes, 0, dtype=torch.int32))
+    t["x"] = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    t["a"] = torch.randn(tokens, ffn, device=device, dtype=torch.bfloat16)
+    t["dy"] = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    t["dh"] = torch.randn(tokens, 2 * ffn, device=device, dtype=torch.bfloat16)
+    t["c"] = torch.randn(tokens, 2 * ffn, device=device, dtype=torch.bfloat16)
+    t["w1"] = torch.randn(experts, 2 * ffn, hidden, device=device, dtype=torch.bfloat16) / hidden**0.5
+    t["w2"] = torch.randn(experts, hidden, ffn, device=device, dtype=torch.bfloat16) / ffn**0.5
+    for name in ("x", "a", "dy", "dh"):
+        fmt = ElementFormat.E4M3
+        q = quantize_mxfp8(t[name], rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                           element_format=fmt)
+        t[f"{name}_row"], t[f"{name}_col"] = q.rowwise, q.columnwise
+    for name in ("w1", "w2"):
+        w = t[name]
+        q = quantize_mxfp8(w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False)
+        t[f"{name}_row"], t[f"{name}_col"] = q.rowwise, q.columnwise
+    return t
+
+
+def _gemms(t: dict, experts: int, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
+    """Per GEMM: the baseline, and builders (tiling -> call) for bf16, dequantize-once, dequantize-on-load."""
+    deq = dequantize_mxfp8
+    splits, offsets, recipe = t["split_sizes"], t["offsets"], MXFP8Recipe()
+    w1t_view = lambda w1: w1.transpose(1, 2)  # noqa: E731  B_g = W1_g^T
+    return {
+        "fc1": dict(
+            baseline=lambda: torch._grouped_mm(t["x"], t["w1"].transpose(1, 2), offs=offsets),
+            bf16=lambda c: lambda: fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn, activation=SWIGLU,
+                                               recipe=None, tiling=c),
+            once=lambda c: lambda: fc1_forward(deq(t["x_row"]), deq(t["w1_row"]).view(t["w1"].shape), splits,
+                                               ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, tiling=c),
+            on_load=lambda c: lambda: fc1_forward(t["x_row"], t["w1_row"], splits, ffn_hidden_size=ffn,
+                                                  activation=SWIGLU, recipe=recipe, tiling=c),
+            flops=2 * t["x"].shape[0] * hidden * 2 * ffn, tilings=(GEMM_CANDIDATES, FC1_TILING)),
+        "fc2": dict(
+            baseline=lambda: torch._grouped_mm(t["a"], t["w2"].transpose(1, 2), offs=offsets),
+            bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
+            once=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
+            on_load=lambda c: lambda: grouped_gemm(t["a_row"], t["w2_row"], splits, tiling=c),
+            flops=2 * t["a"].shape[0] * hidden * ffn, tilings=(GEMM_CANDIDATES, GROUPED_GEMM_TILING)),
+        "fc1_dgrad": dict(
+            baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
+            bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
+            once=lambda c: lambda: grouped_gemm(deq(t["dh_row"]), w1t_view(deq(t["w1_col"]).view(t["w1"].shape)),
+                                                splits, tiling=c),
+            on_load=lambda c: lambda: grouped_gemm(t["dh_row"], t["w1_col"], splits, tiling=c),
+            flops=2 * t["dh"].shape[0] * hidden * 2 * ffn, tilings=(GEMM_CANDIDATES, GROUPED_GEMM_TILING)),
+        "fc2_dgrad": dict(
+            baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
+            bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
+                                             recipe=None, tiling=c),
+            once=lambda c: lambda: fc2_dgrad(deq(t["dy_row"]), deq(t["w2_col"]).view(t["w2"].shape).transpose(1, 2),
+                                             t["c"], splits, activation=SWIGLU, recipe=recipe, tiling=c),
+            on_load=lambda c: lambda: fc2_dgrad(t["dy_row"], t["w2_col"], t["c"], splits, activation=SWIGLU,
+                                                recipe=recipe, tiling=c),
+            flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(GEMM_CANDIDATES, FC2_DGRAD_TILING)),
+        "fc2_wgrad": dict(
+            baseline=lambda: torch._grouped_mm(t["dy"].t(), t["a"], offs=offsets),
+            bf16=lambda c: lambda: grouped_wgrad(t["dy"], t["a"], splits, out_dtype=torch.bfloat16, tiling=c),
+            once=lambda c: lambda: grouped_wgrad(deq(t["dy_col"]), deq(t["a_col"]), splits, out_dtype=torch.bfloat16,
+                                                 tiling=c),
+            on_load=lambda c: lambda: grouped_wgrad(t["dy_col"], t["a_col"], splits, out_dtype=torch.bfloat16, tiling=c),
+            flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(WGRAD_CANDIDATES, WGRAD_TILING)),
+        "fc1_wgrad": dict(
+            baseline=lambda: torch._grouped_mm(t["dh"].t(), t["x"], offs=offsets),
+            bf16=lambda c: lambda: grouped_wgrad(t["dh"], t["x"], splits, out_dtype=torch.bfloat16, tiling=c),
+            once=lambda c: lambda: grouped_wgrad(deq(t["dh_col"]), deq(t["x_col"]), splits, out_dtype=torch.bfloat16,
+                                                 tiling=c),
+            on_load=lambda c: lambda: grouped_wgrad(t["dh_col"], t["x_col"], splits, out_dtype=torch.bfloat16, tiling=c),
+            flops=2 * t["dh"].shape[0] * hidden * 2 * ffn, tilings=(WGRAD_CANDIDATES, WGRAD_TILING)),
+    }
+
+
+def _time(fn: Callable) -> tuple[float | None, str | None]:
+    """Median ms of fn, or None and the reason when this configuration cannot run (said, not hidden)."""
+    try:
+        return median_ms(fn, warmup_ms=30, measure_ms=100), None
+    except Exception as error:  # a tiling can exceed shared memory or registers: report it, go on
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gmlp.bench gemm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="deepseek-v3-rank", help=f"comma-separated, of {list(SHAPES)}")
+    parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
+    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    rows = []
+    for shape_name in args.shapes.split(","):
+        experts, tokens, hidden, ffn = SHAPES[shape_name]
+        operands = _operands(experts, tokens, hidden, ffn, device)
+        gemms = _gemms(operands, experts, hidden, ffn)
+        for gemm_name in args.gemms.split(","):
+            gemm = gemms[gemm_name]
+            base_ms, base_error = _time(gemm["baseline"])
+            print(f"{shape_name} {gemm_name:>9} torch bf16: "
+                  + (f"{base_ms:.3f} ms {gemm['flops'] / base_ms / 1e9:.0f} TFLOP/s" if base_ms else base_error), flush=True)
+            candidates, defaults = gemm["tilings"]
+            for variant in ("bf16", "once", "on_load"):
+                # the layer's tiling first: keyed by whether the GEMM dequantizes MXFP8 operands as it loads them
+                for tiling in dict.fromkeys([defaults[variant == "on_load"], *candidates]):
+                    ms, error = _time(gemm[variant](tiling))
+                    ratio = base_ms / ms if (ms and base_ms) else None
+                    rows.append(dict(shape=shape_name, gemm=gemm_name, variant=variant, tiling=vars(tiling), ms=ms,
+                                     tflops=gemm["flops"] / ms / 1e9 if ms else None, ratio_to_torch_bf16=ratio,
+                                     baseline_ms=base_ms, error=error))
+                    print(f"  {variant:>8} {tiling}: " + (f"{ms:.3f} ms {gemm['flops'] / ms / 1e9:.0f} TFLOP/s, "
+                          f"{ratio:.2f} of torch" if ms and ratio else str(error or f'{ms:.3f} ms')), flush=True)
+        del operands, gemms
+        torch.cuda.empty_cache()
+    path = write_results("gemm", dict(environment=environment(), results=rows), args.out)
+    print(f"wrote {path}")
