@@ -48,17 +48,20 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        # weight gradients come out in the parameters' dtype, or fp32 for main_grad
-        weight_grad_dtype = torch.float32 if ctx.accumulate_main_grad else ctx.params[0].dtype
-        grads = ctx.backward_impl(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe, weight_grad_dtype)
         w1, b1, w2, b2 = ctx.params
+        # Weight gradients come out in the parameters' dtype, or are added into the fp32 main_grad
+        # by the backward itself (no separate fp32 gradient to add afterwards).
+        main_grads = (w1.main_grad, w2.main_grad) if ctx.accumulate_main_grad else None
+        grads = ctx.backward_impl(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
+                                  torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
         weight_grads = []
         for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):
             if param is None:
                 weight_grads.append(None)
             elif ctx.accumulate_main_grad:
-                param.main_grad.add_(grad)  # fp32 accumulation; autograd gets no weight gradient
-                weight_grads.append(None)
+                if param is b1 or param is b2:
+                    param.main_grad.add_(grad)  # fp32 accumulation; the weights' are already added
+                weight_grads.append(None)  # autograd gets no gradient for main_grad parameters
             else:
                 weight_grads.append(grad.to(param.dtype))
         dprobs = None if grads.dprobs is None else grads.dprobs.to(ctx.probs_dtype)

@@ -298,9 +298,11 @@ def grouped_mlp_forward_ref(
 
 
 def grouped_mlp_backward_ref(dy: torch.Tensor, saved: ForwardSaved, activation: Activation,
-                             recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32) -> MLPGrads:
-    """Gradients for dy (T, H), from the forward's saved state; weight gradients are fp32 sums
-    stored as ``weight_grad_dtype``."""
+                             recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32,
+                             weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
+    """Gradients for dy (T, H), from the forward's saved state. Weight gradients are fp32 sums
+    stored as ``weight_grad_dtype``, or, given ``weight_grad_out`` (fp32 tensors shaped like W1
+    and W2, e.g. main_grad), added to those, which are then returned as dw1 and dw2."""
     q = _Quantizer(recipe)
     sizes = saved.split_sizes
     split_sizes = torch.tensor(sizes, device=dy.device)
@@ -331,5 +333,7 @@ def grouped_mlp_backward_ref(dy: torch.Tensor, saved: ForwardSaved, activation: 
             db1[g] = dh[rows].to(ACCUMULATE).sum(0).float()
         if db2 is not None:
             db2[g] = dy[rows].to(ACCUMULATE).sum(0).float()
+    if weight_grad_out is not None:
+        dw1, dw2 = weight_grad_out[0].add_(dw1), weight_grad_out[1].add_(dw2)
     return MLPGrads(dx=dx.to(torch.bfloat16), dprobs=dprobs, dw1=dw1.to(weight_grad_dtype), db1=db1,
                     dw2=dw2.to(weight_grad_dtype), db2=db2)

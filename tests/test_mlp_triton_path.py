@@ -86,6 +86,31 @@ def test_triton_path_is_deterministic():
         assert torch.equal(first, second)
 
 
+def test_triton_path_adds_weight_gradients_into_main_grad():
+    """With accumulate_main_grad, the weight-gradient kernel adds the fp32 sums straight into
+    main_grad: two steps from zero give twice one step's fp32 gradient, bit for bit."""
+    device = kernel_device()
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, bias=True, accumulate_main_grad=True, device=device)
+    if mlp.plan(torch.zeros(1, device=device)).path is not Path.TRITON:
+        pytest.skip("the Triton path does not run here")
+    for param in mlp.parameters():
+        param.main_grad = torch.zeros(param.shape, dtype=torch.float32, device=device)
+    split_sizes = torch.tensor(SPLITS, device=device)
+    x = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    for _ in range(2):
+        mlp(x, split_sizes).backward(dy)
+    from gmlp.triton_ref.mlp import grouped_mlp_backward_triton, grouped_mlp_forward_triton
+
+    _, saved = grouped_mlp_forward_triton(x, split_sizes, None, mlp.w1.detach(), mlp.b1.detach(), mlp.w2.detach(),
+                                          mlp.b2.detach(), mlp.activation, mlp.recipe)
+    once = grouped_mlp_backward_triton(dy, saved, mlp.activation, mlp.recipe)
+    assert once.dw1.dtype == torch.float32 and mlp.w1.grad is None and mlp.b1.grad is None
+    for name, one_step in (("w1", once.dw1), ("w2", once.dw2), ("b1", once.db1), ("b2", once.db2)):
+        assert torch.equal(getattr(mlp, name).main_grad, one_step * 2), name
+
+
 @pytest.mark.gpu
 def test_forward_and_backward_capture_in_a_cuda_graph():
     """No host sync anywhere: the whole step captures in a CUDA graph and replays correctly."""

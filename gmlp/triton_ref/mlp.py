@@ -94,7 +94,8 @@ def grouped_mlp_forward_triton(
 
 
 def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation: Activation,
-                                recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32) -> MLPGrads:
+                                recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32,
+                                weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
     """Gradients for dy (T, H); same arguments as ``grouped_mlp_backward_ref``."""
     split_sizes = saved.split_sizes
     if recipe is None:
@@ -111,7 +112,8 @@ def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation
     dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
     w1t = _transposed_weight(saved.w1_col, (split_sizes.numel(), -1, hidden))
     dx = grouped_gemm(_bf16(dh_row), w1t, split_sizes)
-    dw2 = grouped_wgrad(_bf16(dy_col), _bf16(saved.a_col), split_sizes, out_dtype=weight_grad_dtype)
-    dw1 = grouped_wgrad(_bf16(dh_col), _bf16(saved.x_col), split_sizes, out_dtype=weight_grad_dtype)
+    dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
+    dw2 = grouped_wgrad(_bf16(dy_col), _bf16(saved.a_col), split_sizes, out=dw2_out, out_dtype=weight_grad_dtype)
+    dw1 = grouped_wgrad(_bf16(dh_col), _bf16(saved.x_col), split_sizes, out=dw1_out, out_dtype=weight_grad_dtype)
     db2 = segment_sum(dy, device_groups(split_sizes, dy.shape[0]).row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)
