@@ -64,6 +64,18 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
     return t
 
 
+def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
+    """The weight gradient A_g^T B_g over each expert's tokens (the ragged contraction)."""
+    splits, deq = t["split_sizes"], dequantize_mxfp8
+    run = lambda a_op, b_op, c: grouped_wgrad(a_op, b_op, splits, out_dtype=torch.bfloat16, tiling=c)  # noqa: E731
+    return dict(
+        baseline=lambda: torch._grouped_mm(t[a].t(), t[b], offs=t["offsets"]),
+        bf16=lambda c: lambda: run(t[a], t[b], c),
+        once=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
+        on_load=lambda c: lambda: run(t[f"{a}_col"], t[f"{b}_col"], c),
+        flops=flops, tilings=(WGRAD_CANDIDATES, WGRAD_TILING))
+
+
 def _gemms(t: dict, experts: int, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
     """Per GEMM: the baseline, and builders (tiling -> call) for bf16, dequantize-once, dequantize-on-load."""
     deq = dequantize_mxfp8
@@ -101,20 +113,8 @@ def _gemms(t: dict, experts: int, hidden: int, ffn: int) -> dict[str, dict[str, 
             on_load=lambda c: lambda: fc2_dgrad(t["dy_row"], t["w2_col"], t["c"], splits, activation=SWIGLU,
                                                 recipe=recipe, tiling=c),
             flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(GEMM_CANDIDATES, FC2_DGRAD_TILING)),
-        "fc2_wgrad": dict(
-            baseline=lambda: torch._grouped_mm(t["dy"].t(), t["a"], offs=offsets),
-            bf16=lambda c: lambda: grouped_wgrad(t["dy"], t["a"], splits, out_dtype=torch.bfloat16, tiling=c),
-            once=lambda c: lambda: grouped_wgrad(deq(t["dy_col"]), deq(t["a_col"]), splits, out_dtype=torch.bfloat16,
-                                                 tiling=c),
-            on_load=lambda c: lambda: grouped_wgrad(t["dy_col"], t["a_col"], splits, out_dtype=torch.bfloat16, tiling=c),
-            flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(WGRAD_CANDIDATES, WGRAD_TILING)),
-        "fc1_wgrad": dict(
-            baseline=lambda: torch._grouped_mm(t["dh"].t(), t["x"], offs=offsets),
-            bf16=lambda c: lambda: grouped_wgrad(t["dh"], t["x"], splits, out_dtype=torch.bfloat16, tiling=c),
-            once=lambda c: lambda: grouped_wgrad(deq(t["dh_col"]), deq(t["x_col"]), splits, out_dtype=torch.bfloat16,
-                                                 tiling=c),
-            on_load=lambda c: lambda: grouped_wgrad(t["dh_col"], t["x_col"], splits, out_dtype=torch.bfloat16, tiling=c),
-            flops=2 * t["dh"].shape[0] * hidden * 2 * ffn, tilings=(WGRAD_CANDIDATES, WGRAD_TILING)),
+        "fc2_wgrad": _wgrad(t, "dy", "a", 2 * t["dy"].shape[0] * hidden * ffn),
+        "fc1_wgrad": _wgrad(t, "dh", "x", 2 * t["dh"].shape[0] * hidden * 2 * ffn),
     }
 
 
