@@ -159,6 +159,11 @@ class GroupedMLP(nn.Module):
     def _problem_reason(self, path: Path) -> Reason | None:
         if path is Path.CUTEDSL:
             return Reason(ReasonKind.SYSTEM, "the grouped MLP has no CuTeDSL kernels yet (issue 5: SM100 path)")
+        dtype = self.w1.dtype
+        if path is Path.TRITON and dtype != torch.bfloat16 and not (self.recipe is not None and dtype == torch.float32):
+            mode = "bf16 (recipe=None)" if self.recipe is None else "MXFP8"
+            return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the Triton kernels take bf16 "
+                                             "parameters, or float32 ones under MXFP8 (quantized from float32)")
         return None
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
