@@ -7,6 +7,8 @@ delta = K * 2**-24 * max sum_k |a_k b_k|, and the bf16 output may then round one
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -54,6 +56,18 @@ def test_grouped_gemm_matches_reference(grouped_gemm, quantized, transposed, n, 
     delta = k * 2.0**-24 * magnitude
     assert got.shape == want.shape == (sum(splits), n) and got.dtype == torch.bfloat16
     assert bool(((got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs() + delta).all())
+
+
+@pytest.mark.parametrize("n_fastest", [False, True], ids=["rows-fastest", "columns-fastest"])
+def test_launch_order_does_not_change_the_result(grouped_gemm, n_fastest):
+    """Both grid orders compute every tile once, the same way: bitwise equal results."""
+    device = kernel_device()
+    splits = [0, 37, 64, 1, 90]
+    a = torch.randn(sum(splits), 64, device=device).bfloat16()
+    b = (torch.randn(len(splits), 96, 64, device=device) / 8).bfloat16()
+    split_sizes = torch.tensor(splits, device=device)
+    tiling = dataclasses.replace(SMALL_GEMM, n_fastest=n_fastest)
+    assert torch.equal(grouped_gemm(a, b, split_sizes, tiling=tiling), grouped_gemm(a, b, split_sizes, tiling=SMALL_GEMM))
 
 
 def test_grouped_gemm_rejects_mismatched_operands(grouped_gemm):

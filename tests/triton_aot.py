@@ -70,9 +70,9 @@ def configs() -> dict[str, tuple]:
                          for k, v in FC1_SIGNATURE.items()}
             constexprs = dict(MXFP8_OPERANDS=quantized, QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
                               ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
-                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, **UNIT_K_STRIDES)
+                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=False, **UNIT_K_STRIDES)
             out[f"fc1_{'mxfp8' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
-        grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64)
+        grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True)
         out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, B_STRIDE_K=1, BS_STRIDE_K=1, **grouping),
                                              capability, 4)
         out[f"dgrad_mxfp8_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
@@ -83,7 +83,7 @@ def configs() -> dict[str, tuple]:
         out[f"dequantize_col_sm{capability}"] = ("dequantize_col", DEQUANTIZE_COL_SIGNATURE, dict(
             GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=64), capability, 4)
         out[f"wgrad_mxfp8_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
-            QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64), capability, 4)
+            QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
     return out
 
 

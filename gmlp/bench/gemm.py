@@ -34,10 +34,12 @@ from gmlp.triton_ref.tuning import (FC1_TILING, FC2_DGRAD_TILING, GROUPED_GEMM_T
                                     WgradTiling)
 from gmlp.triton_ref.wgrad import grouped_wgrad
 
-GEMM_CANDIDATES = [GemmTiling(128, 64, 8, 4), GemmTiling(256, 64, 8, 3), GemmTiling(256, 64, 8, 4),
-                   GemmTiling(128, 128, 8, 2), GemmTiling(128, 64, 4, 3)]
-WGRAD_CANDIDATES = [WgradTiling(128, 256, 64, 8, 3), WgradTiling(128, 128, 64, 8, 3), WgradTiling(128, 128, 128, 8, 3),
-                    WgradTiling(256, 128, 64, 8, 3)]
+# each tiling in both launch orders (tuning.GemmTiling.n_fastest): which one keeps operands in L2
+GEMM_CANDIDATES = [GemmTiling(*t, n_fastest=order) for t in ((128, 64, 8, 4), (256, 64, 8, 3), (256, 64, 8, 4),
+                                                             (128, 128, 8, 2), (128, 64, 4, 3)) for order in (False, True)]
+WGRAD_CANDIDATES = [WgradTiling(*t, n_fastest=order) for t in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3),
+                                                               (128, 128, 128, 8, 3), (256, 128, 64, 8, 3))
+                    for order in (False, True)]
 
 
 def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.device) -> dict:

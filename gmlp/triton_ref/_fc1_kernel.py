@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_forward, srelu_forward
-from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._epilogue import store_quantized_both_ways
 from gmlp.triton_ref._mxfp8_math import e8m0_to_float
 
@@ -61,18 +61,19 @@ def fc1_forward_kernel(
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
     # grouping and tiling
     NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N_FASTEST: tl.constexpr,  # grid order (_grouping.output_tile)
 ):
     tl.static_assert(BLOCK_N % 32 == 0 and BLOCK_K % 32 == 0, f"{BLOCK_N=} and {BLOCK_K=} must be multiples of 32")
     BLOCK_M: tl.constexpr = 128  # one expert-aligned tile; its 4 columnwise blocks never cross experts
     N1 = 2 * FFN if GATED else FFN
-    tile = tl.program_id(0)
+    tile, n_tile, n_tiles = output_tile(N_FASTEST)
     first_row, end_row, group_tile_start, group_tiles, group = group_tile(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True, NUM_ROWS)
     if end_row <= first_row:
         return  # a tile past the last expert
     rows = first_row + tl.arange(0, BLOCK_M)
     row_mask = rows < end_row
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # activation columns f
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)  # activation columns f
     n_mask = n < FFN
     w_expert = w1_ptr + group.to(tl.int64) * W_STRIDE_E  # W1_g: gate rows n (all rows for srelu), up rows F + n
     ws_expert = w1_scale_ptr + group.to(tl.int64) * WS_STRIDE_E
@@ -114,6 +115,6 @@ def fc1_forward_kernel(
         local_blocks = (tile - group_tile_start) * 4 + tl.arange(0, BLOCK_M // 32)
         group_block_start = tl.load(block_start_ptr + group)
         group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
-        store_quantized_both_ways(act, rows, row_mask, tl.program_id(1) * BLOCK_N, 0, FFN, a_ptr, a_scale_ptr, a_col_ptr,
+        store_quantized_both_ways(act, rows, row_mask, n_tile * BLOCK_N, 0, FFN, a_ptr, a_scale_ptr, a_col_ptr,
                                   a_col_scale_ptr, NUM_ROWS, FFN, NUM_COL_BLOCKS, local_blocks, group_block_start,
                                   group_blocks, RECIPROCAL_MAX, EMAX, FLOOR_MODE, BLOCK_M, BLOCK_N)

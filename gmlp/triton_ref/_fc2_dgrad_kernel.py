@@ -13,7 +13,7 @@ import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_backward, glu_forward, srelu_backward, srelu_forward
 from gmlp.triton_ref._fc1_kernel import _load_operand
-from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._epilogue import store_quantized_both_ways
 
 
@@ -35,18 +35,19 @@ def fc2_dgrad_kernel(
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
     NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N_FASTEST: tl.constexpr,  # grid order (_grouping.output_tile)
 ):
     tl.static_assert(BLOCK_N % 32 == 0 and BLOCK_K % 32 == 0, f"{BLOCK_N=} and {BLOCK_K=} must be multiples of 32")
     BLOCK_M: tl.constexpr = 128
     N1 = 2 * FFN if GATED else FFN
-    tile = tl.program_id(0)
+    tile, n_tile, n_tiles = output_tile(N_FASTEST)
     first_row, end_row, group_tile_start, group_tiles, group = group_tile(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True, NUM_ROWS)
     if end_row <= first_row:
         return
     rows = first_row + tl.arange(0, BLOCK_M)
     row_mask = rows < end_row
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < FFN
     mask = row_mask[:, None] & n_mask[None, :]
 
@@ -72,7 +73,7 @@ def fc2_dgrad_kernel(
         else:
             act = srelu_forward(gate)
         partial = tl.sum(tl.where(mask, da * act, 0.0), axis=1)
-        tl.store(dprobs_partial_ptr + rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), partial, mask=row_mask)
+        tl.store(dprobs_partial_ptr + rows.to(tl.int64) * n_tiles + n_tile, partial, mask=row_mask)
         da *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
     if GATED:
         d_gate, d_up = glu_backward(gate, up, da, ACTIVATION, LIMIT, ALPHA, OFFSET)
@@ -94,7 +95,7 @@ def fc2_dgrad_kernel(
         local_blocks = (tile - group_tile_start) * 4 + tl.arange(0, BLOCK_M // 32)
         group_block_start = tl.load(block_start_ptr + group)
         group_blocks = tl.load(block_start_ptr + group + 1) - group_block_start
-        n0 = tl.program_id(1) * BLOCK_N
+        n0 = n_tile * BLOCK_N
         store_quantized_both_ways(d_gate, rows, row_mask, n0, 0, FFN, dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,
                          NUM_ROWS, N1, NUM_COL_BLOCKS, local_blocks, group_block_start, group_blocks,
                          RECIPROCAL_MAX, EMAX, FLOOR_MODE, BLOCK_M, BLOCK_N)

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from gmlp.triton_ref._fc1_kernel import _load_operand
-from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._grouping import group_tile, output_tile
 
 
 @triton.jit
@@ -23,17 +23,18 @@ def grouped_gemm_kernel(
     B_STRIDE_E, B_STRIDE_N, B_STRIDE_K, BS_STRIDE_E, BS_STRIDE_N, BS_STRIDE_K,  # B's data and scale strides
     QUANTIZED: tl.constexpr, HAS_BIAS: tl.constexpr,
     NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N_FASTEST: tl.constexpr,  # grid order (_grouping.output_tile)
 ):
     tl.static_assert(BLOCK_K % 32 == 0, f"{BLOCK_K=} must be a multiple of 32")
     BLOCK_M: tl.constexpr = 128  # one expert-aligned tile
-    tile = tl.program_id(0)
+    tile, n_tile, n_tiles = output_tile(N_FASTEST)
     first_row, end_row, group_tile_start, group_tiles, group = group_tile(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True, NUM_ROWS)
     if end_row <= first_row:
         return  # a tile past the last expert
     rows = first_row + tl.arange(0, BLOCK_M)
     row_mask = rows < end_row
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     b_expert = b_ptr + group.to(tl.int64) * B_STRIDE_E
     bs_expert = b_scale_ptr + group.to(tl.int64) * BS_STRIDE_E

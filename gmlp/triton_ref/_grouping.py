@@ -49,6 +49,17 @@ def group_tile(tile, row_start, tile_start, NUM_GROUPS: tl.constexpr, SEARCH_STE
 
 
 @triton.jit
+def output_tile(N_FASTEST: tl.constexpr):
+    """(row tile, column tile, column tiles) of this program of a 2-D GEMM grid. The grid is
+    (row tiles, column tiles), or, N_FASTEST, (column tiles, row tiles): programs launch in
+    grid order, so consecutive programs then share a row tile (its A rows stay in L2) instead of
+    a column tile (its B columns)."""
+    if N_FASTEST:
+        return tl.program_id(1), tl.program_id(0), tl.num_programs(0)
+    return tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+
+
+@triton.jit
 def swizzled_offset(i, j, col_tiles):
     """Flat offset of scale (i, j) in a swizzled matrix with col_tiles 4-column tiles (scale_layout)."""
     return ((i // 128) * col_tiles + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4)

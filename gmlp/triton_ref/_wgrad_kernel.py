@@ -41,11 +41,15 @@ def wgrad_kernel(
     NUM_TOKENS, M, N, NUM_COL_BLOCKS,
     QUANTIZED: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    N_FASTEST: tl.constexpr,  # grid (N tiles, M tiles, experts): consecutive programs share an expert's A panel
 ):
     tl.static_assert(BLOCK_T % 32 == 0, f"{BLOCK_T=} must be a multiple of 32 (token blocks)")
-    group = tl.program_id(0)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if N_FASTEST:
+        group, m_tile, n_tile = tl.program_id(2), tl.program_id(1), tl.program_id(0)
+    else:  # grid (experts, M tiles, N tiles)
+        group, m_tile, n_tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = m < M
     n_mask = n < N
     first_token = tl.load(row_start_ptr + group)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
@@ -75,7 +74,7 @@ def fc1_forward(
 
     # launch
     if num_tiles > 0 and tokens > 0:
-        grid = (num_tiles, triton.cdiv(ffn, tiling.block_n))
+        grid = tiling.grid(num_tiles, ffn)
         fc1_forward_kernel[grid](
             x_data, x_scales, w.data, w.scales,
             b1 if b1 is not None else c, probs if probs is not None else c,
@@ -88,6 +87,7 @@ def fc1_forward(
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)), EMAX=fmt.emax,
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
+            N_FASTEST=tiling.n_fastest,
             num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     if not quantized:

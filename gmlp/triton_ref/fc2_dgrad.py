@@ -76,7 +76,7 @@ def fc2_dgrad(
 
     # launch
     if num_tiles > 0 and tokens > 0:
-        fc2_dgrad_kernel[(num_tiles, n_tiles)](
+        fc2_dgrad_kernel[tiling.grid(num_tiles, ffn)](
             dy_data, dy_scales, w.data, w.scales, c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
             dprobs_partial, dh_tile_sums, dh, dh_scales, dh_col, dh_col_scales,
@@ -87,6 +87,7 @@ def fc2_dgrad(
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) if quantized else 1.0,
             EMAX=fmt.emax if quantized else 0, FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
+            N_FASTEST=tiling.n_fastest,
             num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic

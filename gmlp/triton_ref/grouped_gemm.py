@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from gmlp import scale_layout
 from gmlp.groups import device_groups
@@ -45,11 +44,12 @@ def grouped_gemm(
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a_data.device)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     if num_tiles > 0 and n > 0:
-        grouped_gemm_kernel[(num_tiles, triton.cdiv(n, tiling.block_n))](
+        grouped_gemm_kernel[tiling.grid(num_tiles, n)](
             a_data, a_scales, b_op.data, b_op.scales, bias if bias is not None else out,
             groups.row_start, groups.tile_start, out, tokens, n, k, *b_op.strides, *b_op.scale_strides,
             QUANTIZED=quantized, HAS_BIAS=bias is not None,
             NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
+            N_FASTEST=tiling.n_fastest,
             num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     return out

@@ -19,6 +19,12 @@ class GemmTiling:
     block_k: int
     num_warps: int
     num_stages: int  # software pipeline depth of the K loop
+    n_fastest: bool = False  # launch order: column tiles fastest (``_grouping.output_tile``)
+
+    def grid(self, row_tiles: int, n: int) -> tuple[int, int]:
+        """The launch grid for row_tiles expert tiles by n output columns."""
+        column_tiles = -(-n // self.block_n)
+        return (column_tiles, row_tiles) if self.n_fastest else (row_tiles, column_tiles)
 
     def check(self) -> None:
         if self.block_n % 32 or self.block_k % 32 or self.num_warps < 1 or self.num_stages < 1:
@@ -35,6 +41,12 @@ class WgradTiling:
     block_t: int
     num_warps: int
     num_stages: int
+    n_fastest: bool = False  # launch order: N tiles fastest, experts slowest (else experts fastest)
+
+    def grid(self, experts: int, m: int, n: int) -> tuple[int, int, int]:
+        """The launch grid for experts' (m, n) weight gradients."""
+        m_tiles, n_tiles = -(-m // self.block_m), -(-n // self.block_n)
+        return (n_tiles, m_tiles, experts) if self.n_fastest else (experts, m_tiles, n_tiles)
 
     def check(self) -> None:
         if self.block_t % 32 or min(self.block_m, self.block_n, self.num_warps, self.num_stages) < 1:

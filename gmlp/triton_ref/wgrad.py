@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from gmlp import scale_layout
 from gmlp.groups import device_groups
@@ -44,10 +43,11 @@ def grouped_wgrad(
     if out is None:
         out = torch.empty(experts, m, n, dtype=out_dtype, device=a_data.device)
     if m > 0 and n > 0:
-        wgrad_kernel[(experts, triton.cdiv(m, tiling.block_m), triton.cdiv(n, tiling.block_n))](
+        wgrad_kernel[tiling.grid(experts, m, n)](
             a_data, a_scales, b_data, b_scales, groups.row_start, groups.block_start, out,
             tokens, m, n, scale_layout.max_column_blocks(tokens, experts),
             QUANTIZED=quantized, ACCUMULATE=accumulate, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, BLOCK_T=tiling.block_t,
+            N_FASTEST=tiling.n_fastest,
             num_warps=tiling.num_warps, num_stages=tiling.num_stages,
         )
     return out
