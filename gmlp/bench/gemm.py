@@ -37,10 +37,11 @@ from gmlp.triton_ref.wgrad import grouped_wgrad
 # each tiling in both launch orders (tuning.GemmTiling.n_fastest): which one keeps operands in L2
 GEMM_CANDIDATES = [GemmTiling(*t, n_fastest=order) for t in ((128, 64, 8, 4), (256, 64, 8, 4), (128, 128, 8, 2),
                                                              (128, 64, 4, 3)) for order in (False, True)]
-# FC2 dgrad's epilogue (c, the activation backward, dh both ways) spills at 128-wide tiles (255
-# registers, 0.7-1.5 KB of stack, Triton 3.6 ahead of time); 64-wide ones with 8 warps spill less or not
-DGRAD_CANDIDATES = [GemmTiling(*t, n_fastest=order) for t in ((128, 64, 8, 4), (64, 64, 8, 4), (64, 128, 8, 3),
-                                                              (128, 64, 8, 3)) for order in (False, True)]
+# The fused epilogues hold several (128, block_n) fp32 tiles: FC1 two accumulators, FC2 dgrad c,
+# da and both halves of dh. At 128-wide tiles they reach 255 registers (FC1) or spill (FC2 dgrad:
+# 0.7-1.5 KB of stack; Triton 3.6 ahead of time); 64-wide ones with 8 warps spill less or not.
+EPILOGUE_CANDIDATES = [GemmTiling(*t, n_fastest=order) for t in ((128, 64, 8, 4), (64, 64, 8, 4), (64, 128, 8, 3),
+                                                                 (128, 64, 8, 3)) for order in (False, True)]
 WGRAD_CANDIDATES = [WgradTiling(*t, n_fastest=order) for t in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3),
                                                                (128, 128, 128, 8, 3), (256, 128, 64, 8, 3))
                     for order in (False, True)]
@@ -96,7 +97,7 @@ def _gemms(t: dict, experts: int, hidden: int, ffn: int) -> dict[str, dict[str, 
                                                ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, tiling=c),
             on_load=lambda c: lambda: fc1_forward(t["x_row"], t["w1_row"], splits, ffn_hidden_size=ffn,
                                                   activation=SWIGLU, recipe=recipe, tiling=c),
-            flops=2 * t["x"].shape[0] * hidden * 2 * ffn, tilings=(GEMM_CANDIDATES, FC1_TILING)),
+            flops=2 * t["x"].shape[0] * hidden * 2 * ffn, tilings=(EPILOGUE_CANDIDATES, FC1_TILING)),
         "fc2": dict(
             baseline=lambda: torch._grouped_mm(t["a"], t["w2"].transpose(1, 2), offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
@@ -118,7 +119,7 @@ def _gemms(t: dict, experts: int, hidden: int, ffn: int) -> dict[str, dict[str, 
                                              t["c"], splits, activation=SWIGLU, recipe=recipe, tiling=c),
             on_load=lambda c: lambda: fc2_dgrad(t["dy_row"], t["w2_col"], t["c"], splits, activation=SWIGLU,
                                                 recipe=recipe, tiling=c),
-            flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(DGRAD_CANDIDATES, FC2_DGRAD_TILING)),
+            flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(EPILOGUE_CANDIDATES, FC2_DGRAD_TILING)),
         "fc2_wgrad": _wgrad(t, "dy", "a", 2 * t["dy"].shape[0] * hidden * ffn),
         "fc1_wgrad": _wgrad(t, "dh", "x", 2 * t["dh"].shape[0] * hidden * 2 * ffn),
     }
