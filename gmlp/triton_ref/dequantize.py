@@ -6,7 +6,7 @@ import torch
 import triton
 
 from gmlp import scale_layout
-from gmlp.groups import device_groups
+from gmlp.groups import DeviceGroups, device_groups
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
 from gmlp.triton_ref.quantize import search_steps
@@ -17,9 +17,10 @@ _ROWWISE_TILE = (32, 128)  # rows x columns per program
 _COLUMNWISE_BLOCK_K = 64  # columns per program, by one 128-row expert tile
 
 
-def dequantize_mxfp8(tensor: MXFP8Tensor) -> torch.Tensor:
+def dequantize_mxfp8(tensor: MXFP8Tensor, groups: DeviceGroups | None = None) -> torch.Tensor:
     """bf16 (M, K) values of ``tensor`` in its source's orientation (a columnwise quantization is
-    transposed back): ``tensor.dequantize().to(torch.bfloat16)``, bit for bit."""
+    transposed back): ``tensor.dequantize().to(torch.bfloat16)``, bit for bit. ``groups``:
+    ``device_groups`` of the tensor's split sizes, when the caller already has it."""
     if not isinstance(tensor, MXFP8Tensor) or tensor.swizzled:
         raise TypeError(f"tensor must be an MXFP8Tensor with compact scales, got {tensor!r}")
     rows, cols = tensor.source_shape
@@ -34,7 +35,7 @@ def dequantize_mxfp8(tensor: MXFP8Tensor) -> torch.Tensor:
     splits = tensor.split_sizes
     experts = 1 if splits is None else splits.numel()
     if splits is not None:
-        groups = device_groups(splits, rows)
+        groups = groups if groups is not None else device_groups(splits, rows)
         row_start, tile_start, block_start = groups.row_start, groups.tile_start, groups.block_start
     else:
         row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=out.device)

@@ -6,7 +6,7 @@ import torch
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
-from gmlp.groups import device_groups
+from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC1Output
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
@@ -31,6 +31,7 @@ def fc1_forward(
     recipe: MXFP8Recipe | None,
     b1: torch.Tensor | None = None,  # (E, N1)
     probs: torch.Tensor | None = None,  # (T,)
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling: GemmTiling | None = None,
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Twin of
@@ -55,7 +56,7 @@ def fc1_forward(
     device = x_data.device
 
     # canonicalize
-    groups = device_groups(split_sizes, tokens)
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     num_col_blocks = scale_layout.max_column_blocks(tokens, experts)
     fmt = ElementFormat.E4M3

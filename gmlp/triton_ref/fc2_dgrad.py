@@ -7,7 +7,7 @@ import triton
 
 from gmlp import scale_layout
 from gmlp.activations import Activation
-from gmlp.groups import device_groups
+from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC2DgradOutput
 from gmlp.mxfp8 import BLOCK_SIZE, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
@@ -32,6 +32,7 @@ def fc2_dgrad(
     recipe: MXFP8Recipe | None,
     probs: torch.Tensor | None = None,  # (T,)
     bias_grad: bool = False,
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling: GemmTiling | None = None,
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic (dprobs partial sums are added in a
@@ -55,7 +56,7 @@ def fc2_dgrad(
     device = dy_data.device
 
     # canonicalize
-    groups = device_groups(split_sizes, tokens)
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     num_col_blocks = scale_layout.max_column_blocks(tokens, experts)
     n_tiles = triton.cdiv(ffn, tiling.block_n)

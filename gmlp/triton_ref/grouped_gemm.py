@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gmlp import scale_layout
-from gmlp.groups import device_groups
+from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mxfp8 import BLOCK_SIZE
 from gmlp.quantized import MXFP8Tensor
 from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
@@ -22,6 +22,7 @@ def grouped_gemm(
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     bias: torch.Tensor | None = None,  # (E, N)
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling: GemmTiling | None = None,
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed; no host sync.
@@ -40,7 +41,7 @@ def grouped_gemm(
     n = b_op.n
 
     # canonicalize, allocate, launch
-    groups = device_groups(split_sizes, tokens)
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a_data.device)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     if num_tiles > 0 and n > 0:

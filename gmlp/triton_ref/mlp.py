@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.activations import Activation
-from gmlp.groups import device_groups
+from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import MLPGrads
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
@@ -52,13 +52,15 @@ class TritonSaved:
     w1_col: torch.Tensor | MXFP8Tensor  # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack
     w2_col: torch.Tensor | MXFP8Tensor  # (E, H, F) W2 (bf16), or Q_col(W2)
     split_sizes: torch.Tensor
+    groups: DeviceGroups  # device prefix sums of split_sizes, computed once for every launcher
     has_b1: bool
     has_b2: bool
 
 
-def _bf16(value: torch.Tensor | MXFP8Tensor) -> torch.Tensor:
-    """bf16 values of a GEMM operand: an MXFP8Tensor dequantized (source orientation), or itself."""
-    return dequantize_mxfp8(value) if isinstance(value, MXFP8Tensor) else value
+def _bf16(value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups | None = None) -> torch.Tensor:
+    """bf16 values of a GEMM operand: an MXFP8Tensor dequantized (source orientation), or itself.
+    ``groups`` are the device prefix sums of a grouped operand's split sizes."""
+    return dequantize_mxfp8(value, groups) if isinstance(value, MXFP8Tensor) else value
 
 
 def _transposed_weight(w_col: torch.Tensor | MXFP8Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -72,6 +74,7 @@ def grouped_mlp_forward_triton(
 ) -> tuple[torch.Tensor, TritonSaved]:
     """y (T, H) bf16 and the saved state; same arguments as ``grouped_mlp_forward_ref``."""
     ffn = w2.shape[2]
+    groups = device_groups(split_sizes, x.shape[0])
     if recipe is None:
         x_row = x_col = x
         w1_row, w1_col, w2_row, w2_col = w1, w1, w2, w2
@@ -83,12 +86,13 @@ def grouped_mlp_forward_triton(
                                    scale_mode=recipe.scale_mode) for w in (w1, w2))
         w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
     fc1 = fc1_forward(_bf16(x_row), _bf16(w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
-                      activation=activation, recipe=recipe, b1=b1, probs=probs)
+                      activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = grouped_gemm(_bf16(a_row), _bf16(w2_row).view(w2.shape), split_sizes, bias=b2)
+    y = grouped_gemm(_bf16(a_row), _bf16(w2_row).view(w2.shape), split_sizes, bias=b2, groups=groups)
     saved = TritonSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
-        w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, has_b1=b1 is not None, has_b2=b2 is not None,
+        w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
+        has_b2=b2 is not None,
     )
     return y, saved
 
@@ -97,7 +101,7 @@ def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation
                                 recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32,
                                 weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
     """Gradients for dy (T, H); same arguments as ``grouped_mlp_backward_ref``."""
-    split_sizes = saved.split_sizes
+    split_sizes, groups = saved.split_sizes, saved.groups
     if recipe is None:
         dy_row = dy_col = dy
     else:
@@ -107,13 +111,15 @@ def grouped_mlp_backward_triton(dy: torch.Tensor, saved: TritonSaved, activation
     hidden = dy.shape[1]
     w2t = _transposed_weight(saved.w2_col, (split_sizes.numel(), hidden, -1))
     dgrad = fc2_dgrad(_bf16(dy_row), w2t, saved.c, split_sizes, activation=activation, recipe=recipe,
-                      probs=saved.probs, bias_grad=saved.has_b1)
+                      probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
     dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
     dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
     w1t = _transposed_weight(saved.w1_col, (split_sizes.numel(), -1, hidden))
-    dx = grouped_gemm(_bf16(dh_row), w1t, split_sizes)
+    dx = grouped_gemm(_bf16(dh_row), w1t, split_sizes, groups=groups)
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
-    dw2 = grouped_wgrad(_bf16(dy_col), _bf16(saved.a_col), split_sizes, out=dw2_out, out_dtype=weight_grad_dtype)
-    dw1 = grouped_wgrad(_bf16(dh_col), _bf16(saved.x_col), split_sizes, out=dw1_out, out_dtype=weight_grad_dtype)
-    db2 = segment_sum(dy, device_groups(split_sizes, dy.shape[0]).row_start) if saved.has_b2 else None
+    dw2 = grouped_wgrad(_bf16(dy_col, groups), _bf16(saved.a_col, groups), split_sizes, out=dw2_out,
+                        out_dtype=weight_grad_dtype, groups=groups)
+    dw1 = grouped_wgrad(_bf16(dh_col, groups), _bf16(saved.x_col, groups), split_sizes, out=dw1_out,
+                        out_dtype=weight_grad_dtype, groups=groups)
+    db2 = segment_sum(dy, groups.row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)

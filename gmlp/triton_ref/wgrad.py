@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gmlp import scale_layout
-from gmlp.groups import device_groups
+from gmlp.groups import DeviceGroups, device_groups
 from gmlp.quantized import MXFP8Tensor
 from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
 from gmlp.triton_ref.operands import token_operand
@@ -21,6 +21,7 @@ def grouped_wgrad(
     *,
     out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
     out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling: WgradTiling | None = None,
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
@@ -38,7 +39,7 @@ def grouped_wgrad(
     tiling.check()
 
     # canonicalize, allocate, launch
-    groups = device_groups(split_sizes, tokens)
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
     accumulate = out is not None
     if out is None:
         out = torch.empty(experts, m, n, dtype=out_dtype, device=a_data.device)
