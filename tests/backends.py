@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from gmlp.dispatch import Path, system_reason
 from gmlp.quantize import launcher
+from gmlp.quantized import MXFP8Tensor
 from gmlp.triton_ref.tuning import GemmTiling, WgradTiling
 
 
@@ -39,3 +41,16 @@ KERNEL_PATHS = [Path.TRITON, Path.CUTEDSL]
 # and stages matter only when compiled).
 SMALL_GEMM = GemmTiling(block_n=32, block_k=32, num_warps=4, num_stages=3)
 SMALL_WGRAD = WgradTiling(block_m=32, block_n=32, block_t=32, num_warps=4, num_stages=3)
+
+
+def assert_outputs_bitwise_equal(first, second) -> None:
+    """Every tensor field of two kernel outputs (dataclasses of tensors, MXFP8Tensors or None) is
+    bitwise equal: data, scales and values."""
+    for field in dataclasses.fields(first):
+        a, b = getattr(first, field.name), getattr(second, field.name)
+        assert (a is None) == (b is None), field.name
+        if isinstance(a, MXFP8Tensor):
+            assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)), field.name
+            assert torch.equal(a.scales, b.scales), field.name
+        elif a is not None:
+            assert torch.equal(a, b), field.name

@@ -10,6 +10,8 @@ reference by one rounding step of their format plus that delta, and quantized a 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.mlp_ref import fc1_forward_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
-from tests.backends import SMALL_GEMM, kernel_device, triton_op
+from tests.backends import SMALL_GEMM, assert_outputs_bitwise_equal, kernel_device, triton_op
 from tests.tolerances import within_steps
 
 
@@ -49,6 +51,9 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
         w1 = quantize_mxfp8_ref(w1.reshape(-1, hidden).contiguous(), rowwise=True, swizzle=False).rowwise
     kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1, probs=probs)
     got = fc1_forward(x, w1, split_sizes, tiling=SMALL_GEMM, **kwargs)
+    # the other launch order computes every tile the same way
+    assert_outputs_bitwise_equal(
+        got, fc1_forward(x, w1, split_sizes, tiling=dataclasses.replace(SMALL_GEMM, n_fastest=True), **kwargs))
     want = fc1_forward_ref(x, w1, split_sizes, **kwargs)
     # accumulation-order bound (module docstring)
     x_values = x.dequantize() if recipe is not None else x.float()
