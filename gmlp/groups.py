@@ -19,7 +19,7 @@ import torch
 from gmlp.mxfp8 import BLOCK_SIZE
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
-__all__ = ["DeviceGroups", "device_groups", "should_check_split_values", "poison_scales_if_invalid"]
+__all__ = ["DeviceGroups", "device_groups", "launch_offsets", "should_check_split_values", "poison_scales_if_invalid"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,15 @@ def device_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
     block_start = torch.cat([zero, torch.cumsum((safe_sizes + BLOCK_SIZE - 1) // BLOCK_SIZE, 0)])
     invalid = (sizes < 0).any() | (sizes.sum() != num_rows)
     return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32), invalid)
+
+
+def launch_offsets(groups: DeviceGroups | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row_start, tile_start, block_start) for a kernel launch: those of ``groups``, or, for an
+    ungrouped tensor (None), one-element placeholders that kernels built with GROUPED=False never read."""
+    if groups is not None:
+        return groups.row_start, groups.tile_start, groups.block_start
+    placeholder = torch.zeros(1, dtype=torch.int32, device=device)
+    return placeholder, placeholder, placeholder
 
 
 def should_check_split_values(split_sizes: torch.Tensor) -> bool:

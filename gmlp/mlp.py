@@ -59,8 +59,8 @@ class _GroupedMLPFunction(torch.autograd.Function):
             if param is None:
                 weight_grads.append(None)
             elif ctx.accumulate_main_grad:
-                if param is b1 or param is b2:
-                    param.main_grad.add_(grad)  # fp32 accumulation; the weights' are already added
+                if grad is not param.main_grad:  # the weight gradients were added by the backward itself
+                    param.main_grad.add_(grad)  # fp32 accumulation
                 weight_grads.append(None)  # autograd gets no gradient for main_grad parameters
             else:
                 weight_grads.append(grad.to(param.dtype))

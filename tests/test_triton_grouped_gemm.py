@@ -86,3 +86,15 @@ def test_expert_matrices_forms_agree():
     q_col = quantize_mxfp8_ref(w.reshape(-1, 96), rowwise=False, columnwise=True, swizzle=False).columnwise
     q_row = quantize_mxfp8_ref(stacked.reshape(-1, 64), rowwise=True, swizzle=False).rowwise
     assert torch.equal(expert_matrices(q_col, 3), expert_matrices(q_row, 3))
+
+
+def test_invalid_tilings_are_refused_when_made():
+    from gmlp.triton_ref.quantize import QuantizeConfig
+    from gmlp.triton_ref.tuning import GemmTiling, WgradTiling
+
+    with pytest.raises(ValueError, match="block_n and block_k must be multiples of 32"):
+        GemmTiling(block_n=48, block_k=64, num_warps=4, num_stages=3)
+    with pytest.raises(ValueError, match="block_t must be a multiple of 32"):
+        WgradTiling(block_m=64, block_n=64, block_t=16, num_warps=4, num_stages=3)
+    with pytest.raises(ValueError, match="invalid quantize config"):
+        QuantizeConfig(chunks_per_program=0)

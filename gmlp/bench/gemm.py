@@ -23,7 +23,6 @@ import torch
 from gmlp.activations import SWIGLU
 from gmlp.bench.common import environment, median_ms, write_results
 from gmlp.bench.mlp import SHAPES, split_sizes_for
-from gmlp.mxfp8 import ElementFormat
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
@@ -60,9 +59,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
     t["w1"] = torch.randn(experts, 2 * ffn, hidden, device=device, dtype=torch.bfloat16) / hidden**0.5
     t["w2"] = torch.randn(experts, hidden, ffn, device=device, dtype=torch.bfloat16) / ffn**0.5
     for name in ("x", "a", "dy", "dh"):
-        fmt = ElementFormat.E4M3
-        q = quantize_mxfp8(t[name], rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
-                           element_format=fmt)
+        q = quantize_mxfp8(t[name], rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes)
         t[f"{name}_row"], t[f"{name}_col"] = q.rowwise, q.columnwise
     for name in ("w1", "w2"):
         w = t[name]
@@ -83,7 +80,7 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         flops=flops, tilings=(WGRAD_CANDIDATES, WGRAD_TILING))
 
 
-def _gemms(t: dict, experts: int, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
+def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
     """Per GEMM: the baseline, and builders (tiling -> call) for bf16, dequantize-once, dequantize-on-load."""
     deq = dequantize_mxfp8
     splits, offsets, recipe = t["split_sizes"], t["offsets"], MXFP8Recipe()
@@ -147,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     for shape_name in args.shapes.split(","):
         experts, tokens, hidden, ffn = SHAPES[shape_name]
         operands = _operands(experts, tokens, hidden, ffn, device)
-        gemms = _gemms(operands, experts, hidden, ffn)
+        gemms = _gemms(operands, hidden, ffn)
         for gemm_name in args.gemms.split(","):
             gemm = gemms[gemm_name]
             base_ms, base_error = _time(gemm["baseline"])

@@ -6,7 +6,7 @@ import torch
 import triton
 
 from gmlp import scale_layout
-from gmlp.groups import DeviceGroups, device_groups
+from gmlp.groups import DeviceGroups, device_groups, launch_offsets
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
 from gmlp.triton_ref.quantize import search_steps
@@ -34,11 +34,11 @@ def dequantize_mxfp8(tensor: MXFP8Tensor, groups: DeviceGroups | None = None) ->
         return out
     splits = tensor.split_sizes
     experts = 1 if splits is None else splits.numel()
-    if splits is not None:
-        groups = groups if groups is not None else device_groups(splits, rows)
-        row_start, tile_start, block_start = groups.row_start, groups.tile_start, groups.block_start
-    else:
-        row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=out.device)
+    if splits is None:
+        groups = None  # ungrouped: 32-row blocks over the whole tensor
+    elif groups is None:
+        groups = device_groups(splits, rows)
+    row_start, tile_start, block_start = launch_offsets(groups, out.device)
     grid = (scale_layout.max_row_tiles(rows, experts), triton.cdiv(cols, _COLUMNWISE_BLOCK_K))
     dequantize_columnwise_kernel[grid](
         tensor.data, tensor.scales, row_start, tile_start, block_start, out,

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from gmlp import scale_layout
-from gmlp.groups import device_groups, poison_scales_if_invalid
+from gmlp.groups import device_groups, launch_offsets, poison_scales_if_invalid
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
@@ -25,7 +25,7 @@ class QuantizeConfig:
     chunks_per_program: int = 2  # 32-column chunks one program walks over (2: fastest on the H200)
     num_warps: int = 1  # one warp holds a 32x32 block: both reductions stay in the warp
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         if self.chunks_per_program < 1 or self.num_warps < 1:
             raise ValueError(f"invalid quantize config: {self}; every field must be >= 1")
 
@@ -75,10 +75,7 @@ def quantize_mxfp8(
 
     # canonicalize: device prefix sums of rows, 128-row tiles and 32-row blocks
     groups = device_groups(split_sizes, rows) if split_sizes is not None else None
-    if groups is not None:
-        row_start, tile_start, block_start = groups.row_start, groups.tile_start, groups.block_start
-    else:
-        row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=device)
+    row_start, tile_start, block_start = launch_offsets(groups, device)
     num_tiles = scale_layout.max_row_tiles(rows, experts)
     num_col_blocks = scale_layout.max_column_blocks(rows, experts)
 
@@ -101,7 +98,6 @@ def quantize_mxfp8(
 
     # launch
     if num_tiles > 0 and cols > 0:
-        config.check()
         chunks = scale_layout.ceil_div(cols, 128) * 4 if swizzle else scale_layout.ceil_div(cols, 32)
         grid = (num_tiles * 4, triton.cdiv(chunks, config.chunks_per_program))
         placeholder = x  # unused pointer arguments of disabled outputs

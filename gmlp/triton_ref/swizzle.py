@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from gmlp import scale_layout
-from gmlp.groups import device_groups
+from gmlp.groups import device_groups, launch_offsets
 from gmlp.mxfp8 import BLOCK_SIZE
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
@@ -20,11 +20,8 @@ def _launch(tensor: MXFP8Tensor, compact: torch.Tensor, swizzled: torch.Tensor, 
     tokens, k = tensor.source_shape
     splits = tensor.split_sizes
     device = tensor.data.device
-    if splits is not None:
-        groups = device_groups(splits, tokens)
-        row_start, tile_start, block_start = groups.row_start, groups.tile_start, groups.block_start
-    else:
-        row_start = tile_start = block_start = torch.zeros(1, dtype=torch.int32, device=device)
+    groups = device_groups(splits, tokens) if splits is not None else None
+    row_start, tile_start, block_start = launch_offsets(groups, device)
     experts = 1 if splits is None else splits.numel()
     columnwise = tensor.axis is QuantAxis.COLUMNWISE
     compact_rows, compact_cols = (k, scale_layout.max_column_blocks(tokens, experts)) if columnwise else (tokens, k // BLOCK_SIZE)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gmlp.scale_layout import ceil_div
+
 __all__ = ["GemmTiling", "WgradTiling", "FC1_TILING", "GROUPED_GEMM_TILING", "FC2_DGRAD_TILING", "WGRAD_TILING"]
 
 
@@ -21,14 +23,14 @@ class GemmTiling:
     num_stages: int  # software pipeline depth of the K loop
     n_fastest: bool = False  # launch order: column tiles fastest (``_grouping.output_tile``)
 
-    def grid(self, row_tiles: int, n: int) -> tuple[int, int]:
-        """The launch grid for row_tiles expert tiles by n output columns."""
-        column_tiles = -(-n // self.block_n)
-        return (column_tiles, row_tiles) if self.n_fastest else (row_tiles, column_tiles)
-
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         if self.block_n % 32 or self.block_k % 32 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"invalid tiling {self}: block_n and block_k must be multiples of 32, the rest >= 1")
+
+    def grid(self, row_tiles: int, n: int) -> tuple[int, int]:
+        """The launch grid for row_tiles expert tiles by n output columns."""
+        column_tiles = ceil_div(n, self.block_n)
+        return (column_tiles, row_tiles) if self.n_fastest else (row_tiles, column_tiles)
 
 
 @dataclass(frozen=True)
@@ -43,14 +45,14 @@ class WgradTiling:
     num_stages: int
     n_fastest: bool = False  # launch order: N tiles fastest, experts slowest (else experts fastest)
 
-    def grid(self, experts: int, m: int, n: int) -> tuple[int, int, int]:
-        """The launch grid for experts' (m, n) weight gradients."""
-        m_tiles, n_tiles = -(-m // self.block_m), -(-n // self.block_n)
-        return (n_tiles, m_tiles, experts) if self.n_fastest else (experts, m_tiles, n_tiles)
-
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         if self.block_t % 32 or min(self.block_m, self.block_n, self.num_warps, self.num_stages) < 1:
             raise ValueError(f"invalid tiling {self}: block_t must be a multiple of 32 (token blocks), the rest >= 1")
+
+    def grid(self, experts: int, m: int, n: int) -> tuple[int, int, int]:
+        """The launch grid for experts' (m, n) weight gradients."""
+        m_tiles, n_tiles = ceil_div(m, self.block_m), ceil_div(n, self.block_n)
+        return (n_tiles, m_tiles, experts) if self.n_fastest else (experts, m_tiles, n_tiles)
 
 
 # keyed by "quantized" (MXFP8 operands, dequantized to bf16 on load) -> tiling; TFLOP/s measured
