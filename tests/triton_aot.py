@@ -16,31 +16,25 @@ SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr
                      "block_start_ptr": "*i32", "NUM_TOKENS": "i32", "NUM_COMPACT_ROWS": "i32", "NUM_COMPACT_COLS": "i32"}
 
 
-FC1_SIGNATURE = {"x_ptr": "*{op}", "x_scale_ptr": "*u8", "w1_ptr": "*{op}", "w1_scale_ptr": "*u8", "b1_ptr": "*bf16",
+FC1_SIGNATURE = {"x_ptr": "*bf16", "w1_ptr": "*bf16", "b1_ptr": "*bf16",
                  "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
                  "c_ptr": "*bf16", "a_ptr": "*{out}", "a_scale_ptr": "*u8", "a_col_ptr": "*{out}", "a_col_scale_ptr": "*u8",
                  "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
-                 **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K", "WS_STRIDE_E", "WS_STRIDE_N",
-                                             "WS_STRIDE_K")}}
+                 **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K")}}
 
 
-GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8", "bias_ptr": "*bf16",
-                  "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32",
-                  "K": "i32", **{name: "i32" for name in ("B_STRIDE_E", "B_STRIDE_N", "B_STRIDE_K", "BS_STRIDE_E",
-                                                          "BS_STRIDE_N", "BS_STRIDE_K")}}
-DGRAD_SIGNATURE = {"dy_ptr": "*fp8e4nv", "dy_scale_ptr": "*u8", "w2t_ptr": "*fp8e4nv", "w2t_scale_ptr": "*u8",
-                   "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
-                   "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32", "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8",
-                   "dh_col_ptr": "*fp8e4nv", "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
-                   "NUM_COL_BLOCKS": "i32", **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K",
-                                                                         "WS_STRIDE_E", "WS_STRIDE_N", "WS_STRIDE_K")}}
-WGRAD_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*u8",
-                   "row_start_ptr": "*i32", "block_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_TOKENS": "i32", "M": "i32",
-                   "N": "i32", "NUM_COL_BLOCKS": "i32"}
-
+GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "row_start_ptr": "*i32",
+                  "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32", "K": "i32",
+                  **{name: "i32" for name in ("B_STRIDE_E", "B_STRIDE_N", "B_STRIDE_K")}}
+DGRAD_SIGNATURE = {"dy_ptr": "*bf16", "w2t_ptr": "*bf16", "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32",
+                   "tile_start_ptr": "*i32", "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32",
+                   "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8", "dh_col_ptr": "*fp8e4nv",
+                   "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
+                   **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K")}}
+WGRAD_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "row_start_ptr": "*i32", "out_ptr": "*fp32", "M": "i32", "N": "i32"}
 
 # Weight operands contiguous along K (the launchers' runtime specialization of strides equal to 1).
-UNIT_K_STRIDES = dict(W_STRIDE_K=1, WS_STRIDE_K=1)
+UNIT_K_STRIDES = dict(W_STRIDE_K=1)
 
 
 DEQUANTIZE_ROW_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16", "NUM_ROWS": "i32",
@@ -66,24 +60,22 @@ def configs() -> dict[str, tuple]:
             constexprs = dict(COLUMNWISE=columnwise, UNSWIZZLE=columnwise, GROUPED=True, NUM_GROUPS=4, SEARCH_STEPS=2)
             out[f"swizzle_col{int(columnwise)}_sm{capability}"] = ("swizzle", SWIZZLE_SIGNATURE, constexprs, capability, 1)
         for quantized in (False, True):
-            signature = {k: v.format(op="fp8e4nv" if quantized else "bf16", out="fp8e4nv" if quantized else "bf16")
-                         for k, v in FC1_SIGNATURE.items()}
-            constexprs = dict(MXFP8_OPERANDS=quantized, QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
+            signature = {k: v.format(out="fp8e4nv" if quantized else "bf16") for k, v in FC1_SIGNATURE.items()}
+            constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
                               ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
-                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=False, **UNIT_K_STRIDES)
-            out[f"fc1_{'mxfp8' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
+                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True, **UNIT_K_STRIDES)
+            out[f"fc1_{'quantized' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
         grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True)
-        out[f"gemm_mxfp8_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(QUANTIZED=True, HAS_BIAS=True, B_STRIDE_K=1, BS_STRIDE_K=1, **grouping),
-                                             capability, 4)
-        out[f"dgrad_mxfp8_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
-            MXFP8_OPERANDS=True, QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
+        out[f"gemm_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(HAS_BIAS=True, B_STRIDE_K=1, **grouping), capability, 4)
+        out[f"dgrad_quantized_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
+            QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
             RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **UNIT_K_STRIDES, **grouping), capability, 4)
         out[f"dequantize_row_sm{capability}"] = ("dequantize_row", DEQUANTIZE_ROW_SIGNATURE, dict(BLOCK_M=32, BLOCK_K=128),
                                                   capability, 4)
         out[f"dequantize_col_sm{capability}"] = ("dequantize_col", DEQUANTIZE_COL_SIGNATURE, dict(
             GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=64), capability, 4)
-        out[f"wgrad_mxfp8_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
-            QUANTIZED=True, ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
+        out[f"wgrad_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
+            ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
     return out
 
 

@@ -4,10 +4,12 @@ For the DESIGN shapes (balanced routing) and each GEMM of the layer (FC1 with it
 FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gradients), times:
 
 - ``torch._grouped_mm`` in bf16 of the same product (the baseline of the ratios);
-- the Triton kernel on bf16 operands, with each candidate tiling;
-- MXFP8 operands two ways: ``dequantize-once`` (the dequantize kernels, timed with the bf16 GEMM
-  that follows them, which is what the layer runs) and ``dequantize-on-load`` (the GEMM kernels'
-  fused path), each with its candidate tilings.
+- the Triton kernel on bf16 operands (the bf16 layer), with each candidate tiling;
+- ``mxfp8``: the MXFP8 layer's step, the dequantize kernels of its quantized operands timed with
+  the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling.
+
+Dequantizing on load inside the GEMM's main loop measured 0.4-0.5x as fast as dequantizing once
+(``bench_results/gemm-h200-20261129T223229.json``) and was removed.
 
 TFLOP/s count the useful work (2 x the multiply-adds). Results as JSON; the tilings chosen from
 them live in ``gmlp.triton_ref.tuning``.
@@ -33,17 +35,15 @@ from gmlp.triton_ref.tuning import (FC1_TILING, FC2_DGRAD_TILING, GROUPED_GEMM_T
                                     WgradTiling)
 from gmlp.triton_ref.wgrad import grouped_wgrad
 
-# each tiling in both launch orders (tuning.GemmTiling.n_fastest): which one keeps operands in L2
-GEMM_CANDIDATES = [GemmTiling(*t, n_fastest=order) for t in ((128, 64, 8, 4), (256, 64, 8, 4), (128, 128, 8, 2),
-                                                             (128, 64, 4, 3)) for order in (False, True)]
+# Column tiles fastest (the tilings' default launch order) beat rows fastest for every kernel and
+# tiling in bench_results/gemm-h200-20261129T223101.json; the candidates keep that order.
+GEMM_CANDIDATES = [GemmTiling(*t) for t in ((128, 64, 8, 4), (256, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3))]
 # The fused epilogues hold several (128, block_n) fp32 tiles: FC1 two accumulators, FC2 dgrad c,
 # da and both halves of dh. At 128-wide tiles they reach 255 registers (FC1) or spill (FC2 dgrad:
 # 0.7-1.5 KB of stack; Triton 3.6 ahead of time); 64-wide ones with 8 warps spill less or not.
-EPILOGUE_CANDIDATES = [GemmTiling(*t, n_fastest=order) for t in ((128, 64, 8, 4), (64, 64, 8, 4), (64, 128, 8, 3),
-                                                                 (128, 64, 8, 3)) for order in (False, True)]
-WGRAD_CANDIDATES = [WgradTiling(*t, n_fastest=order) for t in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3),
-                                                               (128, 128, 128, 8, 3), (256, 128, 64, 8, 3))
-                    for order in (False, True)]
+EPILOGUE_CANDIDATES = [GemmTiling(*t) for t in ((128, 64, 8, 4), (64, 64, 8, 4), (64, 128, 8, 3), (128, 64, 8, 3))]
+WGRAD_CANDIDATES = [WgradTiling(*t) for t in ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 128, 8, 3),
+                                              (256, 128, 64, 8, 3))]
 
 
 def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.device) -> dict:
@@ -75,13 +75,12 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
     return dict(
         baseline=lambda: torch._grouped_mm(t[a].t(), t[b], offs=t["offsets"]),
         bf16=lambda c: lambda: run(t[a], t[b], c),
-        once=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
-        on_load=lambda c: lambda: run(t[f"{a}_col"], t[f"{b}_col"], c),
-        flops=flops, tilings=(WGRAD_CANDIDATES, WGRAD_TILING))
+        mxfp8=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
+        flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)))
 
 
 def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
-    """Per GEMM: the baseline, and builders (tiling -> call) for bf16, dequantize-once, dequantize-on-load."""
+    """Per GEMM: the baseline, builders (tiling -> call) per variant, and (candidates, the layer's tiling per variant)."""
     deq = dequantize_mxfp8
     splits, offsets, recipe = t["split_sizes"], t["offsets"], MXFP8Recipe()
     w1t_view = lambda w1: w1.transpose(1, 2)  # noqa: E731  B_g = W1_g^T
@@ -90,33 +89,31 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             baseline=lambda: torch._grouped_mm(t["x"], t["w1"].transpose(1, 2), offs=offsets),
             bf16=lambda c: lambda: fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn, activation=SWIGLU,
                                                recipe=None, tiling=c),
-            once=lambda c: lambda: fc1_forward(deq(t["x_row"]), deq(t["w1_row"]).view(t["w1"].shape), splits,
-                                               ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, tiling=c),
-            on_load=lambda c: lambda: fc1_forward(t["x_row"], t["w1_row"], splits, ffn_hidden_size=ffn,
-                                                  activation=SWIGLU, recipe=recipe, tiling=c),
-            flops=2 * t["x"].shape[0] * hidden * 2 * ffn, tilings=(EPILOGUE_CANDIDATES, FC1_TILING)),
+            mxfp8=lambda c: lambda: fc1_forward(deq(t["x_row"]), deq(t["w1_row"]).view(t["w1"].shape), splits,
+                                                ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, tiling=c),
+            flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
+            tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True]))),
         "fc2": dict(
             baseline=lambda: torch._grouped_mm(t["a"], t["w2"].transpose(1, 2), offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
-            once=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
-            on_load=lambda c: lambda: grouped_gemm(t["a_row"], t["w2_row"], splits, tiling=c),
-            flops=2 * t["a"].shape[0] * hidden * ffn, tilings=(GEMM_CANDIDATES, GROUPED_GEMM_TILING)),
+            mxfp8=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
+            flops=2 * t["a"].shape[0] * hidden * ffn,
+            tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING))),
         "fc1_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
-            once=lambda c: lambda: grouped_gemm(deq(t["dh_row"]), w1t_view(deq(t["w1_col"]).view(t["w1"].shape)),
-                                                splits, tiling=c),
-            on_load=lambda c: lambda: grouped_gemm(t["dh_row"], t["w1_col"], splits, tiling=c),
-            flops=2 * t["dh"].shape[0] * hidden * 2 * ffn, tilings=(GEMM_CANDIDATES, GROUPED_GEMM_TILING)),
+            mxfp8=lambda c: lambda: grouped_gemm(deq(t["dh_row"]), w1t_view(deq(t["w1_col"]).view(t["w1"].shape)),
+                                                 splits, tiling=c),
+            flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
+            tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING))),
         "fc2_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
             bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
                                              recipe=None, tiling=c),
-            once=lambda c: lambda: fc2_dgrad(deq(t["dy_row"]), deq(t["w2_col"]).view(t["w2"].shape).transpose(1, 2),
-                                             t["c"], splits, activation=SWIGLU, recipe=recipe, tiling=c),
-            on_load=lambda c: lambda: fc2_dgrad(t["dy_row"], t["w2_col"], t["c"], splits, activation=SWIGLU,
-                                                recipe=recipe, tiling=c),
-            flops=2 * t["dy"].shape[0] * hidden * ffn, tilings=(EPILOGUE_CANDIDATES, FC2_DGRAD_TILING)),
+            mxfp8=lambda c: lambda: fc2_dgrad(deq(t["dy_row"]), deq(t["w2_col"]).view(t["w2"].shape).transpose(1, 2),
+                                              t["c"], splits, activation=SWIGLU, recipe=recipe, tiling=c),
+            flops=2 * t["dy"].shape[0] * hidden * ffn,
+            tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True]))),
         "fc2_wgrad": _wgrad(t, "dy", "a", 2 * t["dy"].shape[0] * hidden * ffn),
         "fc1_wgrad": _wgrad(t, "dh", "x", 2 * t["dh"].shape[0] * hidden * 2 * ffn),
     }
@@ -135,8 +132,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="deepseek-v3-rank", help=f"comma-separated, of {list(SHAPES)}")
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
-    parser.add_argument("--variants", default="bf16,once,on_load",
-                        help="bf16 operands; MXFP8 dequantized once; MXFP8 dequantized on load (split long runs)")
+    parser.add_argument("--variants", default="bf16,mxfp8", help="bf16 operands; MXFP8 operands dequantized first")
     parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -152,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                   + (f"{base_ms:.3f} ms {gemm['flops'] / base_ms / 1e9:.0f} TFLOP/s" if base_ms else base_error), flush=True)
             candidates, defaults = gemm["tilings"]
             for variant in args.variants.split(","):
-                # the layer's tiling first: keyed by whether the GEMM dequantizes MXFP8 operands as it loads them
-                for tiling in dict.fromkeys([defaults[variant == "on_load"], *candidates]):
+                for tiling in dict.fromkeys([defaults[variant], *candidates]):  # the layer's tiling first
                     ms, error = _time(gemm[variant](tiling))
                     ratio = base_ms / ms if (ms and base_ms) else None
                     rows.append(dict(shape=shape_name, gemm=gemm_name, variant=variant, tiling=vars(tiling), ms=ms,

@@ -3,9 +3,8 @@
 One program computes a (128-row expert tile, BLOCK_N outputs) tile of ``h = x @ W1_g^T (+ b1)``.
 Gated activations take BLOCK_N gate columns and the matching BLOCK_N up columns (rows n and F + n
 of W1_g, [gate; up] halves) into two accumulators, so the epilogue holds both halves of each
-activation. MXFP8 operands are dequantized to bf16 as they are loaded (fp8 values times a
-power-of-two scale are exact in bf16 but for results below 2**-133) and multiplied by bf16
-tensor-core dots with fp32 accumulation. The epilogue writes ``c = bf16(h)`` and
+activation. The operands are bf16 (MXFP8 ones are dequantized beforehand, ``dequantize``),
+multiplied by tensor-core dots with fp32 accumulation. The epilogue writes ``c = bf16(h)`` and
 ``a = act(h) * probs``: bf16, or Q_row(a) and Q_col(a) from the same registers.
 """
 
@@ -15,33 +14,14 @@ import triton.language as tl
 from gmlp.triton_ref._activations import glu_forward, srelu_forward
 from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._epilogue import store_quantized_both_ways
-from gmlp.triton_ref._mxfp8_math import e8m0_to_float
-
-
-@triton.jit
-def _load_operand(ptr, scale_ptr, rows, row_mask, k0, K, ROW_STRIDE, K_STRIDE, SCALE_ROW_STRIDE, SCALE_K_STRIDE,
-                  QUANTIZED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """A (BLOCK_R, BLOCK_K) bf16 tile at columns k0.. of an (R, K) operand with element (r, k) at
-    ptr[r*ROW_STRIDE + k*K_STRIDE]; when QUANTIZED, fp8 data whose block (r, k//32) has its scale
-    at scale_ptr[r*SCALE_ROW_STRIDE + (k//32)*SCALE_K_STRIDE], dequantized. (Strides equal to 1
-    are specialized by Triton's launcher, so a contiguous operand keeps its vector loads.)"""
-    cols = k0 + tl.arange(0, BLOCK_K)
-    mask = row_mask[:, None] & (cols < K)[None, :]
-    values = tl.load(ptr + rows[:, None].to(tl.int64) * ROW_STRIDE + cols[None, :] * K_STRIDE, mask=mask, other=0.0)
-    if QUANTIZED:
-        blocks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        e = tl.load(scale_ptr + rows[:, None].to(tl.int64) * SCALE_ROW_STRIDE + blocks[None, :] * SCALE_K_STRIDE,
-                    mask=row_mask[:, None] & (blocks < K // 32)[None, :], other=127).to(tl.int32)
-        scaled = tl.reshape(values.to(tl.float32), (BLOCK_R, BLOCK_K // 32, 32)) * e8m0_to_float(e)[:, :, None]
-        values = tl.reshape(scaled, (BLOCK_R, BLOCK_K))
-    return values.to(tl.bfloat16)
+from gmlp.triton_ref._tiles import load_tile
 
 
 @triton.jit
 def fc1_forward_kernel(
     # inputs
-    x_ptr, x_scale_ptr,  # (T, H) bf16, or fp8 with compact scales (T, H/32)
-    w1_ptr, w1_scale_ptr,  # W1_g (N1, H) per expert (N1 = 2F | F): bf16 or fp8 with compact scales (operands.ExpertOperand)
+    x_ptr,  # (T, H) bf16
+    w1_ptr,  # W1_g (N1, H) per expert (N1 = 2F | F), bf16 (operands.ExpertOperand)
     b1_ptr,  # (E, N1)
     probs_ptr,  # (T,)
     row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
@@ -49,11 +29,9 @@ def fc1_forward_kernel(
     c_ptr,  # (T, N1) bf16
     a_ptr, a_scale_ptr,  # (T, F) bf16, or Q_row(a): fp8 (T, F) with compact scales (T, F/32)
     a_col_ptr, a_col_scale_ptr,  # Q_col(a): fp8 (F, T) with compact scales (F, n_blocks)
-    # sizes and W1's strides: expert, row, column of the data and of the scales
-    NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
-    W_STRIDE_E, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_E, WS_STRIDE_N, WS_STRIDE_K,
+    # sizes and W1's strides (expert, row, column)
+    NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS, W_STRIDE_E, W_STRIDE_N, W_STRIDE_K,
     # what
-    MXFP8_OPERANDS: tl.constexpr,  # x and W1 are fp8 with scales, dequantized as loaded (else bf16)
     QUANTIZED: tl.constexpr,  # a is written as Q_row(a) and Q_col(a) (else bf16)
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
@@ -76,20 +54,16 @@ def fc1_forward_kernel(
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)  # activation columns f
     n_mask = n < FFN
     w_expert = w1_ptr + group.to(tl.int64) * W_STRIDE_E  # W1_g: gate rows n (all rows for srelu), up rows F + n
-    ws_expert = w1_scale_ptr + group.to(tl.int64) * WS_STRIDE_E
 
     # main loop: h = x @ W1_g^T over H
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
-        a_tile = _load_operand(x_ptr, x_scale_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, HIDDEN // 32, 1,
-                               MXFP8_OPERANDS, BLOCK_M, BLOCK_K)
-        w_tile = _load_operand(w_expert, ws_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_N,
-                               WS_STRIDE_K, MXFP8_OPERANDS, BLOCK_N, BLOCK_K)
+        a_tile = load_tile(x_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, BLOCK_K)
+        w_tile = load_tile(w_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, BLOCK_K)
         acc = tl.dot(a_tile, tl.trans(w_tile), acc)
         if GATED:
-            up_tile = _load_operand(w_expert, ws_expert, n + FFN, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K,
-                                    WS_STRIDE_N, WS_STRIDE_K, MXFP8_OPERANDS, BLOCK_N, BLOCK_K)
+            up_tile = load_tile(w_expert, n + FFN, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, BLOCK_K)
             acc_up = tl.dot(a_tile, tl.trans(up_tile), acc_up)
 
     # epilogue: bias, saved c = bf16(h), a = act(h) * probs

@@ -1,7 +1,8 @@
 """Triton kernel: grouped FC2 dgrad with the fused activation backward (dataflow steps 5-6).
 
 One program computes a (128-row expert tile, BLOCK_N) tile of ``da = dy @ W2_g`` (B operand:
-B_g = W2_g^T, read in place from Q_col(W2) or from a transposed view; ``operands.ExpertOperand``), then in the epilogue reads the saved
+B_g = W2_g^T, a transposed view of W2 read in place, ``operands.ExpertOperand``; bf16 operands,
+MXFP8 ones dequantized beforehand), then in the epilogue reads the saved
 ``c`` (gate and up columns n and F + n), and writes its share of ``dprobs = sum_f da * act(c)``
 (one partial sum per program column, added up deterministically by the launcher) and
 ``dh = act'(c)`` applied to ``da * probs``: bf16, or Q_row(dh) and Q_col(dh) in the gradient
@@ -12,15 +13,15 @@ import triton
 import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_backward, glu_forward, srelu_backward, srelu_forward
-from gmlp.triton_ref._fc1_kernel import _load_operand
-from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._epilogue import store_quantized_both_ways
+from gmlp.triton_ref._grouping import group_tile, output_tile
+from gmlp.triton_ref._tiles import load_tile
 
 
 @triton.jit
 def fc2_dgrad_kernel(
-    dy_ptr, dy_scale_ptr,  # (T, H) bf16, or fp8 with compact scales (T, H/32)
-    w2t_ptr, w2t_scale_ptr,  # W2_g^T (F, H) per expert: bf16, or fp8 with compact scales (operands.ExpertOperand)
+    dy_ptr,  # (T, H) bf16
+    w2t_ptr,  # W2_g^T (F, H) per expert, bf16 (operands.ExpertOperand)
     c_ptr,  # (T, N1) bf16 saved pre-activation
     probs_ptr,  # (T,)
     row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
@@ -28,8 +29,7 @@ def fc2_dgrad_kernel(
     dh_tile_sums_ptr,  # (max tiles, N1) fp32 column sums of dh per 128-row tile (BIAS_GRAD)
     dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,  # dh: (T, N1) bf16 | Q_row + Q_col in the gradient format
     NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS,
-    W_STRIDE_E, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_E, WS_STRIDE_N, WS_STRIDE_K,  # W2^T's data and scale strides
-    MXFP8_OPERANDS: tl.constexpr,  # dy and W2^T are fp8 with scales, dequantized as loaded (else bf16)
+    W_STRIDE_E, W_STRIDE_N, W_STRIDE_K,  # W2^T's strides: expert, row, column
     QUANTIZED: tl.constexpr,  # dh is written as Q_row(dh) and Q_col(dh) (else bf16)
     GATED: tl.constexpr, HAS_PROBS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
@@ -53,13 +53,10 @@ def fc2_dgrad_kernel(
 
     # da = dy @ W2_g over H
     w_expert = w2t_ptr + group.to(tl.int64) * W_STRIDE_E
-    ws_expert = w2t_scale_ptr + group.to(tl.int64) * WS_STRIDE_E
     da = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
-        a_tile = _load_operand(dy_ptr, dy_scale_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, HIDDEN // 32, 1,
-                               MXFP8_OPERANDS, BLOCK_M, BLOCK_K)
-        b_tile = _load_operand(w_expert, ws_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, WS_STRIDE_N,
-                               WS_STRIDE_K, MXFP8_OPERANDS, BLOCK_N, BLOCK_K)
+        a_tile = load_tile(dy_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, BLOCK_K)
+        b_tile = load_tile(w_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, BLOCK_K)
         da = tl.dot(a_tile, tl.trans(b_tile), da)
 
     # epilogue: dprobs partial sums, dh

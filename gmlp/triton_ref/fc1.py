@@ -22,8 +22,8 @@ ACTIVATION_CODES = {ActivationKind.SWIGLU: 0, ActivationKind.GEGLU: 1, Activatio
 
 
 def fc1_forward(
-    x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x) with compact scales
-    w1: torch.Tensor | MXFP8Tensor,  # W1_g (N1, H) per expert, the same kind as x (operands.expert_operand)
+    x: torch.Tensor,  # (T, H) bf16
+    w1: torch.Tensor,  # W1_g (N1, H) per expert: bf16 (E, N1, H), any strides (operands.expert_operand)
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     ffn_hidden_size: int,
@@ -37,21 +37,19 @@ def fc1_forward(
     """FC1 of every expert with the fused forward epilogue; no host sync. Twin of
     ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs).
 
-    The operands are bf16 (the bf16 layer, or MXFP8 operands dequantized beforehand by
-    ``gmlp.triton_ref.dequantize``) or MXFP8Tensors dequantized as they are loaded; ``recipe``
-    decides whether ``a`` is written quantized."""
+    The operands are bf16: the bf16 layer's, or MXFP8 operands dequantized beforehand
+    (``gmlp.triton_ref.dequantize``); ``recipe`` decides whether ``a`` is written quantized."""
     # validate
-    quantized = recipe is not None  # a is quantized (Q_row and Q_col); the operands may be either kind
-    mxfp8_operands = isinstance(x, MXFP8Tensor)
+    quantized = recipe is not None  # a is written as Q_row(a) and Q_col(a)
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     fc1_outputs = (2 if activation.gated else 1) * ffn
-    x_data, x_scales, (tokens, hidden) = rowwise_operand("x", x, mxfp8_operands)
-    w = expert_operand("w1", w1, mxfp8_operands, experts)
+    x_data, (tokens, hidden) = rowwise_operand("x", x)
+    w = expert_operand("w1", w1, experts)
     if (w.n, w.k) != (fc1_outputs, hidden):
         raise ValueError(f"w1 must hold {experts} experts' ({fc1_outputs}, {hidden}) matrices, got ({w.n}, {w.k}) each")
     if hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
         raise ValueError(f"hidden and ffn sizes must be multiples of {BLOCK_SIZE}, got {hidden=}, {ffn=}")
-    tiling = tiling or FC1_TILING[mxfp8_operands]
+    tiling = tiling or FC1_TILING[quantized]
     device = x_data.device
 
     # canonicalize
@@ -76,12 +74,12 @@ def fc1_forward(
     if num_tiles > 0 and tokens > 0:
         grid = tiling.grid(num_tiles, ffn)
         fc1_forward_kernel[grid](
-            x_data, x_scales, w.data, w.scales,
+            x_data, w.data,
             b1 if b1 is not None else c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
             c, a, a_scales, a_col, a_col_scales,
-            tokens, hidden, ffn, num_col_blocks, *w.strides, *w.scale_strides,
-            MXFP8_OPERANDS=mxfp8_operands, QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
+            tokens, hidden, ffn, num_col_blocks, *w.strides,
+            QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)), EMAX=fmt.emax,

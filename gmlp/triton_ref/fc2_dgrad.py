@@ -23,8 +23,8 @@ __all__ = ["fc2_dgrad"]
 
 
 def fc2_dgrad(
-    dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format, compact scales
-    w2t: torch.Tensor | MXFP8Tensor,  # W2_g^T per expert, the same kind as dy: bf16 (E, F, H) (a transposed view of W2 is read in place) or Q_col(W2)
+    dy: torch.Tensor,  # (T, H) bf16
+    w2t: torch.Tensor,  # W2_g^T per expert: bf16 (E, F, H), any strides (a transposed view of W2 is read in place)
     c: torch.Tensor,  # (T, 2F | F) bf16
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -36,13 +36,13 @@ def fc2_dgrad(
     tiling: GemmTiling | None = None,
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic (dprobs partial sums are added in a
-    fixed order). Twin of ``gmlp.mlp_ref.fc2_dgrad_ref``."""
+    fixed order). Twin of ``gmlp.mlp_ref.fc2_dgrad_ref``; MXFP8 operands are dequantized first
+    (``gmlp.triton_ref.dequantize``), ``recipe`` decides whether ``dh`` is written quantized."""
     # validate
-    quantized = recipe is not None  # dh is quantized (Q_row and Q_col); the operands may be either kind
-    mxfp8_operands = isinstance(dy, MXFP8Tensor)
-    dy_data, dy_scales, (tokens, hidden) = rowwise_operand("dy", dy, mxfp8_operands)
+    quantized = recipe is not None  # dh is written as Q_row(dh) and Q_col(dh)
+    dy_data, (tokens, hidden) = rowwise_operand("dy", dy)
     experts = split_sizes.numel()
-    w = expert_operand("w2t", w2t, mxfp8_operands, experts)
+    w = expert_operand("w2t", w2t, experts)
     ffn = w.n
     fc1_outputs = (2 if activation.gated else 1) * ffn
     if w.k != hidden:
@@ -51,7 +51,7 @@ def fc2_dgrad(
         raise ValueError(f"c must be bf16 ({tokens}, {fc1_outputs}), got {c.dtype} {tuple(c.shape)}")
     if ffn % BLOCK_SIZE:
         raise ValueError(f"F must be a multiple of {BLOCK_SIZE}, got {ffn=}")
-    tiling = tiling or FC2_DGRAD_TILING[mxfp8_operands]
+    tiling = tiling or FC2_DGRAD_TILING[quantized]
     device = dy_data.device
 
     # canonicalize
@@ -77,11 +77,11 @@ def fc2_dgrad(
     # launch
     if num_tiles > 0 and tokens > 0:
         fc2_dgrad_kernel[tiling.grid(num_tiles, ffn)](
-            dy_data, dy_scales, w.data, w.scales, c, probs if probs is not None else c,
+            dy_data, w.data, c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
             dprobs_partial, dh_tile_sums, dh, dh_scales, dh_col, dh_col_scales,
-            tokens, hidden, ffn, num_col_blocks, *w.strides, *w.scale_strides,
-            MXFP8_OPERANDS=mxfp8_operands, QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
+            tokens, hidden, ffn, num_col_blocks, *w.strides,
+            QUANTIZED=quantized, GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / fmt.max_normal, dtype=torch.float32)) if quantized else 1.0,

@@ -1,7 +1,10 @@
-"""Launch configurations of the Triton GEMM kernels: one per kernel and operand kind (bf16 or MXFP8).
+"""Launch configurations of the Triton GEMM kernels; the fused epilogues have one per output kind.
 
-Chosen from sweeps on the H200 at the DeepSeek-V3-like shape (E=32, T=32768, H=7168, F=2048,
-balanced routing); the sweep and its timings are in ``bench_results/gemm-sweep-h200-20261129.txt``.
+The GEMMs always read bf16 operands (MXFP8 ones are dequantized first), so a tiling depends only
+on what the epilogue writes: FC1's ``a`` and FC2 dgrad's ``dh`` in bf16 or quantized both ways.
+Chosen by ``python -m gmlp.bench gemm`` on the H200 at the DeepSeek-V3-like shape (E=32,
+T=32768, H=7168, F=2048, balanced routing): ``bench_results/gemm-h200-20261129T223101.json``.
+Column tiles fastest won for every kernel (consecutive programs share the A row panel in L2).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ class GemmTiling:
     block_k: int
     num_warps: int
     num_stages: int  # software pipeline depth of the K loop
-    n_fastest: bool = False  # launch order: column tiles fastest (``_grouping.output_tile``)
+    n_fastest: bool = True  # launch order: column tiles fastest (``_grouping.output_tile``)
 
     def __post_init__(self) -> None:
         if self.block_n % 32 or self.block_k % 32 or self.num_warps < 1 or self.num_stages < 1:
@@ -43,11 +46,11 @@ class WgradTiling:
     block_t: int
     num_warps: int
     num_stages: int
-    n_fastest: bool = False  # launch order: N tiles fastest, experts slowest (else experts fastest)
+    n_fastest: bool = True  # launch order: N tiles fastest, experts slowest (else experts fastest)
 
     def __post_init__(self) -> None:
-        if self.block_t % 32 or min(self.block_m, self.block_n, self.num_warps, self.num_stages) < 1:
-            raise ValueError(f"invalid tiling {self}: block_t must be a multiple of 32 (token blocks), the rest >= 1")
+        if self.block_t % 16 or min(self.block_m, self.block_n, self.num_warps, self.num_stages) < 1:
+            raise ValueError(f"invalid tiling {self}: block_t must be a multiple of 16 (a dot's K), the rest >= 1")
 
     def grid(self, experts: int, m: int, n: int) -> tuple[int, int, int]:
         """The launch grid for experts' (m, n) weight gradients."""
@@ -55,12 +58,11 @@ class WgradTiling:
         return (n_tiles, m_tiles, experts) if self.n_fastest else (experts, m_tiles, n_tiles)
 
 
-# keyed by "quantized" (MXFP8 operands, dequantized to bf16 on load) -> tiling; TFLOP/s measured
-FC1_TILING = {False: GemmTiling(128, 64, 8, 4),  # 517 (gated: two accumulators)
-              True: GemmTiling(128, 128, 8, 2)}  # 259
-GROUPED_GEMM_TILING = {False: GemmTiling(256, 64, 8, 4),  # FC2 503, FC1 dgrad (W1^T view) 545
-                       True: GemmTiling(128, 64, 4, 3)}  # FC2 245, FC1 dgrad (Q_col(W1)) 220
-FC2_DGRAD_TILING = {False: GemmTiling(128, 64, 8, 4),  # 354
-                    True: GemmTiling(128, 64, 8, 3)}  # 136
-WGRAD_TILING = {False: WgradTiling(128, 256, 64, 8, 3),  # 365
-                True: WgradTiling(128, 128, 128, 8, 3)}  # 106
+# TFLOP/s measured (torch bf16 of the same product: 594-664); with quantized outputs they count the
+# dequantize kernels of the operands too, as the layer runs them
+FC1_TILING = {False: GemmTiling(128, 64, 8, 3),  # keyed by "a quantized": 587
+              True: GemmTiling(128, 64, 8, 4)}  # 426
+GROUPED_GEMM_TILING = GemmTiling(256, 64, 8, 4)  # FC2 532, FC1 dgrad (W1^T view) 591
+FC2_DGRAD_TILING = {False: GemmTiling(128, 64, 8, 4),  # keyed by "dh quantized": 512
+                    True: GemmTiling(64, 128, 8, 3)}  # 255 (fewer registers for the quantizing epilogue)
+WGRAD_TILING = WgradTiling(128, 256, 64, 8, 3)  # dW2 481, dW1 470
