@@ -1,8 +1,9 @@
-"""``python -m gmlp.bench {quantize,mlp,gemm}``."""
+"""``python -m gmlp.bench {quantize,mlp,gemm,profile}``."""
 
 import sys
 
-BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm"}
+BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm",
+           "profile": "gmlp.bench.profile"}
 
 
 def main() -> None:

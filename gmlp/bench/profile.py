@@ -1,0 +1,69 @@
+"""Where a layer step's device time goes: the kernels of one forward + backward, by the profiler.
+
+For each shape and mode (MXFP8, bf16), runs the ``GroupedMLP`` step a few times under
+``torch.profiler`` and sums each kernel's device time per step, grouped by kernel name (the
+Triton kernels carry their Python names; the rest are torch's). Shows what bounds a mode: how
+much of the step the GEMMs take and how much quantizing and dequantizing. Results as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gmlp.bench.common import environment, write_results
+from gmlp.bench.mlp import SHAPES, split_sizes_for
+from gmlp.mlp import GroupedMLP
+from gmlp.recipe import MXFP8Recipe
+
+STEPS = 5
+
+
+def _kernel_times(step, steps: int) -> dict[str, float]:
+    """Device ms per step of each kernel name over ``steps`` profiled calls of ``step``."""
+    for _ in range(2):  # compile and warm up outside the profile
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time / 1e3 / steps
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gmlp.bench profile", description=__doc__)
+    parser.add_argument("--shapes", default="deepseek-v3-rank", help=f"comma-separated, of {list(SHAPES)}")
+    parser.add_argument("--routing", default="balanced")
+    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    rows = []
+    for shape_name in args.shapes.split(","):
+        experts, tokens, hidden, ffn = SHAPES[shape_name]
+        torch.manual_seed(0)
+        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+        split_sizes = split_sizes_for(args.routing, experts, tokens, device)
+        for mode, recipe in (("mxfp8", MXFP8Recipe()), ("bf16", None)):
+            layer = GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
+            kernels = _kernel_times(lambda: layer(x, split_sizes).backward(dy), STEPS)
+            total = sum(kernels.values())
+            print(f"{shape_name} {args.routing} {mode}: {total:.3f} ms of kernels per step", flush=True)
+            for name, ms in kernels.items():
+                if ms >= 0.01 * total:
+                    print(f"  {ms:8.3f} ms {100 * ms / total:5.1f}%  {name[:100]}")
+            rows.append(dict(shape=shape_name, routing=args.routing, mode=mode, kernel_ms_per_step=total,
+                             kernels=kernels))
+            del layer
+        del x, dy
+        torch.cuda.empty_cache()
+    path = write_results("profile", dict(environment=environment(), results=rows), args.out)
+    print(f"wrote {path}")
