@@ -86,3 +86,19 @@ def test_large_gpu(path, shape, splits):
     split_sizes = None if splits is None else torch.tensor(splits, dtype=torch.int32)
     got, want = run_both(path, x, rowwise=True, columnwise=True, swizzle=True, split_sizes=split_sizes)
     assert_bit_exact(got, want)
+
+
+@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "compact"])
+@pytest.mark.parametrize("split_case", ["zeros_and_odd", "ungrouped"])
+def test_triton_weight_config_is_bit_exact(swizzle, split_case):
+    """The layer's weight config (chunks fastest, 4 chunks per program; a launch order and tiling,
+    nothing else) gives the spec's bytes, grouped or not, with partial chunk groups (K = 160)."""
+    from gmlp.triton_ref.quantize import WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
+
+    device = kernel_device()
+    splits = SPLIT_CASES[split_case]
+    rows = sum(splits) if splits else 200
+    x = random_matrix("outliers", rows, 160, torch.bfloat16).to(device)
+    split_sizes = None if splits is None else torch.tensor(splits, dtype=torch.int32, device=device)
+    kwargs = dict(rowwise=True, columnwise=True, swizzle=swizzle, split_sizes=split_sizes)
+    assert_bit_exact(quantize_mxfp8(x, config=WEIGHT_QUANTIZE_CONFIG, **kwargs), quantize_mxfp8_ref(x, **kwargs))

@@ -54,7 +54,8 @@ def configs() -> dict[str, tuple]:
             signature = {k: v.format(fp8=fp8) for k, v in QUANTIZE_SIGNATURE.items()}
             constexprs = dict(RECIPROCAL_MAX=float(reciprocal), EMAX=emax, FLOOR_MODE=False, ROWWISE=True, COLUMNWISE=True,
                               SWIZZLE=True, GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3,
-                              CHUNKS_PER_PROGRAM=config.chunks_per_program)
+                              CHUNKS_PER_PROGRAM=config.chunks_per_program,
+                              CHUNKS_FASTEST=config.chunks_fastest)
             out[f"quantize_{fp8}_sm{capability}"] = ("quantize", signature, constexprs, capability, config.num_warps)
         for columnwise in (False, True):
             constexprs = dict(COLUMNWISE=columnwise, UNSWIZZLE=columnwise, GROUPED=True, NUM_GROUPS=4, SEARCH_STEPS=2)

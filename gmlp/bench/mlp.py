@@ -4,7 +4,9 @@ Baseline, in the same process on the same data: ``torch._grouped_mm`` in bf16 fo
 with an eager SwiGLU between them, forward and backward through autograd (what a Hopper user has
 today). Shapes (experts, routed rows T, hidden H, ffn F) are DESIGN.md's; routing balanced or
 skewed (Zipf-like, with empty experts). TFLOP/s count the useful work only: 6 T H F per forward
-(FC1 with 2F outputs, FC2), three times that for forward + backward.
+(FC1 with 2F outputs, FC2), three times that for forward + backward. Every step starts without
+gradients, as after ``optimizer.zero_grad()`` (set to None): no side pays an accumulating add into
+an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h200-*``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def baseline_layer(x, w1, w2, offsets):
     return torch._grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs=offsets)
 
 
+def training_step(forward, leaves: list[torch.Tensor], dy: torch.Tensor) -> None:
+    """One training step's forward + backward, starting without gradients."""
+    for leaf in leaves:
+        leaf.grad = None
+    forward().backward(dy)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench mlp", description=__doc__)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(SHAPES)}")
@@ -66,14 +75,14 @@ def main(argv: list[str] | None = None) -> None:
         for routing in args.routing.split(","):
             split_sizes = split_sizes_for(routing, experts, tokens, device)
             offsets = torch.cumsum(split_sizes, 0, dtype=torch.int32)
-            runs = {"torch-grouped-mm-bf16": (lambda: baseline_layer(x, w1, w2, offsets))}
+            runs = {"torch-grouped-mm-bf16": (lambda: baseline_layer(x, w1, w2, offsets), [x, w1, w2])}
             for name, layer in layers.items():
-                runs[name] = (lambda layer=layer: layer(x, split_sizes))
+                runs[name] = (lambda layer=layer: layer(x, split_sizes), [x, *layer.parameters()])
             useful = 6 * tokens * hidden * ffn
             results = {}
-            for name, forward in runs.items():
+            for name, (forward, leaves) in runs.items():
                 forward_ms = median_ms(lambda: forward())
-                step_ms = median_ms(lambda: forward().backward(dy))
+                step_ms = median_ms(lambda: training_step(forward, leaves, dy))
                 results[name] = (forward_ms, step_ms)
                 print(f"  {shape_name} {routing:>8} {name:>22}: forward {forward_ms:8.3f} ms "
                       f"({useful / forward_ms / 1e9:6.0f} TFLOP/s), forward+backward {step_ms:8.3f} ms "

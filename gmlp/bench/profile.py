@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gmlp.bench.common import environment, write_results
-from gmlp.bench.mlp import SHAPES, split_sizes_for
+from gmlp.bench.mlp import SHAPES, split_sizes_for, training_step
 from gmlp.mlp import GroupedMLP
 from gmlp.recipe import MXFP8Recipe
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         split_sizes = split_sizes_for(args.routing, experts, tokens, device)
         for mode, recipe in (("mxfp8", MXFP8Recipe()), ("bf16", None)):
             layer = GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
-            kernels = _kernel_times(lambda: layer(x, split_sizes).backward(dy), STEPS)
+            kernels = _kernel_times(lambda: training_step(lambda: layer(x, split_sizes), [x, *layer.parameters()], dy), STEPS)
             total = sum(kernels.values())
             print(f"{shape_name} {args.routing} {mode}: {total:.3f} ms of kernels per step", flush=True)
             for name, ms in kernels.items():

@@ -136,9 +136,12 @@ def quantize_mxfp8_kernel(
     SEARCH_STEPS: tl.constexpr,
     # tiling
     CHUNKS_PER_PROGRAM: tl.constexpr,  # 32-column chunks each program walks over
+    CHUNKS_FASTEST: tl.constexpr,  # grid (chunk groups, slices), else (slices, chunk groups)
 ):
-    tile = tl.program_id(0) // 4
-    slice_row = (tl.program_id(0) % 4) * 32  # first row of this 32-row slice within the tile
+    slice_id = tl.program_id(1) if CHUNKS_FASTEST else tl.program_id(0)
+    chunk_group = tl.program_id(0) if CHUNKS_FASTEST else tl.program_id(1)
+    tile = slice_id // 4
+    slice_row = (slice_id % 4) * 32  # first row of this 32-row slice within the tile
     tile_first_row, end_row, group_tile_start, group_tiles, group = group_tile(
         tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED, NUM_ROWS)
     first_row = tile_first_row + slice_row
@@ -176,7 +179,7 @@ def quantize_mxfp8_kernel(
         col_scale_valid = local_block + tl.zeros_like(lanes) < group_blocks
 
     data_chunks = NUM_COLS // 32
-    first_chunk = tl.program_id(1) * CHUNKS_PER_PROGRAM
+    first_chunk = chunk_group * CHUNKS_PER_PROGRAM
     last_chunk = tl.minimum(first_chunk + CHUNKS_PER_PROGRAM, data_chunks)
     if full_slice:
         _walk(first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_ptr + aligned_first_row,

@@ -34,7 +34,7 @@ from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp.triton_ref.grouped_gemm import grouped_gemm
-from gmlp.triton_ref.quantize import quantize_mxfp8
+from gmlp.triton_ref.quantize import WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
 from gmlp.triton_ref.segment_sum import segment_sum
 from gmlp.triton_ref.wgrad import grouped_wgrad
 
@@ -83,7 +83,7 @@ def grouped_mlp_forward_triton(
                             scale_mode=recipe.scale_mode)
         x_row, x_col = xq.rowwise, xq.columnwise
         w1q, w2q = (quantize_mxfp8(w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False,
-                                   scale_mode=recipe.scale_mode) for w in (w1, w2))
+                                   scale_mode=recipe.scale_mode, config=WEIGHT_QUANTIZE_CONFIG) for w in (w1, w2))
         w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
     fc1 = fc1_forward(_bf16(x_row), _bf16(w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
                       activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)
