@@ -47,6 +47,13 @@ def baseline_layer(x, w1, w2, offsets):
     return torch._grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs=offsets)
 
 
+def layer_tensors(tokens: int, hidden: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's input x (a leaf that takes gradients) and output gradient dy, bf16, seeded."""
+    torch.manual_seed(0)
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return x, torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+
+
 def training_step(forward, leaves: list[torch.Tensor], dy: torch.Tensor) -> None:
     """One training step's forward + backward, starting without gradients."""
     for leaf in leaves:
@@ -65,9 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for shape_name in args.shapes.split(","):
         experts, tokens, hidden, ffn = SHAPES[shape_name]
-        torch.manual_seed(0)
-        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+        x, dy = layer_tensors(tokens, hidden, device)
         layers = {name: GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
                   for name, recipe in (("gmlp-mxfp8", MXFP8Recipe()), ("gmlp-bf16", None))}
         w1 = layers["gmlp-bf16"].w1.detach().clone().requires_grad_()

@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gmlp.bench.common import environment, write_results
-from gmlp.bench.mlp import SHAPES, split_sizes_for, training_step
+from gmlp.bench.mlp import SHAPES, layer_tensors, split_sizes_for, training_step
 from gmlp.mlp import GroupedMLP
 from gmlp.recipe import MXFP8Recipe
 
@@ -48,9 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for shape_name in args.shapes.split(","):
         experts, tokens, hidden, ffn = SHAPES[shape_name]
-        torch.manual_seed(0)
-        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+        x, dy = layer_tensors(tokens, hidden, device)
         split_sizes = split_sizes_for(args.routing, experts, tokens, device)
         for mode, recipe in (("mxfp8", MXFP8Recipe()), ("bf16", None)):
             layer = GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
