@@ -1,9 +1,10 @@
 """``python -m gmlp [demo|doctor]``: the main job on an embedded default, and the environment report.
 
 ``demo`` (the default) runs a small MoE layer (8 experts, skewed routing with an empty expert)
-on whatever device is there: ``GroupedMLP`` forward and backward in MXFP8, checked against the
+on whatever device is there: ``GroupedMLP`` forward and backward in MXFP8 with the cross-check
+on (every op also runs on the next path down and is compared), checked against the
 unquantized layer in float64, and the MXFP8 quantize of its activations on every kernel path
-that can run, cross-checked against the spec bit for bit. ``doctor`` prints versions, the
+that can run, compared with the spec bit for bit. ``doctor`` prints versions, the
 device, and which path each op takes and why.
 """
 
@@ -15,6 +16,7 @@ import sys
 
 import torch
 
+from gmlp.debug import CrossCheckError, cross_check
 from gmlp.dispatch import PATHS_FASTEST_FIRST, Path, system_reason
 from gmlp.mlp import GroupedMLP
 from gmlp.mlp_ref import unquantized_mlp_fp64
@@ -87,13 +89,23 @@ def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
     """GroupedMLP forward + backward against the unquantized layer in float64; 0 if within bounds."""
     torch.manual_seed(0)
     mlp = GroupedMLP(DEMO_EXPERTS, DEMO_HIDDEN, DEMO_FFN, activation="swiglu", device=x.device)
-    if x.device.type == "cpu" and mlp.plan(x).path.value == "triton":
+    plan = mlp.plan(x, split_sizes)
+    print(plan.explain())
+    if x.device.type == "cpu" and plan.path("fc1") is Path.TRITON:
         print("GroupedMLP forward + backward on the Triton kernels in Triton's interpreter (about a minute)...", flush=True)
     x = (x / x.float().std()).detach().requires_grad_()
     probs = torch.rand(x.shape[0], device=x.device, requires_grad=True)
     dy = torch.randn_like(x)
-    y = mlp(x, split_sizes, probs)
-    y.backward(dy)
+    try:
+        with cross_check(action="raise"):  # every op also runs on the next path down, compared
+            y = mlp(x, split_sizes, probs)
+            y.backward(dy)
+    except CrossCheckError as error:
+        print(error)
+        return 1
+    compared = [site for site, reference in plan.references.items() if reference is not None]
+    print(f"cross-check: {len(compared)} of {len(plan.decisions)} ops compared with the next path down, "
+          "no mismatch" + (f" (the rest run on torch, the last path)" if len(compared) < len(plan.decisions) else ""))
     got = {"y": y, "dx": x.grad, "dprobs": probs.grad, "dw1": mlp.w1.grad, "dw2": mlp.w2.grad}
     # the same layer, unquantized, in float64, differentiated by autograd
     y64, (x64, probs64, w1_64, _, w2_64, _) = unquantized_mlp_fp64(x, split_sizes, probs, mlp.w1, None, mlp.w2, None,
@@ -101,7 +113,7 @@ def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
     y64.backward(dy.double())
     want = {"y": y64, "dx": x64.grad, "dprobs": probs64.grad, "dw1": w1_64.grad, "dw2": w2_64.grad}
     print(f"GroupedMLP({DEMO_EXPERTS} experts, H={DEMO_HIDDEN}, F={DEMO_FFN}, swiglu, MXFP8 E4M3) forward + backward, "
-          f"path {mlp.plan(x).path.value}; relative RMS error against the float64 unquantized layer:")
+          "relative RMS error against the float64 unquantized layer:")
     failures = 0
     for name in got:
         error = float((got[name].detach().double() - want[name].detach()).norm() / want[name].detach().norm())
@@ -126,6 +138,9 @@ def doctor() -> int:
     x = torch.zeros(256, 512, device=device, dtype=torch.bfloat16)
     print("plan for a sample layer's activations (256 x 512 bf16, rowwise + columnwise):")
     print(plan_quantize(x, rowwise=True, columnwise=True).explain())
+    mlp = GroupedMLP(8, 512, 256, activation="swiglu", bias=True, device=device)
+    print("plan for a sample layer:")
+    print(mlp.explain(x, torch.full((8,), 32, device=device)))
     return 0
 
 

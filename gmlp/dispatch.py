@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from gmlp.reasons import Reason, ReasonKind
-from gmlp.versions import package_version
+from gmlp.versions import package_version, too_old
 
 __all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path"]
 
@@ -81,7 +81,8 @@ def _device_system_reason(path: Path, device_type: str, capability: tuple[int, i
             import triton  # noqa: F401
         except Exception as error:  # report any import failure, with the package version
             return Reason(ReasonKind.SYSTEM, f"triton {package_version('triton')} failed to import: {error!r}")
-        return None
+        old = too_old("triton")
+        return Reason(ReasonKind.SYSTEM, old) if old else None
     if device_type != "cuda":
         return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the CuTeDSL kernels need a CUDA GPU")
     if capability[0] not in (9, 10):
@@ -126,33 +127,37 @@ def choose_path(
     *,
     strict: bool | None = None,
     detail: str = "",
+    where: str = "",
 ) -> Decision:
     """Pick the fastest path that can run ``op``; warn, raise or force as the settings say.
 
     ``problem_reason(path)`` says whether ``path`` can run this op's problem. ``detail`` (for
-    example the activation) is added to warnings and errors to say which variant of the op.
+    example the activation) is added to warnings and errors to say which variant of the op, and
+    is part of what makes a warning new; ``where`` (the call site) is only said.
     """
     label = f"{op}{f' ({detail})' if detail else ''}"
+    said = f"{label}{f' at {where}' if where else ''}"
     skipped: list[tuple[Path, Reason]] = []
     forced = forced_path()
     for path in PATHS_FASTEST_FIRST:
         reason = system_reason(path, device) or problem_reason(path)
         if path is forced and reason is not None:
-            raise FallbackError(f"GMLP_BACKEND={forced.value}: {label} cannot run on {forced.value}: {reason}")
+            raise FallbackError(f"GMLP_BACKEND={forced.value}: {said} cannot run on {forced.value}: {reason}")
         if reason is None and forced in (None, path):
-            return _report(Decision(op, path, tuple(skipped)), label, strict)
+            return _report(Decision(op, path, tuple(skipped)), label, said, strict)
         if reason is not None:
             skipped.append((path, reason))
     raise AssertionError(f"the torch path runs every validated problem, but {label} found none: {skipped}")
 
 
-def _report(decision: Decision, label: str, strict: bool | None) -> Decision:
-    """Raise (strict) or warn (GMLP_WARN_FALLBACK) about the faster paths a decision skipped."""
+def _report(decision: Decision, label: str, said: str, strict: bool | None) -> Decision:
+    """Raise (strict) or warn (GMLP_WARN_FALLBACK, once per op, detail, path and reason) about
+    the faster paths a decision skipped."""
     skipped, chosen = decision.skipped, decision.path
     if forced_path() is not None:
         return decision
     if skipped:
-        message = f"{label} took the {chosen.value} path; " + "; ".join(f"not {p.value}: {r}" for p, r in skipped)
+        message = f"{said} took the {chosen.value} path; " + "; ".join(f"not {p.value}: {r}" for p, r in skipped)
         if strict or (strict is None and _env_flag("GMLP_STRICT")):
             raise FallbackError(f"strict mode: {message}")
         if _env_flag("GMLP_WARN_FALLBACK"):
@@ -160,5 +165,5 @@ def _report(decision: Decision, label: str, strict: bool | None) -> Decision:
                 key = (label, path, chosen, str(reason))
                 if key not in _warned:
                     _warned.add(key)
-                    warnings.warn(f"{label}: not {path.value} ({reason}); took {chosen.value}", FallbackWarning, stacklevel=4)
+                    warnings.warn(f"{said}: not {path.value} ({reason}); took {chosen.value}", FallbackWarning, stacklevel=4)
     return decision

@@ -2,9 +2,11 @@
 
 Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed). Weights are
 ``w1`` (E, 2F, H) as [gate; up] halves for gated activations, (E, F, H) for srelu, and ``w2``
-(E, H, F). The computation is DESIGN.md's dataflow (``gmlp.mlp_ref``); which implementation of
-each fused step runs is the dispatcher's choice: the Triton kernels (``gmlp.triton_ref.mlp``)
-where Triton runs, else the torch oracle; the CuTeDSL SM100 path is to come (issue 5).
+(E, H, F). The computation is DESIGN.md's dataflow (``gmlp.layer``, a sequence of ops); the
+dispatcher chooses each op's path separately (``gmlp.layer_ops``): CuTeDSL (the quantize, where
+cutlass-dsl runs), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``). ``explain``
+shows the plan; ``gmlp.debug.cross_check`` runs every op on two paths and compares them. The
+CuTeDSL SM100 GEMMs are to come (issue 5).
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import torch
 from torch import nn
 
 from gmlp.activations import Activation, activation_from
-from gmlp.dispatch import Decision, Path, choose_path
-from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
-from gmlp.reasons import Reason, ReasonKind
+from gmlp.debug import active_settings as active_cross_check
+from gmlp.debug.crosscheck import CrossCheck
+from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
+from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantize_args import QuantizeProblem
 from gmlp.recipe import MXFP8Recipe
 
 __all__ = ["GroupedMLP"]
@@ -25,21 +30,11 @@ __all__ = ["GroupedMLP"]
 _DEFAULT_RECIPE = MXFP8Recipe()
 
 
-def _implementation(path: Path):
-    """(forward, backward) of the grouped MLP on one path; both take the oracle's arguments."""
-    if path is Path.TRITON:
-        from gmlp.triton_ref.mlp import grouped_mlp_backward_triton, grouped_mlp_forward_triton
-
-        return grouped_mlp_forward_triton, grouped_mlp_backward_triton
-    return grouped_mlp_forward_ref, grouped_mlp_backward_ref
-
-
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad, path):
-        forward, ctx.backward_impl = _implementation(path)
-        y, saved = forward(x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
-        ctx.saved = saved
+    def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad, runner):
+        y, saved = grouped_mlp_forward(runner, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
+        ctx.runner, ctx.saved = runner, saved
         ctx.activation, ctx.recipe = activation, recipe
         ctx.params = (w1, b1, w2, b2)
         ctx.accumulate_main_grad = accumulate_main_grad
@@ -52,8 +47,8 @@ class _GroupedMLPFunction(torch.autograd.Function):
         # Weight gradients come out in the parameters' dtype, or are added into the fp32 main_grad
         # by the backward itself (no separate fp32 gradient to add afterwards).
         main_grads = (w1.main_grad, w2.main_grad) if ctx.accumulate_main_grad else None
-        grads = ctx.backward_impl(dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
-                                  torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
+        grads = grouped_mlp_backward(ctx.runner, dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
+                                     torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
         weight_grads = []
         for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):
             if param is None:
@@ -152,23 +147,39 @@ class GroupedMLP(nn.Module):
                 if main_grad is None or main_grad.shape != param.shape or main_grad.dtype != torch.float32:
                     raise ValueError(f"accumulate_main_grad=True needs {name}.main_grad, an fp32 tensor of shape {tuple(param.shape)}")
 
-    def plan(self, x: torch.Tensor, strict: bool | None = False) -> Decision:
-        """The path the layer takes for inputs like x, and why each faster path is skipped."""
-        return choose_path("grouped_mlp", x.device, self._problem_reason, strict=strict, detail=self.activation.name)
+    def plan(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None, strict: bool | None = False) -> LayerPlan:
+        """The path of every op of a call with inputs like ``x`` (T, H), and why each faster path
+        is skipped. ``strict`` as in the constructor (default here: report, never raise)."""
+        problem = LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None,
+                               self._quantize_problems(x, split_sizes))
+        return plan_layer(problem, x.device, strict=strict, activation=self.activation.name)
 
-    def _problem_reason(self, path: Path) -> Reason | None:
-        if path is Path.CUTEDSL:
-            return Reason(ReasonKind.SYSTEM, "the grouped MLP has no CuTeDSL kernels yet (issue 5: SM100 path)")
-        dtype = self.w1.dtype
-        if path is Path.TRITON and dtype != torch.bfloat16 and not (self.recipe is not None and dtype == torch.float32):
-            mode = "bf16 (recipe=None)" if self.recipe is None else "MXFP8"
-            return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the Triton kernels take bf16 "
-                                             "parameters, or float32 ones under MXFP8 (quantized from float32)")
-        return None
+    def explain(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None) -> str:
+        """The plan as text: each op (where it runs in the layer), its path, and why not faster ones."""
+        return f"{self!r} on {x.device}, x {tuple(x.shape)} {x.dtype}:\n{self.plan(x, split_sizes).explain()}"
+
+    def _quantize_problems(self, x: torch.Tensor, split_sizes: torch.Tensor | None) -> dict[str, QuantizeProblem]:
+        if self.recipe is None:
+            return {}
+        tokens, experts = x.shape[0], self.num_experts
+        def problem(rows: int, cols: int, grouped: bool, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
+            return QuantizeProblem(rows, cols, experts if grouped else 1, grouped, dtype, x.device, True, True, False,
+                                   fmt, self.recipe.scale_mode)
+        del split_sizes  # the answers depend on its length (num_experts) only
+        return {
+            "quantize x": problem(tokens, self.hidden_size, True, x.dtype, ElementFormat.E4M3),
+            "quantize w1": problem(self.w1.shape[0] * self.w1.shape[1], self.hidden_size, False, self.w1.dtype,
+                                   ElementFormat.E4M3),
+            "quantize w2": problem(experts * self.hidden_size, self.ffn_hidden_size, False, self.w2.dtype,
+                                   ElementFormat.E4M3),
+            "quantize dy": problem(tokens, self.hidden_size, True, x.dtype, self.recipe.grad_format),
+        }
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation."""
         self._check_inputs(x, split_sizes, probs)
-        path = self.plan(x, strict=self.strict).path
+        plan = self.plan(x, split_sizes, strict=self.strict)
+        settings = active_cross_check()
+        runner = OpRunner(plan, CrossCheck(plan, settings, split_sizes) if settings is not None else None)
         return _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
-                                         self.activation, self.recipe, self.accumulate_main_grad, path)
+                                         self.activation, self.recipe, self.accumulate_main_grad, runner)

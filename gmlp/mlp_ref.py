@@ -233,16 +233,19 @@ def grouped_wgrad_ref(
     a: torch.Tensor | MXFP8Tensor,  # (T, M) bf16, or Q_col
     b: torch.Tensor | MXFP8Tensor,  # (T, N) bf16, or Q_col
     split_sizes: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,  # (E, M, N) fp32 to add the result to (main_grad)
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """(E, M, N) fp32, dW_g = A_g^T @ B_g over expert g's tokens; twin of
-    ``gmlp.triton_ref.wgrad.grouped_wgrad``."""
+    """(E, M, N), dW_g = A_g^T @ B_g over expert g's tokens, fp32 sums stored as ``out_dtype`` or
+    added to ``out``; twin of ``gmlp.triton_ref.wgrad.grouped_wgrad``."""
     sizes = [int(m) for m in split_sizes.tolist()]
     a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
     b_values = b.dequantize() if isinstance(b, MXFP8Tensor) else b.float()
-    out = torch.zeros(len(sizes), a_values.shape[1], b_values.shape[1], dtype=torch.float32, device=a_values.device)
+    result = torch.zeros(len(sizes), a_values.shape[1], b_values.shape[1], dtype=torch.float32, device=a_values.device)
     for g, rows in _segments(sizes):
-        out[g] = _matmul(a_values[rows].t(), b_values[rows])
-    return out
+        result[g] = _matmul(a_values[rows].t(), b_values[rows])
+    return out.add_(result) if out is not None else result.to(out_dtype)
 
 
 def unquantized_mlp_fp64(x, split_sizes, probs, w1, b1, w2, b2, activation: Activation):

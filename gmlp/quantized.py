@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp import scale_layout
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, dequantize_blocks, e8m0_to_float
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_to_float
 
 __all__ = ["QuantAxis", "MXFP8Tensor", "MXFP8Quantized"]
 
@@ -57,21 +57,25 @@ class MXFP8Tensor:
             return scale_layout.unswizzle_rowwise_grouped(self.scales, splits, k // BLOCK_SIZE)
         return scale_layout.unswizzle_columnwise_grouped(self.scales, splits, k, m)
 
-    def dequantize(self) -> torch.Tensor:
-        """fp32 (M, K) values, in the source's orientation."""
+    def element_scales(self) -> torch.Tensor:
+        """fp32 (M, K) scale ``2**(e - 127)`` of each element's block, in the source's orientation."""
         m, k = self.source_shape
-        scales = self.compact_scales()
+        scales = e8m0_to_float(self.compact_scales())
         if self.axis is QuantAxis.ROWWISE:
-            return dequantize_blocks(self.data.view(m, k // BLOCK_SIZE, BLOCK_SIZE), scales).view(m, k)
+            return torch.repeat_interleave(scales, BLOCK_SIZE, dim=1)
         out = torch.empty(k, m, dtype=torch.float32, device=self.data.device)
         splits = self.split_sizes.tolist() if self.split_sizes is not None else [m]
         row, block = 0, 0
-        for rows in (int(r) for r in splits):
+        for rows in (int(r) for r in splits):  # each expert's 32-row blocks start at its first row
             blocks = scale_layout.ceil_div(rows, BLOCK_SIZE)
-            per_element = torch.repeat_interleave(scales[:, block : block + blocks], BLOCK_SIZE, dim=1)[:, :rows]
-            out[:, row : row + rows] = self.data[:, row : row + rows].float() * e8m0_to_float(per_element)
+            out[:, row : row + rows] = torch.repeat_interleave(scales[:, block : block + blocks], BLOCK_SIZE, dim=1)[:, :rows]
             row, block = row + rows, block + blocks
         return out.t()
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 (M, K) values, in the source's orientation."""
+        data = self.data if self.axis is QuantAxis.ROWWISE else self.data.t()
+        return data.float() * self.element_scales()
 
     def __repr__(self) -> str:
         m, k = self.source_shape

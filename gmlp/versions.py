@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 
-__all__ = ["package_version", "REPORTED_PACKAGES"]
+__all__ = ["package_version", "REPORTED_PACKAGES", "OLDEST_TESTED", "too_old"]
 
 REPORTED_PACKAGES = ("torch", "triton", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
+# The oldest releases the kernels are tested with (the H200 machine's Triton; the cutlass-dsl the
+# CuTeDSL kernels were written and compiled against).
+OLDEST_TESTED = {"triton": "3.6.0", "nvidia-cutlass-dsl": "4.8.1"}
 
 
 def package_version(name: str) -> str:
@@ -15,3 +19,25 @@ def package_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string: "3.7.0rc1+git1a2b" -> (3, 7, 0)."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+        if digits.group() != part:  # a pre-release or local suffix ends the release
+            break
+    return tuple(numbers)
+
+
+def too_old(name: str, installed: str | None = None) -> str | None:
+    """A reason if the installed ``name`` is older than the oldest release gmlp is tested with."""
+    installed = installed if installed is not None else package_version(name)
+    oldest = OLDEST_TESTED[name]
+    if installed == "not installed" or _release(installed) >= _release(oldest):
+        return None
+    return f"{name} {installed} is older than {oldest}, the oldest release gmlp's kernels are tested with"

@@ -31,9 +31,9 @@ def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: s
         with torch.no_grad():
             mlp.b1.normal_(0, 0.1)
             mlp.b2.normal_(0, 0.1)
-    decision = mlp.plan(torch.zeros(1, device=device))
-    if decision.path is not Path.TRITON:
-        pytest.skip(f"the Triton path does not run here: {decision.explain()}")
+    plan = mlp.plan(torch.zeros(1, device=device))
+    if plan.path("fc1") is not Path.TRITON:
+        pytest.skip(f"the Triton path does not run here:\n{plan.explain()}")
     split_sizes = torch.tensor(splits, device=device)
     x = torch.randn(sum(splits), hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(sum(splits), device=device, requires_grad=True)
@@ -83,16 +83,18 @@ def test_triton_path_matches_oracle_at_layer_scale(recipe):
                          ids=["fp32-bf16-mode", "fp16-mxfp8"])
 def test_parameters_the_triton_kernels_cannot_take_fall_back_with_a_reason(dtype, recipe):
     mlp = gmlp.GroupedMLP(2, 64, 64, recipe=recipe, dtype=dtype)
-    decision = mlp.plan(torch.zeros(1, device=kernel_device()))
-    assert decision.path is Path.TORCH
-    assert any(path is Path.TRITON and str(dtype) in str(reason) for path, reason in decision.skipped), decision.explain()
+    plan = mlp.plan(torch.zeros(1, device=kernel_device()))
+    for site in ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"):
+        decision = plan.decisions[site]
+        assert decision.path is Path.TORCH, site
+        assert any(path is Path.TRITON and str(dtype) in str(reason) for path, reason in decision.skipped), plan.explain()
 
 
 def test_triton_path_is_deterministic():
     device = kernel_device()
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, device=device)
-    if mlp.plan(torch.zeros(1, device=device)).path is not Path.TRITON:
+    if mlp.plan(torch.zeros(1, device=device)).path("fc1") is not Path.TRITON:
         pytest.skip("the Triton path does not run here")
     split_sizes = torch.tensor(SPLITS, device=device)
     x = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
@@ -115,7 +117,7 @@ def test_triton_path_adds_weight_gradients_into_main_grad():
     device = kernel_device()
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, bias=True, accumulate_main_grad=True, device=device)
-    if mlp.plan(torch.zeros(1, device=device)).path is not Path.TRITON:
+    if mlp.plan(torch.zeros(1, device=device)).path("fc1") is not Path.TRITON:
         pytest.skip("the Triton path does not run here")
     for param in mlp.parameters():
         param.main_grad = torch.zeros(param.shape, dtype=torch.float32, device=device)
@@ -124,11 +126,12 @@ def test_triton_path_adds_weight_gradients_into_main_grad():
     dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
     for _ in range(2):
         mlp(x, split_sizes).backward(dy)
-    from gmlp.triton_ref.mlp import grouped_mlp_backward_triton, grouped_mlp_forward_triton
+    from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 
-    _, saved = grouped_mlp_forward_triton(x, split_sizes, None, mlp.w1.detach(), mlp.b1.detach(), mlp.w2.detach(),
-                                          mlp.b2.detach(), mlp.activation, mlp.recipe)
-    once = grouped_mlp_backward_triton(dy, saved, mlp.activation, mlp.recipe)
+    run = OpRunner(mlp.plan(x, split_sizes))
+    _, saved = grouped_mlp_forward(run, x, split_sizes, None, mlp.w1.detach(), mlp.b1.detach(), mlp.w2.detach(),
+                                   mlp.b2.detach(), mlp.activation, mlp.recipe)
+    once = grouped_mlp_backward(run, dy, saved, mlp.activation, mlp.recipe)
     assert once.dw1.dtype == torch.float32 and mlp.w1.grad is None and mlp.b1.grad is None
     for name, one_step in (("w1", once.dw1), ("w2", once.dw2), ("b1", once.db1), ("b2", once.db2)):
         assert torch.equal(getattr(mlp, name).main_grad, one_step * 2), name
@@ -139,7 +142,7 @@ def test_forward_and_backward_capture_in_a_cuda_graph():
     """No host sync anywhere: the whole step captures in a CUDA graph and replays correctly."""
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, device="cuda")
-    assert mlp.plan(torch.zeros(1, device="cuda")).path is Path.TRITON
+    assert mlp.plan(torch.zeros(1, device="cuda")).path("fc1") is Path.TRITON
     split_sizes = torch.tensor(SPLITS, device="cuda")
     x = torch.randn(sum(SPLITS), 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(sum(SPLITS), 64, device="cuda", dtype=torch.bfloat16)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from gmlp.versions import package_version
+from gmlp.versions import package_version, too_old
 
 __all__ = ["import_error"]
 
@@ -25,6 +25,9 @@ _PACKAGE = "nvidia-cutlass-dsl"
 @functools.lru_cache(maxsize=None)
 def import_error() -> str | None:
     """None if the CuTeDSL kernel modules import, else what failed (package, version, error)."""
+    old = too_old(_PACKAGE)
+    if old:
+        return old
     try:
         importlib.import_module("gmlp.cutedsl.quantize")
     except Exception as error:  # any failure is a reason to fall back; it is reported, not hidden

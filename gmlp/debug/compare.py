@@ -1,0 +1,156 @@
+"""How two paths' outputs of one op are compared, and the bound each element must keep.
+
+Bit for bit where DESIGN.md says the results are defined to the bit: the quantize (the spec) and
+the dequantize. Elsewhere the paths differ only in the order of fp32 accumulation (the torch
+twins accumulate in fp64 and round once), and each element gets a bound derived from that:
+
+- a K-term fp32 dot product in any order is within ``delta = K * 2**-24 * S`` of the exact one,
+  S the same sum of absolute products (the GEMM of |A| and |B|, computed here in fp64);
+- an epilogue's elementwise function moves that by at most its slope: ``L = 2 (|g| + 1)(|u| + 1)``
+  bounds the partial derivatives of every gated activation here (and of srelu with u = 0),
+  times |probs|;
+- rounding to bf16 can then land one step (2**-7 of the value) apart; a quantized element one
+  step of its format (2**-m of the value, or one subnormal quantum of its block, ``scale *
+  2**(emin - m)``), or, where the two block scales differ (by one power of two at most), the
+  value itself.
+
+An element outside its bound is a mismatch; ``tolerance=(rtol, atol)`` replaces the derived
+bound with ``atol + rtol * |want|``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gmlp.activations import Activation
+from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+
+__all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope"]
+
+FP32_UNIT = 2.0**-24
+BF16_STEP = 2.0**-7
+REPORTED = 5  # elements listed per mismatching output
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One element that differs: where, both values, the bound, its block scale (quantized)."""
+
+    index: tuple[int, ...]
+    got: float
+    want: float
+    bound: float | None  # None: compared bit for bit
+    scale: float | None = None  # the element's block scale (2**(e - 127)) in the chosen path's output
+    want_scale: float | None = None
+
+    def describe(self, name: str, expert: int | None) -> str:
+        axes = ("expert", "row", "column") if len(self.index) == 3 else ("row", "column")
+        where = ", ".join(f"{axis} {value}" for axis, value in zip(axes, self.index))
+        parts = [f"{name}[{where}]" + (f" (expert {expert})" if expert is not None and len(self.index) < 3 else ""),
+                 f"got {self.got!r}, want {self.want!r}"]
+        if self.bound is not None:
+            parts.append(f"|diff| {abs(self.got - self.want):.3g} > bound {self.bound:.3g}")
+        if self.scale is not None:
+            parts.append(f"block scale {self.scale:g} (want {self.want_scale:g})")
+        return "; ".join(parts)
+
+
+@dataclass
+class Comparison:
+    """Mismatches of every output of one op call."""
+
+    # name -> (bad elements, shape, first bad element of the first rows, rows with a bad element)
+    outputs: dict[str, tuple[int, tuple[int, ...], list[Mismatch], int]] = field(default_factory=dict)
+
+    def add(self, name: str, bad: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor | None,
+            scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Record the elements of one output where ``bad`` holds: the count, and the first bad
+        element of each of the first few rows that have one (a pattern over rows, such as expert
+        boundaries, shows at once)."""
+        count = int(bad.sum())
+        matrix = bad.reshape(-1, bad.shape[-1]) if bad.dim() > 1 else bad.reshape(-1, 1)  # rows x columns
+        bad_rows = matrix.any(dim=1)
+        first = []
+        for row in bad_rows.nonzero().flatten()[:REPORTED].tolist():
+            flat = row * matrix.shape[1] + int(matrix[row].nonzero()[0])
+            index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), bad.shape))
+            first.append(Mismatch(index, float(got[index]), float(want[index]),
+                                  None if bound is None else float(bound[index]),
+                                  None if scales is None else float(scales[0][index]),
+                                  None if scales is None else float(scales[1][index])))
+        bad_rows = int(bad_rows.sum())
+        self.outputs[name] = (count, tuple(bad.shape), first, bad_rows)
+
+    @property
+    def mismatches(self) -> int:
+        return sum(count for count, *_ in self.outputs.values())
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Elementwise: equal bit patterns (so NaN equals the same NaN, and -0.0 differs from 0.0)."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        raise ValueError(f"outputs of different kinds: {got.dtype} {tuple(got.shape)} vs {want.dtype} {tuple(want.shape)}")
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    return got.contiguous().view(width) == want.contiguous().view(width)
+
+
+def bitwise(comparison: Comparison, name: str, got, want) -> None:
+    """Bit-for-bit comparison of a tensor or an MXFP8 quantization (data and scale bytes)."""
+    if isinstance(want, MXFP8Quantized):
+        for axis in ("rowwise", "columnwise"):
+            if getattr(want, axis) is not None:
+                bitwise(comparison, f"{name}.{axis}", getattr(got, axis), getattr(want, axis))
+        return
+    if isinstance(want, MXFP8Tensor):
+        # reported in the source's orientation: an element differs if its byte or its block's scale does
+        got_data = got.data if got.axis is QuantAxis.ROWWISE else got.data.t()
+        want_data = want.data if want.axis is QuantAxis.ROWWISE else want.data.t()
+        got_scales, want_scales = got.element_scales(), want.element_scales()
+        bad = ~_same_bits(got_data, want_data) | ~_same_bits(got_scales, want_scales)
+        comparison.add(name, bad.cpu(), got.dequantize().cpu(), want.dequantize().cpu(), None,
+                       (got_scales.cpu(), want_scales.cpu()))
+        return
+    comparison.add(name, (~_same_bits(got, want)).cpu(), got.cpu(), want.cpu(), None)
+
+
+def within_bound(comparison: Comparison, name: str, got, want, delta: torch.Tensor,
+                 tolerance: tuple[float, float] | None = None) -> None:
+    """Compare one output, bf16 / fp32 or MXFP8, whose exact value is within ``delta`` of the
+    reference's before its final rounding (see the module docstring)."""
+    if isinstance(want, MXFP8Tensor):
+        got_values, want_values = got.dequantize(), want.dequantize()
+        got_scales, want_scales = got.element_scales(), want.element_scales()
+        fmt = want.element_format
+        step = 2.0**-fmt.mantissa_bits
+        quantum = torch.maximum(got_scales, want_scales) * 2.0 ** (fmt.min_normal_exponent - fmt.mantissa_bits)
+        relative = torch.where(got_scales == want_scales, step, 1.0)
+        bound = relative * want_values.abs() + quantum + delta
+        scales = (got_scales.cpu(), want_scales.cpu())
+    else:
+        got_values, want_values = got.float(), want.float()
+        rounding = BF16_STEP if want.dtype == torch.bfloat16 else FP32_UNIT * 2
+        bound = rounding * want_values.abs() + delta
+        scales = None
+    if tolerance is not None:
+        rtol, atol = tolerance
+        bound = atol + rtol * want_values.abs()
+    diff = (got_values - want_values).abs()
+    bad = ~(diff <= bound) & ~(got_values.isnan() & want_values.isnan())
+    comparison.add(name, bad.cpu(), got_values.cpu(), want_values.cpu(), bound.cpu(), scales)
+
+
+def gemm_delta(abs_products: torch.Tensor, terms: int) -> torch.Tensor:
+    """Bound on an fp32 dot product's accumulation-order error: terms * 2**-24 * sum |a_k b_k|."""
+    return terms * FP32_UNIT * abs_products
+
+
+def activation_slope(c: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """Per element, a bound on the activation's partial derivatives at the saved pre-activation c
+    (T, 2F | F): 2 (|gate| + 1)(|up| + 1), up = 0 for srelu (see the module docstring)."""
+    c = c.float().abs()
+    if activation.gated:
+        gate, up = c.chunk(2, dim=1)
+        return 2 * (gate + 1) * (up + 1)
+    return 2 * (c + 1)

@@ -1,0 +1,163 @@
+"""The cross-check hook: every op of a layer call also runs on the next path down, and the two
+outputs are compared (``gmlp.debug.compare``); a mismatch is reported, as a warning or an error."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
+from gmlp.dispatch import Path
+from gmlp.layer_ops import SITES, LayerPlan, Op, implementation
+from gmlp.mlp_ref import grouped_gemm_ref, grouped_wgrad_ref
+
+__all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck"]
+
+
+class CrossCheckError(RuntimeError):
+    """Raised by the cross-check (action "raise") when two paths disagree beyond the bound."""
+
+
+class CrossCheckWarning(UserWarning):
+    """Emitted by the cross-check (action "warn") when two paths disagree beyond the bound."""
+
+
+@dataclass(frozen=True)
+class CrossCheckSettings:
+    """Which sites or ops to check (None: all), what to do on a mismatch, and an optional
+    ``(rtol, atol)`` that replaces the derived bounds of the non-bitwise comparisons."""
+
+    ops: frozenset[str] | None = None
+    action: str = "warn"
+    tolerance: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ("warn", "raise"):
+            raise ValueError(f"action must be 'warn' or 'raise', got {self.action!r}")
+        known = set(SITES) | {op.value for op in Op}
+        if self.ops is not None and not set(self.ops) <= known:
+            raise ValueError(f"unknown ops {sorted(set(self.ops) - known)}; known: sites {sorted(SITES)}, "
+                             f"ops {sorted(op.value for op in Op)}")
+
+    def covers(self, site: str) -> bool:
+        return self.ops is None or site in self.ops or SITES[site].op.value in self.ops
+
+
+def _compare(site: str, got, want, args: tuple, kwargs: dict, tolerance) -> Comparison:
+    """The comparison rule of the site's op (``gmlp.debug.compare``'s module docstring)."""
+    op, comparison = SITES[site].op, Comparison()
+    if op in (Op.QUANTIZE, Op.DEQUANTIZE):
+        bitwise(comparison, "out", got, want)
+    elif op is Op.SEGMENT_SUM:
+        values, starts = args
+        abs_sums = implementation(SITES[site], Path.TORCH)(values.abs(), starts)
+        within_bound(comparison, "out", got, want, gemm_delta(abs_sums, values.shape[0] + 1), tolerance)
+    elif op is Op.GROUPED_GEMM:
+        a, b, split_sizes = args[:3]
+        abs_products = grouped_gemm_ref(a.abs(), b.abs(), split_sizes, out_dtype=torch.float32)
+        within_bound(comparison, "out", got, want, gemm_delta(abs_products, a.shape[1] + 2), tolerance)
+    elif op is Op.WGRAD:
+        a, b, split_sizes = args[:3]
+        abs_products = grouped_wgrad_ref(a.abs(), b.abs(), split_sizes)
+        within_bound(comparison, "out", got, want, gemm_delta(abs_products, a.shape[0] + 2), tolerance)
+    elif op is Op.FC1:
+        _compare_fc1(comparison, got, want, args, kwargs, tolerance)
+    else:
+        _compare_fc2_dgrad(comparison, got, want, args, kwargs, tolerance)
+    return comparison
+
+
+def _probs_factor(kwargs: dict, rows: int, device) -> torch.Tensor:
+    probs = kwargs.get("probs")
+    return torch.ones(rows, 1, device=device) if probs is None else probs.float().abs()[:, None]
+
+
+def _compare_fc1(comparison: Comparison, got, want, args, kwargs, tolerance) -> None:
+    x, w1, split_sizes = args[:3]
+    activation = kwargs["activation"]
+    delta_h = gemm_delta(grouped_gemm_ref(x.abs(), w1.abs(), split_sizes, out_dtype=torch.float32), x.shape[1] + 2)
+    within_bound(comparison, "c", got.c, want.c, delta_h, tolerance)
+    if activation.gated:
+        delta_gate, delta_up = delta_h.chunk(2, dim=1)
+        delta_pre = delta_gate + delta_up
+    else:
+        delta_pre = delta_h
+    delta_a = activation_slope(want.c, activation) * delta_pre * _probs_factor(kwargs, x.shape[0], x.device)
+    for name in ("a", "a_rowwise", "a_columnwise"):
+        if getattr(want, name) is not None:
+            within_bound(comparison, name, getattr(got, name), getattr(want, name), delta_a, tolerance)
+
+
+def _compare_fc2_dgrad(comparison: Comparison, got, want, args, kwargs, tolerance) -> None:
+    dy, w2t, c, split_sizes = args[:4]
+    activation = kwargs["activation"]
+    tokens, ffn = dy.shape[0], w2t.shape[1]
+    abs_da = grouped_gemm_ref(dy.abs(), w2t.abs(), split_sizes, out_dtype=torch.float32)
+    delta_da = gemm_delta(abs_da, dy.shape[1] + 2)
+    probs = _probs_factor(kwargs, tokens, dy.device)
+    slope = activation_slope(c, activation)
+    delta_half = slope * delta_da * probs  # each half of dh: its partial derivative times da's error
+    delta_dh = torch.cat([delta_half, delta_half], dim=1) if activation.gated else delta_half
+    for name in ("dh", "dh_rowwise", "dh_columnwise"):
+        if getattr(want, name) is not None:
+            within_bound(comparison, name, getattr(got, name), getattr(want, name), delta_dh, tolerance)
+    if want.dprobs is not None:
+        act = activation.forward(c.float()).abs()
+        delta = ((delta_da + gemm_delta(abs_da, ffn)) * act).sum(dim=1)
+        within_bound(comparison, "dprobs", got.dprobs, want.dprobs, delta, tolerance)
+    if want.db1 is not None:
+        abs_dh = slope * abs_da * probs
+        per_row = delta_dh + gemm_delta(torch.cat([abs_dh, abs_dh], dim=1) if activation.gated else abs_dh, tokens)
+        starts = torch.cat([split_sizes.new_zeros(1), split_sizes.cumsum(0)])
+        delta = implementation(SITES["bias grad"], Path.TORCH)(per_row, starts)
+        within_bound(comparison, "db1", got.db1, want.db1, delta, tolerance)
+
+
+class CrossCheck:
+    """The ``OpRunner`` hook of one layer call: runs each covered site on its reference path too."""
+
+    def __init__(self, plan: LayerPlan, settings: CrossCheckSettings, split_sizes: torch.Tensor):
+        self.plan, self.settings = plan, settings
+        self.row_start = torch.cat([split_sizes.new_zeros(1), split_sizes.cumsum(0)]).cpu()
+        self.uncovered: list[str] = []  # sites that ran on the last path, with nothing below to compare
+
+    def __call__(self, site: str, got, args: tuple, kwargs: dict, before: torch.Tensor | None) -> None:
+        if not self.settings.covers(site):
+            return
+        reference = self.plan.references[site]
+        if reference is None:
+            if site not in self.uncovered:
+                self.uncovered.append(site)
+            return
+        if before is not None:  # an accumulating output: the reference starts from the same values
+            kwargs = {**kwargs, "out": before}
+        want = implementation(SITES[site], reference)(*args, **kwargs)
+        comparison = _compare(site, got, want, args, kwargs, self.settings.tolerance)
+        if comparison.mismatches:
+            self._report(site, reference, comparison)
+
+    def _expert(self, index: tuple[int, ...], rows: int) -> int | None:
+        if len(index) == 3:
+            return index[0]
+        if rows != int(self.row_start[-1]):
+            return None  # not a tensor of token rows (a weight)
+        return int(torch.searchsorted(self.row_start[1:], torch.tensor(index[0]), right=True))
+
+    def _report(self, site: str, reference, comparison: Comparison) -> None:
+        chosen = self.plan.path(site)
+        op = SITES[site].op.value
+        lines = [f"cross-check: {site} ({op}) on {chosen.value} differs from {reference.value}:"]
+        for name, (count, shape, first, rows) in comparison.outputs.items():
+            if not count:
+                continue
+            in_rows = f", in {rows} of {math.prod(shape[:-1])} rows (the first of each below)" if len(shape) > 1 else ""
+            lines.append(f"  {name} {shape}: {count} of {math.prod(shape)} elements differ{in_rows}:")
+            for mismatch in first:
+                lines.append("    " + mismatch.describe(name, self._expert(mismatch.index, shape[0])))
+        message = "\n".join(lines)
+        if self.settings.action == "raise":
+            raise CrossCheckError(message)
+        warnings.warn(message, CrossCheckWarning, stacklevel=4)

@@ -1,0 +1,145 @@
+"""The grouped MLP's forward and backward as a sequence of ops, each on the path its plan chose.
+
+The DESIGN.md dataflow, step for step, with no host sync on the kernel paths:
+
+forward:  quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1`` (c, Q_row(a),
+          Q_col(a)) -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y
+backward: quantize dy (both ways, gradient format) -> ``fc2 dgrad`` with Q_col(W2) (dprobs,
+          Q_row(dh), Q_col(dh)) -> ``fc1 dgrad`` with Q_col(W1) -> dx; ``fc2 wgrad``
+          dW2 = Q_col(dy)^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``bias grad`` for b2
+
+Each op runs through an ``OpRunner``: the implementation of the site's chosen path
+(``gmlp.layer_ops``), and, when the cross-check is on, the next path down on the same inputs
+(``gmlp.debug``). MXFP8 operands are dequantized to bf16 once, just before the GEMM that reads
+them, and the GEMMs run on bf16 (Hopper has no block-scaled MMA): the same values a GEMM would
+dequantize tile by tile, without repeating that work in every tile. Only the quantized tensors
+are kept for the backward. Each weight is quantized once per forward, rowwise and columnwise in
+one pass over its (E * N, K) stack: Q_row(W) for the forward GEMM, Q_col(W) for the backward
+one, which reads W_g^T as a transposed view of its dequantized values (in bf16, of the weight
+itself). No weight is copied to be transposed. Bias gradients are fp32 per-expert sums (of dy
+for b2; of dh's per-tile sums inside ``fc2 dgrad`` for b1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gmlp.activations import Activation
+from gmlp.groups import DeviceGroups, device_groups
+from gmlp.layer_ops import SITES, LayerPlan, implementation
+from gmlp.mlp_ref import MLPGrads
+from gmlp.quantized import MXFP8Tensor
+from gmlp.recipe import MXFP8Recipe
+
+__all__ = ["OpRunner", "LayerSaved", "grouped_mlp_forward", "grouped_mlp_backward"]
+
+CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
+
+
+class OpRunner:
+    """Runs each site's op on the path its plan chose; ``check``, when given (the cross-check),
+    sees every call and its output."""
+
+    def __init__(self, plan: LayerPlan, check: CrossCheckHook | None = None):
+        self.plan, self.check = plan, check
+
+    def __call__(self, site: str, *args, **kwargs):
+        run = implementation(SITES[site], self.plan.path(site))
+        if self.check is None:
+            return run(*args, **kwargs)
+        # an accumulating output (main_grad) is copied first, so that the check can run the
+        # other path from the same starting values
+        before = kwargs["out"].clone() if kwargs.get("out") is not None else None
+        result = run(*args, **kwargs)
+        self.check(site, result, args, kwargs, before)
+        return result
+
+
+@dataclass
+class LayerSaved:
+    """What the forward keeps for the backward."""
+
+    x_col: torch.Tensor | MXFP8Tensor  # (T, H) bf16, or Q_col(x)
+    c: torch.Tensor  # (T, 2F | F) bf16
+    a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
+    probs: torch.Tensor | None
+    w1_col: torch.Tensor | MXFP8Tensor  # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack
+    w2_col: torch.Tensor | MXFP8Tensor  # (E, H, F) W2 (bf16), or Q_col(W2)
+    split_sizes: torch.Tensor
+    groups: DeviceGroups  # device prefix sums of split_sizes, computed once for every launcher
+    has_b1: bool
+    has_b2: bool
+
+
+def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups | None = None) -> torch.Tensor:
+    """bf16 values of a GEMM operand: an MXFP8Tensor dequantized (source orientation), or itself.
+    ``groups`` are the device prefix sums of a grouped operand's split sizes."""
+    return run("dequantize", value, groups) if isinstance(value, MXFP8Tensor) else value
+
+
+def _transposed_weight(run: OpRunner, w_col: torch.Tensor | MXFP8Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """W_g^T per expert, a (E, K, N) transposed view of the (E, N, K) weight's values (from Q_col)."""
+    return _bf16(run, w_col).view(shape).transpose(1, 2)
+
+
+def grouped_mlp_forward(
+    run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
+    b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
+    recipe: MXFP8Recipe | None,
+) -> tuple[torch.Tensor, LayerSaved]:
+    """y (T, H) bf16 and the saved state; the arguments of ``gmlp.mlp_ref.grouped_mlp_forward_ref``
+    after the runner."""
+    ffn = w2.shape[2]
+    groups = device_groups(split_sizes, x.shape[0])
+    if recipe is None:
+        x_row = x_col = x
+        w1_row, w1_col, w2_row, w2_col = w1, w1, w2, w2
+    else:
+        xq = run("quantize x", x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                 scale_mode=recipe.scale_mode)
+        x_row, x_col = xq.rowwise, xq.columnwise
+        w1q, w2q = (run(f"quantize {name}", w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False,
+                        scale_mode=recipe.scale_mode) for name, w in (("w1", w1), ("w2", w2)))
+        w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
+    fc1 = run("fc1", _bf16(run, x_row), _bf16(run, w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
+              activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)
+    a_row = fc1.a if recipe is None else fc1.a_rowwise
+    y = run("fc2", _bf16(run, a_row), _bf16(run, w2_row).view(w2.shape), split_sizes, bias=b2, groups=groups)
+    saved = LayerSaved(
+        x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
+        w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
+        has_b2=b2 is not None,
+    )
+    return y, saved
+
+
+def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, activation: Activation,
+                         recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32,
+                         weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
+    """Gradients for dy (T, H); the arguments of ``gmlp.mlp_ref.grouped_mlp_backward_ref`` after
+    the runner."""
+    split_sizes, groups = saved.split_sizes, saved.groups
+    if recipe is None:
+        dy_row = dy_col = dy
+    else:
+        dyq = run("quantize dy", dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                  element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
+        dy_row, dy_col = dyq.rowwise, dyq.columnwise
+    hidden = dy.shape[1]
+    w2t = _transposed_weight(run, saved.w2_col, (split_sizes.numel(), hidden, -1))
+    dgrad = run("fc2 dgrad", _bf16(run, dy_row), w2t, saved.c, split_sizes, activation=activation, recipe=recipe,
+                probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
+    dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
+    dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
+    w1t = _transposed_weight(run, saved.w1_col, (split_sizes.numel(), -1, hidden))
+    dx = run("fc1 dgrad", _bf16(run, dh_row), w1t, split_sizes, groups=groups)
+    dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
+    dw2 = run("fc2 wgrad", _bf16(run, dy_col, groups), _bf16(run, saved.a_col, groups), split_sizes, out=dw2_out,
+              out_dtype=weight_grad_dtype, groups=groups)
+    dw1 = run("fc1 wgrad", _bf16(run, dh_col, groups), _bf16(run, saved.x_col, groups), split_sizes, out=dw1_out,
+              out_dtype=weight_grad_dtype, groups=groups)
+    db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
+    return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)

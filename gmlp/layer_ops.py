@@ -1,0 +1,211 @@
+"""The grouped MLP's ops: their call sites in the layer, their implementations on each path, and
+what each path can run (the per-op half of the dispatch rules; ``gmlp.dispatch`` has the rest).
+
+Every implementation of an op takes the arguments of its Triton launcher; the torch ones are
+the oracle's twins (``gmlp.mlp_ref``, ``gmlp.quantize_ref``), which ignore the launch-only
+arguments (``groups``, ``config``). A *site* is one place in the layer where an op runs, with
+its own decision, since the operands (and so the answers) differ: the quantize of x is not the
+quantize of W1.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gmlp.dispatch import PATHS_FASTEST_FIRST, Decision, Path, choose_path, system_reason
+from gmlp.quantize_args import QuantizeProblem
+from gmlp.reasons import Reason, ReasonKind
+
+__all__ = ["Op", "Site", "SITES", "LayerPlan", "plan_layer", "implementation"]
+
+
+class Op(enum.Enum):
+    QUANTIZE = "quantize_mxfp8"
+    DEQUANTIZE = "dequantize_mxfp8"
+    FC1 = "fc1_forward"  # FC1 GEMM + bias + activation + probs, a in bf16 or quantized both ways
+    GROUPED_GEMM = "grouped_gemm"  # A @ B_g^T per expert: FC2 forward, FC1 dgrad
+    FC2_DGRAD = "fc2_dgrad"  # FC2 dgrad + activation backward + dprobs, dh in bf16 or quantized
+    WGRAD = "grouped_wgrad"  # weight gradients, a ragged contraction over each expert's tokens
+    SEGMENT_SUM = "segment_sum"  # per-expert row sums (b2's gradient)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in the layer where an op runs."""
+
+    name: str
+    op: Op
+    mxfp8_only: bool = False  # runs only with an MXFP8 recipe
+    weight_stack: bool = False  # quantizes an (E * N, K) weight stack (a launch config of its own)
+    bias_only: bool = False  # runs only when the layer has biases
+
+
+SITES = {site.name: site for site in (
+    Site("quantize x", Op.QUANTIZE, True),
+    Site("quantize w1", Op.QUANTIZE, True, weight_stack=True),
+    Site("quantize w2", Op.QUANTIZE, True, weight_stack=True),
+    Site("dequantize", Op.DEQUANTIZE, True),
+    Site("fc1", Op.FC1),
+    Site("fc2", Op.GROUPED_GEMM),
+    Site("quantize dy", Op.QUANTIZE, True),
+    Site("fc2 dgrad", Op.FC2_DGRAD),
+    Site("fc1 dgrad", Op.GROUPED_GEMM),
+    Site("fc2 wgrad", Op.WGRAD),
+    Site("fc1 wgrad", Op.WGRAD),
+    Site("bias grad", Op.SEGMENT_SUM, bias_only=True),
+)}
+
+
+# --- implementations -------------------------------------------------------------------------
+
+
+def _without(*launch_only: str) -> Callable[[Callable], Callable]:
+    """Wrap an implementation so that it accepts, and ignores, the Triton launcher's launch-only
+    arguments."""
+    def wrap(function: Callable) -> Callable:
+        def twin(*args, **kwargs):
+            for name in launch_only:
+                kwargs.pop(name, None)
+            return function(*args, **kwargs)
+        twin.__name__ = twin.__qualname__ = function.__name__
+        return twin
+    return wrap
+
+
+def _dequantize_ref(tensor, groups=None) -> torch.Tensor:
+    """The spec's dequantize, rounded to bf16 (what the Triton kernel writes, bit for bit)."""
+    del groups
+    return tensor.dequantize().to(torch.bfloat16)
+
+
+def _segment_sum_ref(values: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """(G, N) fp32 sums of the rows [starts[g], starts[g+1]) of values, accumulated in fp64."""
+    bounds = starts.tolist()
+    return torch.stack([values[bounds[g]:bounds[g + 1]].double().sum(0) for g in range(len(bounds) - 1)]).float()
+
+
+def _torch_implementation(op: Op) -> Callable:
+    from gmlp import mlp_ref
+    from gmlp.quantize_ref import quantize_mxfp8_ref
+
+    return {
+        Op.QUANTIZE: quantize_mxfp8_ref,
+        Op.DEQUANTIZE: _dequantize_ref,
+        Op.FC1: _without("groups", "tiling")(mlp_ref.fc1_forward_ref),
+        Op.GROUPED_GEMM: _without("groups", "tiling")(mlp_ref.grouped_gemm_ref),
+        Op.FC2_DGRAD: _without("groups", "tiling")(mlp_ref.fc2_dgrad_ref),
+        Op.WGRAD: _without("groups", "tiling")(mlp_ref.grouped_wgrad_ref),
+        Op.SEGMENT_SUM: _segment_sum_ref,
+    }[op]
+
+
+def _triton_implementation(site: Site) -> Callable:
+    op = site.op
+    if op is Op.QUANTIZE:
+        from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG, WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
+
+        config = WEIGHT_QUANTIZE_CONFIG if site.weight_stack else DEFAULT_QUANTIZE_CONFIG
+        return functools.partial(quantize_mxfp8, config=config)
+    if op is Op.DEQUANTIZE:
+        from gmlp.triton_ref.dequantize import dequantize_mxfp8 as run
+    elif op is Op.FC1:
+        from gmlp.triton_ref.fc1 import fc1_forward as run
+    elif op is Op.GROUPED_GEMM:
+        from gmlp.triton_ref.grouped_gemm import grouped_gemm as run
+    elif op is Op.FC2_DGRAD:
+        from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as run
+    elif op is Op.WGRAD:
+        from gmlp.triton_ref.wgrad import grouped_wgrad as run
+    else:
+        from gmlp.triton_ref.segment_sum import segment_sum as run
+    return run
+
+
+def implementation(site: Site, path: Path) -> Callable:
+    """The function that runs ``site``'s op on ``path`` (the arguments of the op's Triton launcher,
+    launch settings such as the quantize config excepted: each path has its own)."""
+    if path is Path.TORCH:
+        return _torch_implementation(site.op)
+    if path is Path.TRITON:
+        return _triton_implementation(site)
+    if site.op is not Op.QUANTIZE:
+        raise ValueError(f"{site.op.value} has no {path.value} implementation")
+    from gmlp.cutedsl.quantize import quantize_mxfp8
+
+    return quantize_mxfp8
+
+
+# --- what each path can run ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerProblem:
+    """What the layer's per-op answers depend on: parameter dtype, recipe, the quantize calls."""
+
+    param_dtype: torch.dtype
+    mxfp8: bool
+    bias: bool
+    quantize_problems: dict[str, QuantizeProblem]  # site name -> its quantize call
+
+
+def _reason(op: Op, site: str, path: Path, problem: LayerProblem) -> Reason | None:
+    if path is Path.TORCH:
+        return None
+    if op is Op.QUANTIZE:
+        if path is Path.CUTEDSL:
+            from gmlp.cutedsl.quantize import problem_support
+        else:
+            from gmlp.triton_ref.quantize import problem_support
+        return problem_support(problem.quantize_problems[site])
+    if path is Path.CUTEDSL:
+        return Reason(ReasonKind.SYSTEM, f"gmlp has no CuTeDSL {op.value} kernel for this GPU (the SM100 grouped "
+                                         "MLP kernels are issue 5)")
+    gemm_ops = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
+    dtype = problem.param_dtype
+    if op in gemm_ops and dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):
+        mode = "MXFP8" if problem.mxfp8 else "bf16 (recipe=None)"
+        return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the Triton GEMMs take bf16 operands, "
+                                         "which are the parameters themselves without a recipe, or their "
+                                         "dequantized MXFP8 values (bf16 or float32 parameters)")
+    return None
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """The path of every site of one layer call, and why each faster path is skipped."""
+
+    decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
+    references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
+
+    def path(self, site: str) -> Path:
+        return self.decisions[site].path
+
+    def explain(self) -> str:
+        width = max(len(name) for name in self.decisions)
+        lines = []
+        for name, decision in self.decisions.items():
+            lines.append(f"{name:<{width}}  {decision.op:<16} -> {decision.path.value}")
+            lines += [f"{'':<{width}}    not {path.value}: {reason}" for path, reason in decision.skipped]
+        return "\n".join(lines)
+
+
+def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None, activation: str) -> LayerPlan:
+    """Choose the path of every site (``gmlp.dispatch.choose_path``: strict mode and forced
+    backends apply per site; a fallback warning comes once per op, activation, path and reason,
+    naming the first site where it happened)."""
+    decisions, references = {}, {}
+    for name, site in SITES.items():
+        if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
+            continue
+        def problem_reason(path: Path, site: Site = site) -> Reason | None:
+            return _reason(site.op, site.name, path, problem)
+        decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=activation, where=name)
+        decisions[name] = decision
+        lower = PATHS_FASTEST_FIRST[PATHS_FASTEST_FIRST.index(decision.path) + 1:]
+        references[name] = next((p for p in lower if (system_reason(p, device) or problem_reason(p)) is None), None)
+    return LayerPlan(decisions, references)

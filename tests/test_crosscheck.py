@@ -1,0 +1,134 @@
+"""The cross-check: clean runs pass, and one planted wrong element in any op's output is caught
+and located. On the CPU the Triton kernels run in the interpreter and are checked against the
+torch twins; on a GPU the same tests check the compiled kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import gmlp
+import gmlp.layer
+from gmlp.debug import CrossCheckError, CrossCheckWarning, cross_check
+from gmlp.dispatch import Path
+from gmlp.layer_ops import SITES
+from gmlp.mlp_ref import FC1Output, FC2DgradOutput
+from gmlp.quantized import MXFP8Quantized
+from tests.backends import kernel_device
+
+SPLITS = {"skewed-with-empty": [37, 0, 60, 3], "one-expert": [40]}
+
+
+def _layer_step(recipe, activation="swiglu", splits=(37, 0, 60, 3), bias=True, seed=0):
+    device = kernel_device()
+    torch.manual_seed(seed)
+    mlp = gmlp.GroupedMLP(len(splits), 64, 64, activation=activation, bias=bias, recipe=recipe, device=device)
+    split_sizes = torch.tensor(splits, device=device)
+    x = torch.randn(sum(splits), 64, device=device).bfloat16().requires_grad_()
+    probs = torch.rand(sum(splits), device=device, requires_grad=True)
+    y = mlp(x, split_sizes, probs)
+    y.backward(torch.randn_like(y))
+    return mlp, x
+
+
+def _require_triton_layer():
+    mlp = gmlp.GroupedMLP(2, 64, 64, device=kernel_device())
+    if mlp.plan(torch.zeros(4, 64, device=kernel_device())).path("fc1") is not Path.TRITON:
+        pytest.skip("the Triton kernels do not run here (no GPU and no interpreter)")
+
+
+@pytest.mark.parametrize("recipe,activation", [(gmlp.MXFP8Recipe(), "swiglu"), (gmlp.MXFP8Recipe(), "qgeglu"),
+                                               (gmlp.MXFP8Recipe(), "srelu"), (None, "geglu")],
+                         ids=["mxfp8-swiglu", "mxfp8-qgeglu", "mxfp8-srelu", "bf16-geglu"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+def test_clean_runs_pass(recipe, activation, splits):
+    _require_triton_layer()
+    with cross_check(action="raise"):
+        _layer_step(recipe, activation, splits)
+
+
+def _planted(output, where: list):
+    """output with one element made wrong; ``where`` receives the element's index."""
+    if isinstance(output, MXFP8Quantized):
+        return dataclasses.replace(output, rowwise=_planted(output.rowwise, where))
+    if isinstance(output, (FC1Output, FC2DgradOutput)):
+        name = "c" if isinstance(output, FC1Output) else ("dh" if output.dh is not None else "dh_rowwise")
+        return dataclasses.replace(output, **{name: _planted(getattr(output, name), where)})
+    if not isinstance(output, torch.Tensor):  # an MXFP8Tensor: flip the top exponent bit of one fp8 element
+        data = output.data.clone()
+        index = tuple(s // 2 for s in data.shape)
+        data.view(torch.uint8)[index] ^= 0x40
+        where.append(index)
+        return dataclasses.replace(output, data=data)
+    output = output.clone()
+    index = tuple(s // 2 for s in output.shape)
+    output[index] = -2 * output[index] - 1
+    where.append(index)
+    return output
+
+
+@pytest.mark.parametrize("site", list(SITES))
+def test_one_planted_element_is_caught_and_located(monkeypatch, site):
+    _require_triton_layer()
+    real = gmlp.layer.implementation
+    where: list = []
+
+    def implementation(site_, path):
+        run = real(site_, path)
+        if site_.name != site or path is not Path.TRITON:
+            return run
+        return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
+
+    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    with cross_check(action="raise"), pytest.raises(CrossCheckError) as error:
+        _layer_step(gmlp.MXFP8Recipe())
+    message = str(error.value)
+    assert f"cross-check: {site} ({SITES[site].op.value}) on triton differs from torch" in message
+    index = where[0]
+    assert " 1 of " in message, message  # exactly the planted element
+    assert ", ".join(f"{axis} {value}" for axis, value in zip(("row", "column"), index)) in message or \
+        ", ".join(f"{axis} {value}" for axis, value in zip(("expert", "row", "column"), index)) in message, message
+
+
+def test_warn_mode_keeps_going_and_names_the_values(monkeypatch):
+    _require_triton_layer()
+    real = gmlp.layer.implementation
+    where: list = []
+
+    def implementation(site_, path):
+        run = real(site_, path)
+        if site_.name != "fc2" or path is not Path.TRITON:
+            return run
+        return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
+
+    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    with cross_check(ops=["grouped_gemm"]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mlp, x = _layer_step(gmlp.MXFP8Recipe())
+    messages = [str(w.message) for w in caught if issubclass(w.category, CrossCheckWarning)]
+    assert len(messages) == 1 and "fc2 (grouped_gemm)" in messages[0] and "got " in messages[0] and "want " in messages[0]
+    assert x.grad is not None and mlp.w1.grad is not None  # the step finished
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="unknown ops"):
+        with cross_check(ops=["fc3"]):
+            pass
+    with pytest.raises(ValueError, match="action must be"):
+        with cross_check(action="ignore"):
+            pass
+
+
+def test_environment_switch(monkeypatch):
+    from gmlp.debug import active_settings
+
+    monkeypatch.setenv("GMLP_CROSSCHECK", "raise")
+    assert active_settings().action == "raise"
+    monkeypatch.setenv("GMLP_CROSSCHECK", "0")
+    assert active_settings() is None
+    monkeypatch.setenv("GMLP_CROSSCHECK", "maybe")
+    with pytest.raises(ValueError, match="GMLP_CROSSCHECK"):
+        active_settings()
