@@ -6,7 +6,8 @@ from typing import Callable
 
 import torch
 
-from gmlp.dispatch import Decision, Path, choose_path
+from gmlp.debug import active_settings as active_cross_check
+from gmlp.dispatch import PATHS_FASTEST_FIRST, Decision, Path, choose_path, system_reason
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized
@@ -89,4 +90,25 @@ def quantize_mxfp8(
     args = dict(rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
                 element_format=element_format, scale_mode=scale_mode)
     decision = plan_quantize(x, strict=strict, **args)
-    return launcher(decision.path)(x, **args)
+    result = launcher(decision.path)(x, **args)
+    settings = active_cross_check()
+    if settings is not None and settings.covers_op(OP_NAME):
+        _cross_check(x, args, decision.path, result, settings)
+    return result
+
+
+def _cross_check(x: torch.Tensor, args: dict, chosen: Path, result: MXFP8Quantized, settings) -> None:
+    """Quantize again on the next path down and compare bit for bit (``gmlp.debug``)."""
+    from gmlp.debug.compare import Comparison, bitwise
+    from gmlp.debug.crosscheck import report, say_uncompared
+
+    reason = _problem_reason(validate_quantize_args(x, **args))
+    lower = PATHS_FASTEST_FIRST[PATHS_FASTEST_FIRST.index(chosen) + 1:]
+    reference = next((p for p in lower if (system_reason(p, x.device) or reason(p)) is None), None)
+    if reference is None:
+        say_uncompared(OP_NAME, chosen)
+        return
+    comparison = Comparison()
+    bitwise(comparison, "out", result, launcher(reference)(x, **args))
+    if comparison.mismatches:
+        report(f"{OP_NAME} on {chosen.value} differs from {reference.value}", comparison, settings.action)

@@ -136,3 +136,59 @@ def test_environment_switch(monkeypatch):
     monkeypatch.setenv("GMLP_CROSSCHECK", "maybe")
     with pytest.raises(ValueError, match="GMLP_CROSSCHECK"):
         active_settings()
+
+
+@pytest.mark.parametrize("hidden,ffn,splits", [(96, 32, [0, 0, 0, 70]), (32, 96, [1, 31, 33, 1, 0, 45])],
+                         ids=["all-in-last", "tiny-experts"])
+def test_clean_runs_pass_on_other_shapes(hidden, ffn, splits):
+    _require_triton_layer()
+    device = kernel_device()
+    torch.manual_seed(1)
+    mlp = gmlp.GroupedMLP(len(splits), hidden, ffn, bias=True, device=device)
+    x = torch.randn(sum(splits), hidden, device=device).bfloat16().requires_grad_()
+    with cross_check(action="raise"):
+        mlp(x, torch.tensor(splits, device=device)).backward(torch.randn(sum(splits), hidden, device=device).bfloat16())
+
+
+def test_tolerance_override_replaces_the_derived_bound(monkeypatch):
+    _require_triton_layer()
+    real = gmlp.layer.implementation
+
+    def implementation(site_, path):
+        run = real(site_, path)
+        if site_.name != "fc2" or path is not Path.TRITON:
+            return run
+        return lambda *args, **kwargs: _planted(run(*args, **kwargs), [])
+
+    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    with cross_check(ops=["fc2"], action="raise", tolerance=(10.0, 10.0)):  # |3v + 1| <= 10 + 10 |v|
+        _layer_step(gmlp.MXFP8Recipe())
+    with cross_check(ops=["fc2"], action="raise", tolerance=(0.0, 1e-3)), pytest.raises(CrossCheckError):
+        _layer_step(gmlp.MXFP8Recipe())
+
+
+def test_standalone_quantize_is_cross_checked(monkeypatch):
+    _require_triton_layer()
+    device = kernel_device()
+    x = torch.randn(100, 64, device=device).bfloat16()
+    with cross_check(action="raise"):
+        gmlp.quantize_mxfp8(x, rowwise=True, columnwise=True)
+    chosen = gmlp.plan_quantize(x).path
+    real = gmlp.quantize.launcher
+    monkeypatch.setattr(gmlp.quantize, "launcher",
+                        lambda path: (lambda *a, **k: _planted(real(path)(*a, **k), [])) if path is chosen else real(path))
+    with cross_check(action="raise"), pytest.raises(CrossCheckError, match=rf"quantize_mxfp8 on {chosen.value} differs"):
+        gmlp.quantize_mxfp8(x, rowwise=True, columnwise=True)
+
+
+def test_ops_on_the_last_path_are_said_once(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr("gmlp.debug.crosscheck._said_uncompared", set())
+    mlp = gmlp.GroupedMLP(2, 64, 64)
+    x, split_sizes = torch.randn(8, 64).bfloat16(), torch.tensor([3, 5])
+    with cross_check(action="raise"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mlp(x, split_sizes)
+        mlp(x, split_sizes)
+    messages = [str(w.message) for w in caught if issubclass(w.category, CrossCheckWarning)]
+    assert len(messages) == 6 and all("ran on torch, the last path" in m for m in messages), messages

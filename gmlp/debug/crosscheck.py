@@ -14,7 +14,7 @@ from gmlp.dispatch import Path
 from gmlp.layer_ops import SITES, LayerPlan, Op, implementation
 from gmlp.mlp_ref import grouped_gemm_ref, grouped_wgrad_ref
 
-__all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck"]
+__all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck", "report", "say_uncompared"]
 
 
 class CrossCheckError(RuntimeError):
@@ -43,7 +43,12 @@ class CrossCheckSettings:
                              f"ops {sorted(op.value for op in Op)}")
 
     def covers(self, site: str) -> bool:
+        """Whether a layer site (by its name or its op's) is checked."""
         return self.ops is None or site in self.ops or SITES[site].op.value in self.ops
+
+    def covers_op(self, op: str) -> bool:
+        """Whether a standalone op (``gmlp.quantize_mxfp8``) is checked."""
+        return self.ops is None or op in self.ops
 
 
 def _compare(site: str, got, want, args: tuple, kwargs: dict, tolerance) -> Comparison:
@@ -116,48 +121,59 @@ def _compare_fc2_dgrad(comparison: Comparison, got, want, args, kwargs, toleranc
         within_bound(comparison, "db1", got.db1, want.db1, delta, tolerance)
 
 
+_said_uncompared: set[str] = set()
+
+
+def report(title: str, comparison: Comparison, action: str, expert_of=None) -> None:
+    """Warn or raise with the mismatches of one op call; ``expert_of(index, shape)`` names the
+    expert of an element where the output's rows are tokens (or experts)."""
+    lines = [f"cross-check: {title}:"]
+    for name, (count, shape, first, rows) in comparison.outputs.items():
+        if not count:
+            continue
+        in_rows = f", in {rows} of {math.prod(shape[:-1])} rows (the first of each below)" if len(shape) > 1 else ""
+        lines.append(f"  {name} {shape}: {count} of {math.prod(shape)} elements differ{in_rows}:")
+        for mismatch in first:
+            lines.append("    " + mismatch.describe(name, expert_of(mismatch.index, shape) if expert_of else None))
+    message = "\n".join(lines)
+    if action == "raise":
+        raise CrossCheckError(message)
+    warnings.warn(message, CrossCheckWarning, stacklevel=4)
+
+
+def say_uncompared(what: str, path: Path) -> None:
+    """Once per process: an op the cross-check covers ran on the last path, so nothing checked it."""
+    if what not in _said_uncompared:
+        _said_uncompared.add(what)
+        warnings.warn(f"cross-check: {what} ran on {path.value}, the last path that runs it here; nothing to "
+                      "compare it with", CrossCheckWarning, stacklevel=4)
+
+
 class CrossCheck:
     """The ``OpRunner`` hook of one layer call: runs each covered site on its reference path too."""
 
     def __init__(self, plan: LayerPlan, settings: CrossCheckSettings, split_sizes: torch.Tensor):
         self.plan, self.settings = plan, settings
         self.row_start = torch.cat([split_sizes.new_zeros(1), split_sizes.cumsum(0)]).cpu()
-        self.uncovered: list[str] = []  # sites that ran on the last path, with nothing below to compare
 
     def __call__(self, site: str, got, args: tuple, kwargs: dict, before: torch.Tensor | None) -> None:
         if not self.settings.covers(site):
             return
-        reference = self.plan.references[site]
+        chosen, reference = self.plan.path(site), self.plan.references[site]
         if reference is None:
-            if site not in self.uncovered:
-                self.uncovered.append(site)
+            say_uncompared(f"{site} ({SITES[site].op.value})", chosen)
             return
         if before is not None:  # an accumulating output: the reference starts from the same values
             kwargs = {**kwargs, "out": before}
         want = implementation(SITES[site], reference)(*args, **kwargs)
         comparison = _compare(site, got, want, args, kwargs, self.settings.tolerance)
         if comparison.mismatches:
-            self._report(site, reference, comparison)
+            report(f"{site} ({SITES[site].op.value}) on {chosen.value} differs from {reference.value}", comparison,
+                   self.settings.action, self._expert)
 
-    def _expert(self, index: tuple[int, ...], rows: int) -> int | None:
+    def _expert(self, index: tuple[int, ...], shape: tuple[int, ...]) -> int | None:
         if len(index) == 3:
             return index[0]
-        if rows != int(self.row_start[-1]):
+        if shape[0] != int(self.row_start[-1]):
             return None  # not a tensor of token rows (a weight)
         return int(torch.searchsorted(self.row_start[1:], torch.tensor(index[0]), right=True))
-
-    def _report(self, site: str, reference, comparison: Comparison) -> None:
-        chosen = self.plan.path(site)
-        op = SITES[site].op.value
-        lines = [f"cross-check: {site} ({op}) on {chosen.value} differs from {reference.value}:"]
-        for name, (count, shape, first, rows) in comparison.outputs.items():
-            if not count:
-                continue
-            in_rows = f", in {rows} of {math.prod(shape[:-1])} rows (the first of each below)" if len(shape) > 1 else ""
-            lines.append(f"  {name} {shape}: {count} of {math.prod(shape)} elements differ{in_rows}:")
-            for mismatch in first:
-                lines.append("    " + mismatch.describe(name, self._expert(mismatch.index, shape[0])))
-        message = "\n".join(lines)
-        if self.settings.action == "raise":
-            raise CrossCheckError(message)
-        warnings.warn(message, CrossCheckWarning, stacklevel=4)
