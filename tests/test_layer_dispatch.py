@@ -4,6 +4,7 @@ backends, and decisions that do not depend on the diagnostic settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import warnings
 
@@ -152,3 +153,16 @@ def test_forced_backends(monkeypatch):
         _plan(device)
     monkeypatch.setenv("GMLP_BACKEND", "triton")
     assert {d.path for d in _plan(device).decisions.values()} == {Path.TRITON}
+
+
+def test_shape_reason(monkeypatch):
+    """A quantize too large for the CuTeDSL kernel's 32-bit indices takes Triton, with a shape reason."""
+    if gmlp.cutedsl.import_error() is not None:
+        pytest.skip(f"cutlass-dsl does not import here: {gmlp.cutedsl.import_error()}")
+    device = _gpu(monkeypatch, (9, 0))
+    problem, activation = _problem()
+    huge = dataclasses.replace(problem.quantize_problems["quantize x"], num_rows=2**31 - 64)
+    problem = dataclasses.replace(problem, quantize_problems={**problem.quantize_problems, "quantize x": huge})
+    decision = plan_layer(problem, device, strict=None, activation=activation).decisions["quantize x"]
+    reason = dict(decision.skipped)[Path.CUTEDSL]
+    assert decision.path is Path.TRITON and reason.kind is ReasonKind.SHAPE and "32-bit indices" in str(reason)
