@@ -150,10 +150,28 @@ class LayerProblem:
     param_dtype: torch.dtype
     mxfp8: bool
     bias: bool
+    activation: str  # its name: "swiglu", "geglu", "qgeglu", "srelu"
     quantize_problems: dict[str, QuantizeProblem]  # site name -> its quantize call
 
 
-def _reason(op: Op, site: str, path: Path, problem: LayerProblem) -> Reason | None:
+def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) -> Reason:
+    """Why a fused GEMM step does not take CuTeDSL (the system check has passed: SM90 or SM100)."""
+    if torch.cuda.get_device_capability(device)[0] != 10:
+        return Reason(ReasonKind.SYSTEM, f"no CuTeDSL {op.value} kernel for SM90 in gmlp (cuDNN frontend's grouped "
+                                         "GEMM kernels are SM100-only)")
+    from gmlp.cutedsl.cudnn_kernels import import_error
+
+    error = import_error()
+    if error is not None:
+        return Reason(ReasonKind.SYSTEM, error)
+    if op in (Op.FC1, Op.FC2_DGRAD) and problem.activation == "geglu":
+        return Reason(ReasonKind.ACTIVATION, "cuDNN frontend's GLU kernels have no tanh-GELU GeGLU (their 'geglu' is "
+                                             "the clamped GPT-OSS form, gmlp's qgeglu)")
+    return Reason(ReasonKind.SYSTEM, f"gmlp's SM100 adapter of cuDNN frontend's grouped kernels does not run "
+                                     f"{op.value} yet (issue 5)")
+
+
+def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.device) -> Reason | None:
     if path is Path.TORCH:
         return None
     if op is Op.QUANTIZE:
@@ -163,8 +181,7 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem) -> Reason | No
             from gmlp.triton_ref.quantize import problem_support
         return problem_support(problem.quantize_problems[site])
     if path is Path.CUTEDSL:
-        return Reason(ReasonKind.SYSTEM, f"gmlp has no CuTeDSL {op.value} kernel for this GPU (the SM100 grouped "
-                                         "MLP kernels are issue 5)")
+        return _cutedsl_gemm_reason(op, problem, device)
     gemm_ops = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
     dtype = problem.param_dtype
     if op in gemm_ops and dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):
@@ -194,7 +211,7 @@ class LayerPlan:
         return "\n".join(lines)
 
 
-def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None, activation: str) -> LayerPlan:
+def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None) -> LayerPlan:
     """Choose the path of every site (``gmlp.dispatch.choose_path``: strict mode and forced
     backends apply per site; a fallback warning comes once per op, activation, path and reason,
     naming the first site where it happened)."""
@@ -203,8 +220,8 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
         if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
             continue
         def problem_reason(path: Path, site: Site = site) -> Reason | None:
-            return _reason(site.op, site.name, path, problem)
-        decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=activation, where=name)
+            return _reason(site.op, site.name, path, problem, device)
+        decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=problem.activation, where=name)
         decisions[name] = decision
         lower = PATHS_FASTEST_FIRST[PATHS_FASTEST_FIRST.index(decision.path) + 1:]
         references[name] = next((p for p in lower if (system_reason(p, device) or problem_reason(p)) is None), None)

@@ -37,9 +37,9 @@ def fresh_dispatch(monkeypatch):
         cached.cache_clear()
 
 
-def _problem(recipe=gmlp.MXFP8Recipe(), dtype=torch.bfloat16, activation="swiglu") -> tuple[LayerProblem, str]:
+def _problem(recipe=gmlp.MXFP8Recipe(), dtype=torch.bfloat16, activation="swiglu") -> LayerProblem:
     mlp = gmlp.GroupedMLP(4, 64, 64, activation=activation, recipe=recipe, dtype=dtype)
-    return LayerProblem(dtype, recipe is not None, False, mlp._quantize_problems(torch.zeros(96, 64), None)), activation
+    return LayerProblem(dtype, recipe is not None, False, activation, mlp._quantize_problems(torch.zeros(96, 64), None))
 
 
 def _gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
@@ -61,8 +61,7 @@ def _broken_cutedsl(monkeypatch, error: Exception) -> None:
 
 
 def _plan(device, activation="swiglu", **problem_args):
-    problem, activation = _problem(activation=activation, **problem_args)
-    return plan_layer(problem, device, strict=None, activation=activation)
+    return plan_layer(_problem(activation=activation, **problem_args), device, strict=None)
 
 
 def test_compute_capability_reasons(monkeypatch):
@@ -160,9 +159,40 @@ def test_shape_reason(monkeypatch):
     if gmlp.cutedsl.import_error() is not None:
         pytest.skip(f"cutlass-dsl does not import here: {gmlp.cutedsl.import_error()}")
     device = _gpu(monkeypatch, (9, 0))
-    problem, activation = _problem()
+    problem = _problem()
     huge = dataclasses.replace(problem.quantize_problems["quantize x"], num_rows=2**31 - 64)
     problem = dataclasses.replace(problem, quantize_problems={**problem.quantize_problems, "quantize x": huge})
-    decision = plan_layer(problem, device, strict=None, activation=activation).decisions["quantize x"]
+    decision = plan_layer(problem, device, strict=None).decisions["quantize x"]
     reason = dict(decision.skipped)[Path.CUTEDSL]
     assert decision.path is Path.TRITON and reason.kind is ReasonKind.SHAPE and "32-bit indices" in str(reason)
+
+
+def test_sm100_reasons_for_the_fused_gemms(monkeypatch):
+    """On SM100 the GEMM steps would take cuDNN frontend's kernels: an activation they lack is an
+    activation reason, their import failure a system reason with its text."""
+    from gmlp.cutedsl import cudnn_kernels
+
+    cudnn_kernels.import_error.cache_clear()
+    if cudnn_kernels.import_error() is not None or gmlp.cutedsl.import_error() is not None:
+        pytest.skip(f"the CuTeDSL packages do not import here: {cudnn_kernels.import_error()}")
+    device = _gpu(monkeypatch, (10, 0))
+    geglu = _plan(device, activation="geglu")
+    for site in ("fc1", "fc2 dgrad"):
+        reason = dict(geglu.decisions[site].skipped)[Path.CUTEDSL]
+        assert reason.kind is ReasonKind.ACTIVATION and "no tanh-GELU GeGLU" in str(reason), site
+    assert dict(geglu.decisions["fc2"].skipped)[Path.CUTEDSL].kind is ReasonKind.SYSTEM
+    assert _plan(device).decisions["quantize x"].path is Path.CUTEDSL  # the quantize runs there
+    real = cudnn_kernels.importlib.import_module
+
+    def import_module(name, *args):
+        if name.startswith("cudnn.gemm.cutedsl.grouped"):
+            raise ImportError(RENAMED_API)
+        return real(name, *args)
+
+    monkeypatch.setattr(cudnn_kernels.importlib, "import_module", import_module)
+    cudnn_kernels.import_error.cache_clear()
+    try:
+        reason = str(dict(_plan(device).decisions["fc1"].skipped)[Path.CUTEDSL])
+    finally:
+        cudnn_kernels.import_error.cache_clear()
+    assert RENAMED_API in reason and "nvidia-cudnn-frontend" in reason

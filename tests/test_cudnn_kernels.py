@@ -1,0 +1,52 @@
+"""The cuDNN frontend kernels of the SM100 path import with the installed cutlass-dsl, and the
+pinned versions are the installed ones (a new combination must be tested, then pinned)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gmlp.cutedsl import cudnn_kernels
+from gmlp.versions import package_version
+
+
+def _installed() -> dict[str, str]:
+    return {name: package_version(name) for name in cudnn_kernels.TESTED_TOGETHER}
+
+
+def test_kernels_import_with_the_installed_cutlass_dsl():
+    if "not installed" in _installed().values():
+        pytest.skip(f"not installed here: {_installed()}")
+    cudnn_kernels.import_error.cache_clear()
+    assert cudnn_kernels.import_error() is None
+    for step in cudnn_kernels.KERNELS:
+        assert cudnn_kernels.kernel_class(step).__name__.endswith("Sm100")
+
+
+def test_installed_versions_are_the_pinned_ones():
+    if "not installed" in _installed().values():
+        pytest.skip(f"not installed here: {_installed()}")
+    assert _installed() == cudnn_kernels.TESTED_TOGETHER, (
+        "a cutlass-dsl / cuDNN frontend combination other than the tested one: run the SM100 compile tests, "
+        "then update TESTED_TOGETHER and pyproject.toml")
+
+
+def test_an_import_failure_is_reported_with_versions_and_error(monkeypatch):
+    cudnn_kernels.import_error.cache_clear()
+    real = cudnn_kernels.importlib.import_module
+
+    def import_module(name, *args):
+        if name == "cudnn.gemm.cutedsl.grouped.dglu.api":
+            raise ImportError("cannot import name 'LayoutEnum' from 'cutlass.utils'")
+        return real(name, *args)
+
+    monkeypatch.setattr(cudnn_kernels.importlib, "import_module", import_module)
+    try:
+        reason = cudnn_kernels.import_error()
+        if "not installed" in _installed().values() and reason and "No module named" in reason:
+            pytest.skip("cuDNN frontend is not installed here")
+        assert reason.startswith("cudnn.gemm.cutedsl.grouped.dglu.api.GroupedGemmDgluSm100 failed to import with")
+        assert "nvidia-cutlass-dsl" in reason and "cannot import name 'LayoutEnum'" in reason
+        with pytest.raises(ImportError, match="LayoutEnum"):
+            cudnn_kernels.kernel_class("wgrad")
+    finally:
+        cudnn_kernels.import_error.cache_clear()
