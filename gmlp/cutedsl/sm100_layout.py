@@ -1,0 +1,72 @@
+"""Layouts of cuDNN frontend's SM100 grouped kernels, from and to gmlp's (no host sync).
+
+Those kernels want every expert's rows to start at a multiple of ``M_ALIGNED`` = 256 rows (their
+``m_aligned``), described by ``padded_offsets``, the (E,) int32 cumulative padded ends; and, in
+the GLU kernels, FC1's gate and up outputs interleaved in 32-column blocks
+(``[g0:32, u0:32, g32:64, u32:64, ...]``) where gmlp stores W1 as [gate; up] halves. Rows are
+moved with index tensors computed on the device; every size is a host-known bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.scale_layout import ceil_div
+
+__all__ = ["M_ALIGNED", "GLU_BLOCK", "PaddedRows", "padded_rows", "to_padded", "from_padded",
+           "interleave_gate_up", "split_interleaved"]
+
+M_ALIGNED = 256
+GLU_BLOCK = 32  # columns of gate, then of up, alternating
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """Where each expert's rows go when every expert starts at a multiple of M_ALIGNED rows."""
+
+    offsets: torch.Tensor  # (E,) int32 cumulative padded ends (the kernels' padded_offsets)
+    index: torch.Tensor  # (T,) int64 padded row of each token row
+    num_rows: int  # rows of the padded tensors: a bound on offsets[-1], a multiple of M_ALIGNED
+
+
+def padded_rows(split_sizes: torch.Tensor, tokens: int) -> PaddedRows:
+    """The padded layout of ``tokens`` rows split by expert (``split_sizes`` on the device)."""
+    sizes = split_sizes.to(torch.int64)
+    padded_sizes = (sizes + M_ALIGNED - 1) // M_ALIGNED * M_ALIGNED
+    padded_ends = torch.cumsum(padded_sizes, 0)
+    shift = (padded_ends - padded_sizes) - (torch.cumsum(sizes, 0) - sizes)  # padded start - start, per expert
+    index = torch.arange(tokens, device=sizes.device) + torch.repeat_interleave(shift, sizes, output_size=tokens)
+    # sum over experts of ceil(m/256)*256 <= T + 255 E, and it is a multiple of 256
+    bound = (tokens + (M_ALIGNED - 1) * sizes.numel()) // M_ALIGNED * M_ALIGNED
+    return PaddedRows(padded_ends.to(torch.int32), index, bound)
+
+
+def to_padded(x: torch.Tensor, rows: PaddedRows) -> torch.Tensor:
+    """(rows.num_rows, ...) copy of x (T, ...) in the padded layout; padding rows are zeros."""
+    out = x.new_zeros(rows.num_rows, *x.shape[1:])
+    return out.index_copy_(0, rows.index, x)
+
+
+def from_padded(y: torch.Tensor, rows: PaddedRows) -> torch.Tensor:
+    """The (T, ...) token rows of a padded tensor."""
+    return y.index_select(0, rows.index)
+
+
+def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
+    """W1 (E, 2F, H) as [gate; up] halves -> rows interleaved in GLU_BLOCK blocks (a copy)."""
+    experts, rows, hidden = w1.shape
+    if rows % (2 * GLU_BLOCK):
+        raise ValueError(f"w1 must have 2F rows with F a multiple of {GLU_BLOCK}, got {rows}")
+    blocks = rows // (2 * GLU_BLOCK)
+    return w1.reshape(experts, 2, blocks, GLU_BLOCK, hidden).transpose(1, 2).reshape(experts, rows, hidden)
+
+
+def split_interleaved(c: torch.Tensor) -> torch.Tensor:
+    """(M, 2F) columns interleaved in GLU_BLOCK blocks (the GLU kernels' C) -> [gate | up] halves."""
+    rows, columns = c.shape
+    blocks = ceil_div(columns, 2 * GLU_BLOCK)
+    if columns != blocks * 2 * GLU_BLOCK:
+        raise ValueError(f"c must have 2F columns with F a multiple of {GLU_BLOCK}, got {columns}")
+    return c.reshape(rows, blocks, 2, GLU_BLOCK).transpose(1, 2).reshape(rows, columns)
