@@ -1,0 +1,82 @@
+"""The SM100 path's kernels compile for sm_100a with the arguments gmlp passes, on the CPU.
+
+No Blackwell GPU runs them here: each test builds the kernel's arguments with the adapter's own
+functions (for the DESIGN shapes, as meta tensors of the shapes gmlp allocates; and, for the
+contract, from tensors gmlp's quantize really produced), compiles under ``simulated_sm100`` and
+asserts on the generated code. A GPU test runs the path where an SM100 GPU is present.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gmlp import scale_layout
+from gmlp.bench.mlp import SHAPES
+from gmlp.cutedsl import cudnn_kernels
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.quantized import MXFP8Tensor, QuantAxis
+from tests.blackwell import BLOCK_SCALED_MMA, ptx_text, simulated_sm100
+
+pytestmark = pytest.mark.skipif(cudnn_kernels.import_error() is not None,
+                                reason=f"cuDNN frontend's kernels do not import: {cudnn_kernels.import_error()}")
+
+
+def _swizzled_rowwise_meta(rows: int, cols: int) -> MXFP8Tensor:
+    """An ungrouped rowwise MXFP8Tensor with swizzled scales, as gmlp's quantize allocates it, on meta."""
+    data = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device="meta")
+    scales = torch.empty(scale_layout.ceil_div(rows, 128) * scale_layout.swizzled_size(128, cols // 32),
+                         dtype=torch.uint8, device="meta")
+    return MXFP8Tensor(data, scales, QuantAxis.ROWWISE, True, ElementFormat.E4M3, ScaleMode.RCEIL, None)
+
+
+def _compiled_ptx(kernel, tmp_path) -> str:
+    with simulated_sm100(tmp_path) as compiled:
+        kernel.check_support()
+        kernel.compile()
+    assert len(compiled) == 1
+    return ptx_text(compiled[0])
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fc2_forward_grouped_gemm_compiles_for_sm100(shape, tmp_path):
+    from gmlp.cutedsl.sm100_gemm import grouped_gemm_args, grouped_gemm_kernel
+    from gmlp.cutedsl.sm100_layout import padded_rows
+
+    experts, tokens, hidden, ffn = SHAPES[shape]
+    rows = padded_rows(torch.full((experts,), tokens // experts), tokens)  # the bound depends on T and E only
+    a = _swizzled_rowwise_meta(rows.num_rows, ffn)  # Q_row(a) of the padded rows
+    w2 = _swizzled_rowwise_meta(experts * hidden, ffn)  # Q_row of the (E * H, F) stack of W2
+    args = grouped_gemm_args(a, w2, rows.offsets.to("meta"), torch.empty(rows.num_rows, hidden, dtype=torch.bfloat16,
+                                                                          device="meta"))
+    ptx = _compiled_ptx(grouped_gemm_kernel(args), tmp_path)
+    assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"
+
+
+def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
+    """Real tensors from gmlp's quantize (small shapes, on the CPU) pass the kernel's checks."""
+    from gmlp.cutedsl.sm100_gemm import grouped_gemm_args, grouped_gemm_kernel
+    from gmlp.cutedsl.sm100_layout import padded_rows, to_padded
+
+    experts, hidden, ffn = 3, 128, 64
+    split_sizes = torch.tensor([5, 0, 300])
+    rows = padded_rows(split_sizes, int(split_sizes.sum()))
+    a = torch.randn(int(split_sizes.sum()), ffn).bfloat16()
+    w2 = torch.randn(experts, hidden, ffn).bfloat16()
+    a_q = quantize_mxfp8_ref(to_padded(a, rows), rowwise=True, swizzle=True).rowwise
+    w2_q = quantize_mxfp8_ref(w2.reshape(-1, ffn), rowwise=True, swizzle=True).rowwise
+    kernel = grouped_gemm_kernel(grouped_gemm_args(a_q, w2_q, rows.offsets))
+    with simulated_sm100(tmp_path):
+        assert kernel.check_support()
+
+
+def test_operands_outside_the_contract_are_refused():
+    from gmlp.cutedsl.sm100_gemm import grouped_gemm_args
+
+    a = _swizzled_rowwise_meta(512, 64)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        grouped_gemm_args(a, _swizzled_rowwise_meta(3 * 96, 64), torch.zeros(3, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="padded layout"):
+        grouped_gemm_args(_swizzled_rowwise_meta(300, 64), _swizzled_rowwise_meta(3 * 128, 64),
+                          torch.zeros(3, dtype=torch.int32, device="meta"))
