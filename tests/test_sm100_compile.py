@@ -41,7 +41,7 @@ def _compiled_ptx(kernel, tmp_path) -> str:
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_fc2_forward_grouped_gemm_compiles_for_sm100(shape, tmp_path):
-    from gmlp.cutedsl.sm100_gemm import grouped_gemm_args, grouped_gemm_kernel
+    from gmlp.cutedsl.sm100_steps import grouped_gemm_args, grouped_gemm_kernel
     from gmlp.cutedsl.sm100_layout import padded_rows
 
     experts, tokens, hidden, ffn = SHAPES[shape]
@@ -55,24 +55,31 @@ def test_fc2_forward_grouped_gemm_compiles_for_sm100(shape, tmp_path):
 
 
 def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
-    """Real tensors from gmlp's quantize (small shapes, on the CPU) pass the kernel's checks."""
-    from gmlp.cutedsl.sm100_gemm import grouped_gemm_args, grouped_gemm_kernel
-    from gmlp.cutedsl.sm100_layout import padded_rows, to_padded
+    """Real tensors from gmlp's quantize and layout functions (small shapes, on the CPU) pass the
+    kernels' own checks: FC1 (x, interleaved W1, padded probs) and FC2 (its a, W2)."""
+    from gmlp.cutedsl.sm100_layout import interleave_gate_up, padded_rows, to_padded
+    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc1_glu_kernel, grouped_gemm_args, grouped_gemm_kernel
 
     experts, hidden, ffn = 3, 128, 64
     split_sizes = torch.tensor([5, 0, 300])
-    rows = padded_rows(split_sizes, int(split_sizes.sum()))
-    a = torch.randn(int(split_sizes.sum()), ffn).bfloat16()
-    w2 = torch.randn(experts, hidden, ffn).bfloat16()
-    a_q = quantize_mxfp8_ref(to_padded(a, rows), rowwise=True, swizzle=True).rowwise
-    w2_q = quantize_mxfp8_ref(w2.reshape(-1, ffn), rowwise=True, swizzle=True).rowwise
-    kernel = grouped_gemm_kernel(grouped_gemm_args(a_q, w2_q, rows.offsets))
+    tokens = int(split_sizes.sum())
+    rows = padded_rows(split_sizes, tokens)
+
+    def q_row(t):
+        return quantize_mxfp8_ref(t, rowwise=True, swizzle=True).rowwise
+
+    x, probs = torch.randn(tokens, hidden).bfloat16(), torch.rand(tokens)
+    w1, w2 = torch.randn(experts, 2 * ffn, hidden).bfloat16(), torch.randn(experts, hidden, ffn).bfloat16()
+    a = torch.randn(tokens, ffn).bfloat16()
+    fc1 = fc1_glu_kernel(fc1_glu_args(q_row(to_padded(x, rows)), q_row(interleave_gate_up(w1).reshape(-1, hidden)),
+                                      rows.offsets, to_padded(probs, rows)))
+    fc2 = grouped_gemm_kernel(grouped_gemm_args(q_row(to_padded(a, rows)), q_row(w2.reshape(-1, ffn)), rows.offsets))
     with simulated_sm100(tmp_path):
-        assert kernel.check_support()
+        assert fc1.check_support() and fc2.check_support()
 
 
 def test_operands_outside_the_contract_are_refused():
-    from gmlp.cutedsl.sm100_gemm import grouped_gemm_args
+    from gmlp.cutedsl.sm100_steps import grouped_gemm_args
 
     a = _swizzled_rowwise_meta(512, 64)
     with pytest.raises(ValueError, match="multiple of 128"):
@@ -80,3 +87,18 @@ def test_operands_outside_the_contract_are_refused():
     with pytest.raises(ValueError, match="padded layout"):
         grouped_gemm_args(_swizzled_rowwise_meta(300, 64), _swizzled_rowwise_meta(3 * 128, 64),
                           torch.zeros(3, dtype=torch.int32, device="meta"))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fc1_glu_compiles_for_sm100(shape, tmp_path):
+    from gmlp.cutedsl.sm100_layout import padded_rows
+    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc1_glu_kernel
+
+    experts, tokens, hidden, ffn = SHAPES[shape]
+    rows = padded_rows(torch.full((experts,), tokens // experts), tokens)
+    x = _swizzled_rowwise_meta(rows.num_rows, hidden)  # Q_row(x) of the padded rows
+    w1 = _swizzled_rowwise_meta(experts * 2 * ffn, hidden)  # Q_row of the interleaved (E * 2F, H) stack
+    prob = torch.empty(rows.num_rows, dtype=torch.float32, device="meta")
+    ptx = _compiled_ptx(fc1_glu_kernel(fc1_glu_args(x, w1, rows.offsets.to("meta"), prob)), tmp_path)
+    assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"
+    assert "cvt.rp.ue8m0" in ptx  # the quantized outputs' scales are computed in the epilogue

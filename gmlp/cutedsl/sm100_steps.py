@@ -1,0 +1,165 @@
+"""The SM100 path's fused steps on cuDNN frontend's grouped kernels, from gmlp's MXFP8 tensors:
+for each step, the tensors handed over (checked against the kernel's contract) and the kernel
+object built from them (construct, ``check_support``, ``compile``, ``execute``).
+
+- ``grouped_gemm``: ``D = A @ B_g^T`` in bf16 (FC2 forward; FC1 dgrad once its B layout is
+  settled, AGENTS.md), ``GroupedGemmQuantSm100``;
+- ``fc1_glu``: FC1 with SwiGLU and probs, ``a`` quantized both ways, ``GroupedGemmGluSm100``.
+
+What gmlp hands over, and why it fits the contracts (cuDNN frontend 1.32):
+- A: Q_row of the token rows in the padded layout (``sm100_layout``: every expert starts at a
+  multiple of 256 rows), quantized as one ungrouped (M_pad, K) matrix with swizzled scales; its
+  flat scale buffer is the kernel's SFA, (32, 4, M_pad/128, 4, ceil(K/128), 1) tiles.
+- B: Q_row of the (E * N, K) weight stack: data (E, N, K), K-major; with N a multiple of 128 no
+  128-row scale tile crosses experts, so gmlp's swizzled scales are the kernel's flat SFB.
+- Scales are E8M0 bytes, viewed as ``float8_e8m0fnu``; ``sf_vec_size`` 32 (MXFP8).
+- D: bf16 (M_pad, N); alpha (E,) ones; ``padded_offsets`` (E,) int32 cumulative padded ends.
+- FC1's B is Q_row of the gate/up-interleaved W1 stack (``sm100_layout.interleave_gate_up``);
+  its C comes out interleaved; ``a`` comes out as D (Q_row, swizzled, padded rows) and D_col
+  ((M_pad, F) row-major, 32-row blocks per column, per-expert scales: ``discrete_col_sfd``).
+  Padding rows must read zero probs, so that their activations, and the amax, stay zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.cutedsl.cudnn_kernels import kernel_class
+from gmlp.cutedsl.sm100_layout import M_ALIGNED
+from gmlp import scale_layout
+from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.scale_layout import SCALE_TILE_ROWS
+
+__all__ = ["GroupedGemmArgs", "grouped_gemm_args", "grouped_gemm_kernel", "FC1GluArgs", "fc1_glu_args",
+           "fc1_glu_kernel"]
+
+SF_VEC_SIZE = 32
+
+
+@dataclass(frozen=True)
+class GroupedGemmArgs:
+    """The tensors of one call, in the kernel's terms."""
+
+    a: torch.Tensor  # (M_pad, K) fp8
+    sfa: torch.Tensor  # flat float8_e8m0fnu
+    b: torch.Tensor  # (E, N, K) fp8
+    sfb: torch.Tensor  # flat float8_e8m0fnu
+    padded_offsets: torch.Tensor  # (E,) int32
+    alpha: torch.Tensor  # (E,) fp32
+    d: torch.Tensor  # (M_pad, N) bf16
+
+
+def _swizzled_rowwise(name: str, value) -> MXFP8Tensor:
+    if not (isinstance(value, MXFP8Tensor) and value.axis is QuantAxis.ROWWISE and value.swizzled
+            and value.split_sizes is None):
+        raise TypeError(f"{name} must be an ungrouped rowwise MXFP8Tensor with swizzled scales, got {value!r}")
+    return value
+
+
+def _operands(a: MXFP8Tensor, b: MXFP8Tensor, padded_offsets: torch.Tensor) -> tuple[int, int, int, int]:
+    """(M_pad, N, K, E) of A (padded token rows) times B (an (E * N, K) stack), both Q_row
+    swizzled, once they satisfy the kernels' contract."""
+    a, b = _swizzled_rowwise("a", a), _swizzled_rowwise("b", b)
+    rows, k = a.source_shape
+    stack_rows, b_k = b.source_shape
+    experts = padded_offsets.numel()
+    if rows % M_ALIGNED:
+        raise ValueError(f"a must hold the padded layout: rows a multiple of {M_ALIGNED}, got {rows}")
+    if b_k != k or stack_rows % experts:
+        raise ValueError(f"b must stack {experts} experts' (N, K={k}) matrices, got a ({stack_rows}, {b_k}) source")
+    n = stack_rows // experts
+    if n % SCALE_TILE_ROWS:
+        raise ValueError(f"N must be a multiple of {SCALE_TILE_ROWS} (a scale tile may not cross experts), got {n}")
+    if a.data.dtype != b.data.dtype:
+        raise TypeError(f"a and b must have the same fp8 format, got {a.data.dtype} and {b.data.dtype}")
+    if padded_offsets.dtype != torch.int32 or padded_offsets.dim() != 1:
+        raise TypeError(f"padded_offsets must be an (E,) int32 tensor, got {padded_offsets.dtype} {tuple(padded_offsets.shape)}")
+    return rows, n, k, experts
+
+
+def _e8m0(scales: torch.Tensor) -> torch.Tensor:
+    return scales.view(torch.float8_e8m0fnu)
+
+
+def grouped_gemm_args(a: MXFP8Tensor, b: MXFP8Tensor, padded_offsets: torch.Tensor,
+                      out: torch.Tensor | None = None) -> GroupedGemmArgs:
+    """Check gmlp's operands against the kernel's contract and express them in its terms.
+
+    ``a``: Q_row of the padded token rows (M_pad, K); ``b``: Q_row of the (E * N, K) weight stack;
+    ``padded_offsets``: ``sm100_layout.padded_rows(...).offsets``; ``out``: (M_pad, N) bf16 or None.
+    """
+    rows, n, k, experts = _operands(a, b, padded_offsets)
+    device = a.data.device
+    if out is None:
+        out = torch.empty(rows, n, dtype=torch.bfloat16, device=device)
+    elif tuple(out.shape) != (rows, n) or out.dtype != torch.bfloat16:
+        raise ValueError(f"out must be bf16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
+    return GroupedGemmArgs(
+        a=a.data, sfa=_e8m0(a.scales), b=b.data.view(experts, n, k), sfb=_e8m0(b.scales), padded_offsets=padded_offsets,
+        alpha=torch.ones(experts, dtype=torch.float32, device=device), d=out)
+
+
+def grouped_gemm_kernel(args: GroupedGemmArgs):
+    """The cuDNN frontend kernel object for calls like ``args`` (construct, then ``check_support``,
+    ``compile``, ``execute``: the tensors given here are its samples)."""
+    return kernel_class("grouped_gemm")(
+        sample_a=args.a, sample_sfa=args.sfa, sample_padded_offsets=args.padded_offsets, sample_alpha=args.alpha,
+        sample_d=args.d, sample_b=args.b, sample_sfb=args.sfb, sf_vec_size=SF_VEC_SIZE)
+
+
+@dataclass(frozen=True)
+class FC1GluArgs:
+    """The tensors of one FC1 call, in the GLU kernel's terms (outputs allocated here)."""
+
+    a: torch.Tensor  # (M_pad, H) fp8: Q_row(x), padded rows
+    sfa: torch.Tensor
+    b: torch.Tensor  # (E, 2F, H) fp8: Q_row(W1), gate/up interleaved in 32-row blocks
+    sfb: torch.Tensor
+    padded_offsets: torch.Tensor
+    alpha: torch.Tensor
+    prob: torch.Tensor  # (M_pad,) fp32, zero on padding rows
+    c: torch.Tensor  # (M_pad, 2F) bf16, interleaved like b
+    d: torch.Tensor  # (M_pad, F) fp8: Q_row(a)
+    sfd_row: torch.Tensor
+    d_col: torch.Tensor  # (M_pad, F) fp8: Q_col(a), data in rows, 32-row blocks per column
+    sfd_col: torch.Tensor
+    amax: torch.Tensor  # (E, 1) fp32
+    norm_const: torch.Tensor  # (1,) fp32, 1.0
+
+
+def fc1_glu_args(x: MXFP8Tensor, w1: MXFP8Tensor, padded_offsets: torch.Tensor, prob: torch.Tensor) -> FC1GluArgs:
+    """FC1's call: ``x`` Q_row of the padded token rows (M_pad, H); ``w1`` Q_row of the
+    gate/up-interleaved (E * 2F, H) stack; ``prob`` (M_pad,) fp32 with zeros on padding rows."""
+    rows, n, _, experts = _operands(x, w1, padded_offsets)
+    ffn = n // 2
+    if ffn % 64:  # the GLU kernel's N = 2F must be a multiple of 128 here (scale tiles), and of 64 there
+        raise ValueError(f"F must be a multiple of 64, got {ffn}")
+    if prob.dtype != torch.float32 or tuple(prob.shape) != (rows,):
+        raise ValueError(f"prob must be fp32 ({rows},), got {prob.dtype} {tuple(prob.shape)}")
+    device, fp8 = x.data.device, x.data.dtype
+    scale_bytes = (rows // 128) * scale_layout.swizzled_size(128, ffn // 32)  # (M_pad, F) in 32-wide blocks
+    return FC1GluArgs(
+        a=x.data, sfa=_e8m0(x.scales), b=w1.data.view(experts, n, -1), sfb=_e8m0(w1.scales),
+        padded_offsets=padded_offsets, alpha=torch.ones(experts, dtype=torch.float32, device=device), prob=prob,
+        c=torch.empty(rows, n, dtype=torch.bfloat16, device=device),
+        d=torch.empty(rows, ffn, dtype=fp8, device=device),
+        sfd_row=_e8m0(torch.empty(scale_bytes, dtype=torch.uint8, device=device)),
+        d_col=torch.empty(rows, ffn, dtype=fp8, device=device),
+        sfd_col=_e8m0(torch.empty(scale_bytes, dtype=torch.uint8, device=device)),  # (F, M_pad) in 32-high blocks
+        amax=torch.zeros(experts, 1, dtype=torch.float32, device=device),
+        norm_const=torch.ones(1, dtype=torch.float32, device=device))
+
+
+def fc1_glu_kernel(args: FC1GluArgs, activation: str = "swiglu"):
+    """The GLU kernel object for calls like ``args``; SwiGLU only so far (qgeglu maps to the
+    kernel's clamped "geglu" with run-time parameters, not wired yet)."""
+    if activation != "swiglu":
+        raise ValueError(f"the SM100 FC1 step runs swiglu so far, got {activation!r}")
+    return kernel_class("fc1_glu")(
+        sample_a=args.a, sample_c=args.c, sample_d=args.d, sample_sfa=args.sfa,
+        sample_padded_offsets=args.padded_offsets, sample_alpha=args.alpha, sample_d_col=args.d_col,
+        sample_b=args.b, sample_sfb=args.sfb, sample_sfd_row=args.sfd_row, sample_sfd_col=args.sfd_col,
+        sample_amax=args.amax, sample_norm_const=args.norm_const, sample_prob=args.prob,
+        sf_vec_size=SF_VEC_SIZE, discrete_col_sfd=True, act_func=activation)
