@@ -2,8 +2,10 @@
 
 ``simulated_sm100()`` makes torch report a compute capability 10.0 GPU and cutlass a 148-SM one
 (a B200; the persistent kernels bake their cluster count in), lets the kernel objects allocate
-their compile-time workspace on the CPU (128-byte aligned, as they check), and makes every
-``cute.compile`` target sm_100a and keep its PTX. Everything is restored on exit.
+their compile-time workspace on the CPU (128-byte aligned, as they check; the weight-gradient
+kernel, which compiles against its workspace's pointer, gets a fake global-memory tensor of the
+same size instead), and makes every ``cute.compile`` target sm_100a and keep its PTX. Everything
+is restored on exit.
 """
 
 from __future__ import annotations
@@ -61,10 +63,19 @@ def simulated_sm100(dump_dir: pathlib.Path):
         compiled.append(function)
         return function
 
+    import cudnn.gemm.cutedsl.grouped.wgrad._blockscaled_api as wgrad_api
+
+    real_from_dlpack = wgrad_api.from_dlpack
+
+    def workspace_from_dlpack(tensor, *args, **kwargs):
+        if tensor.device.type == "cpu" and tensor.dtype == torch.uint8 and tensor.dim() == 1:  # the workspace
+            return cute.runtime.make_fake_tensor(cutlass.Uint8, (tensor.numel(),), stride=(1,), assumed_align=128)
+        return real_from_dlpack(tensor, *args, **kwargs)
+
     patches = [(torch.cuda, "is_available", lambda: True), (torch.cuda, "current_device", lambda: 0),
                (torch.cuda, "get_device_capability", lambda device=None: (10, 0)),
                (cutlass.utils, "HardwareInfo", _HardwareInfo), (torch, "empty", _aligned_cpu_empty(torch.empty)),
-               (cute, "compile", compile_for_sm100)]
+               (cute, "compile", compile_for_sm100), (wgrad_api, "from_dlpack", workspace_from_dlpack)]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

@@ -56,9 +56,11 @@ def test_fc2_forward_grouped_gemm_compiles_for_sm100(shape, tmp_path):
 
 def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
     """Real tensors from gmlp's quantize and layout functions (small shapes, on the CPU) pass the
-    kernels' own checks: FC1 (x, interleaved W1, padded probs) and FC2 (its a, W2)."""
+    kernels' own checks: FC1 (x, interleaved W1, padded probs), FC2 (its a, W2) and dW2 (Q_col
+    of the padded dy, grouped by the padded sizes, with FC1's D_col)."""
     from gmlp.cutedsl.sm100_layout import interleave_gate_up, padded_rows, to_padded
-    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc1_glu_kernel, grouped_gemm_args, grouped_gemm_kernel
+    from gmlp.cutedsl.sm100_steps import (fc1_glu_args, fc1_glu_kernel, fc2_wgrad_args, grouped_gemm_args,
+                                          grouped_gemm_kernel, wgrad_kernel)
 
     experts, hidden, ffn = 3, 128, 64
     split_sizes = torch.tensor([5, 0, 300])
@@ -71,11 +73,17 @@ def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
     x, probs = torch.randn(tokens, hidden).bfloat16(), torch.rand(tokens)
     w1, w2 = torch.randn(experts, 2 * ffn, hidden).bfloat16(), torch.randn(experts, hidden, ffn).bfloat16()
     a = torch.randn(tokens, ffn).bfloat16()
-    fc1 = fc1_glu_kernel(fc1_glu_args(q_row(to_padded(x, rows)), q_row(interleave_gate_up(w1).reshape(-1, hidden)),
-                                      rows.offsets, to_padded(probs, rows)))
+    fc1_args = fc1_glu_args(q_row(to_padded(x, rows)), q_row(interleave_gate_up(w1).reshape(-1, hidden)),
+                            rows.offsets, to_padded(probs, rows))
     fc2 = grouped_gemm_kernel(grouped_gemm_args(q_row(to_padded(a, rows)), q_row(w2.reshape(-1, ffn)), rows.offsets))
+    padded_sizes = torch.diff(rows.offsets, prepend=rows.offsets.new_zeros(1))
+    padded_sizes = torch.cat([padded_sizes, padded_sizes.new_tensor([rows.num_rows - int(rows.offsets[-1])])])
+    dy_col = quantize_mxfp8_ref(to_padded(torch.randn(tokens, hidden).bfloat16(), rows), rowwise=False,
+                                columnwise=True, swizzle=True, split_sizes=padded_sizes).columnwise
+    main_grad = torch.zeros(experts, hidden, ffn)
+    dw2 = wgrad_kernel(fc2_wgrad_args(dy_col, fc1_args, rows.offsets, main_grad))
     with simulated_sm100(tmp_path):
-        assert fc1.check_support() and fc2.check_support()
+        assert fc1_glu_kernel(fc1_args).check_support() and fc2.check_support() and dw2.check_support()
 
 
 def test_operands_outside_the_contract_are_refused():
@@ -102,3 +110,27 @@ def test_fc1_glu_compiles_for_sm100(shape, tmp_path):
     ptx = _compiled_ptx(fc1_glu_kernel(fc1_glu_args(x, w1, rows.offsets.to("meta"), prob)), tmp_path)
     assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"
     assert "cvt.rp.ue8m0" in ptx  # the quantized outputs' scales are computed in the epilogue
+
+
+def _swizzled_columnwise_meta(rows: int, cols: int, experts: int) -> MXFP8Tensor:
+    """A grouped columnwise MXFP8Tensor with swizzled scales, as gmlp's quantize allocates it, on meta."""
+    data = torch.empty(cols, rows, dtype=torch.float8_e4m3fn, device="meta")
+    scales = torch.empty(scale_layout.max_row_tiles(rows, experts) * scale_layout.swizzled_size(cols, 4),
+                         dtype=torch.uint8, device="meta")
+    split_sizes = torch.empty(experts, dtype=torch.int64, device="meta")
+    return MXFP8Tensor(data, scales, QuantAxis.COLUMNWISE, True, ElementFormat.E4M3, ScaleMode.RCEIL, split_sizes)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fc2_wgrad_compiles_for_sm100(shape, tmp_path):
+    from gmlp.cutedsl.sm100_layout import padded_rows
+    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc2_wgrad_args, wgrad_kernel
+
+    experts, tokens, hidden, ffn = SHAPES[shape]
+    rows = padded_rows(torch.full((experts,), tokens // experts), tokens)
+    fc1 = fc1_glu_args(_swizzled_rowwise_meta(rows.num_rows, hidden), _swizzled_rowwise_meta(experts * 2 * ffn, hidden),
+                       rows.offsets.to("meta"), torch.empty(rows.num_rows, dtype=torch.float32, device="meta"))
+    dy_col = _swizzled_columnwise_meta(rows.num_rows, hidden, experts)  # Q_col of the padded dy rows
+    main_grad = torch.empty(experts, hidden, ffn, dtype=torch.float32, device="meta")
+    ptx = _compiled_ptx(wgrad_kernel(fc2_wgrad_args(dy_col, fc1, rows.offsets, main_grad)), tmp_path)
+    assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"

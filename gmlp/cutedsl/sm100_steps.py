@@ -4,7 +4,8 @@ object built from them (construct, ``check_support``, ``compile``, ``execute``).
 
 - ``grouped_gemm``: ``D = A @ B_g^T`` in bf16 (FC2 forward; FC1 dgrad once its B layout is
   settled, AGENTS.md), ``GroupedGemmQuantSm100``;
-- ``fc1_glu``: FC1 with SwiGLU and probs, ``a`` quantized both ways, ``GroupedGemmGluSm100``.
+- ``fc1_glu``: FC1 with SwiGLU and probs, ``a`` quantized both ways, ``GroupedGemmGluSm100``;
+- ``fc2_wgrad``: dW2 = Q_col(dy)^T Q_col(a) per expert, ``GroupedGemmWgradSm100``.
 
 What gmlp hands over, and why it fits the contracts (cuDNN frontend 1.32):
 - A: Q_row of the token rows in the padded layout (``sm100_layout``: every expert starts at a
@@ -33,7 +34,7 @@ from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["GroupedGemmArgs", "grouped_gemm_args", "grouped_gemm_kernel", "FC1GluArgs", "fc1_glu_args",
-           "fc1_glu_kernel"]
+           "fc1_glu_kernel", "WgradArgs", "fc2_wgrad_args", "wgrad_kernel"]
 
 SF_VEC_SIZE = 32
 
@@ -163,3 +164,46 @@ def fc1_glu_kernel(args: FC1GluArgs, activation: str = "swiglu"):
         sample_b=args.b, sample_sfb=args.sfb, sample_sfd_row=args.sfd_row, sample_sfd_col=args.sfd_col,
         sample_amax=args.amax, sample_norm_const=args.norm_const, sample_prob=args.prob,
         sf_vec_size=SF_VEC_SIZE, discrete_col_sfd=True, act_func=activation)
+
+
+@dataclass(frozen=True)
+class WgradArgs:
+    """The tensors of one weight-gradient call, in the kernel's terms."""
+
+    a: torch.Tensor  # (M, T_pad) fp8, tokens contiguous
+    sfa: torch.Tensor
+    b: torch.Tensor  # (T_pad, N) fp8
+    sfb: torch.Tensor
+    offsets: torch.Tensor  # (E,) int32 cumulative padded token ends, on the CPU (read at construction)
+    wgrad: torch.Tensor  # (E, M, N) fp32, added to (main_grad)
+
+
+def fc2_wgrad_args(dy_col: MXFP8Tensor, fc1: FC1GluArgs, offsets: torch.Tensor, main_grad: torch.Tensor) -> WgradArgs:
+    """dW2's call. ``dy_col``: Q_col of the padded dy rows, grouped by the padded sizes, swizzled
+    (data (H, T_pad), tokens contiguous); B is FC1's D_col as the GLU kernel wrote it (its
+    per-expert column scales are this kernel's SF layout); ``offsets``: the padded ends on the
+    CPU (the kernel object reads them when built: a host value, AGENTS.md). The kernel adds
+    into ``main_grad`` (E, H, F) fp32."""
+    if not (isinstance(dy_col, MXFP8Tensor) and dy_col.axis is QuantAxis.COLUMNWISE and dy_col.swizzled):
+        raise TypeError(f"dy_col must be a columnwise MXFP8Tensor with swizzled scales, got {dy_col!r}")
+    hidden, rows = dy_col.data.shape
+    experts, ffn = offsets.numel(), fc1.d_col.shape[1]
+    if rows != fc1.d_col.shape[0] or hidden % SCALE_TILE_ROWS:
+        raise ValueError(f"dy_col must be ({hidden}, {fc1.d_col.shape[0]}) with H a multiple of {SCALE_TILE_ROWS}, "
+                         f"got {tuple(dy_col.data.shape)}")
+    if offsets.device.type != "cpu" or offsets.dtype != torch.int32:
+        raise TypeError(f"offsets must be an int32 CPU tensor, got {offsets.dtype} on {offsets.device}")
+    if tuple(main_grad.shape) != (experts, hidden, ffn) or main_grad.dtype != torch.float32:
+        raise ValueError(f"main_grad must be fp32 ({experts}, {hidden}, {ffn}), got {main_grad.dtype} {tuple(main_grad.shape)}")
+    # gmlp sizes grouped columnwise scales for any routing (a tile more per expert); the kernel
+    # reads the (rows / 128) tiles the padded layout uses, from the start
+    used = (rows // SCALE_TILE_ROWS) * scale_layout.swizzled_size(hidden, 4)
+    return WgradArgs(a=dy_col.data, sfa=_e8m0(dy_col.scales[:used]), b=fc1.d_col, sfb=fc1.sfd_col, offsets=offsets,
+                     wgrad=main_grad)
+
+
+def wgrad_kernel(args: WgradArgs):
+    """The weight-gradient kernel object for calls like ``args`` (adds into ``args.wgrad``)."""
+    return kernel_class("wgrad")(
+        sample_a=args.a, sample_b=args.b, sample_sfa=args.sfa, sample_sfb=args.sfb, sample_offsets=args.offsets,
+        sample_wgrad=args.wgrad, sf_vec_size=SF_VEC_SIZE, accumulate_on_output=True)
