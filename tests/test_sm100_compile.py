@@ -57,10 +57,11 @@ def test_fc2_forward_grouped_gemm_compiles_for_sm100(shape, tmp_path):
 def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
     """Real tensors from gmlp's quantize and layout functions (small shapes, on the CPU) pass the
     kernels' own checks: FC1 (x, interleaved W1, padded probs), FC2 (its a, W2) and dW2 (Q_col
-    of the padded dy, grouped by the padded sizes, with FC1's D_col)."""
+    of the padded dy, grouped by the padded sizes, with FC1's D_col) and FC2 dgrad (Q_row of the
+    padded dy, Q_col of the W2 stack grouped by [H] * E, FC1's C)."""
     from gmlp.cutedsl.sm100_layout import interleave_gate_up, padded_rows, to_padded
-    from gmlp.cutedsl.sm100_steps import (fc1_glu_args, fc1_glu_kernel, fc2_wgrad_args, grouped_gemm_args,
-                                          grouped_gemm_kernel, wgrad_kernel)
+    from gmlp.cutedsl.sm100_steps import (fc1_glu_args, fc1_glu_kernel, fc2_dgrad_glu_args, fc2_dgrad_glu_kernel,
+                                          fc2_wgrad_args, grouped_gemm_args, grouped_gemm_kernel, wgrad_kernel)
 
     experts, hidden, ffn = 3, 128, 64
     split_sizes = torch.tensor([5, 0, 300])
@@ -78,12 +79,17 @@ def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
     fc2 = grouped_gemm_kernel(grouped_gemm_args(q_row(to_padded(a, rows)), q_row(w2.reshape(-1, ffn)), rows.offsets))
     padded_sizes = torch.diff(rows.offsets, prepend=rows.offsets.new_zeros(1))
     padded_sizes = torch.cat([padded_sizes, padded_sizes.new_tensor([rows.num_rows - int(rows.offsets[-1])])])
-    dy_col = quantize_mxfp8_ref(to_padded(torch.randn(tokens, hidden).bfloat16(), rows), rowwise=False,
-                                columnwise=True, swizzle=True, split_sizes=padded_sizes).columnwise
+    dy_padded = to_padded(torch.randn(tokens, hidden).bfloat16(), rows)
+    dy_col = quantize_mxfp8_ref(dy_padded, rowwise=False, columnwise=True, swizzle=True,
+                                split_sizes=padded_sizes).columnwise
+    w2_col = quantize_mxfp8_ref(w2.reshape(-1, ffn), rowwise=False, columnwise=True, swizzle=True,
+                                split_sizes=torch.full((experts,), hidden)).columnwise
+    dgrad = fc2_dgrad_glu_kernel(fc2_dgrad_glu_args(q_row(dy_padded), w2_col, fc1_args))
     main_grad = torch.zeros(experts, hidden, ffn)
     dw2 = wgrad_kernel(fc2_wgrad_args(dy_col, fc1_args, rows.offsets, main_grad))
     with simulated_sm100(tmp_path):
-        assert fc1_glu_kernel(fc1_args).check_support() and fc2.check_support() and dw2.check_support()
+        for kernel in (fc1_glu_kernel(fc1_args), fc2, dw2, dgrad):
+            assert kernel.check_support(), kernel
 
 
 def test_operands_outside_the_contract_are_refused():
@@ -133,4 +139,19 @@ def test_fc2_wgrad_compiles_for_sm100(shape, tmp_path):
     dy_col = _swizzled_columnwise_meta(rows.num_rows, hidden, experts)  # Q_col of the padded dy rows
     main_grad = torch.empty(experts, hidden, ffn, dtype=torch.float32, device="meta")
     ptx = _compiled_ptx(wgrad_kernel(fc2_wgrad_args(dy_col, fc1, rows.offsets, main_grad)), tmp_path)
+    assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fc2_dgrad_glu_compiles_for_sm100(shape, tmp_path):
+    from gmlp.cutedsl.sm100_layout import padded_rows
+    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc2_dgrad_glu_args, fc2_dgrad_glu_kernel
+
+    experts, tokens, hidden, ffn = SHAPES[shape]
+    rows = padded_rows(torch.full((experts,), tokens // experts), tokens)
+    fc1 = fc1_glu_args(_swizzled_rowwise_meta(rows.num_rows, hidden), _swizzled_rowwise_meta(experts * 2 * ffn, hidden),
+                       rows.offsets.to("meta"), torch.empty(rows.num_rows, dtype=torch.float32, device="meta"))
+    dy = _swizzled_rowwise_meta(rows.num_rows, hidden)  # Q_row of the padded dy rows
+    w2_col = _swizzled_columnwise_meta(experts * hidden, ffn, experts)  # Q_col of the (E * H, F) stack, [H] * E
+    ptx = _compiled_ptx(fc2_dgrad_glu_kernel(fc2_dgrad_glu_args(dy, w2_col, fc1)), tmp_path)
     assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"

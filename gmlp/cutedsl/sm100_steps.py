@@ -5,7 +5,12 @@ object built from them (construct, ``check_support``, ``compile``, ``execute``).
 - ``grouped_gemm``: ``D = A @ B_g^T`` in bf16 (FC2 forward; FC1 dgrad once its B layout is
   settled, AGENTS.md), ``GroupedGemmQuantSm100``;
 - ``fc1_glu``: FC1 with SwiGLU and probs, ``a`` quantized both ways, ``GroupedGemmGluSm100``;
-- ``fc2_wgrad``: dW2 = Q_col(dy)^T Q_col(a) per expert, ``GroupedGemmWgradSm100``.
+- ``fc2_wgrad``: dW2 = Q_col(dy)^T Q_col(a) per expert, ``GroupedGemmWgradSm100``;
+- ``fc2_dgrad_glu``: FC2 dgrad with the SwiGLU backward and deterministic dprobs, dh quantized
+  both ways, ``GroupedGemmDgluSm100``. Its B is W2 in its own (E, H, F) order with scale blocks
+  along H (the kernel's N-major B): gmlp's Q_col of the (E * H, F) stack grouped by [H] * E has
+  those scales, and its data is permuted back from (F, E * H) by one fp8 copy (a quantize that
+  keeps the source orientation would avoid it, AGENTS.md).
 
 What gmlp hands over, and why it fits the contracts (cuDNN frontend 1.32):
 - A: Q_row of the token rows in the padded layout (``sm100_layout``: every expert starts at a
@@ -34,7 +39,8 @@ from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["GroupedGemmArgs", "grouped_gemm_args", "grouped_gemm_kernel", "FC1GluArgs", "fc1_glu_args",
-           "fc1_glu_kernel", "WgradArgs", "fc2_wgrad_args", "wgrad_kernel"]
+           "fc1_glu_kernel", "WgradArgs", "fc2_wgrad_args", "wgrad_kernel", "FC2DgradGluArgs", "fc2_dgrad_glu_args",
+           "fc2_dgrad_glu_kernel"]
 
 SF_VEC_SIZE = 32
 
@@ -207,3 +213,68 @@ def wgrad_kernel(args: WgradArgs):
     return kernel_class("wgrad")(
         sample_a=args.a, sample_b=args.b, sample_sfa=args.sfa, sample_sfb=args.sfb, sample_offsets=args.offsets,
         sample_wgrad=args.wgrad, sf_vec_size=SF_VEC_SIZE, accumulate_on_output=True)
+
+
+@dataclass(frozen=True)
+class FC2DgradGluArgs:
+    """The tensors of one FC2 dgrad call, in the dGLU kernel's terms (outputs allocated here)."""
+
+    a: torch.Tensor  # (M_pad, H) fp8: Q_row(dy), padded rows
+    sfa: torch.Tensor
+    b: torch.Tensor  # (E, H, F) fp8: W2 as stored, N-major, scale blocks along H
+    sfb: torch.Tensor
+    c: torch.Tensor  # (M_pad, 2F) bf16: FC1's C, interleaved
+    padded_offsets: torch.Tensor
+    alpha: torch.Tensor  # (E,) ones (the kernel squares it)
+    beta: torch.Tensor  # (E,) ones
+    prob: torch.Tensor  # (M_pad,) fp32
+    dprob: torch.Tensor  # (M_pad, slots, 1) fp32 zeros: per-slot partial sums, added in a fixed order
+    d_row: torch.Tensor  # (M_pad, 2F) fp8: Q_row(dh), interleaved
+    sfd_row: torch.Tensor
+    d_col: torch.Tensor  # (M_pad, 2F) fp8: Q_col(dh)
+    sfd_col: torch.Tensor
+    amax: torch.Tensor  # (E, 2, 1) fp32
+    norm_const: torch.Tensor
+
+
+def fc2_dgrad_glu_args(dy: MXFP8Tensor, w2_col: MXFP8Tensor, fc1: FC1GluArgs) -> FC2DgradGluArgs:
+    """FC2 dgrad's call: ``dy`` Q_row of the padded dy rows (M_pad, H), E4M3 like the weights (the
+    kernel takes one fp8 format for A and B); ``w2_col`` Q_col of the (E * H, F) W2 stack grouped
+    by [H] * E, swizzled; ``fc1`` the forward's FC1 call (its C, probs and offsets)."""
+    from cudnn.gemm.cutedsl.grouped.dsrelu.api import _dprob_n_slots  # the kernel's own slot count (pinned version)
+
+    rows, hidden = _swizzled_rowwise("dy", dy).source_shape
+    if not (isinstance(w2_col, MXFP8Tensor) and w2_col.axis is QuantAxis.COLUMNWISE and w2_col.swizzled):
+        raise TypeError(f"w2_col must be a columnwise MXFP8Tensor with swizzled scales, got {w2_col!r}")
+    experts = fc1.padded_offsets.numel()
+    ffn, stack_rows = w2_col.data.shape
+    if stack_rows != experts * hidden or hidden % SCALE_TILE_ROWS or fc1.c.shape != (rows, 2 * ffn):
+        raise ValueError(f"w2_col must quantize an ({experts} * {hidden}, F) stack matching FC1's C "
+                         f"{tuple(fc1.c.shape)}, got data {tuple(w2_col.data.shape)}")
+    if dy.data.dtype != w2_col.data.dtype:
+        raise TypeError(f"dy and W2 must have the same fp8 format, got {dy.data.dtype} and {w2_col.data.dtype}")
+    device, fp8 = dy.data.device, dy.data.dtype
+    slots = _dprob_n_slots(ffn, (256, 256), None, True)  # over the GEMM's N = F
+    scale_bytes = (rows // 128) * scale_layout.swizzled_size(128, 2 * ffn // 32)  # (M_pad, 2F) in 32-wide blocks
+    ones = torch.ones(experts, dtype=torch.float32, device=device)
+    return FC2DgradGluArgs(
+        a=dy.data, sfa=_e8m0(dy.scales), b=w2_col.data.view(ffn, experts, hidden).permute(1, 2, 0).contiguous(),
+        sfb=_e8m0(w2_col.scales[:experts * scale_layout.swizzled_size(ffn, hidden // 32)]), c=fc1.c,
+        padded_offsets=fc1.padded_offsets, alpha=ones, beta=ones.clone(), prob=fc1.prob,
+        dprob=torch.zeros(rows, slots, 1, dtype=torch.float32, device=device),
+        d_row=torch.empty(rows, 2 * ffn, dtype=fp8, device=device),
+        sfd_row=_e8m0(torch.empty(scale_bytes, dtype=torch.uint8, device=device)),
+        d_col=torch.empty(rows, 2 * ffn, dtype=fp8, device=device),
+        sfd_col=_e8m0(torch.empty(scale_bytes, dtype=torch.uint8, device=device)),
+        amax=torch.zeros(experts, 2, 1, dtype=torch.float32, device=device), norm_const=fc1.norm_const)
+
+
+def fc2_dgrad_glu_kernel(args: FC2DgradGluArgs):
+    """The dGLU kernel object (SwiGLU backward, deterministic dprob) for calls like ``args``."""
+    return kernel_class("fc2_dgrad_glu")(
+        sample_a=args.a, sample_c=args.c, sample_d_row=args.d_row, sample_d_col=args.d_col, sample_sfa=args.sfa,
+        sample_padded_offsets=args.padded_offsets, sample_alpha=args.alpha, sample_beta=args.beta,
+        sample_prob=args.prob, sample_dprob=args.dprob, sample_b=args.b, sample_sfb=args.sfb,
+        sample_sfd_row=args.sfd_row, sample_sfd_col=args.sfd_col, sample_amax=args.amax,
+        sample_norm_const=args.norm_const, sf_vec_size=SF_VEC_SIZE, act_func="dswiglu", b_major="n",
+        discrete_col_sfd=True, _deterministic=True)
