@@ -127,15 +127,24 @@ def _swizzled_columnwise_meta(rows: int, cols: int, experts: int) -> MXFP8Tensor
     return MXFP8Tensor(data, scales, QuantAxis.COLUMNWISE, True, ElementFormat.E4M3, ScaleMode.RCEIL, split_sizes)
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_fc2_wgrad_compiles_for_sm100(shape, tmp_path):
+def _fc1_call_meta(shape: str):
+    """The padded rows and FC1's call for a DESIGN shape, on meta (what the backward steps read)."""
     from gmlp.cutedsl.sm100_layout import padded_rows
-    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc2_wgrad_args, wgrad_kernel
+    from gmlp.cutedsl.sm100_steps import fc1_glu_args
 
     experts, tokens, hidden, ffn = SHAPES[shape]
     rows = padded_rows(torch.full((experts,), tokens // experts), tokens)
     fc1 = fc1_glu_args(_swizzled_rowwise_meta(rows.num_rows, hidden), _swizzled_rowwise_meta(experts * 2 * ffn, hidden),
                        rows.offsets.to("meta"), torch.empty(rows.num_rows, dtype=torch.float32, device="meta"))
+    return rows, fc1
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fc2_wgrad_compiles_for_sm100(shape, tmp_path):
+    from gmlp.cutedsl.sm100_steps import fc2_wgrad_args, wgrad_kernel
+
+    experts, _, hidden, ffn = SHAPES[shape]
+    rows, fc1 = _fc1_call_meta(shape)
     dy_col = _swizzled_columnwise_meta(rows.num_rows, hidden, experts)  # Q_col of the padded dy rows
     main_grad = torch.empty(experts, hidden, ffn, dtype=torch.float32, device="meta")
     ptx = _compiled_ptx(wgrad_kernel(fc2_wgrad_args(dy_col, fc1, rows.offsets, main_grad)), tmp_path)
@@ -144,13 +153,10 @@ def test_fc2_wgrad_compiles_for_sm100(shape, tmp_path):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_fc2_dgrad_glu_compiles_for_sm100(shape, tmp_path):
-    from gmlp.cutedsl.sm100_layout import padded_rows
-    from gmlp.cutedsl.sm100_steps import fc1_glu_args, fc2_dgrad_glu_args, fc2_dgrad_glu_kernel
+    from gmlp.cutedsl.sm100_steps import fc2_dgrad_glu_args, fc2_dgrad_glu_kernel
 
-    experts, tokens, hidden, ffn = SHAPES[shape]
-    rows = padded_rows(torch.full((experts,), tokens // experts), tokens)
-    fc1 = fc1_glu_args(_swizzled_rowwise_meta(rows.num_rows, hidden), _swizzled_rowwise_meta(experts * 2 * ffn, hidden),
-                       rows.offsets.to("meta"), torch.empty(rows.num_rows, dtype=torch.float32, device="meta"))
+    experts, _, hidden, ffn = SHAPES[shape]
+    rows, fc1 = _fc1_call_meta(shape)
     dy = _swizzled_rowwise_meta(rows.num_rows, hidden)  # Q_row of the padded dy rows
     w2_col = _swizzled_columnwise_meta(experts * hidden, ffn, experts)  # Q_col of the (E * H, F) stack, [H] * E
     ptx = _compiled_ptx(fc2_dgrad_glu_kernel(fc2_dgrad_glu_args(dy, w2_col, fc1)), tmp_path)
