@@ -105,7 +105,7 @@ def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
         return 1
     compared = [site for site, reference in plan.references.items() if reference is not None]
     print(f"cross-check: {len(compared)} of {len(plan.decisions)} ops compared with the next path down, "
-          "no mismatch" + (f" (the rest run on torch, the last path)" if len(compared) < len(plan.decisions) else ""))
+          "no mismatch" + (" (the rest run on torch, the last path)" if len(compared) < len(plan.decisions) else ""))
     got = {"y": y, "dx": x.grad, "dprobs": probs.grad, "dw1": mlp.w1.grad, "dw2": mlp.w2.grad}
     # the same layer, unquantized, in float64, differentiated by autograd
     y64, (x64, probs64, w1_64, _, w2_64, _) = unquantized_mlp_fp64(x, split_sizes, probs, mlp.w1, None, mlp.w2, None,

@@ -143,7 +143,6 @@ def fc1_forward_ref(
 ) -> FC1Output:
     """The FC1 step (dataflow steps 2-3) on given operands; twin of ``gmlp.triton_ref.fc1.fc1_forward``."""
     sizes = [int(m) for m in split_sizes.tolist()]
-    fc1_outputs = (2 if activation.gated else 1) * ffn_hidden_size
     x_values = x.dequantize() if isinstance(x, MXFP8Tensor) else x.float()
     w1_values = expert_matrices(w1, len(sizes))
     h = _fc1_h(x_values, w1_values, b1, sizes)
