@@ -151,10 +151,14 @@ class LayerProblem:
     mxfp8: bool
     bias: bool
     activation: str  # its name: "swiglu", "geglu", "qgeglu", "srelu"
+    e5m2_grads: bool  # gradients quantized to E5M2 (the weights and activations stay E4M3)
     quantize_problems: dict[str, QuantizeProblem]  # site name -> its quantize call
 
 
-def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) -> Reason:
+BACKWARD_GEMM_SITES = ("fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")  # a gradient times an E4M3 operand
+
+
+def _cutedsl_gemm_reason(op: Op, site: str, problem: LayerProblem, device: torch.device) -> Reason:
     """Why a fused GEMM step does not take CuTeDSL (the system check has passed: SM90 or SM100)."""
     if torch.cuda.get_device_capability(device)[0] != 10:
         return Reason(ReasonKind.SYSTEM, f"no CuTeDSL {op.value} kernel for SM90 in gmlp (cuDNN frontend's grouped "
@@ -164,6 +168,9 @@ def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) ->
     error = import_error()
     if error is not None:
         return Reason(ReasonKind.SYSTEM, error)
+    if problem.e5m2_grads and site in BACKWARD_GEMM_SITES:
+        return Reason(ReasonKind.RECIPE, "E5M2 gradients: cuDNN frontend's grouped kernels take one fp8 format for "
+                                         "both operands, and the other operand here is E4M3")
     if op in (Op.FC1, Op.FC2_DGRAD) and problem.activation == "geglu":
         return Reason(ReasonKind.ACTIVATION, "cuDNN frontend's GLU kernels have no tanh-GELU GeGLU (their 'geglu' is "
                                              "the clamped GPT-OSS form, gmlp's qgeglu)")
@@ -181,7 +188,7 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
             from gmlp.triton_ref.quantize import problem_support
         return problem_support(problem.quantize_problems[site])
     if path is Path.CUTEDSL:
-        return _cutedsl_gemm_reason(op, problem, device)
+        return _cutedsl_gemm_reason(op, site, problem, device)
     gemm_ops = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
     dtype = problem.param_dtype
     if op in gemm_ops and dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):

@@ -150,8 +150,9 @@ class GroupedMLP(nn.Module):
     def plan(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None, strict: bool | None = False) -> LayerPlan:
         """The path of every op of a call with inputs like ``x`` (T, H), and why each faster path
         is skipped. ``strict`` as in the constructor (default here: report, never raise)."""
+        e5m2_grads = self.recipe is not None and self.recipe.grad_format is ElementFormat.E5M2
         problem = LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None, self.activation.name,
-                               self._quantize_problems(x, split_sizes))
+                               e5m2_grads, self._quantize_problems(x, split_sizes))
         return plan_layer(problem, x.device, strict=strict)
 
     def explain(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None) -> str:

@@ -13,6 +13,10 @@ import torch
 
 import gmlp
 import gmlp.cutedsl
+# Imported now, under conftest's TRITON_INTERPRET setting: the tests below pretend a GPU with
+# TRITON_INTERPRET=0, and a Triton module first imported then would build compiled-mode kernels
+# that the interpreted tests after them cannot run.
+import gmlp.triton_ref.quantize  # noqa: F401
 from gmlp import dispatch
 from gmlp.dispatch import FallbackError, FallbackWarning, Path
 from gmlp.layer_ops import LayerProblem, plan_layer
@@ -39,7 +43,8 @@ def fresh_dispatch(monkeypatch):
 
 def _problem(recipe=gmlp.MXFP8Recipe(), dtype=torch.bfloat16, activation="swiglu") -> LayerProblem:
     mlp = gmlp.GroupedMLP(4, 64, 64, activation=activation, recipe=recipe, dtype=dtype)
-    return LayerProblem(dtype, recipe is not None, False, activation, mlp._quantize_problems(torch.zeros(96, 64), None))
+    e5m2 = recipe is not None and recipe.grad_format is gmlp.ElementFormat.E5M2
+    return LayerProblem(dtype, recipe is not None, False, activation, e5m2, mlp._quantize_problems(torch.zeros(96, 64), None))
 
 
 def _gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
@@ -181,6 +186,11 @@ def test_sm100_reasons_for_the_fused_gemms(monkeypatch):
         reason = dict(geglu.decisions[site].skipped)[Path.CUTEDSL]
         assert reason.kind is ReasonKind.ACTIVATION and "no tanh-GELU GeGLU" in str(reason), site
     assert dict(geglu.decisions["fc2"].skipped)[Path.CUTEDSL].kind is ReasonKind.SYSTEM
+    e5m2 = _plan(device, recipe=gmlp.MXFP8Recipe(grad_format=gmlp.ElementFormat.E5M2))
+    for site in ("fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"):
+        reason = dict(e5m2.decisions[site].skipped)[Path.CUTEDSL]
+        assert reason.kind is ReasonKind.RECIPE and "E5M2 gradients" in str(reason), site
+    assert "E5M2" not in str(dict(e5m2.decisions["fc2"].skipped)[Path.CUTEDSL])
     assert _plan(device).decisions["quantize x"].path is Path.CUTEDSL  # the quantize runs there
     real = cudnn_kernels.importlib.import_module
 

@@ -58,10 +58,12 @@ def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
     """Real tensors from gmlp's quantize and layout functions (small shapes, on the CPU) pass the
     kernels' own checks: FC1 (x, interleaved W1, padded probs), FC2 (its a, W2) and dW2 (Q_col
     of the padded dy, grouped by the padded sizes, with FC1's D_col) and FC2 dgrad (Q_row of the
-    padded dy, Q_col of the W2 stack grouped by [H] * E, FC1's C)."""
+    padded dy, Q_col of the W2 stack grouped by [H] * E, FC1's C) and FC1 dgrad (its dh, Q_col of
+    the interleaved W1 stack grouped by [2F] * E)."""
     from gmlp.cutedsl.sm100_layout import interleave_gate_up, padded_rows, to_padded
-    from gmlp.cutedsl.sm100_steps import (fc1_glu_args, fc1_glu_kernel, fc2_dgrad_glu_args, fc2_dgrad_glu_kernel,
-                                          fc2_wgrad_args, grouped_gemm_args, grouped_gemm_kernel, wgrad_kernel)
+    from gmlp.cutedsl.sm100_steps import (fc1_dgrad_args, fc1_glu_args, fc1_glu_kernel, fc2_dgrad_glu_args,
+                                          fc2_dgrad_glu_kernel, fc2_wgrad_args, grouped_gemm_args, grouped_gemm_kernel,
+                                          wgrad_kernel)
 
     experts, hidden, ffn = 3, 128, 64
     split_sizes = torch.tensor([5, 0, 300])
@@ -84,11 +86,14 @@ def test_the_operands_gmlp_quantizes_meet_the_kernels_contract(tmp_path):
                                 split_sizes=padded_sizes).columnwise
     w2_col = quantize_mxfp8_ref(w2.reshape(-1, ffn), rowwise=False, columnwise=True, swizzle=True,
                                 split_sizes=torch.full((experts,), hidden)).columnwise
-    dgrad = fc2_dgrad_glu_kernel(fc2_dgrad_glu_args(q_row(dy_padded), w2_col, fc1_args))
+    dgrad_args = fc2_dgrad_glu_args(q_row(dy_padded), w2_col, fc1_args)
+    w1_col = quantize_mxfp8_ref(interleave_gate_up(w1).reshape(-1, hidden), rowwise=False, columnwise=True,
+                                swizzle=True, split_sizes=torch.full((experts,), 2 * ffn)).columnwise
+    fc1_dgrad = grouped_gemm_kernel(fc1_dgrad_args(dgrad_args, w1_col))
     main_grad = torch.zeros(experts, hidden, ffn)
     dw2 = wgrad_kernel(fc2_wgrad_args(dy_col, fc1_args, rows.offsets, main_grad))
     with simulated_sm100(tmp_path):
-        for kernel in (fc1_glu_kernel(fc1_args), fc2, dw2, dgrad):
+        for kernel in (fc1_glu_kernel(fc1_args), fc2, dw2, fc2_dgrad_glu_kernel(dgrad_args), fc1_dgrad):
             assert kernel.check_support(), kernel
 
 
@@ -160,4 +165,17 @@ def test_fc2_dgrad_glu_compiles_for_sm100(shape, tmp_path):
     dy = _swizzled_rowwise_meta(rows.num_rows, hidden)  # Q_row of the padded dy rows
     w2_col = _swizzled_columnwise_meta(experts * hidden, ffn, experts)  # Q_col of the (E * H, F) stack, [H] * E
     ptx = _compiled_ptx(fc2_dgrad_glu_kernel(fc2_dgrad_glu_args(dy, w2_col, fc1)), tmp_path)
+    assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fc1_dgrad_compiles_for_sm100(shape, tmp_path):
+    from gmlp.cutedsl.sm100_steps import fc1_dgrad_args, fc2_dgrad_glu_args, grouped_gemm_kernel
+
+    experts, _, hidden, ffn = SHAPES[shape]
+    rows, fc1 = _fc1_call_meta(shape)
+    dgrad = fc2_dgrad_glu_args(_swizzled_rowwise_meta(rows.num_rows, hidden),
+                               _swizzled_columnwise_meta(experts * hidden, ffn, experts), fc1)
+    w1_col = _swizzled_columnwise_meta(experts * 2 * ffn, hidden, experts)  # Q_col of the interleaved W1 stack
+    ptx = _compiled_ptx(grouped_gemm_kernel(fc1_dgrad_args(dgrad, w1_col)), tmp_path)
     assert ".target sm_100a" in ptx and BLOCK_SCALED_MMA.search(ptx), "no block-scaled tcgen05 MMA in the PTX"

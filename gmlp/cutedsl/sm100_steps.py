@@ -2,8 +2,9 @@
 for each step, the tensors handed over (checked against the kernel's contract) and the kernel
 object built from them (construct, ``check_support``, ``compile``, ``execute``).
 
-- ``grouped_gemm``: ``D = A @ B_g^T`` in bf16 (FC2 forward; FC1 dgrad once its B layout is
-  settled, AGENTS.md), ``GroupedGemmQuantSm100``;
+- ``grouped_gemm``: ``D = A @ B_g^T`` in bf16, ``GroupedGemmQuantSm100``: FC2 forward (B =
+  Q_row of W2) and FC1 dgrad (``fc1_dgrad_args``: A = dh as the dGLU kernel wrote it, B = W1 as
+  the kernel's N-major B, like FC2 dgrad's W2 below);
 - ``fc1_glu``: FC1 with SwiGLU and probs, ``a`` quantized both ways, ``GroupedGemmGluSm100``;
 - ``fc2_wgrad``: dW2 = Q_col(dy)^T Q_col(a) per expert, ``GroupedGemmWgradSm100``;
 - ``fc2_dgrad_glu``: FC2 dgrad with the SwiGLU backward and deterministic dprobs, dh quantized
@@ -40,7 +41,7 @@ from gmlp.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["GroupedGemmArgs", "grouped_gemm_args", "grouped_gemm_kernel", "FC1GluArgs", "fc1_glu_args",
            "fc1_glu_kernel", "WgradArgs", "fc2_wgrad_args", "wgrad_kernel", "FC2DgradGluArgs", "fc2_dgrad_glu_args",
-           "fc2_dgrad_glu_kernel"]
+           "fc2_dgrad_glu_kernel", "fc1_dgrad_args"]
 
 SF_VEC_SIZE = 32
 
@@ -56,6 +57,7 @@ class GroupedGemmArgs:
     padded_offsets: torch.Tensor  # (E,) int32
     alpha: torch.Tensor  # (E,) fp32
     d: torch.Tensor  # (M_pad, N) bf16
+    b_major: str = "k"  # "n": b is (E, K, N), N contiguous
 
 
 def _swizzled_rowwise(name: str, value) -> MXFP8Tensor:
@@ -113,7 +115,7 @@ def grouped_gemm_kernel(args: GroupedGemmArgs):
     ``compile``, ``execute``: the tensors given here are its samples)."""
     return kernel_class("grouped_gemm")(
         sample_a=args.a, sample_sfa=args.sfa, sample_padded_offsets=args.padded_offsets, sample_alpha=args.alpha,
-        sample_d=args.d, sample_b=args.b, sample_sfb=args.sfb, sf_vec_size=SF_VEC_SIZE)
+        sample_d=args.d, sample_b=args.b, sample_sfb=args.sfb, sf_vec_size=SF_VEC_SIZE, b_major=args.b_major)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,39 @@ def wgrad_kernel(args: WgradArgs):
         sample_wgrad=args.wgrad, sf_vec_size=SF_VEC_SIZE, accumulate_on_output=True)
 
 
+def _n_major_weight(name: str, w_col: MXFP8Tensor, experts: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, sfb) of a weight W (E, K, N) as the kernels' N-major B, from ``w_col``, gmlp's Q_col of
+    its (E * K, N) stack grouped by [K] * E: the scales (blocks of 32 along K, each expert's
+    swizzled on its own) are the kernels' SFB as they are; the data, stored transposed (N, E * K),
+    is permuted back to (E, K, N) by one fp8 copy."""
+    if not (isinstance(w_col, MXFP8Tensor) and w_col.axis is QuantAxis.COLUMNWISE and w_col.swizzled):
+        raise TypeError(f"{name} must be a columnwise MXFP8Tensor with swizzled scales, got {w_col!r}")
+    n, stack_rows = w_col.data.shape
+    if stack_rows != experts * k or k % SCALE_TILE_ROWS:
+        raise ValueError(f"{name} must quantize an ({experts} * {k}, N) stack, K a multiple of {SCALE_TILE_ROWS}, "
+                         f"got data {tuple(w_col.data.shape)}")
+    b = w_col.data.view(n, experts, k).permute(1, 2, 0).contiguous()
+    return b, _e8m0(w_col.scales[:experts * scale_layout.swizzled_size(n, k // 32)])
+
+
+def fc1_dgrad_args(dgrad: "FC2DgradGluArgs", w1_col: MXFP8Tensor, out: torch.Tensor | None = None) -> GroupedGemmArgs:
+    """FC1 dgrad's call, dx = dh @ W1_g: A is dh quantized rowwise as the dGLU kernel wrote it
+    (interleaved columns, like ``w1_col``'s rows); ``w1_col`` is Q_col of the interleaved
+    (E * 2F, H) W1 stack grouped by [2F] * E; ``out`` (M_pad, H) bf16 or None."""
+    rows, two_ffn = dgrad.d_row.shape
+    experts = dgrad.padded_offsets.numel()
+    b, sfb = _n_major_weight("w1_col", w1_col, experts, two_ffn)
+    hidden = b.shape[2]
+    if dgrad.d_row.dtype != w1_col.data.dtype:
+        raise TypeError(f"dh and W1 must have the same fp8 format, got {dgrad.d_row.dtype} and {w1_col.data.dtype}")
+    if out is None:
+        out = torch.empty(rows, hidden, dtype=torch.bfloat16, device=b.device)
+    elif tuple(out.shape) != (rows, hidden) or out.dtype != torch.bfloat16:
+        raise ValueError(f"out must be bf16 ({rows}, {hidden}), got {out.dtype} {tuple(out.shape)}")
+    return GroupedGemmArgs(a=dgrad.d_row, sfa=dgrad.sfd_row, b=b, sfb=sfb, padded_offsets=dgrad.padded_offsets,
+                           alpha=dgrad.alpha, d=out, b_major="n")
+
+
 @dataclass(frozen=True)
 class FC2DgradGluArgs:
     """The tensors of one FC2 dgrad call, in the dGLU kernel's terms (outputs allocated here)."""
@@ -244,13 +279,11 @@ def fc2_dgrad_glu_args(dy: MXFP8Tensor, w2_col: MXFP8Tensor, fc1: FC1GluArgs) ->
     from cudnn.gemm.cutedsl.grouped.dsrelu.api import _dprob_n_slots  # the kernel's own slot count (pinned version)
 
     rows, hidden = _swizzled_rowwise("dy", dy).source_shape
-    if not (isinstance(w2_col, MXFP8Tensor) and w2_col.axis is QuantAxis.COLUMNWISE and w2_col.swizzled):
-        raise TypeError(f"w2_col must be a columnwise MXFP8Tensor with swizzled scales, got {w2_col!r}")
     experts = fc1.padded_offsets.numel()
-    ffn, stack_rows = w2_col.data.shape
-    if stack_rows != experts * hidden or hidden % SCALE_TILE_ROWS or fc1.c.shape != (rows, 2 * ffn):
-        raise ValueError(f"w2_col must quantize an ({experts} * {hidden}, F) stack matching FC1's C "
-                         f"{tuple(fc1.c.shape)}, got data {tuple(w2_col.data.shape)}")
+    b, sfb = _n_major_weight("w2_col", w2_col, experts, hidden)
+    ffn = b.shape[2]
+    if fc1.c.shape != (rows, 2 * ffn):
+        raise ValueError(f"w2_col's F = {ffn} does not match FC1's C {tuple(fc1.c.shape)}")
     if dy.data.dtype != w2_col.data.dtype:
         raise TypeError(f"dy and W2 must have the same fp8 format, got {dy.data.dtype} and {w2_col.data.dtype}")
     device, fp8 = dy.data.device, dy.data.dtype
@@ -258,8 +291,7 @@ def fc2_dgrad_glu_args(dy: MXFP8Tensor, w2_col: MXFP8Tensor, fc1: FC1GluArgs) ->
     scale_bytes = (rows // 128) * scale_layout.swizzled_size(128, 2 * ffn // 32)  # (M_pad, 2F) in 32-wide blocks
     ones = torch.ones(experts, dtype=torch.float32, device=device)
     return FC2DgradGluArgs(
-        a=dy.data, sfa=_e8m0(dy.scales), b=w2_col.data.view(ffn, experts, hidden).permute(1, 2, 0).contiguous(),
-        sfb=_e8m0(w2_col.scales[:experts * scale_layout.swizzled_size(ffn, hidden // 32)]), c=fc1.c,
+        a=dy.data, sfa=_e8m0(dy.scales), b=b, sfb=sfb, c=fc1.c,
         padded_offsets=fc1.padded_offsets, alpha=ones, beta=ones.clone(), prob=fc1.prob,
         dprob=torch.zeros(rows, slots, 1, dtype=torch.float32, device=device),
         d_row=torch.empty(rows, 2 * ffn, dtype=fp8, device=device),
