@@ -26,7 +26,8 @@ import torch
 from gmlp.reasons import Reason, ReasonKind
 from gmlp.versions import package_version, too_old
 
-__all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path"]
+__all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path",
+           "next_path_down"]
 
 
 class Path(enum.Enum):
@@ -148,6 +149,13 @@ def choose_path(
         if reason is not None:
             skipped.append((path, reason))
     raise AssertionError(f"the torch path runs every validated problem, but {label} found none: {skipped}")
+
+
+def next_path_down(chosen: Path, device: torch.device, problem_reason: Callable[[Path], Reason | None]) -> Path | None:
+    """The fastest path below ``chosen`` that can run the problem (what the cross-check compares
+    ``chosen`` with), or None when ``chosen`` is the last one."""
+    lower = PATHS_FASTEST_FIRST[PATHS_FASTEST_FIRST.index(chosen) + 1:]
+    return next((path for path in lower if (system_reason(path, device) or problem_reason(path)) is None), None)
 
 
 def _report(decision: Decision, label: str, said: str, strict: bool | None) -> Decision:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from gmlp.dispatch import PATHS_FASTEST_FIRST, Decision, Path, choose_path, system_reason
+from gmlp.dispatch import Decision, Path, choose_path, next_path_down
 from gmlp.quantize_args import QuantizeProblem
 from gmlp.reasons import Reason, ReasonKind
 
@@ -126,6 +126,7 @@ def _triton_implementation(site: Site) -> Callable:
     return run
 
 
+@functools.lru_cache(maxsize=None)  # looked up for every op call: built once per (site, path)
 def implementation(site: Site, path: Path) -> Callable:
     """The function that runs ``site``'s op on ``path`` (the arguments of the op's Triton launcher,
     launch settings such as the quantize config excepted: each path has its own)."""
@@ -230,6 +231,5 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
             return _reason(site.op, site.name, path, problem, device)
         decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=problem.activation, where=name)
         decisions[name] = decision
-        lower = PATHS_FASTEST_FIRST[PATHS_FASTEST_FIRST.index(decision.path) + 1:]
-        references[name] = next((p for p in lower if (system_reason(p, device) or problem_reason(p)) is None), None)
+        references[name] = next_path_down(decision.path, device, problem_reason)
     return LayerPlan(decisions, references)

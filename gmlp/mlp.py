@@ -149,24 +149,25 @@ class GroupedMLP(nn.Module):
 
     def plan(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None, strict: bool | None = False) -> LayerPlan:
         """The path of every op of a call with inputs like ``x`` (T, H), and why each faster path
-        is skipped. ``strict`` as in the constructor (default here: report, never raise)."""
+        is skipped. ``strict`` as in the constructor (default here: report, never raise). The
+        plan depends on ``split_sizes`` through its length only (``num_experts``), so it may be
+        left out."""
         e5m2_grads = self.recipe is not None and self.recipe.grad_format is ElementFormat.E5M2
         problem = LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None, self.activation.name,
-                               e5m2_grads, self._quantize_problems(x, split_sizes))
+                               e5m2_grads, self._quantize_problems(x))
         return plan_layer(problem, x.device, strict=strict)
 
     def explain(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None) -> str:
         """The plan as text: each op (where it runs in the layer), its path, and why not faster ones."""
         return f"{self!r} on {x.device}, x {tuple(x.shape)} {x.dtype}:\n{self.plan(x, split_sizes).explain()}"
 
-    def _quantize_problems(self, x: torch.Tensor, split_sizes: torch.Tensor | None) -> dict[str, QuantizeProblem]:
+    def _quantize_problems(self, x: torch.Tensor) -> dict[str, QuantizeProblem]:
         if self.recipe is None:
             return {}
         tokens, experts = x.shape[0], self.num_experts
         def problem(rows: int, cols: int, grouped: bool, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
             return QuantizeProblem(rows, cols, experts if grouped else 1, grouped, dtype, x.device, True, True, False,
                                    fmt, self.recipe.scale_mode)
-        del split_sizes  # the answers depend on its length (num_experts) only
         return {
             "quantize x": problem(tokens, self.hidden_size, True, x.dtype, ElementFormat.E4M3),
             "quantize w1": problem(self.w1.shape[0] * self.w1.shape[1], self.hidden_size, False, self.w1.dtype,

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from gmlp.debug import active_settings as active_cross_check
-from gmlp.dispatch import PATHS_FASTEST_FIRST, Decision, Path, choose_path, system_reason
+from gmlp.dispatch import Decision, Path, choose_path, next_path_down
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized
@@ -102,9 +102,7 @@ def _cross_check(x: torch.Tensor, args: dict, chosen: Path, result: MXFP8Quantiz
     from gmlp.debug.compare import Comparison, bitwise
     from gmlp.debug.crosscheck import report, say_uncompared
 
-    reason = _problem_reason(validate_quantize_args(x, **args))
-    lower = PATHS_FASTEST_FIRST[PATHS_FASTEST_FIRST.index(chosen) + 1:]
-    reference = next((p for p in lower if (system_reason(p, x.device) or reason(p)) is None), None)
+    reference = next_path_down(chosen, x.device, _problem_reason(validate_quantize_args(x, **args)))
     if reference is None:
         say_uncompared(OP_NAME, chosen)
         return

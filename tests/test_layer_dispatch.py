@@ -44,7 +44,7 @@ def fresh_dispatch(monkeypatch):
 def _problem(recipe=gmlp.MXFP8Recipe(), dtype=torch.bfloat16, activation="swiglu") -> LayerProblem:
     mlp = gmlp.GroupedMLP(4, 64, 64, activation=activation, recipe=recipe, dtype=dtype)
     e5m2 = recipe is not None and recipe.grad_format is gmlp.ElementFormat.E5M2
-    return LayerProblem(dtype, recipe is not None, False, activation, e5m2, mlp._quantize_problems(torch.zeros(96, 64), None))
+    return LayerProblem(dtype, recipe is not None, False, activation, e5m2, mlp._quantize_problems(torch.zeros(96, 64)))
 
 
 def _gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:

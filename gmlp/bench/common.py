@@ -15,6 +15,11 @@ import torch
 from gmlp.versions import REPORTED_PACKAGES, package_version
 
 
+def add_out_argument(parser) -> None:
+    """``--out``: the folder for a bench's JSON results."""
+    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+
+
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 100.0, measure_ms: float = 300.0) -> float:
     """Median device time of one fn() call in milliseconds, by CUDA events, after a timed warm-up.
 

@@ -23,8 +23,8 @@ from typing import Callable
 import torch
 
 from gmlp.activations import SWIGLU
-from gmlp.bench.common import environment, median_ms, write_results
-from gmlp.bench.mlp import SHAPES, split_sizes_for
+from gmlp.bench.common import add_out_argument, environment, median_ms, write_results
+from gmlp.bench.mlp import SHAPES, add_shapes_argument, split_sizes_for
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
@@ -130,10 +130,10 @@ def _time(fn: Callable) -> tuple[float | None, str | None]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench gemm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="deepseek-v3-rank", help=f"comma-separated, of {list(SHAPES)}")
+    add_shapes_argument(parser, "deepseek-v3-rank")
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
     parser.add_argument("--variants", default="bf16,mxfp8", help="bf16 operands; MXFP8 operands dequantized first")
-    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     rows = []

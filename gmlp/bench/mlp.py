@@ -16,7 +16,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from gmlp.bench.common import environment, median_ms, write_results
+from gmlp.bench.common import add_out_argument, environment, median_ms, write_results
 from gmlp.mlp import GroupedMLP
 from gmlp.recipe import MXFP8Recipe
 
@@ -47,6 +47,11 @@ def baseline_layer(x, w1, w2, offsets):
     return torch._grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs=offsets)
 
 
+def add_shapes_argument(parser, default: str) -> None:
+    """``--shapes``: comma-separated names of ``SHAPES``."""
+    parser.add_argument("--shapes", default=default, help=f"comma-separated, of {list(SHAPES)}")
+
+
 def layer_tensors(tokens: int, hidden: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's input x (a leaf that takes gradients) and output gradient dy, bf16, seeded."""
     torch.manual_seed(0)
@@ -63,9 +68,9 @@ def training_step(forward, leaves: list[torch.Tensor], dy: torch.Tensor) -> None
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench mlp", description=__doc__)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(SHAPES)}")
+    add_shapes_argument(parser, ",".join(SHAPES))
     parser.add_argument("--routing", default="balanced,skewed")
-    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     env = environment()

@@ -14,8 +14,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gmlp.bench.common import environment, write_results
-from gmlp.bench.mlp import SHAPES, layer_tensors, split_sizes_for, training_step
+from gmlp.bench.common import add_out_argument, environment, write_results
+from gmlp.bench.mlp import SHAPES, add_shapes_argument, layer_tensors, split_sizes_for, training_step
 from gmlp.mlp import GroupedMLP
 from gmlp.recipe import MXFP8Recipe
 
@@ -40,9 +40,9 @@ def _kernel_times(step, steps: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench profile", description=__doc__)
-    parser.add_argument("--shapes", default="deepseek-v3-rank", help=f"comma-separated, of {list(SHAPES)}")
+    add_shapes_argument(parser, "deepseek-v3-rank")
     parser.add_argument("--routing", default="balanced")
-    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     rows = []

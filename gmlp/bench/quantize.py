@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from gmlp import scale_layout
-from gmlp.bench.common import copy_bandwidth_gbs, environment, median_ms, write_results
+from gmlp.bench.common import add_out_argument, copy_bandwidth_gbs, environment, median_ms, write_results
 from gmlp.dispatch import Path, system_reason
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
 
@@ -76,7 +76,7 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench quantize", description=__doc__)
-    parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+    add_out_argument(parser)
     parser.add_argument("--impl", default="triton,cutedsl,torch.compile", help="comma-separated implementations")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement is repeated (spread = noise)")
     parser.add_argument("--sweep", action="store_true", help="also time every Triton config candidate")

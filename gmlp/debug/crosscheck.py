@@ -11,6 +11,7 @@ import torch
 
 from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
 from gmlp.dispatch import Path
+from gmlp.groups import device_groups
 from gmlp.layer_ops import SITES, LayerPlan, Op, implementation
 from gmlp.mlp_ref import grouped_gemm_ref, grouped_wgrad_ref
 
@@ -116,8 +117,7 @@ def _compare_fc2_dgrad(comparison: Comparison, got, want, args, kwargs, toleranc
     if want.db1 is not None:
         abs_dh = slope * abs_da * probs
         per_row = delta_dh + gemm_delta(torch.cat([abs_dh, abs_dh], dim=1) if activation.gated else abs_dh, tokens)
-        starts = torch.cat([split_sizes.new_zeros(1), split_sizes.cumsum(0)])
-        delta = implementation(SITES["bias grad"], Path.TORCH)(per_row, starts)
+        delta = implementation(SITES["bias grad"], Path.TORCH)(per_row, device_groups(split_sizes, tokens).row_start)
         within_bound(comparison, "db1", got.db1, want.db1, delta, tolerance)
 
 
