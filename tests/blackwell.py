@@ -97,3 +97,37 @@ def ptx_text(function) -> str:
 
 
 BLOCK_SCALED_MMA = re.compile(r"tcgen05\.mma\S*kind::mxf8f6f4\S*block_scale")
+
+
+def meta_quantize(site: str, x: torch.Tensor, *, rowwise: bool = True, columnwise: bool = False, swizzle: bool = True,
+                  split_sizes: torch.Tensor | None = None, element_format=None, scale_mode=None):
+    """A quantize (the layer runner's signature) that only allocates its outputs, as every
+    kernel does (``gmlp.quantize_buffers``): the composition's tensors on ``meta``, for compiling."""
+    from gmlp.mxfp8 import ElementFormat, ScaleMode
+    from gmlp.quantize_args import validate_quantize_args
+    from gmlp.quantize_buffers import allocate_buffers
+
+    del site
+    problem = validate_quantize_args(x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
+                                     element_format=element_format or ElementFormat.E4M3,
+                                     scale_mode=scale_mode or ScaleMode.RCEIL)
+    return allocate_buffers(problem).result(problem, split_sizes)
+
+
+class CompilingLauncher:
+    """A launcher for ``gmlp.cutedsl.sm100_layer`` that compiles each call's kernel for sm_100a
+    (once per call signature) instead of running it; ``ptx[site]`` holds the PTX of each site."""
+
+    def __init__(self, dump_dir: pathlib.Path):
+        self.dump_dir, self.ptx, self._by_signature = dump_dir, {}, {}
+
+    def __call__(self, site: str, call) -> None:
+        key = call.signature()
+        if key not in self._by_signature:
+            kernel = call.kernel()
+            with simulated_sm100(self.dump_dir) as compiled:
+                assert kernel.check_support(), f"{site}: {call.step} refused its arguments"
+                kernel.compile()
+            assert len(compiled) == 1, f"{site}: {len(compiled)} compiled functions"
+            self._by_signature[key] = ptx_text(compiled[0])
+        self.ptx[site] = self._by_signature[key]

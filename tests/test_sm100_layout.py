@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.cutedsl.sm100_layout import (GLU_BLOCK, M_ALIGNED, from_padded, interleave_gate_up, padded_rows,
-                                       split_interleaved, to_padded)
+from gmlp.cutedsl.sm100_layout import (GLU_BLOCK, M_ALIGNED, deinterleave_gate_up, from_padded, interleave_gate_up,
+                                       padded_group_sizes, padded_rows, split_interleaved, to_padded)
 
 
 @pytest.mark.parametrize("splits", [[0, 37, 256, 1, 300, 0], [512], [0, 0, 0], [255, 257]], ids=str)
@@ -21,6 +21,8 @@ def test_padded_rows_match_a_loop(splits):
     assert rows.offsets.dtype == torch.int32 and rows.offsets.tolist() == ends
     assert rows.index.tolist() == index
     assert rows.num_rows % M_ALIGNED == 0 and rows.num_rows >= (ends[-1] if ends else 0)
+    sizes = [b - a for a, b in zip([0] + ends, ends)] + [rows.num_rows - ends[-1]]
+    assert padded_group_sizes(rows).tolist() == sizes
     x = torch.randn(tokens, 8)
     padded = to_padded(x, rows)
     assert torch.equal(from_padded(padded, rows), x)
@@ -39,5 +41,6 @@ def test_gate_up_interleaving():
     x = torch.randn(4, hidden)
     c = x @ interleaved[0].t()
     assert torch.equal(split_interleaved(c), x @ w1[0].t())
+    assert torch.equal(deinterleave_gate_up(interleaved), w1)
     with pytest.raises(ValueError, match="multiple of 32"):
         interleave_gate_up(torch.zeros(1, 48, 4))

@@ -24,10 +24,11 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp import scale_layout
 from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Kernel
-from gmlp.groups import device_groups, poison_scales_if_invalid
+from gmlp.groups import device_groups
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.quantize_buffers import allocate_buffers
+from gmlp.quantized import MXFP8Quantized
 from gmlp.reasons import Reason, ReasonKind
 
 __all__ = [
@@ -232,8 +233,7 @@ def quantize_mxfp8(
     reason = problem_support(problem)
     if reason is not None:
         raise ValueError(f"the CuTeDSL quantize kernel cannot run this problem: {reason}")
-    rows, cols, experts = problem.num_rows, problem.num_cols, problem.num_experts
-    device = x.device
+    rows, device = problem.num_rows, x.device
 
     # canonicalize: a 16-byte aligned x (only an odd view needs the copy); device prefix sums of
     # rows, 128-row tiles and (compact columnwise) 32-row blocks
@@ -245,45 +245,15 @@ def quantize_mxfp8(
         row_start, tile_start = groups.row_start, groups.tile_start
         if columnwise and not swizzle:
             block_start = groups.block_start
-    num_tiles = scale_layout.max_row_tiles(rows, experts)
-
-    # allocate: with a launch, the kernel writes every byte (swizzle padding included) except the
-    # unused trailing columns of compact columnwise scales; without one (T == 0 or K == 0) the
-    # scales are all padding, i.e. zeros
-    launch = rows > 0 and cols > 0
-    fp8 = element_format.torch_dtype
-    scale_buffer = torch.empty if launch else torch.zeros
-    u8 = dict(dtype=torch.uint8, device=device)
-    row_data = row_scales = col_data = col_scales = None
-    if rowwise:
-        row_data = torch.empty(rows, cols, dtype=fp8, device=device)
-        row_scales = (
-            scale_buffer(num_tiles * scale_layout.swizzled_size(TILE_ROWS, cols // BLOCK_SIZE), **u8)
-            if swizzle else torch.empty(rows, cols // BLOCK_SIZE, **u8)
-        )
-    if columnwise:
-        col_data = torch.empty(cols, rows, dtype=fp8, device=device)
-        col_scales = (
-            scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), **u8)
-            if swizzle else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), **u8)
-        )
+    out = allocate_buffers(problem)  # with a launch the kernel writes every scale byte but compact columnwise padding
 
     # launch: max_row_tiles(T, E) * ceil(K / 128) work items, one CTA each
-    if launch:
+    if rows > 0 and problem.num_cols > 0:
         kernel = _compile(KernelConfig.of(problem), None).function
         as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731 (fp8 as raw bytes)
         with torch.cuda.device(device):
-            kernel(x, as_bytes(row_data), row_scales, as_bytes(col_data), col_scales,
+            kernel(x, as_bytes(out.row_data), out.row_scales, as_bytes(out.col_data), out.col_scales,
                    row_start, tile_start, block_start)
 
-    for scales in (row_scales, col_scales):
-        if scales is not None:
-            poison_scales_if_invalid(scales, groups)
-    row_result = col_result = None
-    recipe = (swizzle, element_format, scale_mode, split_sizes)
-    if rowwise:
-        row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, *recipe)
-    if columnwise:
-        col_result = MXFP8Tensor(col_data, col_scales, QuantAxis.COLUMNWISE, *recipe)
-    return MXFP8Quantized(row_result, col_result)
+    return out.result(problem, split_sizes, groups)
 

@@ -15,8 +15,8 @@ import torch
 
 from gmlp.scale_layout import ceil_div
 
-__all__ = ["M_ALIGNED", "GLU_BLOCK", "PaddedRows", "padded_rows", "to_padded", "from_padded",
-           "interleave_gate_up", "split_interleaved"]
+__all__ = ["M_ALIGNED", "GLU_BLOCK", "PaddedRows", "padded_rows", "padded_group_sizes", "to_padded", "from_padded",
+           "interleave_gate_up", "deinterleave_gate_up", "split_interleaved"]
 
 M_ALIGNED = 256
 GLU_BLOCK = 32  # columns of gate, then of up, alternating
@@ -43,6 +43,15 @@ def padded_rows(split_sizes: torch.Tensor, tokens: int) -> PaddedRows:
     return PaddedRows(padded_ends.to(torch.int32), index, bound)
 
 
+def padded_group_sizes(rows: PaddedRows) -> torch.Tensor:
+    """(E + 1,) int64 group sizes that cover all ``rows.num_rows`` padded rows: each expert's
+    padded size, then the slack after the last expert. Quantized columnwise with these groups, a
+    padded tensor has each expert's 32-row blocks and scale tiles where the kernels read them."""
+    ends = rows.offsets.to(torch.int64)
+    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
+    return torch.cat([sizes, rows.num_rows - ends[-1:]])
+
+
 def to_padded(x: torch.Tensor, rows: PaddedRows) -> torch.Tensor:
     """(rows.num_rows, ...) copy of x (T, ...) in the padded layout; padding rows are zeros."""
     out = x.new_zeros(rows.num_rows, *x.shape[1:])
@@ -61,6 +70,15 @@ def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"w1 must have 2F rows with F a multiple of {GLU_BLOCK}, got {rows}")
     blocks = rows // (2 * GLU_BLOCK)
     return w1.reshape(experts, 2, blocks, GLU_BLOCK, hidden).transpose(1, 2).reshape(experts, rows, hidden)
+
+
+def deinterleave_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``interleave_gate_up``: (E, 2F, ...) rows in GLU_BLOCK blocks -> [gate; up] (a copy)."""
+    experts, rows = w.shape[:2]
+    if rows % (2 * GLU_BLOCK):
+        raise ValueError(f"w must have 2F rows with F a multiple of {GLU_BLOCK}, got {rows}")
+    blocks = rows // (2 * GLU_BLOCK)
+    return w.reshape(experts, blocks, 2, GLU_BLOCK, *w.shape[2:]).transpose(1, 2).reshape(w.shape)
 
 
 def split_interleaved(c: torch.Tensor) -> torch.Tensor:

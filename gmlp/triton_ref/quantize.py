@@ -8,10 +8,11 @@ import torch
 import triton
 
 from gmlp import scale_layout
-from gmlp.groups import device_groups, launch_offsets, poison_scales_if_invalid
+from gmlp.groups import device_groups, launch_offsets
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.quantize_buffers import allocate_buffers
+from gmlp.quantized import MXFP8Quantized
 from gmlp.reasons import Reason
 from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
 
@@ -84,23 +85,7 @@ def quantize_mxfp8(
     row_start, tile_start, block_start = launch_offsets(groups, device)
     num_tiles = scale_layout.max_row_tiles(rows, experts)
     num_col_blocks = scale_layout.max_column_blocks(rows, experts)
-
-    # allocate
-    fp8 = element_format.torch_dtype
-    row_data = torch.empty(rows, cols, dtype=fp8, device=device) if rowwise else None
-    col_data = torch.empty(cols, rows, dtype=fp8, device=device) if columnwise else None
-    row_scales = col_scales = None
-    if rowwise:
-        row_scales = (
-            torch.empty(num_tiles * scale_layout.swizzled_size(128, cols // 32), dtype=torch.uint8, device=device)
-            if swizzle else torch.empty(rows, cols // 32, dtype=torch.uint8, device=device)
-        )
-    if columnwise:
-        col_scales = (
-            torch.empty(num_tiles * scale_layout.swizzled_size(cols, 4), dtype=torch.uint8, device=device)
-            if swizzle  # every byte, padding included, is written by the kernel
-            else torch.zeros(cols, num_col_blocks, dtype=torch.uint8, device=device)  # unused columns stay 0
-        )
+    out = allocate_buffers(problem)
 
     # launch
     if num_tiles > 0 and cols > 0:
@@ -110,8 +95,8 @@ def quantize_mxfp8(
         placeholder = x  # unused pointer arguments of disabled outputs
         quantize_mxfp8_kernel[grid](
             x, row_start, tile_start, block_start,
-            row_data if rowwise else placeholder, row_scales if rowwise else placeholder,
-            col_data if columnwise else placeholder, col_scales if columnwise else placeholder,
+            out.row_data if rowwise else placeholder, out.row_scales if rowwise else placeholder,
+            out.col_data if columnwise else placeholder, out.col_scales if columnwise else placeholder,
             rows, cols, num_col_blocks,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / element_format.max_normal, dtype=torch.float32)),
             EMAX=element_format.emax,
@@ -121,13 +106,5 @@ def quantize_mxfp8(
             CHUNKS_PER_PROGRAM=config.chunks_per_program, CHUNKS_FASTEST=config.chunks_fastest,
             num_warps=config.num_warps,
         )
-    for scales in (row_scales, col_scales):
-        if scales is not None:
-            poison_scales_if_invalid(scales, groups)
-    row_result = col_result = None
-    if rowwise:
-        row_result = MXFP8Tensor(row_data, row_scales, QuantAxis.ROWWISE, swizzle, element_format, scale_mode, split_sizes)
-    if columnwise:
-        col_result = MXFP8Tensor(col_data, col_scales, QuantAxis.COLUMNWISE, swizzle, element_format, scale_mode, split_sizes)
-    return MXFP8Quantized(row_result, col_result)
+    return out.result(problem, split_sizes, groups)
 

@@ -1,0 +1,144 @@
+"""The grouped MLP on SM100: DESIGN.md's dataflow as cuDNN frontend's fused grouped kernels.
+
+forward:  x, dy are padded so that every expert starts at a multiple of 256 rows
+          (``sm100_layout``); quantize x (Q_row for FC1, Q_col for dW1, grouped by the padded
+          sizes), W1 (gate/up interleaved when gated) and W2, both ways -> ``fc1`` (GEMM +
+          activation * probs, C saved, ``a`` quantized both ways in the epilogue) -> ``fc2``
+          (grouped GEMM) -> y
+backward: quantize dy both ways -> ``fc2 dgrad`` (GEMM with W2 + activation backward +
+          deterministic dprobs, dh quantized both ways) -> ``fc1 dgrad`` (GEMM with W1) -> dx;
+          ``fc2 wgrad`` dW2 += Q_col(dy)^T Q_col(a), ``fc1 wgrad`` dW1 += Q_col(dh)^T Q_col(x)
+
+The quantizes run through the layer's ``OpRunner`` (their own dispatch and cross-check; every
+path gives the same bits); the fused steps launch kernels (``launch``: by default each is built,
+checked and compiled once per call signature). Every decision is made on the host from shapes:
+no host sync. The same function runs with torch twins of the kernels (the CPU tests) or with a
+compile-only launcher (the sm_100a compile tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gmlp.activations import Activation
+from gmlp.cutedsl.sm100_layout import (PaddedRows, deinterleave_gate_up, from_padded, interleave_gate_up,
+                                       padded_group_sizes, padded_rows, to_padded)
+from gmlp.cutedsl.sm100_steps import (KernelCall, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
+                                      fc2_dgrad_call, fc2_wgrad_call, grouped_gemm_call)
+from gmlp.mlp_ref import MLPGrads
+from gmlp.quantized import MXFP8Tensor
+from gmlp.recipe import MXFP8Recipe
+
+__all__ = ["CompiledKernels", "Sm100Saved", "sm100_forward", "sm100_backward", "launch_kernel"]
+
+Launcher = Callable[[str, KernelCall], None]  # (site, call): runs the call's kernel
+
+
+class CompiledKernels:
+    """Builds, checks and compiles each kernel object once per call signature, then launches it."""
+
+    def __init__(self):
+        self._kernels: dict[tuple, object] = {}
+
+    def __call__(self, site: str, call: KernelCall) -> None:
+        key = call.signature()
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = call.kernel()
+            if not kernel.check_support():
+                raise RuntimeError(f"{site}: cuDNN frontend's {call.step} kernel refused gmlp's arguments")
+            kernel.compile()
+            self._kernels[key] = kernel
+        call.launch(kernel)
+
+
+launch_kernel: Launcher = CompiledKernels()  # the default launcher (the tests substitute theirs)
+
+
+@dataclass
+class Sm100Saved:
+    """What the SM100 forward keeps for the backward."""
+
+    rows: PaddedRows
+    x_col: MXFP8Tensor  # Q_col of the padded x, grouped by the padded sizes
+    fc1: KernelCall  # C, Q_col(a) (D_col), probs, offsets
+    w1_col: MXFP8Tensor  # Q_col of the (E * N1, H) W1 stack as FC1 read it (interleaved when gated)
+    w2_col: MXFP8Tensor
+    has_probs: bool
+
+
+def _require_sm100_recipe(recipe: MXFP8Recipe | None, b1, b2) -> MXFP8Recipe:
+    if recipe is None or b1 is not None or b2 is not None:  # the dispatcher keeps these off this path
+        raise ValueError("the SM100 path runs the MXFP8 recipe without biases (gmlp.layer_ops gives the reasons)")
+    return recipe
+
+
+def _quantize_both(run, site: str, x: torch.Tensor, split_sizes: torch.Tensor, recipe: MXFP8Recipe, fmt=None):
+    return run(site, x, rowwise=True, columnwise=True, swizzle=True, split_sizes=split_sizes,
+               scale_mode=recipe.scale_mode, **({} if fmt is None else {"element_format": fmt}))
+
+
+def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
+                  b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
+                  recipe: MXFP8Recipe | None, launch: Launcher | None = None) -> tuple[torch.Tensor, Sm100Saved]:
+    """y (T, H) bf16 and the saved state; the arguments of ``gmlp.layer.grouped_mlp_forward``."""
+    recipe, launch = _require_sm100_recipe(recipe, b1, b2), launch or launch_kernel
+    tokens, hidden = x.shape
+    experts, ffn = w2.shape[0], w2.shape[2]
+    rows = padded_rows(split_sizes, tokens)
+    xq = _quantize_both(run, "quantize x", to_padded(x, rows), padded_group_sizes(rows), recipe)
+    w1_stack = (interleave_gate_up(w1) if activation.gated else w1).reshape(-1, hidden)
+    n1 = w1_stack.shape[0] // experts
+    w1q = _quantize_both(run, "quantize w1", w1_stack, torch.full((experts,), n1, device=x.device), recipe)
+    w2q = _quantize_both(run, "quantize w2", w2.reshape(-1, ffn), torch.full((experts,), hidden, device=x.device),
+                         recipe)
+    prob = probs.float() if probs is not None else torch.ones(tokens, dtype=torch.float32, device=x.device)
+    fc1 = fc1_call(xq.rowwise, w1q.rowwise, rows.offsets, to_padded(prob, rows), activation)
+    launch("fc1", fc1)
+    fc2 = grouped_gemm_call(d_row_of(fc1), w2q.rowwise, rows.offsets)
+    launch("fc2", fc2)
+    saved = Sm100Saved(rows, xq.columnwise, fc1, w1q.columnwise, w2q.columnwise, probs is not None)
+    return from_padded(fc2["d"], rows), saved
+
+
+def sm100_backward(run, dy: torch.Tensor, saved: Sm100Saved, activation: Activation, recipe: MXFP8Recipe | None,
+                   weight_grad_dtype: torch.dtype = torch.float32,
+                   weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   launch: Launcher | None = None) -> MLPGrads:
+    """Gradients for dy (T, H); the arguments of ``gmlp.layer.grouped_mlp_backward``. Weight
+    gradients are fp32 sums added into ``weight_grad_out`` when given (dW1 via an fp32 buffer in
+    the kernels' interleaved row order), else returned in ``weight_grad_dtype``."""
+    recipe, launch = _require_sm100_recipe(recipe, None, None), launch or launch_kernel
+    rows = saved.rows
+    dyq = _quantize_both(run, "quantize dy", to_padded(dy, rows), padded_group_sizes(rows), recipe, recipe.grad_format)
+    dgrad = fc2_dgrad_call(dyq.rowwise, saved.w2_col, saved.fc1, activation)
+    launch("fc2 dgrad", dgrad)
+    dprobs = from_padded(dprobs_of(dgrad), rows) if saved.has_probs else None
+    fc1_dgrad = fc1_dgrad_call(dgrad, saved.w1_col)
+    launch("fc1 dgrad", fc1_dgrad)
+    dx = from_padded(fc1_dgrad["d"], rows)
+
+    experts, hidden = saved.fc1["padded_offsets"].numel(), dy.shape[1]
+    ffn = saved.w2_col.data.shape[0]
+    n1 = saved.w1_col.data.shape[1] // experts
+    dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)
+    direct = dw2_out is not None and dw2_out.dtype == torch.float32 and dw2_out.is_contiguous()
+    dw2 = dw2_out if direct else torch.zeros(experts, hidden, ffn, dtype=torch.float32, device=dy.device)
+    launch("fc2 wgrad", fc2_wgrad_call(dyq.columnwise, saved.fc1, dw2))
+    dw1 = torch.zeros(experts, n1, hidden, dtype=torch.float32, device=dy.device)  # dh's row order
+    launch("fc1 wgrad", fc1_wgrad_call(dgrad, saved.x_col, dw1))
+    if activation.gated:
+        dw1 = deinterleave_gate_up(dw1)
+    dw1 = _finish(dw1, dw1_out, weight_grad_dtype)
+    dw2 = dw2 if direct else _finish(dw2, dw2_out, weight_grad_dtype)
+    return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=None, dw2=dw2, db2=None)
+
+
+def _finish(grad: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """An fp32 weight gradient added into ``out`` (returned), or in ``dtype``."""
+    if out is None:
+        return grad.to(dtype)
+    return out.add_(grad)

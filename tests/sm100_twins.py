@@ -1,0 +1,147 @@
+"""Torch twins of cuDNN frontend's SM100 grouped kernels, for running the SM100 composition on the CPU.
+
+Each twin reads a ``KernelCall``'s tensors in the kernel's layouts, as its documentation and code
+describe them (AGENTS.md: the contract), and writes its outputs there: fp32 math on dequantized
+operands, outputs quantized by the spec (``quantize_mxfp8_ref``). With them, the composition's
+plumbing (padding, interleaving, scale views, offsets, which tensor goes where) runs end to end
+against the oracle. What they cannot show is that the real kernels behave as documented: only a
+Blackwell run can (``tests/test_sm100_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gmlp import scale_layout
+from gmlp.activations import Activation
+from gmlp.cutedsl.sm100_layout import interleave_gate_up, split_interleaved
+from gmlp.cutedsl.sm100_steps import KernelCall
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.quantized import MXFP8Tensor, QuantAxis
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.squeeze(-1) if t.dim() == 3 else t
+
+
+def _bytes(scales: torch.Tensor) -> torch.Tensor:
+    flat = scales.permute(5, 2, 4, 0, 1, 3).reshape(-1) if scales.dim() == 6 else scales
+    return flat.view(torch.uint8)
+
+
+def _format(data: torch.Tensor) -> ElementFormat:
+    return ElementFormat.E4M3 if data.dtype == torch.float8_e4m3fn else ElementFormat.E5M2
+
+
+def _rowwise(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 values of (M, K) fp8 data with blocks of 32 along K, swizzled scale bytes."""
+    data = data.contiguous()
+    return MXFP8Tensor(data, _bytes(scales), QuantAxis.ROWWISE, True, _format(data), ScaleMode.RCEIL, None).dequantize()
+
+
+def _segments(call: KernelCall, rows: int) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """Each expert's padded rows [start, end), and the group sizes (experts, then the slack)."""
+    name = "padded_offsets" if "padded_offsets" in call.tensors else "offsets"
+    ends = call[name].tolist()
+    starts = [0] + ends[:-1]
+    sizes = torch.tensor([e - s for s, e in zip(starts, ends)] + [rows - ends[-1]])
+    return list(zip(starts, ends)), sizes
+
+
+def _b_values(call: KernelCall) -> torch.Tensor:
+    """B per expert as (E, K, N) fp32, from K-major (E, N, K) or N-major (E, K, N) data (the
+    srelu kernels' (N, K, E) views first brought back to those)."""
+    b, sfb = call["b"], _bytes(call["sfb"])
+    n_major = call.options.get("b_major", "k") == "n"
+    if call.step in ("fc1_srelu", "fc2_dgrad_srelu"):  # (N, K, E) views
+        b = b.permute(2, 1, 0) if n_major else b.permute(2, 0, 1)
+    experts = b.shape[0]
+    n, k = (b.shape[2], b.shape[1]) if n_major else (b.shape[1], b.shape[2])
+    per_expert = scale_layout.swizzled_size(n, k // 32)
+    values = []
+    for e in range(experts):
+        rows_nk = b[e].t() if n_major else b[e]  # (N, K), blocks along K
+        values.append(_rowwise(rows_nk, sfb[e * per_expert:(e + 1) * per_expert]).t())
+    return torch.stack(values)
+
+
+def _gemm(call: KernelCall) -> tuple[torch.Tensor, list[tuple[int, int]], torch.Tensor]:
+    """A @ B_g (fp32) for every expert's padded rows; rows after the last expert stay zero."""
+    a = _as_2d(call["a"])
+    a_values, b_values = _rowwise(a, call["sfa"]), _b_values(call)
+    out = torch.zeros(a.shape[0], b_values.shape[2])
+    segments, sizes = _segments(call, a.shape[0])
+    for e, (start, end) in enumerate(segments):
+        out[start:end] = a_values[start:end] @ b_values[e]
+    return out, segments, sizes
+
+
+def _write_quantized(call: KernelCall, values: torch.Tensor, sizes: torch.Tensor, row_name: str) -> None:
+    """Q_row and Q_col (grouped by the padded sizes, discrete column scales) of ``values``."""
+    values = values.contiguous()
+    row = quantize_mxfp8_ref(values, rowwise=True, swizzle=True).rowwise
+    col = quantize_mxfp8_ref(values, rowwise=False, columnwise=True, swizzle=True, split_sizes=sizes).columnwise
+    _as_2d(call[row_name]).copy_(row.data)
+    _bytes(call["sfd_row"]).copy_(row.scales[:_bytes(call["sfd_row"]).numel()])
+    _as_2d(call["d_col"]).copy_(col.data.t())
+    _bytes(call["sfd_col"]).copy_(col.scales[:_bytes(call["sfd_col"]).numel()])
+
+
+def _interleave_columns(values: torch.Tensor) -> torch.Tensor:
+    return interleave_gate_up(values.t().unsqueeze(0))[0].t()
+
+
+class TorchKernels:
+    """A launcher (``sm100_layer``'s ``launch``) that runs each call's twin; records the sites."""
+
+    def __init__(self, activation: Activation):
+        self.activation, self.sites = activation, []
+
+    def __call__(self, site: str, call: KernelCall) -> None:
+        self.sites.append(site)
+        getattr(self, f"_{call.step}")(call)
+
+    def _grouped_gemm(self, call: KernelCall) -> None:
+        out, _, _ = _gemm(call)
+        call["d"].copy_(out.bfloat16())
+
+    def _fc1(self, call: KernelCall) -> None:
+        h, _, sizes = _gemm(call)
+        _as_2d(call["c"]).copy_(h.bfloat16())
+        gmlp_order = split_interleaved(h) if self.activation.gated else h
+        a = self.activation.forward(gmlp_order) * call["prob"].reshape(-1, 1)
+        _write_quantized(call, a, sizes, "d")
+
+    _fc1_glu = _fc1_srelu = _fc1
+
+    def _fc2_dgrad(self, call: KernelCall) -> None:
+        da, _, sizes = _gemm(call)
+        c = _as_2d(call["c"]).float()
+        c = split_interleaved(c) if self.activation.gated else c
+        prob = call["prob"].reshape(-1, 1)
+        dh = self.activation.backward(c, da * prob)
+        dh = _interleave_columns(dh) if self.activation.gated else dh
+        slots = call["dprob_workspace"] if "dprob_workspace" in call.tensors else call["dprob"]
+        slots.zero_()
+        slots[:, 0, 0] = (da * self.activation.forward(c)).sum(dim=1)
+        _write_quantized(call, dh, sizes, "d_row")
+
+    _fc2_dgrad_glu = _fc2_dgrad_srelu = _fc2_dgrad
+
+    def _wgrad(self, call: KernelCall) -> None:
+        a, b = call["a"], call["b"]  # (M, T_pad), (T_pad, N)
+        segments, sizes = _segments(call, a.shape[1])
+        a_values = self._columnwise(a.contiguous(), call["sfa"], sizes)  # (T_pad, M)
+        b_values = self._columnwise(b.t().contiguous(), call["sfb"], sizes)  # (T_pad, N)
+        for e, (start, end) in enumerate(segments):
+            call["wgrad"][e] += a_values[start:end].t() @ b_values[start:end]
+
+    @staticmethod
+    def _columnwise(data: torch.Tensor, scales: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """(T, M) fp32 values of (M, T) fp8 data quantized along T in blocks of 32 per group."""
+        cols, rows = data.shape
+        full = torch.zeros(scale_layout.max_row_tiles(rows, sizes.numel()) * scale_layout.swizzled_size(cols, 4),
+                           dtype=torch.uint8)
+        full[:_bytes(scales).numel()] = _bytes(scales)
+        return MXFP8Tensor(data, full, QuantAxis.COLUMNWISE, True, _format(data), ScaleMode.RCEIL, sizes).dequantize()

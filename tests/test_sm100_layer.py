@@ -1,0 +1,99 @@
+"""The SM100 composition on the CPU: real tensors from gmlp's quantize, every kernel call accepted
+by the kernel's own ``check_support`` (under ``simulated_sm100``), then run by its torch twin
+(``tests/sm100_twins.py``), against the oracle.
+
+The twins read and write the kernels' layouts, so this runs the composition's plumbing (padding,
+gate/up interleaving, scale views, offsets, which tensor goes where) end to end. The bounds are
+those of the Triton path's module test (``tests/test_mlp_triton_path.py``): two approximations
+of the same exact layer, each within the oracle's bound. Whether the real kernels compute what
+their documentation says is for a Blackwell run (``tests/test_sm100_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gmlp
+from gmlp.activations import activation_from
+from gmlp.cutedsl import cudnn_kernels, sm100_layer
+from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantize_ref import quantize_mxfp8_ref
+from tests.blackwell import simulated_sm100
+from tests.sm100_twins import TorchKernels
+from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
+
+pytestmark = pytest.mark.skipif(cudnn_kernels.import_error() is not None,
+                                reason=f"cuDNN frontend's kernels do not import: {cudnn_kernels.import_error()}")
+
+SPLITS = [5, 0, 300, 1]  # an empty expert; one of 300 rows spans two 256-row blocks
+
+
+def _quantize(site: str, x: torch.Tensor, **kwargs):
+    del site
+    return quantize_mxfp8_ref(x, **kwargs)
+
+
+class CheckedTwins(TorchKernels):
+    """Each call first passes its kernel's own argument checks, then its twin runs."""
+
+    def __init__(self, activation, dump_dir):
+        super().__init__(activation)
+        self.dump_dir = dump_dir
+
+    def __call__(self, site, call):
+        kernel = call.kernel()
+        with simulated_sm100(self.dump_dir):
+            assert kernel.check_support(), f"{site}: {call.step} refused gmlp's arguments"
+        super().__call__(site, call)
+
+
+def _run_layer(activation: str, probs: bool, launch, hidden: int = 128, ffn: int = 128):
+    torch.manual_seed(0)
+    act = activation_from(activation)
+    experts, tokens = len(SPLITS), sum(SPLITS)
+    split_sizes = torch.tensor(SPLITS)
+    x = torch.randn(tokens, hidden).bfloat16()
+    prob = torch.rand(tokens) if probs else None
+    w1 = (torch.randn(experts, 2 * ffn if act.gated else ffn, hidden) / hidden**0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, ffn) / ffn**0.5).bfloat16()
+    dy = torch.randn(tokens, hidden).bfloat16()
+    recipe = gmlp.MXFP8Recipe()
+    y, saved = sm100_layer.sm100_forward(_quantize, x, split_sizes, prob, w1, None, w2, None, act, recipe, launch=launch)
+    grads = sm100_layer.sm100_backward(_quantize, dy, saved, act, recipe, launch=launch)
+    want_y, want_saved = grouped_mlp_forward_ref(x, split_sizes, prob, w1, None, w2, None, act, recipe)
+    want = grouped_mlp_backward_ref(dy, want_saved, act, recipe)
+    return (y, grads), (want_y, want)
+
+
+def _errors_and_bounds(got, want) -> dict[str, tuple[float, float]]:
+    (y, grads), (want_y, want_grads) = got, want
+    e4m3 = unit_roundoff(ElementFormat.E4M3)
+    outputs = {
+        "y": (y, want_y, 2 * relative_rms_bound(e4m3, e4m3, e4m3, e4m3, BF16_UNIT)),
+        "dx": (grads.dx, want_grads.dx, 2 * relative_rms_bound(e4m3, e4m3, BF16_UNIT, e4m3, e4m3, BF16_UNIT)),
+        "dw1": (grads.dw1, want_grads.dw1, 2 * relative_rms_bound(e4m3, e4m3, BF16_UNIT, e4m3, e4m3)),
+        "dw2": (grads.dw2, want_grads.dw2, 2 * relative_rms_bound(e4m3, e4m3, e4m3, e4m3)),
+    }
+    if want_grads.dprobs is not None:
+        outputs["dprobs"] = (grads.dprobs, want_grads.dprobs, 2 * relative_rms_bound(e4m3, e4m3, BF16_UNIT, e4m3, e4m3))
+    return {name: (relative_rms_error(g, w), bound) for name, (g, w, bound) in outputs.items()}
+
+
+@pytest.mark.parametrize("activation,probs", [("swiglu", True), ("qgeglu", True), ("srelu", False)])
+def test_sm100_composition_matches_the_oracle(activation, probs, tmp_path):
+    launch = CheckedTwins(activation_from(activation), tmp_path)
+    got, want = _run_layer(activation, probs, launch)
+    assert launch.sites == ["fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"]
+    errors = _errors_and_bounds(got, want)
+    assert all(error <= bound for error, bound in errors.values()), errors
+    if not probs:
+        assert got[1].dprobs is None
+
+
+def test_a_plumbing_mistake_is_caught(monkeypatch):
+    """W1 handed over without its gate/up interleaving: y and every gradient through FC1 are off."""
+    monkeypatch.setattr(sm100_layer, "interleave_gate_up", lambda w: w)
+    errors = _errors_and_bounds(*_run_layer("swiglu", True, TorchKernels(activation_from("swiglu"))))
+    assert all(errors[name][0] > errors[name][1] for name in ("y", "dx", "dw1")), errors
