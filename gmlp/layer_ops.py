@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 
-from gmlp.dispatch import Decision, Path, choose_path, next_path_down
+from gmlp.dispatch import Decision, Path, choose_path, forced_path, next_path_down, system_reason
 from gmlp.quantize_args import QuantizeProblem
 from gmlp.reasons import Reason, ReasonKind
 
-__all__ = ["Op", "Site", "SITES", "LayerPlan", "plan_layer", "implementation"]
+__all__ = ["Op", "Site", "SITES", "GEMM_OPS", "LayerProblem", "LayerPlan", "plan_layer", "sm100_reason", "implementation"]
 
 
 class Op(enum.Enum):
@@ -146,7 +146,7 @@ def implementation(site: Site, path: Path) -> Callable:
 
 @dataclass(frozen=True)
 class LayerProblem:
-    """What the layer's per-op answers depend on: parameter dtype, recipe, the quantize calls."""
+    """What the layer's per-op answers depend on: parameter dtype, recipe, sizes, the quantize calls."""
 
     param_dtype: torch.dtype
     mxfp8: bool
@@ -154,13 +154,54 @@ class LayerProblem:
     activation: str  # its name: "swiglu", "geglu", "qgeglu", "srelu"
     e5m2_grads: bool  # gradients quantized to E5M2 (the weights and activations stay E4M3)
     quantize_problems: dict[str, QuantizeProblem]  # site name -> its quantize call
+    experts: int = 0
+    hidden: int = 0  # H
+    ffn: int = 0  # F
+    floor_scales: bool = False  # the recipe's scale mode is FLOOR (RCEIL otherwise)
 
 
-BACKWARD_GEMM_SITES = ("fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")  # a gradient times an E4M3 operand
+GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
+SM100_MAX_EXPERTS = 1024  # cuDNN frontend's grouped kernels
 
 
-def _cutedsl_gemm_reason(op: Op, site: str, problem: LayerProblem, device: torch.device) -> Reason:
-    """Why a fused GEMM step does not take CuTeDSL (the system check has passed: SM90 or SM100)."""
+def sm100_reason(problem: LayerProblem) -> Reason | None:
+    """Why the layer's GEMMs cannot run as the SM100 composition (``gmlp.cutedsl.sm100_layer``) on
+    an SM100 GPU whose packages import, or None. Its steps share padded layouts, so the GEMM
+    sites take it together or not at all: every reason here applies to all of them."""
+    if not problem.mxfp8:
+        return Reason(ReasonKind.RECIPE, "bf16 (recipe=None): gmlp's SM100 path maps the MXFP8 recipe onto cuDNN "
+                                         "frontend's block-scaled kernels; a bf16 layer runs on Triton")
+    if problem.param_dtype not in (torch.bfloat16, torch.float32):
+        return Reason(ReasonKind.RECIPE, f"{problem.param_dtype} parameters: the quantize takes bf16 or float32")
+    if problem.floor_scales:
+        return Reason(ReasonKind.RECIPE, "FLOOR scales: the kernels' epilogues quantize their outputs with RCEIL "
+                                         "scales (cvt.rp.ue8m0)")
+    if problem.e5m2_grads:
+        return Reason(ReasonKind.RECIPE, "E5M2 gradients: cuDNN frontend's grouped kernels take one fp8 format for "
+                                         "both operands, and the backward GEMMs' other operand is E4M3")
+    if problem.bias:
+        return Reason(ReasonKind.RECIPE, "biases: the dGLU kernel's bias gradient is bf16 and not deterministic with "
+                                         "deterministic dprobs, where gmlp's bias gradients are fp32 sums")
+    if problem.activation == "geglu":
+        return Reason(ReasonKind.ACTIVATION, "cuDNN frontend's GLU kernels have no tanh-GELU GeGLU (their 'geglu' is "
+                                             "the clamped GPT-OSS form, gmlp's qgeglu)")
+    ffn_multiple = 128 if problem.activation == "srelu" else 64  # FC1's N (F or 2F) in 128-row scale tiles
+    if problem.experts > SM100_MAX_EXPERTS or problem.hidden % 128 or problem.ffn % ffn_multiple:
+        return Reason(ReasonKind.SHAPE, f"the SM100 kernels need at most {SM100_MAX_EXPERTS} experts, H a multiple of "
+                                        f"128 and F of {ffn_multiple} ({problem.activation}), got E={problem.experts}, "
+                                        f"H={problem.hidden}, F={problem.ffn}")
+    return None
+
+
+def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) -> Reason | None:
+    """Why an op other than the quantize does not take CuTeDSL, or None (the system check has
+    passed: an SM90 or SM100 GPU with cutlass-dsl)."""
+    if op is Op.DEQUANTIZE:
+        return Reason(ReasonKind.SYSTEM, "no CuTeDSL dequantize in gmlp: the SM100 steps read MXFP8 operands as "
+                                         "they are, and on SM90 the GEMMs run on Triton")
+    if op is Op.SEGMENT_SUM:
+        return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
+                                         "no biases)")
     if torch.cuda.get_device_capability(device)[0] != 10:
         return Reason(ReasonKind.SYSTEM, f"no CuTeDSL {op.value} kernel for SM90 in gmlp (cuDNN frontend's grouped "
                                          "GEMM kernels are SM100-only)")
@@ -169,14 +210,7 @@ def _cutedsl_gemm_reason(op: Op, site: str, problem: LayerProblem, device: torch
     error = import_error()
     if error is not None:
         return Reason(ReasonKind.SYSTEM, error)
-    if problem.e5m2_grads and site in BACKWARD_GEMM_SITES:
-        return Reason(ReasonKind.RECIPE, "E5M2 gradients: cuDNN frontend's grouped kernels take one fp8 format for "
-                                         "both operands, and the other operand here is E4M3")
-    if op in (Op.FC1, Op.FC2_DGRAD) and problem.activation == "geglu":
-        return Reason(ReasonKind.ACTIVATION, "cuDNN frontend's GLU kernels have no tanh-GELU GeGLU (their 'geglu' is "
-                                             "the clamped GPT-OSS form, gmlp's qgeglu)")
-    return Reason(ReasonKind.SYSTEM, f"gmlp's SM100 adapter of cuDNN frontend's grouped kernels does not run "
-                                     f"{op.value} yet (issue 5)")
+    return sm100_reason(problem)
 
 
 def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.device) -> Reason | None:
@@ -189,10 +223,9 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
             from gmlp.triton_ref.quantize import problem_support
         return problem_support(problem.quantize_problems[site])
     if path is Path.CUTEDSL:
-        return _cutedsl_gemm_reason(op, site, problem, device)
-    gemm_ops = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
+        return _cutedsl_gemm_reason(op, problem, device)
     dtype = problem.param_dtype
-    if op in gemm_ops and dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):
+    if op in GEMM_OPS and dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):
         mode = "MXFP8" if problem.mxfp8 else "bf16 (recipe=None)"
         return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the Triton GEMMs take bf16 operands, "
                                          "which are the parameters themselves without a recipe, or their "
@@ -206,13 +239,15 @@ class LayerPlan:
 
     decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
     references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
+    sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100_layer)
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path
 
     def explain(self) -> str:
         width = max(len(name) for name in self.decisions)
-        lines = []
+        lines = ["GEMM sites: the SM100 composition (cuDNN frontend's fused kernels, MXFP8 operands as they are)"
+                 if self.sm100 else "GEMM sites: one op each (gmlp.layer)"]
         for name, decision in self.decisions.items():
             lines.append(f"{name:<{width}}  {decision.op:<16} -> {decision.path.value}")
             lines += [f"{'':<{width}}    not {path.value}: {reason}" for path, reason in decision.skipped]
@@ -222,14 +257,27 @@ class LayerPlan:
 def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None) -> LayerPlan:
     """Choose the path of every site (``gmlp.dispatch.choose_path``: strict mode and forced
     backends apply per site; a fallback warning comes once per op, activation, path and reason,
-    naming the first site where it happened)."""
+    naming the first site where it happened). The GEMM sites get the same CuTeDSL answer (the
+    SM100 composition, all or none); when they take it, nothing is dequantized."""
     decisions, references = {}, {}
     for name, site in SITES.items():
         if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
+            continue
+        if site.op is Op.DEQUANTIZE and _sm100_runs(problem, device):
             continue
         def problem_reason(path: Path, site: Site = site) -> Reason | None:
             return _reason(site.op, site.name, path, problem, device)
         decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=problem.activation, where=name)
         decisions[name] = decision
         references[name] = next_path_down(decision.path, device, problem_reason)
-    return LayerPlan(decisions, references)
+    gemm_paths = {decision.path is Path.CUTEDSL for name, decision in decisions.items() if SITES[name].op in GEMM_OPS}
+    if len(gemm_paths) != 1:
+        raise AssertionError(f"the GEMM sites must all take CuTeDSL (the SM100 composition) or none: {decisions}")
+    return LayerPlan(decisions, references, sm100=gemm_paths == {True})
+
+
+def _sm100_runs(problem: LayerProblem, device: torch.device) -> bool:
+    """Whether the GEMM sites will take the SM100 composition (their CuTeDSL answer, unforced or
+    forced to CuTeDSL)."""
+    return (forced_path() in (None, Path.CUTEDSL) and system_reason(Path.CUTEDSL, device) is None
+            and _cutedsl_gemm_reason(Op.FC1, problem, device) is None)

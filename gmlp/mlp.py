@@ -4,9 +4,9 @@ Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed
 ``w1`` (E, 2F, H) as [gate; up] halves for gated activations, (E, F, H) for srelu, and ``w2``
 (E, H, F). The computation is DESIGN.md's dataflow (``gmlp.layer``, a sequence of ops); the
 dispatcher chooses each op's path separately (``gmlp.layer_ops``): CuTeDSL (the quantize, where
-cutlass-dsl runs), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``). ``explain``
-shows the plan; ``gmlp.debug.cross_check`` runs every op on two paths and compares them. The
-CuTeDSL SM100 GEMMs are to come (issue 5).
+cutlass-dsl runs; on SM100 the GEMM steps too, as cuDNN frontend's fused kernels composed by
+``gmlp.cutedsl.sm100_layer``), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``).
+``explain`` shows the plan; ``gmlp.debug.cross_check`` runs every op on two paths and compares them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gmlp.debug import active_settings as active_cross_check
 from gmlp.debug.crosscheck import CrossCheck
 from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
-from gmlp.mxfp8 import ElementFormat
+from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem
 from gmlp.recipe import MXFP8Recipe
 
@@ -30,10 +30,18 @@ __all__ = ["GroupedMLP"]
 _DEFAULT_RECIPE = MXFP8Recipe()
 
 
+def _sm100_layer():
+    """The SM100 composition's module (imported when a plan takes it: it needs cuDNN frontend)."""
+    from gmlp.cutedsl import sm100_layer
+
+    return sm100_layer
+
+
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad, runner):
-        y, saved = grouped_mlp_forward(runner, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
+        forward = _sm100_layer().sm100_forward if runner.plan.sm100 else grouped_mlp_forward
+        y, saved = forward(runner, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
         ctx.runner, ctx.saved = runner, saved
         ctx.activation, ctx.recipe = activation, recipe
         ctx.params = (w1, b1, w2, b2)
@@ -47,8 +55,9 @@ class _GroupedMLPFunction(torch.autograd.Function):
         # Weight gradients come out in the parameters' dtype, or are added into the fp32 main_grad
         # by the backward itself (no separate fp32 gradient to add afterwards).
         main_grads = (w1.main_grad, w2.main_grad) if ctx.accumulate_main_grad else None
-        grads = grouped_mlp_backward(ctx.runner, dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
-                                     torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
+        backward = _sm100_layer().sm100_backward if ctx.runner.plan.sm100 else grouped_mlp_backward
+        grads = backward(ctx.runner, dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
+                         torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
         weight_grads = []
         for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):
             if param is None:
@@ -152,10 +161,16 @@ class GroupedMLP(nn.Module):
         is skipped. ``strict`` as in the constructor (default here: report, never raise). The
         plan depends on ``split_sizes`` through its length only (``num_experts``), so it may be
         left out."""
-        e5m2_grads = self.recipe is not None and self.recipe.grad_format is ElementFormat.E5M2
-        problem = LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None, self.activation.name,
-                               e5m2_grads, self._quantize_problems(x))
+        problem = self._layer_problem(x)
         return plan_layer(problem, x.device, strict=strict)
+
+    def _layer_problem(self, x: torch.Tensor) -> LayerProblem:
+        """What the plan depends on, for inputs like ``x``."""
+        e5m2_grads = self.recipe is not None and self.recipe.grad_format is ElementFormat.E5M2
+        floor_scales = self.recipe is not None and self.recipe.scale_mode is ScaleMode.FLOOR
+        return LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None, self.activation.name,
+                            e5m2_grads, self._quantize_problems(x), self.num_experts, self.hidden_size,
+                            self.ffn_hidden_size, floor_scales)
 
     def explain(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None) -> str:
         """The plan as text: each op (where it runs in the layer), its path, and why not faster ones."""

@@ -41,10 +41,10 @@ def fresh_dispatch(monkeypatch):
         cached.cache_clear()
 
 
-def _problem(recipe=gmlp.MXFP8Recipe(), dtype=torch.bfloat16, activation="swiglu") -> LayerProblem:
-    mlp = gmlp.GroupedMLP(4, 64, 64, activation=activation, recipe=recipe, dtype=dtype)
-    e5m2 = recipe is not None and recipe.grad_format is gmlp.ElementFormat.E5M2
-    return LayerProblem(dtype, recipe is not None, False, activation, e5m2, mlp._quantize_problems(torch.zeros(96, 64)))
+def _problem(recipe=gmlp.MXFP8Recipe(), dtype=torch.bfloat16, activation="swiglu", hidden=128, bias=False
+             ) -> LayerProblem:
+    mlp = gmlp.GroupedMLP(4, hidden, 128, activation=activation, recipe=recipe, dtype=dtype, bias=bias)
+    return mlp._layer_problem(torch.zeros(96, hidden, dtype=dtype))
 
 
 def _gpu(monkeypatch, capability: tuple[int, int]) -> torch.device:
@@ -172,26 +172,55 @@ def test_shape_reason(monkeypatch):
     assert decision.path is Path.TRITON and reason.kind is ReasonKind.SHAPE and "32-bit indices" in str(reason)
 
 
-def test_sm100_reasons_for_the_fused_gemms(monkeypatch):
-    """On SM100 the GEMM steps would take cuDNN frontend's kernels: an activation they lack is an
-    activation reason, their import failure a system reason with its text."""
+def _with_sm100_packages():
     from gmlp.cutedsl import cudnn_kernels
 
     cudnn_kernels.import_error.cache_clear()
     if cudnn_kernels.import_error() is not None or gmlp.cutedsl.import_error() is not None:
         pytest.skip(f"the CuTeDSL packages do not import here: {cudnn_kernels.import_error()}")
+    return cudnn_kernels
+
+
+def test_sm100_takes_the_fused_composition(monkeypatch):
+    """On SM100 with the packages, every GEMM site takes CuTeDSL (the SM100 composition), nothing
+    is dequantized, and the quantizes run on CuTeDSL too."""
+    _with_sm100_packages()
+    plan = _plan(_gpu(monkeypatch, (10, 0)))
+    assert plan.sm100 and "dequantize" not in plan.decisions
+    assert {site: d.path for site, d in plan.decisions.items()} == {site: Path.CUTEDSL for site in plan.decisions}
+    assert set(plan.decisions) == {"quantize x", "quantize w1", "quantize w2", "quantize dy", *GEMM_SITES}
+    assert "the SM100 composition" in plan.explain()
+    for activation in ("qgeglu", "srelu"):
+        assert _plan(_gpu(monkeypatch, (10, 0)), activation=activation).sm100, activation
+    hopper = _plan(_gpu(monkeypatch, (9, 0)))
+    assert not hopper.sm100 and hopper.path("dequantize") is Path.TRITON
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
+    forced = _plan(_gpu(monkeypatch, (10, 0)))
+    assert not forced.sm100 and forced.path("fc1") is Path.TRITON and "dequantize" in forced.decisions
+
+
+@pytest.mark.parametrize("problem_args,kind,text", [
+    (dict(activation="geglu"), ReasonKind.ACTIVATION, "no tanh-GELU GeGLU"),
+    (dict(recipe=gmlp.MXFP8Recipe(grad_format=gmlp.ElementFormat.E5M2)), ReasonKind.RECIPE, "E5M2 gradients"),
+    (dict(recipe=gmlp.MXFP8Recipe(scale_mode=gmlp.ScaleMode.FLOOR)), ReasonKind.RECIPE, "FLOOR scales"),
+    (dict(recipe=None), ReasonKind.RECIPE, "bf16 (recipe=None)"),
+    (dict(bias=True), ReasonKind.RECIPE, "biases"),
+    (dict(hidden=96), ReasonKind.SHAPE, "H a multiple of 128"),
+], ids=["geglu", "e5m2-grads", "floor-scales", "bf16", "bias", "hidden-96"])
+def test_sm100_reasons(monkeypatch, problem_args, kind, text):
+    """What keeps the GEMM sites off the SM100 composition: the same reason at every one (they
+    take it together), and they take Triton."""
+    _with_sm100_packages()
+    plan = plan_layer(_problem(**problem_args), _gpu(monkeypatch, (10, 0)), strict=None)
+    assert not plan.sm100
+    for site in GEMM_SITES:
+        reason = dict(plan.decisions[site].skipped)[Path.CUTEDSL]
+        assert plan.path(site) is Path.TRITON and reason.kind is kind and text in str(reason), (site, reason)
+
+
+def test_sm100_import_failure_is_the_reason(monkeypatch):
+    cudnn_kernels = _with_sm100_packages()
     device = _gpu(monkeypatch, (10, 0))
-    geglu = _plan(device, activation="geglu")
-    for site in ("fc1", "fc2 dgrad"):
-        reason = dict(geglu.decisions[site].skipped)[Path.CUTEDSL]
-        assert reason.kind is ReasonKind.ACTIVATION and "no tanh-GELU GeGLU" in str(reason), site
-    assert dict(geglu.decisions["fc2"].skipped)[Path.CUTEDSL].kind is ReasonKind.SYSTEM
-    e5m2 = _plan(device, recipe=gmlp.MXFP8Recipe(grad_format=gmlp.ElementFormat.E5M2))
-    for site in ("fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"):
-        reason = dict(e5m2.decisions[site].skipped)[Path.CUTEDSL]
-        assert reason.kind is ReasonKind.RECIPE and "E5M2 gradients" in str(reason), site
-    assert "E5M2" not in str(dict(e5m2.decisions["fc2"].skipped)[Path.CUTEDSL])
-    assert _plan(device).decisions["quantize x"].path is Path.CUTEDSL  # the quantize runs there
     real = cudnn_kernels.importlib.import_module
 
     def import_module(name, *args):
@@ -202,7 +231,33 @@ def test_sm100_reasons_for_the_fused_gemms(monkeypatch):
     monkeypatch.setattr(cudnn_kernels.importlib, "import_module", import_module)
     cudnn_kernels.import_error.cache_clear()
     try:
-        reason = str(dict(_plan(device).decisions["fc1"].skipped)[Path.CUTEDSL])
+        plan = _plan(device)
     finally:
         cudnn_kernels.import_error.cache_clear()
-    assert RENAMED_API in reason and "nvidia-cudnn-frontend" in reason
+    reason = str(dict(plan.decisions["fc1"].skipped)[Path.CUTEDSL])
+    assert not plan.sm100 and RENAMED_API in reason and "nvidia-cudnn-frontend" in reason
+    assert plan.path("quantize x") is Path.CUTEDSL  # the quantize does not need cuDNN frontend
+
+
+def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_path):
+    """GroupedMLP hands a plan that takes the SM100 composition to it, forward and backward
+    (its kernels replaced by the torch twins; the quantizes by the torch path)."""
+    from gmlp.cutedsl import sm100_layer
+    from gmlp.layer_ops import LayerPlan
+    from tests.sm100_twins import TorchKernels
+
+    mlp = gmlp.GroupedMLP(2, 128, 128)
+    torch_plan = gmlp.GroupedMLP.plan
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+
+    def sm100_plan(self, x, split_sizes=None, strict=False):
+        plan = torch_plan(self, x, split_sizes, strict)
+        return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
+
+    monkeypatch.setattr(gmlp.GroupedMLP, "plan", sm100_plan)
+    twins = TorchKernels(mlp.activation)
+    monkeypatch.setattr(sm100_layer, "launch_kernel", twins)
+    x = torch.randn(40, 128, dtype=torch.bfloat16, requires_grad=True)
+    mlp(x, torch.tensor([30, 10])).sum().backward()
+    assert twins.sites == ["fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"]
+    assert x.grad is not None and mlp.w1.grad is not None and mlp.w2.grad is not None
