@@ -15,7 +15,7 @@ import torch
 from gmlp import scale_layout
 from gmlp.activations import Activation
 from gmlp.cutedsl.sm100_layout import interleave_gate_up, split_interleaved
-from gmlp.cutedsl.sm100_steps import KernelCall
+from gmlp.cutedsl.sm100_steps import KernelCall, columnwise_of
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Tensor, QuantAxis
@@ -131,17 +131,8 @@ class TorchKernels:
 
     def _wgrad(self, call: KernelCall) -> None:
         a, b = call["a"], call["b"]  # (M, T_pad), (T_pad, N)
-        segments, sizes = _segments(call, a.shape[1])
-        a_values = self._columnwise(a.contiguous(), call["sfa"], sizes)  # (T_pad, M)
-        b_values = self._columnwise(b.t().contiguous(), call["sfb"], sizes)  # (T_pad, N)
+        segments, _ = _segments(call, a.shape[1])
+        a_values = columnwise_of(a, call["sfa"], call["offsets"]).dequantize()  # (T_pad, M)
+        b_values = columnwise_of(b.t(), call["sfb"], call["offsets"]).dequantize()  # (T_pad, N)
         for e, (start, end) in enumerate(segments):
             call["wgrad"][e] += a_values[start:end].t() @ b_values[start:end]
-
-    @staticmethod
-    def _columnwise(data: torch.Tensor, scales: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-        """(T, M) fp32 values of (M, T) fp8 data quantized along T in blocks of 32 per group."""
-        cols, rows = data.shape
-        full = torch.zeros(scale_layout.max_row_tiles(rows, sizes.numel()) * scale_layout.swizzled_size(cols, 4),
-                           dtype=torch.uint8)
-        full[:_bytes(scales).numel()] = _bytes(scales)
-        return MXFP8Tensor(data, full, QuantAxis.COLUMNWISE, True, _format(data), ScaleMode.RCEIL, sizes).dequantize()

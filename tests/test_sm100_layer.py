@@ -97,3 +97,84 @@ def test_a_plumbing_mistake_is_caught(monkeypatch):
     monkeypatch.setattr(sm100_layer, "interleave_gate_up", lambda w: w)
     errors = _errors_and_bounds(*_run_layer("swiglu", True, TorchKernels(activation_from("swiglu"))))
     assert all(errors[name][0] > errors[name][1] for name in ("y", "dx", "dw1")), errors
+
+
+# --- the cross-check of the SM100 steps ------------------------------------------------------
+
+PLANTED_TOKEN = 100  # a token row of expert 2 (rows 5..304)
+
+
+def _sm100_runner(split_sizes: torch.Tensor):
+    """An OpRunner whose plan runs the quantizes on torch and the GEMM sites as the SM100
+    composition, cross-checked (raise) against the torch twins of gmlp's ops."""
+    from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
+    from gmlp.dispatch import Decision, Path
+    from gmlp.layer import OpRunner
+    from gmlp.layer_ops import SITES, LayerPlan
+
+    names = [name for name, site in SITES.items() if name not in ("dequantize", "bias grad")]
+    decisions = {name: Decision(SITES[name].op.value, Path.TORCH if name.startswith("quantize") else Path.CUTEDSL, ())
+                 for name in names}
+    references = {name: None if name.startswith("quantize") else Path.TORCH for name in names}
+    plan = LayerPlan(decisions, references, sm100=True)
+    return OpRunner(plan, CrossCheck(plan, CrossCheckSettings(action="raise"), split_sizes))
+
+
+def _cross_checked_layer(activation: str, launch) -> None:
+    torch.manual_seed(0)
+    act = activation_from(activation)
+    split_sizes = torch.tensor(SPLITS)
+    tokens, experts, hidden, ffn = sum(SPLITS), len(SPLITS), 128, 128
+    x, prob, dy = torch.randn(tokens, hidden).bfloat16(), torch.rand(tokens), torch.randn(tokens, hidden).bfloat16()
+    w1 = (torch.randn(experts, 2 * ffn if act.gated else ffn, hidden) / hidden**0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, ffn) / ffn**0.5).bfloat16()
+    run = _sm100_runner(split_sizes)
+    main_grads = (torch.randn(w1.shape), torch.randn(w2.shape))  # the fp32 main_grad path: added into
+    y, saved = sm100_layer.sm100_forward(run, x, split_sizes, prob, w1, None, w2, None, act, gmlp.MXFP8Recipe(),
+                                         launch=launch)
+    sm100_layer.sm100_backward(run, dy, saved, act, gmlp.MXFP8Recipe(), weight_grad_out=main_grads, launch=launch)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "qgeglu", "srelu"])
+def test_cross_check_of_the_sm100_steps_passes_clean_runs(activation):
+    _cross_checked_layer(activation, TorchKernels(activation_from(activation)))
+
+
+class PlantedTwins(TorchKernels):
+    """The twins, with one wrong element in one output of one site: a token row of expert 2 (a
+    weight-gradient element of expert 2)."""
+
+    OUTPUTS = {"fc1": "d", "fc2": "d", "fc2 dgrad": "d_col", "fc1 dgrad": "d", "fc2 wgrad": "wgrad",
+               "fc1 wgrad": "wgrad"}
+
+    def __init__(self, activation, site):
+        super().__init__(activation)
+        self.site = site
+
+    def __call__(self, site, call):
+        super().__call__(site, call)
+        if site != self.site:
+            return
+        out = call[self.OUTPUTS[site]]
+        if out.dim() == 3 and out.shape[0] == call[next(k for k in ("offsets", "padded_offsets") if k in call.tensors)].numel():
+            out[2, 3, 5] += 1.0  # a weight gradient (E, M, N)
+            return
+        row = 256 + PLANTED_TOKEN - 5  # expert 2's padded rows start at 256 (expert 0: 256 rows, expert 1: none)
+        value = out.reshape(out.shape[0], -1)
+        if value.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            bits = value.view(torch.uint8)
+            bits[row, 7] = bits[row, 7] ^ 0x08  # the lowest exponent bit: twice or half the value
+        else:
+            value[row, 7] += 1.0
+
+
+@pytest.mark.parametrize("site", list(PlantedTwins.OUTPUTS))
+def test_cross_check_of_the_sm100_steps_catches_a_planted_element(site):
+    from gmlp.debug.crosscheck import CrossCheckError
+
+    with pytest.raises(CrossCheckError) as caught:
+        _cross_checked_layer("swiglu", PlantedTwins(activation_from("swiglu"), site))
+    message = str(caught.value)
+    assert f"cross-check: {site} " in message and "on cutedsl differs from torch" in message, message
+    assert " 1 of " in message, message  # exactly the planted element
+    assert "expert 2" in message, message

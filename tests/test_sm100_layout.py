@@ -22,7 +22,7 @@ def test_padded_rows_match_a_loop(splits):
     assert rows.index.tolist() == index
     assert rows.num_rows % M_ALIGNED == 0 and rows.num_rows >= (ends[-1] if ends else 0)
     sizes = [b - a for a, b in zip([0] + ends, ends)] + [rows.num_rows - ends[-1]]
-    assert padded_group_sizes(rows).tolist() == sizes
+    assert padded_group_sizes(rows.offsets, rows.num_rows).tolist() == sizes
     x = torch.randn(tokens, 8)
     padded = to_padded(x, rows)
     assert torch.equal(from_padded(padded, rows), x)

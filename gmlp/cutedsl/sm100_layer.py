@@ -11,7 +11,9 @@ backward: quantize dy both ways -> ``fc2 dgrad`` (GEMM with W2 + activation back
 
 The quantizes run through the layer's ``OpRunner`` (their own dispatch and cross-check; every
 path gives the same bits); the fused steps launch kernels (``launch``: by default each is built,
-checked and compiled once per call signature). Every decision is made on the host from shapes:
+checked and compiled once per call signature). Under the cross-check, each step is then handed
+to it as gmlp's op at that site (``sm100_views``), and the next path down runs on the same
+operands. Every decision is made on the host from shapes:
 no host sync. The same function runs with torch twins of the kernels (the CPU tests) or with a
 compile-only launcher (the sm_100a compile tests).
 """
@@ -26,7 +28,8 @@ import torch
 from gmlp.activations import Activation
 from gmlp.cutedsl.sm100_layout import (PaddedRows, deinterleave_gate_up, from_padded, interleave_gate_up,
                                        padded_group_sizes, padded_rows, to_padded)
-from gmlp.cutedsl.sm100_steps import (KernelCall, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
+from gmlp.cutedsl import sm100_views as views
+from gmlp.cutedsl.sm100_steps import (KernelCall, d_col_of, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
                                       fc2_dgrad_call, fc2_wgrad_call, grouped_gemm_call)
 from gmlp.mlp_ref import MLPGrads
 from gmlp.quantized import MXFP8Tensor
@@ -67,7 +70,8 @@ class Sm100Saved:
     fc1: KernelCall  # C, Q_col(a) (D_col), probs, offsets
     w1_col: MXFP8Tensor  # Q_col of the (E * N1, H) W1 stack as FC1 read it (interleaved when gated)
     w2_col: MXFP8Tensor
-    has_probs: bool
+    split_sizes: torch.Tensor
+    probs: torch.Tensor | None
 
 
 def _require_sm100_recipe(recipe: MXFP8Recipe | None, b1, b2) -> MXFP8Recipe:
@@ -81,6 +85,20 @@ def _quantize_both(run, site: str, x: torch.Tensor, split_sizes: torch.Tensor, r
                scale_mode=recipe.scale_mode, **({} if fmt is None else {"element_format": fmt}))
 
 
+def _cross_check(run, site: str, view: Callable[[], tuple], before: torch.Tensor | None = None) -> None:
+    """Hand a finished step to the cross-check, when it is on: ``view()`` gives the step's output
+    and operands as the site's op takes them; ``before``: an accumulated output's prior value."""
+    check = getattr(run, "check", None)
+    if check is not None:
+        got, args, kwargs = view()
+        check(site, got, args, kwargs, before)
+
+
+def _before(run, out: torch.Tensor) -> torch.Tensor | None:
+    """A copy of an output the next launch adds into, when the cross-check needs its prior value."""
+    return out.clone() if getattr(run, "check", None) is not None else None
+
+
 def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
                   b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
                   recipe: MXFP8Recipe | None, launch: Launcher | None = None) -> tuple[torch.Tensor, Sm100Saved]:
@@ -89,7 +107,7 @@ def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.
     tokens, hidden = x.shape
     experts, ffn = w2.shape[0], w2.shape[2]
     rows = padded_rows(split_sizes, tokens)
-    xq = _quantize_both(run, "quantize x", to_padded(x, rows), padded_group_sizes(rows), recipe)
+    xq = _quantize_both(run, "quantize x", to_padded(x, rows), padded_group_sizes(rows.offsets, rows.num_rows), recipe)
     w1_stack = (interleave_gate_up(w1) if activation.gated else w1).reshape(-1, hidden)
     n1 = w1_stack.shape[0] // experts
     w1q = _quantize_both(run, "quantize w1", w1_stack, torch.full((experts,), n1, device=x.device), recipe)
@@ -98,9 +116,12 @@ def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.
     prob = probs.float() if probs is not None else torch.ones(tokens, dtype=torch.float32, device=x.device)
     fc1 = fc1_call(xq.rowwise, w1q.rowwise, rows.offsets, to_padded(prob, rows), activation)
     launch("fc1", fc1)
+    _cross_check(run, "fc1", lambda: views.fc1_view(fc1, xq.rowwise, w1q.rowwise, rows, split_sizes, probs, activation,
+                                                    recipe))
     fc2 = grouped_gemm_call(d_row_of(fc1), w2q.rowwise, rows.offsets)
     launch("fc2", fc2)
-    saved = Sm100Saved(rows, xq.columnwise, fc1, w1q.columnwise, w2q.columnwise, probs is not None)
+    _cross_check(run, "fc2", lambda: views.fc2_view(fc2, d_row_of(fc1), w2q.rowwise, rows, split_sizes))
+    saved = Sm100Saved(rows, xq.columnwise, fc1, w1q.columnwise, w2q.columnwise, split_sizes, probs)
     return from_padded(fc2["d"], rows), saved
 
 
@@ -113,25 +134,34 @@ def sm100_backward(run, dy: torch.Tensor, saved: Sm100Saved, activation: Activat
     the kernels' interleaved row order), else returned in ``weight_grad_dtype``."""
     recipe, launch = _require_sm100_recipe(recipe, None, None), launch or launch_kernel
     rows = saved.rows
-    dyq = _quantize_both(run, "quantize dy", to_padded(dy, rows), padded_group_sizes(rows), recipe, recipe.grad_format)
+    dyq = _quantize_both(run, "quantize dy", to_padded(dy, rows), padded_group_sizes(rows.offsets, rows.num_rows), recipe, recipe.grad_format)
     dgrad = fc2_dgrad_call(dyq.rowwise, saved.w2_col, saved.fc1, activation)
     launch("fc2 dgrad", dgrad)
-    dprobs = from_padded(dprobs_of(dgrad), rows) if saved.has_probs else None
+    dprobs = from_padded(dprobs_of(dgrad), rows) if saved.probs is not None else None
+    _cross_check(run, "fc2 dgrad", lambda: views.fc2_dgrad_view(
+        dgrad, dprobs, dyq.rowwise, saved.w2_col, saved.fc1, rows, saved.split_sizes, saved.probs, activation, recipe))
     fc1_dgrad = fc1_dgrad_call(dgrad, saved.w1_col)
     launch("fc1 dgrad", fc1_dgrad)
+    _cross_check(run, "fc1 dgrad", lambda: views.fc1_dgrad_view(fc1_dgrad, dgrad, saved.w1_col, rows, saved.split_sizes,
+                                                                activation))
     dx = from_padded(fc1_dgrad["d"], rows)
 
-    experts, hidden = saved.fc1["padded_offsets"].numel(), dy.shape[1]
+    experts, hidden = saved.split_sizes.numel(), dy.shape[1]
     ffn = saved.w2_col.data.shape[0]
     n1 = saved.w1_col.data.shape[1] // experts
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)
     direct = dw2_out is not None and dw2_out.dtype == torch.float32 and dw2_out.is_contiguous()
     dw2 = dw2_out if direct else torch.zeros(experts, hidden, ffn, dtype=torch.float32, device=dy.device)
+    before = _before(run, dw2) if direct else None
     launch("fc2 wgrad", fc2_wgrad_call(dyq.columnwise, saved.fc1, dw2))
+    _cross_check(run, "fc2 wgrad", lambda: views.wgrad_view(dw2, dyq.columnwise, d_col_of(saved.fc1), rows,
+                                                            saved.split_sizes, False, dw2 if direct else None), before)
     dw1 = torch.zeros(experts, n1, hidden, dtype=torch.float32, device=dy.device)  # dh's row order
     launch("fc1 wgrad", fc1_wgrad_call(dgrad, saved.x_col, dw1))
     if activation.gated:
         dw1 = deinterleave_gate_up(dw1)
+    _cross_check(run, "fc1 wgrad", lambda: views.wgrad_view(dw1, d_col_of(dgrad), saved.x_col, rows, saved.split_sizes,
+                                                            activation.gated, None))
     dw1 = _finish(dw1, dw1_out, weight_grad_dtype)
     dw2 = dw2 if direct else _finish(dw2, dw2_out, weight_grad_dtype)
     return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=None, dw2=dw2, db2=None)

@@ -43,13 +43,14 @@ def padded_rows(split_sizes: torch.Tensor, tokens: int) -> PaddedRows:
     return PaddedRows(padded_ends.to(torch.int32), index, bound)
 
 
-def padded_group_sizes(rows: PaddedRows) -> torch.Tensor:
-    """(E + 1,) int64 group sizes that cover all ``rows.num_rows`` padded rows: each expert's
-    padded size, then the slack after the last expert. Quantized columnwise with these groups, a
-    padded tensor has each expert's 32-row blocks and scale tiles where the kernels read them."""
-    ends = rows.offsets.to(torch.int64)
+def padded_group_sizes(offsets: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """(E + 1,) int64 group sizes that cover all ``num_rows`` padded rows: each expert's padded
+    size (from ``offsets``, the padded ends), then the slack after the last expert. Quantized
+    columnwise with these groups, a padded tensor has each expert's 32-row blocks and scale
+    tiles where the kernels read and write them."""
+    ends = offsets.to(torch.int64)
     sizes = torch.diff(ends, prepend=ends.new_zeros(1))
-    return torch.cat([sizes, rows.num_rows - ends[-1:]])
+    return torch.cat([sizes, num_rows - ends[-1:]])
 
 
 def to_padded(x: torch.Tensor, rows: PaddedRows) -> torch.Tensor:
