@@ -21,9 +21,11 @@ from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, 
 SPLITS = [0, 37, 64, 1, 90]
 
 
-def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: str, recipe, bias: bool) -> None:
-    """Run the module on the Triton path, forward and backward, and compare every output with the
-    oracle within the bounds of the module docstring."""
+def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: str, recipe, bias: bool,
+                         sm100: bool = False) -> None:
+    """Run the module on the Triton path (or, with ``sm100``, the SM100 composition, which must
+    be what the plan takes), forward and backward, and compare every output with the oracle
+    within the bounds of the module docstring."""
     device = kernel_device()
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(splits), hidden, ffn, activation=activation, bias=bias, recipe=recipe, device=device)
@@ -32,7 +34,9 @@ def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: s
             mlp.b1.normal_(0, 0.1)
             mlp.b2.normal_(0, 0.1)
     plan = mlp.plan(torch.zeros(1, device=device))
-    if plan.path("fc1") is not Path.TRITON:
+    if sm100:
+        assert plan.sm100, plan.explain()
+    elif plan.path("fc1") is not Path.TRITON:
         pytest.skip(f"the Triton path does not run here:\n{plan.explain()}")
     split_sizes = torch.tensor(splits, device=device)
     x = torch.randn(sum(splits), hidden, device=device, dtype=torch.bfloat16, requires_grad=True)

@@ -52,7 +52,8 @@ class CompiledKernels:
         if kernel is None:
             kernel = call.kernel()
             if not kernel.check_support():
-                raise RuntimeError(f"{site}: cuDNN frontend's {call.step} kernel refused gmlp's arguments")
+                raise RuntimeError(f"{site}: cuDNN frontend's {call.step} kernel refused gmlp's arguments (a gap in "
+                                   "gmlp.layer_ops.sm100_reason; GMLP_BACKEND=triton runs the layer without it)")
             kernel.compile()
             self._kernels[key] = kernel
         call.launch(kernel)
