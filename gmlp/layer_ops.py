@@ -158,6 +158,7 @@ class LayerProblem:
     hidden: int = 0  # H
     ffn: int = 0  # F
     floor_scales: bool = False  # the recipe's scale mode is FLOOR (RCEIL otherwise)
+    sm100_quantize_problems: dict[str, QuantizeProblem] | None = None  # the quantize calls of the SM100 composition
 
 
 GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
@@ -213,7 +214,7 @@ def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) ->
     return sm100_reason(problem)
 
 
-def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.device) -> Reason | None:
+def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.device, sm100: bool) -> Reason | None:
     if path is Path.TORCH:
         return None
     if op is Op.QUANTIZE:
@@ -221,7 +222,8 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
             from gmlp.cutedsl.quantize import problem_support
         else:
             from gmlp.triton_ref.quantize import problem_support
-        return problem_support(problem.quantize_problems[site])
+        calls = problem.sm100_quantize_problems if sm100 and problem.sm100_quantize_problems else problem.quantize_problems
+        return problem_support(calls[site])
     if path is Path.CUTEDSL:
         return _cutedsl_gemm_reason(op, problem, device)
     dtype = problem.param_dtype
@@ -260,13 +262,14 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
     naming the first site where it happened). The GEMM sites get the same CuTeDSL answer (the
     SM100 composition, all or none); when they take it, nothing is dequantized."""
     decisions, references = {}, {}
+    sm100 = _sm100_runs(problem, device)
     for name, site in SITES.items():
         if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
             continue
-        if site.op is Op.DEQUANTIZE and _sm100_runs(problem, device):
+        if site.op is Op.DEQUANTIZE and sm100:
             continue
         def problem_reason(path: Path, site: Site = site) -> Reason | None:
-            return _reason(site.op, site.name, path, problem, device)
+            return _reason(site.op, site.name, path, problem, device, sm100)
         decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=problem.activation, where=name)
         decisions[name] = decision
         references[name] = next_path_down(decision.path, device, problem_reason)

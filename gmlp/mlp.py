@@ -170,26 +170,37 @@ class GroupedMLP(nn.Module):
         floor_scales = self.recipe is not None and self.recipe.scale_mode is ScaleMode.FLOOR
         return LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None, self.activation.name,
                             e5m2_grads, self._quantize_problems(x), self.num_experts, self.hidden_size,
-                            self.ffn_hidden_size, floor_scales)
+                            self.ffn_hidden_size, floor_scales, self._quantize_problems(x, sm100=True))
 
     def explain(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None) -> str:
         """The plan as text: each op (where it runs in the layer), its path, and why not faster ones."""
         return f"{self!r} on {x.device}, x {tuple(x.shape)} {x.dtype}:\n{self.plan(x, split_sizes).explain()}"
 
-    def _quantize_problems(self, x: torch.Tensor) -> dict[str, QuantizeProblem]:
+    def _quantize_problems(self, x: torch.Tensor, sm100: bool = False) -> dict[str, QuantizeProblem]:
+        """The layer's quantize calls for inputs like ``x``: as ``gmlp.layer`` makes them, or with
+        ``sm100`` as the SM100 composition does (token rows padded, every expert starting at a
+        multiple of 256 rows, grouped by the padded sizes and the slack; weight stacks grouped
+        by expert; swizzled scales)."""
         if self.recipe is None:
             return {}
         tokens, experts = x.shape[0], self.num_experts
-        def problem(rows: int, cols: int, grouped: bool, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
-            return QuantizeProblem(rows, cols, experts if grouped else 1, grouped, dtype, x.device, True, True, False,
+        if sm100:
+            from gmlp.cutedsl.sm100_layout import M_ALIGNED
+
+            tokens, token_groups = (tokens + (M_ALIGNED - 1) * experts) // M_ALIGNED * M_ALIGNED, experts + 1
+        else:
+            token_groups = experts
+        def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
+            return QuantizeProblem(rows, cols, groups or 1, groups is not None, dtype, x.device, True, True, sm100,
                                    fmt, self.recipe.scale_mode)
+        weight_groups = experts if sm100 else None
         return {
-            "quantize x": problem(tokens, self.hidden_size, True, x.dtype, ElementFormat.E4M3),
-            "quantize w1": problem(self.w1.shape[0] * self.w1.shape[1], self.hidden_size, False, self.w1.dtype,
+            "quantize x": problem(tokens, self.hidden_size, token_groups, x.dtype, ElementFormat.E4M3),
+            "quantize w1": problem(self.w1.shape[0] * self.w1.shape[1], self.hidden_size, weight_groups, self.w1.dtype,
                                    ElementFormat.E4M3),
-            "quantize w2": problem(experts * self.hidden_size, self.ffn_hidden_size, False, self.w2.dtype,
+            "quantize w2": problem(experts * self.hidden_size, self.ffn_hidden_size, weight_groups, self.w2.dtype,
                                    ElementFormat.E4M3),
-            "quantize dy": problem(tokens, self.hidden_size, True, x.dtype, self.recipe.grad_format),
+            "quantize dy": problem(tokens, self.hidden_size, token_groups, x.dtype, self.recipe.grad_format),
         }
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:

@@ -194,6 +194,16 @@ def test_sm100_takes_the_fused_composition(monkeypatch):
         assert _plan(_gpu(monkeypatch, (10, 0)), activation=activation).sm100, activation
     hopper = _plan(_gpu(monkeypatch, (9, 0)))
     assert not hopper.sm100 and hopper.path("dequantize") is Path.TRITON
+    # the quantizes are judged as the composition calls them (padded rows, E + 1 groups, swizzled),
+    # and fall back on their own
+    problem = _problem()
+    padded_x = problem.sm100_quantize_problems["quantize x"]
+    assert (padded_x.num_rows, padded_x.num_experts, padded_x.swizzle) == ((96 + 4 * 255) // 256 * 256, 5, True)
+    huge = dataclasses.replace(padded_x, num_rows=2**31 - 256)
+    problem = dataclasses.replace(problem, sm100_quantize_problems={**problem.sm100_quantize_problems, "quantize x": huge})
+    plan = plan_layer(problem, _gpu(monkeypatch, (10, 0)), strict=None)
+    assert plan.sm100 and plan.path("quantize x") is Path.TRITON
+    assert dict(plan.decisions["quantize x"].skipped)[Path.CUTEDSL].kind is ReasonKind.SHAPE
     monkeypatch.setenv("GMLP_BACKEND", "triton")
     forced = _plan(_gpu(monkeypatch, (10, 0)))
     assert not forced.sm100 and forced.path("fc1") is Path.TRITON and "dequantize" in forced.decisions

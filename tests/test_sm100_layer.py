@@ -11,6 +11,8 @@ their documentation says is for a Blackwell run (``tests/test_sm100_gpu.py``).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -36,7 +38,8 @@ def _quantize(site: str, x: torch.Tensor, **kwargs):
 
 
 class CheckedTwins(TorchKernels):
-    """Each call first passes its kernel's own argument checks, then its twin runs."""
+    """Each call first passes its kernel's own argument checks (and its launch arguments bind to
+    the kernel's ``execute``), then its twin runs."""
 
     def __init__(self, activation, dump_dir):
         super().__init__(activation)
@@ -46,6 +49,7 @@ class CheckedTwins(TorchKernels):
         kernel = call.kernel()
         with simulated_sm100(self.dump_dir):
             assert kernel.check_support(), f"{site}: {call.step} refused gmlp's arguments"
+        inspect.signature(kernel.execute).bind(**call.execute_kwargs())  # a TypeError names a wrong argument
         super().__call__(site, call)
 
 

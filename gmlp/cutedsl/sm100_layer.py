@@ -20,6 +20,8 @@ compile-only launcher (the sm_100a compile tests).
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,11 +39,13 @@ from gmlp.recipe import MXFP8Recipe
 
 __all__ = ["CompiledKernels", "Sm100Saved", "sm100_forward", "sm100_backward", "launch_kernel"]
 
+_log = logging.getLogger(__name__)
 Launcher = Callable[[str, KernelCall], None]  # (site, call): runs the call's kernel
 
 
 class CompiledKernels:
-    """Builds, checks and compiles each kernel object once per call signature, then launches it."""
+    """Builds, checks and compiles each kernel object once per call signature, then launches it
+    (a compile takes seconds: each is logged at INFO level, logger ``gmlp.cutedsl.sm100_layer``)."""
 
     def __init__(self):
         self._kernels: dict[tuple, object] = {}
@@ -54,7 +58,9 @@ class CompiledKernels:
             if not kernel.check_support():
                 raise RuntimeError(f"{site}: cuDNN frontend's {call.step} kernel refused gmlp's arguments (a gap in "
                                    "gmlp.layer_ops.sm100_reason; GMLP_BACKEND=triton runs the layer without it)")
+            start = time.perf_counter()
             kernel.compile()
+            _log.info("%s: compiled cuDNN frontend's %s kernel in %.1f s", site, call.step, time.perf_counter() - start)
             self._kernels[key] = kernel
         call.launch(kernel)
 

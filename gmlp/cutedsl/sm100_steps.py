@@ -80,10 +80,14 @@ class KernelCall:
         return kernel_class(self.step)(**{f"sample_{name}": t for name, t in samples.items()},
                                        sf_vec_size=SF_VEC_SIZE, **self.options)
 
+    def execute_kwargs(self) -> dict:
+        """The keyword arguments of the kernel object's ``execute`` for this call."""
+        names = {name: (name if name == "padded_offsets" else f"{name}_tensor") for name in self.tensors}
+        return {**{names[name]: t for name, t in self.tensors.items()}, **self.runtime}
+
     def launch(self, kernel) -> None:
         """Run the compiled ``kernel`` on this call's tensors."""
-        names = {name: (name if name == "padded_offsets" else f"{name}_tensor") for name in self.tensors}
-        kernel.execute(**{names[name]: t for name, t in self.tensors.items()}, **self.runtime)
+        kernel.execute(**self.execute_kwargs())
 
 
 def _e8m0(scales: torch.Tensor) -> torch.Tensor:
