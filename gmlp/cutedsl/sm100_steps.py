@@ -42,12 +42,14 @@ import torch
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.cutedsl.cudnn_kernels import kernel_class
-from gmlp.cutedsl.sm100_layout import M_ALIGNED
+from gmlp.cutedsl.sm100_layout import M_ALIGNED, padded_group_sizes
+from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["SF_VEC_SIZE", "KernelCall", "ungrouped_rowwise", "grouped_gemm_call", "fc1_glu_call", "fc1_srelu_call",
-           "fc1_call", "d_row_of", "d_col_of", "columnwise_of", "fc2_dgrad_call", "dprobs_of", "fc1_dgrad_call", "fc2_wgrad_call", "fc1_wgrad_call"]
+           "fc1_call", "d_row_of", "d_col_of", "columnwise_of", "fc2_dgrad_call", "dprobs_of", "fc1_dgrad_call",
+           "fc2_wgrad_call", "fc1_wgrad_call"]
 
 SF_VEC_SIZE = 32
 MMA_TILER_MN = (256, 256)  # the kernels' default tile, which their dprob slot count assumes
@@ -254,16 +256,12 @@ def _flat(scales: torch.Tensor) -> torch.Tensor:
     return scales.permute(5, 2, 4, 0, 1, 3).reshape(-1) if scales.dim() == 6 else scales
 
 
-def _format_of(data: torch.Tensor):
-    from gmlp.mxfp8 import ElementFormat
-
+def _format_of(data: torch.Tensor) -> ElementFormat:
     return ElementFormat.E4M3 if data.dtype == torch.float8_e4m3fn else ElementFormat.E5M2
 
 
 def d_row_of(call: KernelCall, name: str = "d") -> MXFP8Tensor:
     """A step's rowwise quantized output (``d`` or ``d_row``) as an MXFP8Tensor (padded rows)."""
-    from gmlp.mxfp8 import ScaleMode
-
     data = _as_2d(call[name])
     scales = _flat(call["sfd_row"]).view(torch.uint8)
     return MXFP8Tensor(data, scales, QuantAxis.ROWWISE, True, _format_of(data), ScaleMode.RCEIL, None)
@@ -272,9 +270,6 @@ def d_row_of(call: KernelCall, name: str = "d") -> MXFP8Tensor:
 def columnwise_of(data: torch.Tensor, scales: torch.Tensor, padded_offsets: torch.Tensor) -> MXFP8Tensor:
     """An (N, M_pad) fp8 matrix quantized along its padded token rows (M_pad) with a kernel's
     per-expert column scales, as gmlp's Q_col grouped by the padded group sizes."""
-    from gmlp.cutedsl.sm100_layout import padded_group_sizes
-    from gmlp.mxfp8 import ScaleMode
-
     sizes = padded_group_sizes(padded_offsets, data.shape[1])
     return MXFP8Tensor(data, _flat(scales).view(torch.uint8), QuantAxis.COLUMNWISE, True, _format_of(data),
                        ScaleMode.RCEIL, sizes)
