@@ -154,11 +154,11 @@ class LayerProblem:
     activation: str  # its name: "swiglu", "geglu", "qgeglu", "srelu"
     e5m2_grads: bool  # gradients quantized to E5M2 (the weights and activations stay E4M3)
     quantize_problems: dict[str, QuantizeProblem]  # site name -> its quantize call
-    experts: int = 0
-    hidden: int = 0  # H
-    ffn: int = 0  # F
-    floor_scales: bool = False  # the recipe's scale mode is FLOOR (RCEIL otherwise)
-    sm100_quantize_problems: dict[str, QuantizeProblem] | None = None  # the quantize calls of the SM100 composition
+    experts: int
+    hidden: int  # H
+    ffn: int  # F
+    floor_scales: bool  # the recipe's scale mode is FLOOR (RCEIL otherwise)
+    sm100_quantize_problems: dict[str, QuantizeProblem]  # site name -> its call in the SM100 composition
 
 
 GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
@@ -222,8 +222,7 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
             from gmlp.cutedsl.quantize import problem_support
         else:
             from gmlp.triton_ref.quantize import problem_support
-        calls = problem.sm100_quantize_problems if sm100 and problem.sm100_quantize_problems else problem.quantize_problems
-        return problem_support(calls[site])
+        return problem_support((problem.sm100_quantize_problems if sm100 else problem.quantize_problems)[site])
     if path is Path.CUTEDSL:
         return _cutedsl_gemm_reason(op, problem, device)
     dtype = problem.param_dtype
