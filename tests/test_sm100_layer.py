@@ -182,3 +182,40 @@ def test_cross_check_of_the_sm100_steps_catches_a_planted_element(site):
     assert f"cross-check: {site} " in message and "on cutedsl differs from torch" in message, message
     assert " 1 of " in message, message  # exactly the planted element
     assert "expert 2" in message, message
+
+
+def test_compiled_kernels_build_once_per_signature_and_refuse_loudly():
+    """The production launcher: a kernel object is built, checked and compiled once per call
+    signature and executed with the call's arguments; a kernel that refuses its arguments is an
+    error that says what to do, not a silent fallback."""
+    from gmlp.cutedsl.sm100_steps import KernelCall
+
+    class FakeKernel:
+        def __init__(self, supported):
+            self.supported, self.compiled, self.executed = supported, 0, []
+
+        def check_support(self):
+            return self.supported
+
+        def compile(self):
+            self.compiled += 1
+
+        def execute(self, **kwargs):
+            self.executed.append(sorted(kwargs))
+
+    built = []
+
+    class Call(KernelCall):
+        def kernel(self):
+            built.append(FakeKernel(self.options.get("ok", True)))
+            return built[-1]
+
+    launch = sm100_layer.CompiledKernels()
+    tensors = dict(a=torch.zeros(4, 8), padded_offsets=torch.zeros(2, dtype=torch.int32))
+    for _ in range(3):
+        launch("fc2", Call("grouped_gemm", dict(tensors)))
+    launch("fc2", Call("grouped_gemm", dict(tensors, a=torch.zeros(8, 8))))  # another shape: another kernel
+    assert len(built) == 2 and [k.compiled for k in built] == [1, 1]
+    assert built[0].executed == [["a_tensor", "padded_offsets"]] * 3
+    with pytest.raises(RuntimeError, match="refused gmlp's arguments.*GMLP_BACKEND=triton"):
+        launch("fc1", Call("fc1_glu", dict(tensors), options=dict(ok=False)))
