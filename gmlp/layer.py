@@ -31,30 +31,43 @@ from gmlp.activations import Activation
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.layer_ops import SITES, LayerPlan, implementation
 from gmlp.mlp_ref import MLPGrads
-from gmlp.quantized import MXFP8Tensor
+from gmlp.quantized import MXFP8Quantized, MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["OpRunner", "LayerSaved", "grouped_mlp_forward", "grouped_mlp_backward"]
+__all__ = ["WEIGHT_SITES", "OpRunner", "LayerSaved", "grouped_mlp_forward", "grouped_mlp_backward"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
 
 
+WEIGHT_SITES = ("quantize w1", "quantize w2")
+
+
 class OpRunner:
     """Runs each site's op on the path its plan chose; ``check``, when given (the cross-check),
-    sees every call and its output."""
+    sees every call and its output. ``reused_weights`` (site -> output) are quantized weights
+    of an earlier forward, returned instead of quantizing again; with ``keep_weights`` the
+    weight sites' outputs are kept in ``kept_weights`` for later forwards."""
 
-    def __init__(self, plan: LayerPlan, check: CrossCheckHook | None = None):
+    def __init__(self, plan: LayerPlan, check: CrossCheckHook | None = None,
+                 reused_weights: dict[str, MXFP8Quantized] | None = None, keep_weights: bool = False):
         self.plan, self.check = plan, check
+        self.reused_weights = reused_weights or {}
+        self.kept_weights: dict[str, MXFP8Quantized] | None = {} if keep_weights else None
 
     def __call__(self, site: str, *args, **kwargs):
+        if site in self.reused_weights:
+            return self.reused_weights[site]
         run = implementation(SITES[site], self.plan.path(site))
         if self.check is None:
-            return run(*args, **kwargs)
-        # an accumulating output (main_grad) is copied first, so that the check can run the
-        # other path from the same starting values
-        before = kwargs["out"].clone() if kwargs.get("out") is not None else None
-        result = run(*args, **kwargs)
-        self.check(site, result, args, kwargs, before)
+            result = run(*args, **kwargs)
+        else:
+            # an accumulating output (main_grad) is copied first, so that the check can run the
+            # other path from the same starting values
+            before = kwargs["out"].clone() if kwargs.get("out") is not None else None
+            result = run(*args, **kwargs)
+            self.check(site, result, args, kwargs, before)
+        if self.kept_weights is not None and site in WEIGHT_SITES:
+            self.kept_weights[site] = result
         return result
 
 

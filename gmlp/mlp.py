@@ -119,6 +119,7 @@ class GroupedMLP(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size, **factory))
         self.b1 = nn.Parameter(torch.zeros(num_experts, fc1_outputs, **factory)) if bias else None
         self.b2 = nn.Parameter(torch.zeros(num_experts, hidden_size, **factory)) if bias else None
+        self._kept_weights: tuple[tuple, dict] | None = None  # (key, site -> quantized weights): weight_cache
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -203,11 +204,45 @@ class GroupedMLP(nn.Module):
             "quantize dy": problem(tokens, self.hidden_size, token_groups, x.dtype, self.recipe.grad_format),
         }
 
-    def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
-        """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation."""
+    def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None, *,
+                weight_cache: str | None = None) -> torch.Tensor:
+        """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation.
+
+        ``weight_cache`` (MXFP8 only), for micro-batches that share their weights: None quantizes
+        the weights in this forward; "update" does too and keeps the quantized weights (on the
+        SM100 path W1 gate/up interleaved as well) for later forwards, for example the first
+        micro-batch of a gradient-accumulation step; "reuse" takes the ones the last "update"
+        forward kept, instead of quantizing again. With "reuse" the caller promises that the
+        weights have not changed since (gmlp checks their storage, shape, dtype and the plan,
+        not their values)."""
         self._check_inputs(x, split_sizes, probs)
         plan = self.plan(x, split_sizes, strict=self.strict)
         settings = active_cross_check()
-        runner = OpRunner(plan, CrossCheck(plan, settings, split_sizes) if settings is not None else None)
-        return _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
-                                         self.activation, self.recipe, self.accumulate_main_grad, runner)
+        key = self._weight_cache_key(weight_cache, plan)
+        reused = self._kept_weights[1] if weight_cache == "reuse" else None
+        runner = OpRunner(plan, CrossCheck(plan, settings, split_sizes) if settings is not None else None,
+                          reused_weights=reused, keep_weights=weight_cache == "update")
+        y = _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
+                                      self.activation, self.recipe, self.accumulate_main_grad, runner)
+        if weight_cache == "update":
+            self._kept_weights = (key, runner.kept_weights)
+        return y
+
+    def release_quantized_weights(self) -> None:
+        """Free the quantized weights kept by a forward with ``weight_cache="update"``."""
+        self._kept_weights = None
+
+    def _weight_cache_key(self, weight_cache: str | None, plan: LayerPlan) -> tuple | None:
+        """What quantized weights kept by one forward depend on; checks a "reuse" against it."""
+        if weight_cache is None:
+            return None
+        if weight_cache not in ("update", "reuse"):
+            raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")
+        if self.recipe is None:
+            raise ValueError(f"weight_cache={weight_cache!r} needs an MXFP8 recipe: with recipe=None no weight is quantized")
+        key = (plan.sm100, self.recipe, *((w.data_ptr(), tuple(w.shape), w.dtype, w.device) for w in (self.w1, self.w2)))
+        if weight_cache == "reuse" and (self._kept_weights is None or self._kept_weights[0] != key):
+            raise ValueError("weight_cache='reuse': no quantized weights were kept by an earlier forward with "
+                             "weight_cache='update' for these parameters (storage, shape, dtype) and this plan "
+                             f"({'the SM100 composition' if plan.sm100 else 'one op per GEMM site'})")
+        return key

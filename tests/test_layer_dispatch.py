@@ -268,6 +268,10 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     twins = TorchKernels(mlp.activation)
     monkeypatch.setattr(sm100_layer, "launch_kernel", twins)
     x = torch.randn(40, 128, dtype=torch.bfloat16, requires_grad=True)
-    mlp(x, torch.tensor([30, 10])).sum().backward()
+    y = mlp(x, torch.tensor([30, 10]), weight_cache="update")
+    y.sum().backward()
     assert twins.sites == ["fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"]
     assert x.grad is not None and mlp.w1.grad is not None and mlp.w2.grad is not None
+    # the kept weights (W1 quantized gate/up interleaved) serve the next micro-batch unchanged
+    monkeypatch.setattr(sm100_layer, "interleave_gate_up", None)  # not called again
+    assert torch.equal(mlp(x, torch.tensor([30, 10]), weight_cache="reuse"), y)

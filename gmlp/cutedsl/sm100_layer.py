@@ -115,11 +115,12 @@ def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.
     experts, ffn = w2.shape[0], w2.shape[2]
     rows = padded_rows(split_sizes, tokens)
     xq = _quantize_both(run, "quantize x", to_padded(x, rows), padded_group_sizes(rows.offsets, rows.num_rows), recipe)
-    w1_stack = (interleave_gate_up(w1) if activation.gated else w1).reshape(-1, hidden)
-    n1 = w1_stack.shape[0] // experts
-    w1q = _quantize_both(run, "quantize w1", w1_stack, torch.full((experts,), n1, device=x.device), recipe)
-    w2q = _quantize_both(run, "quantize w2", w2.reshape(-1, ffn), torch.full((experts,), hidden, device=x.device),
-                         recipe)
+    reused = getattr(run, "reused_weights", {})  # quantized by an earlier forward (GroupedMLP's weight_cache)
+    w1q = reused.get("quantize w1") or _quantize_both(
+        run, "quantize w1", (interleave_gate_up(w1) if activation.gated else w1).reshape(-1, hidden),
+        torch.full((experts,), w1.shape[1], device=x.device), recipe)
+    w2q = reused.get("quantize w2") or _quantize_both(
+        run, "quantize w2", w2.reshape(-1, ffn), torch.full((experts,), hidden, device=x.device), recipe)
     prob = probs.float() if probs is not None else torch.ones(tokens, dtype=torch.float32, device=x.device)
     fc1 = fc1_call(xq.rowwise, w1q.rowwise, rows.offsets, to_padded(prob, rows), activation)
     launch("fc1", fc1)

@@ -1,0 +1,73 @@
+"""``GroupedMLP(..., weight_cache=...)``: quantized weights kept by one forward and reused by the
+next ones (micro-batches of one gradient-accumulation step), on the torch path (the cache lives
+above the paths: the same for Triton and CuTeDSL)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch import nn
+
+import gmlp
+import gmlp.layer
+
+
+@pytest.fixture
+def quantize_calls(monkeypatch):
+    """Counts the op calls per site (the torch path forced)."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    calls = collections.Counter()
+    real = gmlp.layer.implementation
+
+    def counting(site, path):
+        run = real(site, path)
+
+        def call(*args, **kwargs):
+            calls[site.name] += 1
+            return run(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(gmlp.layer, "implementation", counting)
+    return calls
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(40, 64, dtype=torch.bfloat16), torch.tensor([30, 0, 10])
+
+
+def test_reused_weights_give_the_same_outputs_without_quantizing_again(quantize_calls):
+    mlp = gmlp.GroupedMLP(3, 64, 64)
+    x, split_sizes = _inputs()
+    fresh = mlp(x, split_sizes)
+    assert quantize_calls["quantize w1"] == quantize_calls["quantize w2"] == 1
+    updated = mlp(x, split_sizes, weight_cache="update")
+    reused = [mlp(x, split_sizes, weight_cache="reuse") for _ in range(2)]
+    assert quantize_calls["quantize w1"] == quantize_calls["quantize w2"] == 2  # not in the reusing forwards
+    assert quantize_calls["quantize x"] == 4
+    for y in (updated, *reused):
+        assert torch.equal(y, fresh)
+    x.requires_grad_()
+    mlp(x, split_sizes, weight_cache="reuse").sum().backward()  # the backward reads the kept Q_col(W)
+    assert x.grad is not None and mlp.w1.grad is not None
+
+
+def test_reuse_is_refused_without_matching_kept_weights(quantize_calls):
+    mlp = gmlp.GroupedMLP(3, 64, 64)
+    x, split_sizes = _inputs()
+    with pytest.raises(ValueError, match="no quantized weights were kept"):
+        mlp(x, split_sizes, weight_cache="reuse")
+    mlp(x, split_sizes, weight_cache="update")
+    mlp.w1 = nn.Parameter(mlp.w1.detach().clone())  # another storage
+    with pytest.raises(ValueError, match="no quantized weights were kept"):
+        mlp(x, split_sizes, weight_cache="reuse")
+    mlp(x, split_sizes, weight_cache="update")
+    mlp.release_quantized_weights()
+    with pytest.raises(ValueError, match="no quantized weights were kept"):
+        mlp(x, split_sizes, weight_cache="reuse")
+    with pytest.raises(ValueError, match="must be None, 'update' or 'reuse'"):
+        mlp(x, split_sizes, weight_cache="yes")
+    with pytest.raises(ValueError, match="needs an MXFP8 recipe"):
+        gmlp.GroupedMLP(3, 64, 64, recipe=None)(x, split_sizes, weight_cache="update")
