@@ -7,6 +7,8 @@ skewed (Zipf-like, with empty experts). TFLOP/s count the useful work only: 6 T 
 (FC1 with 2F outputs, FC2), three times that for forward + backward. Every step starts without
 gradients, as after ``optimizer.zero_grad()`` (set to None): no side pays an accumulating add into
 an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h200-*``).
+``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
+weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> None:
             runs = {"torch-grouped-mm-bf16": (lambda: baseline_layer(x, w1, w2, offsets), [x, w1, w2])}
             for name, layer in layers.items():
                 runs[name] = (lambda layer=layer: layer(x, split_sizes), [x, *layer.parameters()])
+            # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
+            mxfp8 = layers["gmlp-mxfp8"]
+            mxfp8(x, split_sizes, weight_cache="update")
+            runs["gmlp-mxfp8-reused-weights"] = (lambda: mxfp8(x, split_sizes, weight_cache="reuse"),
+                                                 [x, *mxfp8.parameters()])
             useful = 6 * tokens * hidden * ffn
             results = {}
             for name, (forward, leaves) in runs.items():
