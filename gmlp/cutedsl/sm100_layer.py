@@ -142,7 +142,8 @@ def sm100_backward(run, dy: torch.Tensor, saved: Sm100Saved, activation: Activat
     the kernels' interleaved row order), else returned in ``weight_grad_dtype``."""
     recipe, launch = _require_sm100_recipe(recipe, None, None), launch or launch_kernel
     rows = saved.rows
-    dyq = _quantize_both(run, "quantize dy", to_padded(dy, rows), padded_group_sizes(rows.offsets, rows.num_rows), recipe, recipe.grad_format)
+    dyq = _quantize_both(run, "quantize dy", to_padded(dy, rows), padded_group_sizes(rows.offsets, rows.num_rows),
+                         recipe, recipe.grad_format)
     dgrad = fc2_dgrad_call(dyq.rowwise, saved.w2_col, saved.fc1, activation)
     launch("fc2 dgrad", dgrad)
     dprobs = from_padded(dprobs_of(dgrad), rows) if saved.probs is not None else None
