@@ -34,7 +34,7 @@ from gmlp.mlp_ref import MLPGrads
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["WEIGHT_SITES", "OpRunner", "LayerSaved", "grouped_mlp_forward", "grouped_mlp_backward"]
+__all__ = ["WEIGHT_SITES", "OpRunner", "quantized_weight", "LayerSaved", "grouped_mlp_forward", "grouped_mlp_backward"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
 
@@ -45,8 +45,8 @@ WEIGHT_SITES = ("quantize w1", "quantize w2")
 class OpRunner:
     """Runs each site's op on the path its plan chose; ``check``, when given (the cross-check),
     sees every call and its output. ``reused_weights`` (site -> output) are quantized weights
-    of an earlier forward, returned instead of quantizing again; with ``keep_weights`` the
-    weight sites' outputs are kept in ``kept_weights`` for later forwards."""
+    of an earlier forward, which ``quantized_weight`` returns instead of quantizing again; with
+    ``keep_weights`` the weight sites' outputs are kept in ``kept_weights`` for later forwards."""
 
     def __init__(self, plan: LayerPlan, check: CrossCheckHook | None = None,
                  reused_weights: dict[str, MXFP8Quantized] | None = None, keep_weights: bool = False):
@@ -55,8 +55,6 @@ class OpRunner:
         self.kept_weights: dict[str, MXFP8Quantized] | None = {} if keep_weights else None
 
     def __call__(self, site: str, *args, **kwargs):
-        if site in self.reused_weights:
-            return self.reused_weights[site]
         run = implementation(SITES[site], self.plan.path(site))
         if self.check is None:
             result = run(*args, **kwargs)
@@ -87,6 +85,14 @@ class LayerSaved:
     has_b2: bool
 
 
+def quantized_weight(run: OpRunner, site: str, stack: Callable[[], torch.Tensor], **quantize_args) -> MXFP8Quantized:
+    """A weight site's quantization: the one an earlier forward kept (``run.reused_weights``,
+    GroupedMLP's ``weight_cache``), or ``run(site, stack(), **quantize_args)``. ``stack`` builds
+    the (E * N, K) weight stack only when it is quantized (the SM100 path interleaves W1 there)."""
+    reused = getattr(run, "reused_weights", {}).get(site)  # a plain quantize function keeps none
+    return reused if reused is not None else run(site, stack(), **quantize_args)
+
+
 def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups | None = None) -> torch.Tensor:
     """bf16 values of a GEMM operand: an MXFP8Tensor dequantized (source orientation), or itself.
     ``groups`` are the device prefix sums of a grouped operand's split sizes."""
@@ -114,8 +120,9 @@ def grouped_mlp_forward(
         xq = run("quantize x", x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                  scale_mode=recipe.scale_mode)
         x_row, x_col = xq.rowwise, xq.columnwise
-        w1q, w2q = (run(f"quantize {name}", w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False,
-                        scale_mode=recipe.scale_mode) for name, w in (("w1", w1), ("w2", w2)))
+        w1q, w2q = (quantized_weight(run, f"quantize {name}", lambda w=w: w.reshape(-1, w.shape[-1]), rowwise=True,
+                                     columnwise=True, swizzle=False, scale_mode=recipe.scale_mode)
+                    for name, w in (("w1", w1), ("w2", w2)))
         w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
     fc1 = run("fc1", _bf16(run, x_row), _bf16(run, w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
               activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)

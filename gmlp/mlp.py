@@ -19,6 +19,7 @@ from torch import nn
 from gmlp.activations import Activation, activation_from
 from gmlp.debug import active_settings as active_cross_check
 from gmlp.debug.crosscheck import CrossCheck
+from gmlp.cutedsl.sm100_layer import sm100_backward, sm100_forward
 from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
 from gmlp.mxfp8 import ElementFormat, ScaleMode
@@ -30,17 +31,10 @@ __all__ = ["GroupedMLP"]
 _DEFAULT_RECIPE = MXFP8Recipe()
 
 
-def _sm100_layer():
-    """The SM100 composition's module (imported when a plan takes it: it needs cuDNN frontend)."""
-    from gmlp.cutedsl import sm100_layer
-
-    return sm100_layer
-
-
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad, runner):
-        forward = _sm100_layer().sm100_forward if runner.plan.sm100 else grouped_mlp_forward
+        forward = sm100_forward if runner.plan.sm100 else grouped_mlp_forward
         y, saved = forward(runner, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
         ctx.runner, ctx.saved = runner, saved
         ctx.activation, ctx.recipe = activation, recipe
@@ -55,7 +49,7 @@ class _GroupedMLPFunction(torch.autograd.Function):
         # Weight gradients come out in the parameters' dtype, or are added into the fp32 main_grad
         # by the backward itself (no separate fp32 gradient to add afterwards).
         main_grads = (w1.main_grad, w2.main_grad) if ctx.accumulate_main_grad else None
-        backward = _sm100_layer().sm100_backward if ctx.runner.plan.sm100 else grouped_mlp_backward
+        backward = sm100_backward if ctx.runner.plan.sm100 else grouped_mlp_backward
         grads = backward(ctx.runner, dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
                          torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
         weight_grads = []

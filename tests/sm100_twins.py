@@ -14,45 +14,22 @@ import torch
 
 from gmlp import scale_layout
 from gmlp.activations import Activation
-from gmlp.cutedsl.sm100_layout import interleave_gate_up, split_interleaved
-from gmlp.cutedsl.sm100_steps import KernelCall, columnwise_of
-from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.cutedsl.sm100_layout import interleave_gate_up, padded_group_sizes, split_interleaved
+from gmlp.cutedsl.sm100_steps import KernelCall, as_matrix, columnwise_of, rowwise_of, scale_bytes
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.quantized import MXFP8Tensor, QuantAxis
 
 
-def _as_2d(t: torch.Tensor) -> torch.Tensor:
-    return t.squeeze(-1) if t.dim() == 3 else t
-
-
-def _bytes(scales: torch.Tensor) -> torch.Tensor:
-    flat = scales.permute(5, 2, 4, 0, 1, 3).reshape(-1) if scales.dim() == 6 else scales
-    return flat.view(torch.uint8)
-
-
-def _format(data: torch.Tensor) -> ElementFormat:
-    return ElementFormat.E4M3 if data.dtype == torch.float8_e4m3fn else ElementFormat.E5M2
-
-
-def _rowwise(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """fp32 values of (M, K) fp8 data with blocks of 32 along K, swizzled scale bytes."""
-    data = data.contiguous()
-    return MXFP8Tensor(data, _bytes(scales), QuantAxis.ROWWISE, True, _format(data), ScaleMode.RCEIL, None).dequantize()
-
-
-def _segments(call: KernelCall, rows: int) -> tuple[list[tuple[int, int]], torch.Tensor]:
-    """Each expert's padded rows [start, end), and the group sizes (experts, then the slack)."""
+def _segments(call: KernelCall) -> list[tuple[int, int]]:
+    """Each expert's padded rows [start, end)."""
     name = "padded_offsets" if "padded_offsets" in call.tensors else "offsets"
     ends = call[name].tolist()
-    starts = [0] + ends[:-1]
-    sizes = torch.tensor([e - s for s, e in zip(starts, ends)] + [rows - ends[-1]])
-    return list(zip(starts, ends)), sizes
+    return list(zip([0] + ends[:-1], ends))
 
 
 def _b_values(call: KernelCall) -> torch.Tensor:
     """B per expert as (E, K, N) fp32, from K-major (E, N, K) or N-major (E, K, N) data (the
     srelu kernels' (N, K, E) views first brought back to those)."""
-    b, sfb = call["b"], _bytes(call["sfb"])
+    b, sfb = call["b"], scale_bytes(call["sfb"])
     n_major = call.options.get("b_major", "k") == "n"
     if call.step in ("fc1_srelu", "fc2_dgrad_srelu"):  # (N, K, E) views
         b = b.permute(2, 1, 0) if n_major else b.permute(2, 0, 1)
@@ -62,16 +39,16 @@ def _b_values(call: KernelCall) -> torch.Tensor:
     values = []
     for e in range(experts):
         rows_nk = b[e].t() if n_major else b[e]  # (N, K), blocks along K
-        values.append(_rowwise(rows_nk, sfb[e * per_expert:(e + 1) * per_expert]).t())
+        values.append(rowwise_of(rows_nk.contiguous(), sfb[e * per_expert:(e + 1) * per_expert]).dequantize().t())
     return torch.stack(values)
 
 
 def _gemm(call: KernelCall) -> tuple[torch.Tensor, list[tuple[int, int]], torch.Tensor]:
     """A @ B_g (fp32) for every expert's padded rows; rows after the last expert stay zero."""
-    a = _as_2d(call["a"])
-    a_values, b_values = _rowwise(a, call["sfa"]), _b_values(call)
+    a = as_matrix(call["a"])
+    a_values, b_values = rowwise_of(a, call["sfa"]).dequantize(), _b_values(call)
     out = torch.zeros(a.shape[0], b_values.shape[2])
-    segments, sizes = _segments(call, a.shape[0])
+    segments, sizes = _segments(call), padded_group_sizes(call["padded_offsets"], a.shape[0])
     for e, (start, end) in enumerate(segments):
         out[start:end] = a_values[start:end] @ b_values[e]
     return out, segments, sizes
@@ -82,10 +59,10 @@ def _write_quantized(call: KernelCall, values: torch.Tensor, sizes: torch.Tensor
     values = values.contiguous()
     row = quantize_mxfp8_ref(values, rowwise=True, swizzle=True).rowwise
     col = quantize_mxfp8_ref(values, rowwise=False, columnwise=True, swizzle=True, split_sizes=sizes).columnwise
-    _as_2d(call[row_name]).copy_(row.data)
-    _bytes(call["sfd_row"]).copy_(row.scales[:_bytes(call["sfd_row"]).numel()])
-    _as_2d(call["d_col"]).copy_(col.data.t())
-    _bytes(call["sfd_col"]).copy_(col.scales[:_bytes(call["sfd_col"]).numel()])
+    as_matrix(call[row_name]).copy_(row.data)
+    scale_bytes(call["sfd_row"]).copy_(row.scales[:scale_bytes(call["sfd_row"]).numel()])
+    as_matrix(call["d_col"]).copy_(col.data.t())
+    scale_bytes(call["sfd_col"]).copy_(col.scales[:scale_bytes(call["sfd_col"]).numel()])
 
 
 def _interleave_columns(values: torch.Tensor) -> torch.Tensor:
@@ -108,7 +85,7 @@ class TorchKernels:
 
     def _fc1(self, call: KernelCall) -> None:
         h, _, sizes = _gemm(call)
-        _as_2d(call["c"]).copy_(h.bfloat16())
+        as_matrix(call["c"]).copy_(h.bfloat16())
         gmlp_order = split_interleaved(h) if self.activation.gated else h
         a = self.activation.forward(gmlp_order) * call["prob"].reshape(-1, 1)
         _write_quantized(call, a, sizes, "d")
@@ -117,7 +94,7 @@ class TorchKernels:
 
     def _fc2_dgrad(self, call: KernelCall) -> None:
         da, _, sizes = _gemm(call)
-        c = _as_2d(call["c"]).float()
+        c = as_matrix(call["c"]).float()
         c = split_interleaved(c) if self.activation.gated else c
         prob = call["prob"].reshape(-1, 1)
         dh = self.activation.backward(c, da * prob)
@@ -131,7 +108,7 @@ class TorchKernels:
 
     def _wgrad(self, call: KernelCall) -> None:
         a, b = call["a"], call["b"]  # (M, T_pad), (T_pad, N)
-        segments, _ = _segments(call, a.shape[1])
+        segments = _segments(call)
         a_values = columnwise_of(a, call["sfa"], call["offsets"]).dequantize()  # (T_pad, M)
         b_values = columnwise_of(b.t(), call["sfb"], call["offsets"]).dequantize()  # (T_pad, N)
         for e, (start, end) in enumerate(segments):

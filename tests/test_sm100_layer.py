@@ -53,16 +53,20 @@ class CheckedTwins(TorchKernels):
         super().__call__(site, call)
 
 
-def _run_layer(activation: str, probs: bool, launch, hidden: int = 128, ffn: int = 128):
+def _layer_inputs(activation: str, probs: bool = True, hidden: int = 128, ffn: int = 128):
+    """(activation, split_sizes, x, probs, w1, w2, dy) of a small layer call over SPLITS."""
     torch.manual_seed(0)
     act = activation_from(activation)
     experts, tokens = len(SPLITS), sum(SPLITS)
-    split_sizes = torch.tensor(SPLITS)
     x = torch.randn(tokens, hidden).bfloat16()
     prob = torch.rand(tokens) if probs else None
     w1 = (torch.randn(experts, 2 * ffn if act.gated else ffn, hidden) / hidden**0.5).bfloat16()
     w2 = (torch.randn(experts, hidden, ffn) / ffn**0.5).bfloat16()
-    dy = torch.randn(tokens, hidden).bfloat16()
+    return act, torch.tensor(SPLITS), x, prob, w1, w2, torch.randn(tokens, hidden).bfloat16()
+
+
+def _run_layer(activation: str, probs: bool, launch):
+    act, split_sizes, x, prob, w1, w2, dy = _layer_inputs(activation, probs)
     recipe = gmlp.MXFP8Recipe()
     y, saved = sm100_layer.sm100_forward(_quantize, x, split_sizes, prob, w1, None, w2, None, act, recipe, launch=launch)
     grads = sm100_layer.sm100_backward(_quantize, dy, saved, act, recipe, launch=launch)
@@ -125,13 +129,7 @@ def _sm100_runner(split_sizes: torch.Tensor):
 
 
 def _cross_checked_layer(activation: str, launch) -> None:
-    torch.manual_seed(0)
-    act = activation_from(activation)
-    split_sizes = torch.tensor(SPLITS)
-    tokens, experts, hidden, ffn = sum(SPLITS), len(SPLITS), 128, 128
-    x, prob, dy = torch.randn(tokens, hidden).bfloat16(), torch.rand(tokens), torch.randn(tokens, hidden).bfloat16()
-    w1 = (torch.randn(experts, 2 * ffn if act.gated else ffn, hidden) / hidden**0.5).bfloat16()
-    w2 = (torch.randn(experts, hidden, ffn) / ffn**0.5).bfloat16()
+    act, split_sizes, x, prob, w1, w2, dy = _layer_inputs(activation)
     run = _sm100_runner(split_sizes)
     main_grads = (torch.randn(w1.shape), torch.randn(w2.shape))  # the fp32 main_grad path: added into
     y, saved = sm100_layer.sm100_forward(run, x, split_sizes, prob, w1, None, w2, None, act, gmlp.MXFP8Recipe(),

@@ -33,6 +33,7 @@ from gmlp.cutedsl.sm100_layout import (PaddedRows, deinterleave_gate_up, from_pa
 from gmlp.cutedsl import sm100_views as views
 from gmlp.cutedsl.sm100_steps import (KernelCall, d_col_of, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
                                       fc2_dgrad_call, fc2_wgrad_call, grouped_gemm_call)
+from gmlp.layer import quantized_weight
 from gmlp.mlp_ref import MLPGrads
 from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
@@ -87,9 +88,10 @@ def _require_sm100_recipe(recipe: MXFP8Recipe | None, b1, b2) -> MXFP8Recipe:
     return recipe
 
 
-def _quantize_both(run, site: str, x: torch.Tensor, split_sizes: torch.Tensor, recipe: MXFP8Recipe, fmt=None):
-    return run(site, x, rowwise=True, columnwise=True, swizzle=True, split_sizes=split_sizes,
-               scale_mode=recipe.scale_mode, **({} if fmt is None else {"element_format": fmt}))
+def _both_ways(split_sizes: torch.Tensor, recipe: MXFP8Recipe, element_format=None) -> dict:
+    """The quantize arguments of every SM100 operand: both ways, swizzled, grouped."""
+    return dict(rowwise=True, columnwise=True, swizzle=True, split_sizes=split_sizes, scale_mode=recipe.scale_mode,
+                **({} if element_format is None else {"element_format": element_format}))
 
 
 def _cross_check(run, site: str, view: Callable[[], tuple], before: torch.Tensor | None = None) -> None:
@@ -114,13 +116,12 @@ def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.
     tokens, hidden = x.shape
     experts, ffn = w2.shape[0], w2.shape[2]
     rows = padded_rows(split_sizes, tokens)
-    xq = _quantize_both(run, "quantize x", to_padded(x, rows), padded_group_sizes(rows.offsets, rows.num_rows), recipe)
-    reused = getattr(run, "reused_weights", {})  # quantized by an earlier forward (GroupedMLP's weight_cache)
-    w1q = reused.get("quantize w1") or _quantize_both(
-        run, "quantize w1", (interleave_gate_up(w1) if activation.gated else w1).reshape(-1, hidden),
-        torch.full((experts,), w1.shape[1], device=x.device), recipe)
-    w2q = reused.get("quantize w2") or _quantize_both(
-        run, "quantize w2", w2.reshape(-1, ffn), torch.full((experts,), hidden, device=x.device), recipe)
+    xq = run("quantize x", to_padded(x, rows), **_both_ways(padded_group_sizes(rows.offsets, rows.num_rows), recipe))
+    w1_stack = lambda: (interleave_gate_up(w1) if activation.gated else w1).reshape(-1, hidden)  # noqa: E731
+    w1q = quantized_weight(run, "quantize w1", w1_stack,
+                           **_both_ways(torch.full((experts,), w1.shape[1], device=x.device), recipe))
+    w2q = quantized_weight(run, "quantize w2", lambda: w2.reshape(-1, ffn),
+                           **_both_ways(torch.full((experts,), hidden, device=x.device), recipe))
     prob = probs.float() if probs is not None else torch.ones(tokens, dtype=torch.float32, device=x.device)
     fc1 = fc1_call(xq.rowwise, w1q.rowwise, rows.offsets, to_padded(prob, rows), activation)
     launch("fc1", fc1)
@@ -142,8 +143,8 @@ def sm100_backward(run, dy: torch.Tensor, saved: Sm100Saved, activation: Activat
     the kernels' interleaved row order), else returned in ``weight_grad_dtype``."""
     recipe, launch = _require_sm100_recipe(recipe, None, None), launch or launch_kernel
     rows = saved.rows
-    dyq = _quantize_both(run, "quantize dy", to_padded(dy, rows), padded_group_sizes(rows.offsets, rows.num_rows),
-                         recipe, recipe.grad_format)
+    dyq = run("quantize dy", to_padded(dy, rows),
+              **_both_ways(padded_group_sizes(rows.offsets, rows.num_rows), recipe, recipe.grad_format))
     dgrad = fc2_dgrad_call(dyq.rowwise, saved.w2_col, saved.fc1, activation)
     launch("fc2 dgrad", dgrad)
     dprobs = from_padded(dprobs_of(dgrad), rows) if saved.probs is not None else None

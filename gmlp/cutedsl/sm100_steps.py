@@ -48,7 +48,7 @@ from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["SF_VEC_SIZE", "KernelCall", "ungrouped_rowwise", "grouped_gemm_call", "fc1_glu_call", "fc1_srelu_call",
-           "fc1_call", "d_row_of", "d_col_of", "columnwise_of", "fc2_dgrad_call", "dprobs_of", "fc1_dgrad_call",
+           "fc1_call", "as_matrix", "scale_bytes", "rowwise_of", "d_row_of", "d_col_of", "columnwise_of", "fc2_dgrad_call", "dprobs_of", "fc1_dgrad_call",
            "fc2_wgrad_call", "fc1_wgrad_call"]
 
 SF_VEC_SIZE = 32
@@ -246,38 +246,43 @@ def fc1_call(x: MXFP8Tensor, w1: MXFP8Tensor, padded_offsets: torch.Tensor, prob
     return fc1_srelu_call(x, w1, padded_offsets, prob)
 
 
-def _as_2d(t: torch.Tensor) -> torch.Tensor:
-    """An (M, N) or (M, N, 1) tensor of a call as (M, N)."""
+def as_matrix(t: torch.Tensor) -> torch.Tensor:
+    """An (M, N) or (M, N, 1) tensor of a call (the srelu kernels take the latter) as (M, N)."""
     return t.squeeze(-1) if t.dim() == 3 else t
 
 
-def _flat(scales: torch.Tensor) -> torch.Tensor:
-    """A scale buffer of a call, flat (a 6-D view's bytes are C-contiguous tiles)."""
-    return scales.permute(5, 2, 4, 0, 1, 3).reshape(-1) if scales.dim() == 6 else scales
+def scale_bytes(scales: torch.Tensor) -> torch.Tensor:
+    """A scale buffer of a call as flat uint8 bytes (a 6-D view's bytes are C-contiguous tiles)."""
+    flat = scales.permute(5, 2, 4, 0, 1, 3).reshape(-1) if scales.dim() == 6 else scales
+    return flat.view(torch.uint8)
 
 
 def _format_of(data: torch.Tensor) -> ElementFormat:
     return ElementFormat.E4M3 if data.dtype == torch.float8_e4m3fn else ElementFormat.E5M2
 
 
+def rowwise_of(data: torch.Tensor, scales: torch.Tensor) -> MXFP8Tensor:
+    """(M, K) fp8 data with blocks of 32 along K and a call's swizzled scales, as gmlp's Q_row."""
+    data = as_matrix(data)
+    return MXFP8Tensor(data, scale_bytes(scales), QuantAxis.ROWWISE, True, _format_of(data), ScaleMode.RCEIL, None)
+
+
 def d_row_of(call: KernelCall, name: str = "d") -> MXFP8Tensor:
-    """A step's rowwise quantized output (``d`` or ``d_row``) as an MXFP8Tensor (padded rows)."""
-    data = _as_2d(call[name])
-    scales = _flat(call["sfd_row"]).view(torch.uint8)
-    return MXFP8Tensor(data, scales, QuantAxis.ROWWISE, True, _format_of(data), ScaleMode.RCEIL, None)
+    """A step's rowwise quantized output (``d`` or ``d_row``) as gmlp's Q_row (padded rows)."""
+    return rowwise_of(call[name], call["sfd_row"])
 
 
 def columnwise_of(data: torch.Tensor, scales: torch.Tensor, padded_offsets: torch.Tensor) -> MXFP8Tensor:
     """An (N, M_pad) fp8 matrix quantized along its padded token rows (M_pad) with a kernel's
     per-expert column scales, as gmlp's Q_col grouped by the padded group sizes."""
     sizes = padded_group_sizes(padded_offsets, data.shape[1])
-    return MXFP8Tensor(data, _flat(scales).view(torch.uint8), QuantAxis.COLUMNWISE, True, _format_of(data),
+    return MXFP8Tensor(data, scale_bytes(scales), QuantAxis.COLUMNWISE, True, _format_of(data),
                        ScaleMode.RCEIL, sizes)
 
 
 def d_col_of(call: KernelCall) -> MXFP8Tensor:
     """A step's columnwise quantized output (``d_col``, (M_pad, N) row-major) as gmlp's Q_col."""
-    return columnwise_of(_as_2d(call["d_col"]).t(), call["sfd_col"], call["padded_offsets"])
+    return columnwise_of(as_matrix(call["d_col"]).t(), call["sfd_col"], call["padded_offsets"])
 
 
 # --- backward --------------------------------------------------------------------------------
@@ -311,7 +316,7 @@ def fc2_dgrad_call(dy: MXFP8Tensor, w2_col: MXFP8Tensor, fc1: KernelCall, activa
     experts = padded_offsets.numel()
     b, sfb = _n_major_weight("w2_col", w2_col, experts, hidden)
     ffn = b.shape[2]
-    c = _as_2d(fc1["c"])
+    c = as_matrix(fc1["c"])
     n_out = 2 * ffn if activation.gated else ffn
     if tuple(c.shape) != (rows, n_out):
         raise ValueError(f"w2_col's F = {ffn} does not match FC1's C {tuple(c.shape)} for {activation.name}")
@@ -394,17 +399,17 @@ def _columnwise_padded(name: str, value, rows: int, cols: int) -> tuple[torch.Te
 def fc2_wgrad_call(dy_col: MXFP8Tensor, fc1: KernelCall, out: torch.Tensor) -> KernelCall:
     """dW2 += Q_col(dy)^T Q_col(a): ``dy_col`` Q_col of the padded dy rows (data (H, M_pad), tokens
     contiguous); B is FC1's D_col as written (features contiguous); ``out`` (E, H, F) fp32."""
-    d_col = _as_2d(fc1["d_col"])
+    d_col = as_matrix(fc1["d_col"])
     rows, ffn = d_col.shape
     a, sfa = _columnwise_padded("dy_col", dy_col, rows, out.shape[1])
-    return _wgrad_call(a, sfa, d_col, _flat(fc1["sfd_col"]), fc1["padded_offsets"], out)
+    return _wgrad_call(a, sfa, d_col, _e8m0(scale_bytes(fc1["sfd_col"])), fc1["padded_offsets"], out)
 
 
 def fc1_wgrad_call(dgrad: KernelCall, x_col: MXFP8Tensor, out: torch.Tensor) -> KernelCall:
     """dW1 += Q_col(dh)^T Q_col(x): A is FC2 dgrad's D_col transposed (features contiguous), its
     scales as written; ``x_col`` Q_col of the padded x rows (data (H, M_pad)), read as (M_pad, H);
     ``out`` (E, N1, H) fp32 in dh's column order (interleaved when gated)."""
-    d_col = _as_2d(dgrad["d_col"])
+    d_col = as_matrix(dgrad["d_col"])
     rows = d_col.shape[0]
     b, sfb = _columnwise_padded("x_col", x_col, rows, out.shape[2])
-    return _wgrad_call(d_col.t(), _flat(dgrad["sfd_col"]), b.t(), sfb, dgrad["padded_offsets"], out)
+    return _wgrad_call(d_col.t(), _e8m0(scale_bytes(dgrad["sfd_col"])), b.t(), sfb, dgrad["padded_offsets"], out)

@@ -14,7 +14,7 @@ import torch
 
 from gmlp.activations import Activation
 from gmlp.cutedsl.sm100_layout import PaddedRows, deinterleave_gate_up, from_padded, split_interleaved
-from gmlp.cutedsl.sm100_steps import KernelCall, d_col_of, d_row_of
+from gmlp.cutedsl.sm100_steps import KernelCall, as_matrix, d_col_of, d_row_of
 from gmlp.groups import device_groups
 from gmlp.mlp_ref import FC1Output, FC2DgradOutput
 from gmlp.quantized import MXFP8Tensor
@@ -30,10 +30,6 @@ class TokenRows:
     padded: MXFP8Tensor
     rows: PaddedRows
     interleaved: bool
-
-    @property
-    def element_format(self):
-        return self.padded.element_format
 
     def _token_rows(self, t: torch.Tensor) -> torch.Tensor:
         t = from_padded(t, self.rows)
@@ -58,7 +54,7 @@ def _bf16_weight(value: MXFP8Tensor, experts: int, interleaved: bool) -> torch.T
 
 
 def _c(fc1: KernelCall, rows: PaddedRows, activation: Activation) -> torch.Tensor:
-    c = from_padded(fc1["c"].reshape(rows.num_rows, -1), rows)
+    c = from_padded(as_matrix(fc1["c"]), rows)
     return split_interleaved(c) if activation.gated else c
 
 
