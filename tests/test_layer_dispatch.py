@@ -251,7 +251,9 @@ def test_sm100_import_failure_is_the_reason(monkeypatch):
 
 def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_path):
     """GroupedMLP hands a plan that takes the SM100 composition to it, forward and backward
-    (its kernels replaced by the torch twins; the quantizes by the torch path)."""
+    (its kernels replaced by the torch twins; the quantizes by the torch path). The step
+    builders read cuDNN frontend's dprob slot count, so its package must import."""
+    _with_sm100_packages()
     from gmlp.cutedsl import sm100_layer
     from gmlp.layer_ops import LayerPlan
     from tests.sm100_twins import TorchKernels
