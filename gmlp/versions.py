@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-__all__ = ["package_version", "REPORTED_PACKAGES", "OLDEST_TESTED", "too_old"]
+__all__ = ["package_version", "REPORTED_PACKAGES", "OLDEST_TESTED", "too_old", "CUTEDSL_PACKAGES",
+           "missing_package_hint"]
 
 REPORTED_PACKAGES = ("torch", "triton", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
 # The oldest releases the kernels are tested with (the H200 machine's Triton; the cutlass-dsl the
 # CuTeDSL kernels were written and compiled against).
 OLDEST_TESTED = {"triton": "3.6.0", "nvidia-cutlass-dsl": "4.8.1"}
+# The packages of the ``cutedsl`` extra (``pip install 'gmlp[cutedsl]'``): top-level module -> distribution.
+CUTEDSL_PACKAGES = {"cutlass": "nvidia-cutlass-dsl", "cudnn": "nvidia-cudnn-frontend"}
+CUTEDSL_INSTALL = "pip install 'gmlp[cutedsl]'"
 
 
 def package_version(name: str) -> str:
@@ -19,6 +23,28 @@ def package_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def missing_package_hint(error: BaseException) -> str | None:
+    """"<distribution> not installed: pip install 'gmlp[cutedsl]'" if ``error`` is a
+    ModuleNotFoundError for a package of the ``cutedsl`` extra, else None.
+
+    A missing top-level module (``cutlass``, ``cudnn``) names its distribution; a missing submodule
+    of one does only where the distribution is not installed (else it is a version mismatch).
+    """
+    if not isinstance(error, ModuleNotFoundError):
+        return None
+    name = error.name
+    if name is None:  # raised without name=: read it from the message
+        match = re.search(r"No module named '([^']+)'", str(error))
+        name = match.group(1) if match else None
+    if name is None:
+        return None
+    top = name.split(".")[0]
+    distribution = CUTEDSL_PACKAGES.get(top)
+    if distribution is None or (name != top and package_version(distribution) != "not installed"):
+        return None
+    return f"{distribution} not installed: {CUTEDSL_INSTALL}"
 
 
 def _release(version: str) -> tuple[int, ...]:

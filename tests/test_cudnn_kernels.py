@@ -1,10 +1,12 @@
-"""The cuDNN frontend kernels of the SM100 path import with the installed cutlass-dsl, and the
-pinned versions are the installed ones (a new combination must be tested, then pinned)."""
+"""The cuDNN frontend kernels of the SM100 path import with the installed cutlass-dsl, the
+pinned versions are the installed ones (a new combination must be tested, then pinned), and a
+missing package's reason says which extra to install."""
 
 from __future__ import annotations
 
 import pytest
 
+import gmlp.versions
 from gmlp.cutedsl import cudnn_kernels
 from gmlp.versions import package_version
 
@@ -50,3 +52,31 @@ def test_an_import_failure_is_reported_with_versions_and_error(monkeypatch):
             cudnn_kernels.kernel_class("wgrad")
     finally:
         cudnn_kernels.import_error.cache_clear()
+
+
+def _missing(monkeypatch, error: ModuleNotFoundError) -> str | None:
+    """The reason when every cuDNN frontend kernel module import raises ``error``."""
+    def import_module(name, *args):
+        raise error
+
+    monkeypatch.setattr(cudnn_kernels.importlib, "import_module", import_module)
+    cudnn_kernels.import_error.cache_clear()
+    try:
+        return cudnn_kernels.import_error()
+    finally:
+        cudnn_kernels.import_error.cache_clear()
+
+
+def test_a_missing_package_reason_names_the_extra(monkeypatch):
+    for module, distribution in (("cudnn", "nvidia-cudnn-frontend"), ("cutlass", "nvidia-cutlass-dsl")):
+        reason = _missing(monkeypatch, ModuleNotFoundError(f"No module named '{module}'", name=module))
+        assert reason.startswith("cudnn.gemm.cutedsl.grouped.glu.api.GroupedGemmGluSm100 failed to import with")
+        assert f"ModuleNotFoundError: No module named '{module}'" in reason  # the original error text
+        assert reason.endswith(f"; {distribution} not installed: pip install 'gmlp[cutedsl]'")
+
+
+def test_a_missing_submodule_of_an_installed_package_is_no_install_hint(monkeypatch):
+    monkeypatch.setattr(gmlp.versions, "package_version", lambda name: cudnn_kernels.TESTED_TOGETHER[name])
+    module = "cudnn.gemm.cutedsl.grouped.glu"  # a cuDNN frontend release without the grouped kernels
+    reason = _missing(monkeypatch, ModuleNotFoundError(f"No module named '{module}'", name=module))
+    assert reason.endswith(f"ModuleNotFoundError: No module named '{module}'") and "gmlp[cutedsl]" not in reason

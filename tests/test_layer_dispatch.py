@@ -86,6 +86,7 @@ def test_missing_package_reason_names_it(monkeypatch):
     assert quantize.path is Path.TRITON
     reason = str(dict(quantize.skipped)[Path.CUTEDSL])
     assert "nvidia-cutlass-dsl" in reason and "ModuleNotFoundError: No module named 'cutlass'" in reason
+    assert reason.endswith("nvidia-cutlass-dsl not installed: pip install 'gmlp[cutedsl]'")  # which extra
 
 
 def test_old_package_reason(monkeypatch):

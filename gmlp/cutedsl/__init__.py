@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from gmlp.versions import package_version, too_old
+from gmlp.versions import missing_package_hint, package_version, too_old
 
 __all__ = ["import_error"]
 
@@ -37,6 +37,8 @@ def import_error() -> str | None:
     try:
         importlib.import_module("gmlp.cutedsl.quantize")
     except Exception as error:  # any failure is a reason to fall back; it is reported, not hidden
-        return (f"gmlp.cutedsl.quantize failed to import with {_PACKAGE} {package_version(_PACKAGE)}: "
-                f"{type(error).__name__}: {error}")
+        reason = (f"gmlp.cutedsl.quantize failed to import with {_PACKAGE} {package_version(_PACKAGE)}: "
+                  f"{type(error).__name__}: {error}")
+        hint = missing_package_hint(error)
+        return f"{reason}; {hint}" if hint else reason
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from gmlp.versions import package_version
+from gmlp.versions import missing_package_hint, package_version
 
 __all__ = ["KERNELS", "TESTED_TOGETHER", "import_error", "kernel_class"]
 
@@ -39,7 +39,9 @@ def import_error() -> str | None:
         try:
             getattr(importlib.import_module(module), name)
         except Exception as error:  # any failure is a fallback reason; it is reported, not hidden
-            return f"{module}.{name} failed to import with {_versions()}: {type(error).__name__}: {error}"
+            reason = f"{module}.{name} failed to import with {_versions()}: {type(error).__name__}: {error}"
+            hint = missing_package_hint(error)
+            return f"{reason}; {hint}" if hint else reason
     return None
 
 
