@@ -5,11 +5,13 @@ spec, any device). For each op, a path is asked two questions, each answered by 
 or a ``Reason``: can this system run the path at all (cached per device), and can the path run
 this problem. The first path answering yes to both runs the op.
 
-Environment (read at each call; none of them changes which path a setting-free run takes):
+Environment (read at each call; none of them changes which path a setting-free run takes;
+booleans parsed by ``gmlp.env.env_flag``):
 
 - ``GMLP_WARN_FALLBACK=1``: warn once per (op, path, reason) when an op skips a faster path.
 - ``GMLP_STRICT=1`` (or ``strict=True``): raise ``FallbackError`` instead of falling back.
 - ``GMLP_BACKEND=cutedsl|triton|torch``: run that path or raise ``FallbackError``.
+- ``TRITON_INTERPRET=1``: the Triton path runs in Triton's interpreter, on any device.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from gmlp.env import env_flag
 from gmlp.reasons import Reason, ReasonKind
 from gmlp.versions import package_version, too_old
 
@@ -62,7 +65,8 @@ class Decision:
 
 
 def _triton_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether the Triton kernels run in Triton's interpreter (TRITON_INTERPRET)."""
+    return env_flag("TRITON_INTERPRET")
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,10 +108,6 @@ def system_reason(path: Path, device: torch.device) -> Reason | None:
 
 
 _warned: set[tuple[str, Path, Path, str]] = set()
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0", "false", "False")
 
 
 def forced_path() -> Path | None:
@@ -166,9 +166,9 @@ def _report(decision: Decision, label: str, said: str, strict: bool | None) -> D
         return decision
     if skipped:
         message = f"{said} took the {chosen.value} path; " + "; ".join(f"not {p.value}: {r}" for p, r in skipped)
-        if strict or (strict is None and _env_flag("GMLP_STRICT")):
+        if strict or (strict is None and env_flag("GMLP_STRICT")):
             raise FallbackError(f"strict mode: {message}")
-        if _env_flag("GMLP_WARN_FALLBACK"):
+        if env_flag("GMLP_WARN_FALLBACK"):
             for path, reason in skipped:
                 key = (label, path, chosen, str(reason))
                 if key not in _warned:

@@ -63,3 +63,31 @@ def test_fallback_warns_once_per_reason_and_only_when_asked(monkeypatch):
     messages = [str(w.message) for w in record]
     assert len(messages) == 2, messages  # one per skipped path, not one per call
     assert any("not triton" in m and "took torch" in m for m in messages)
+
+
+@pytest.mark.parametrize("value", ["0", "no", "NO", "off", "false", ""])
+def test_strict_false_spellings_are_not_strict(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("GMLP_STRICT", value)
+    assert gmlp.quantize_mxfp8(torch.zeros(64, 64)).rowwise is not None  # fell back to torch, no error
+
+
+@pytest.mark.parametrize("value", ["yes", "On", "TRUE"])
+def test_strict_true_spellings_are_strict(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("GMLP_STRICT", value)
+    with pytest.raises(FallbackError, match="strict mode"):
+        gmlp.quantize_mxfp8(torch.zeros(64, 64))
+
+
+@pytest.mark.parametrize("name", ["GMLP_STRICT", "GMLP_WARN_FALLBACK"])
+def test_unknown_boolean_spelling_raises(monkeypatch, name):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(ValueError, match=rf"{name}='maybe': expected one of 1/0, true/false, yes/no, on/off"):
+        gmlp.quantize_mxfp8(torch.zeros(64, 64))
+
+
+def test_interpreter_true_spelling_makes_triton_the_cpu_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "true")
+    assert gmlp.plan_quantize(torch.zeros(64, 64)).path is Path.TRITON

@@ -1,6 +1,6 @@
 """Debugging the fused paths: the cross-check between two implementations of every op.
 
-``GMLP_CROSSCHECK=1`` (warn) or ``GMLP_CROSSCHECK=raise``, or, in code::
+``GMLP_CROSSCHECK=warn`` (or ``1``, ``yes``, ``on``) or ``GMLP_CROSSCHECK=raise``, or, in code::
 
     with gmlp.debug.cross_check(ops=["fc1", "quantize_mxfp8"], action="raise"):
         y = mlp(x, split_sizes, probs)
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Iterable, Iterator
 
 from gmlp.debug.crosscheck import CrossCheckError, CrossCheckSettings, CrossCheckWarning
+from gmlp.env import env_setting
 
 __all__ = ["cross_check", "active_settings", "CrossCheckSettings", "CrossCheckError", "CrossCheckWarning"]
 
@@ -29,17 +29,18 @@ _SETTINGS: contextvars.ContextVar[CrossCheckSettings | None] = contextvars.Conte
 
 
 @contextlib.contextmanager
-def cross_check(ops: Iterable[str] | None = None, action: str = "warn",
+def cross_check(ops: str | Iterable[str] | None = None, action: str = "warn",
                 tolerance: tuple[float, float] | None = None) -> Iterator[CrossCheckSettings]:
     """Cross-check the layer's ops inside the block.
 
     Args:
-        ops: site names (``gmlp.layer_ops.SITES``: "fc1", "quantize x", ...) or op names
-            ("grouped_gemm", "quantize_mxfp8", ...) to check; None checks all.
+        ops: a site name (``gmlp.layer_ops.SITES``: "fc1", "quantize x", ...) or op name
+            ("grouped_gemm", "quantize_mxfp8", ...), or several of them, to check; None checks
+            all. An unknown name is a ValueError.
         action: "warn" (a ``CrossCheckWarning``, and the run goes on) or "raise" (``CrossCheckError``).
         tolerance: ``(rtol, atol)`` replacing the derived bounds of the non-bitwise comparisons.
     """
-    settings = CrossCheckSettings(None if ops is None else frozenset(ops), action, tolerance)
+    settings = CrossCheckSettings(_names(ops), action, tolerance)
     token = _SETTINGS.set(settings)
     try:
         yield settings
@@ -47,15 +48,21 @@ def cross_check(ops: Iterable[str] | None = None, action: str = "warn",
         _SETTINGS.reset(token)
 
 
+def _names(ops: str | Iterable[str] | None) -> frozenset[str] | None:
+    """The names ``cross_check`` was given, as a set: a single string is one name, not its letters."""
+    if ops is None:
+        return None
+    return frozenset([ops] if isinstance(ops, str) else ops)
+
+
 def active_settings() -> CrossCheckSettings | None:
     """The cross-check in force: the innermost ``cross_check`` block, else GMLP_CROSSCHECK
-    ("1": warn, "raise": raise), else None."""
+    ("warn" or a true boolean spelling such as "1" / "yes": warn; "raise": raise; unset, empty
+    or a false spelling: off), else None."""
     settings = _SETTINGS.get()
     if settings is not None:
         return settings
-    value = os.environ.get("GMLP_CROSSCHECK", "0").strip().lower()
-    if value in ("", "0", "false"):
+    value = env_setting("GMLP_CROSSCHECK", ("warn", "raise"))
+    if value is None or value is False:
         return None
-    if value not in ("1", "true", "warn", "raise"):
-        raise ValueError(f"GMLP_CROSSCHECK must be 0, 1, warn or raise, got {value!r}")
-    return CrossCheckSettings(action="raise" if value == "raise" else "warn")
+    return CrossCheckSettings(action="warn" if value is True else value)

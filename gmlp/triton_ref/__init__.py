@@ -15,12 +15,16 @@ kernels in the ``_``-prefixed module beside them:
 Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math), ``_activations``
 (the activations' formulas), ``_grouping`` (expert-aligned tiles, swizzled index), ``_epilogue``
 (a tile quantized both ways). ``_interpreter_fixes`` makes Triton's interpreter compute what the
-GPU does (fp8 and bf16 casts, bf16 dots).
+GPU does (fp8 and bf16 casts, bf16 dots); it is installed at import when TRITON_INTERPRET is true
+(``gmlp.env.env_flag``: a value that is no boolean spelling raises here rather than leaving Triton
+interpreting without the fixes).
+
+Shape rules of the GEMM launchers, shared with the dispatcher: ``shapes``.
 """
 
-import os
+from gmlp.env import env_flag
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
+if env_flag("TRITON_INTERPRET"):
     from gmlp.triton_ref import _interpreter_fixes
 
     _interpreter_fixes.install()
