@@ -118,23 +118,40 @@ def test_warn_mode_keeps_going_and_names_the_values(monkeypatch):
 
 
 def test_settings_are_checked():
-    with pytest.raises(ValueError, match="unknown ops"):
-        with cross_check(ops=["fc3"]):
+    with pytest.raises(ValueError, match=r"unknown names 'fc3'; valid are the site names \[.*'fc1'.*\] and the op "
+                                         r"names \[.*'grouped_gemm'.*\]"):
+        with cross_check(ops=["fc3", "fc1"]):
+            pass
+    with pytest.raises(ValueError, match="unknown names 'fc3', 'quantize'"):
+        with cross_check(ops="quantize fc3".split()):
             pass
     with pytest.raises(ValueError, match="action must be"):
         with cross_check(action="ignore"):
             pass
 
 
-def test_environment_switch(monkeypatch):
+@pytest.mark.parametrize("ops", ["fc1", "quantize x", "grouped_gemm"])
+def test_one_name_as_a_string_is_one_name(ops):
+    with cross_check(ops=ops) as settings:
+        assert settings.ops == frozenset([ops])
+
+
+@pytest.mark.parametrize("value,action", [("raise", "raise"), ("RAISE", "raise"), ("warn", "warn"), ("1", "warn"),
+                                          ("yes", "warn"), ("On", "warn"), ("true", "warn"), ("0", None), ("no", None),
+                                          ("off", None), ("False", None), ("", None)])
+def test_environment_switch(monkeypatch, value, action):
     from gmlp.debug import active_settings
 
-    monkeypatch.setenv("GMLP_CROSSCHECK", "raise")
-    assert active_settings().action == "raise"
-    monkeypatch.setenv("GMLP_CROSSCHECK", "0")
-    assert active_settings() is None
+    monkeypatch.setenv("GMLP_CROSSCHECK", value)
+    settings = active_settings()
+    assert (settings.action if settings is not None else None) == action
+
+
+def test_environment_switch_rejects_other_values(monkeypatch):
+    from gmlp.debug import active_settings
+
     monkeypatch.setenv("GMLP_CROSSCHECK", "maybe")
-    with pytest.raises(ValueError, match="GMLP_CROSSCHECK"):
+    with pytest.raises(ValueError, match=r"GMLP_CROSSCHECK='maybe': expected one of warn, raise, 1/0, true/false"):
         active_settings()
 
 

@@ -40,8 +40,9 @@ class CrossCheckSettings:
             raise ValueError(f"action must be 'warn' or 'raise', got {self.action!r}")
         known = set(SITES) | {op.value for op in Op}
         if self.ops is not None and not set(self.ops) <= known:
-            raise ValueError(f"unknown ops {sorted(set(self.ops) - known)}; known: sites {sorted(SITES)}, "
-                             f"ops {sorted(op.value for op in Op)}")
+            unknown = ", ".join(sorted(repr(name) for name in set(self.ops) - known))
+            raise ValueError(f"ops: unknown names {unknown}; valid are the site names {sorted(SITES)} and the op "
+                             f"names {sorted(op.value for op in Op)}")
 
     def covers(self, site: str) -> bool:
         """Whether a layer site (by its name or its op's) is checked."""
