@@ -1,4 +1,5 @@
-"""Every notebook in notebooks/ runs top to bottom without error (they teach the API, so they must track it)."""
+"""Every notebook in notebooks/ runs top to bottom without error (they teach the API, so they must track it),
+and is committed with its outputs (a reader on GitHub sees the tables and plots without running it)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,14 @@ def test_notebook_runs(path: Path):
     # Run; nbclient raises CellExecutionError with the failing cell's traceback
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(REPO_ROOT)}})
     client.execute(env=env)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_committed_with_outputs(path: Path):
+    # The file as committed, not executed here: outputs present, at least one plot, no error
+    nb = nbformat.read(path, as_version=4)
+    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert outputs, f"{path.name} has no outputs: execute it and save it with its outputs"
+    assert any("image/png" in out.get("data", {}) for out in outputs), f"{path.name} has no image/png output"
+    errors = [out for out in outputs if out.output_type == "error"]
+    assert not errors, f"{path.name} was saved with an error output: {errors[0].ename}: {errors[0].evalue}"
