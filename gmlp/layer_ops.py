@@ -214,7 +214,21 @@ def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) ->
     return sm100_reason(problem)
 
 
+def _triton_shape_reason(op: Op, problem: LayerProblem) -> Reason | None:
+    """The shape rule of the op's Triton launcher at the layer's sizes (``gmlp.triton_ref.shapes``,
+    which the launchers raise with), or None: the ops without one take any sizes."""
+    from gmlp.triton_ref.shapes import fc1_shape_reason, fc2_dgrad_shape_reason
+
+    if op is Op.FC1:
+        return fc1_shape_reason(problem.hidden, problem.ffn)
+    if op is Op.FC2_DGRAD:
+        return fc2_dgrad_shape_reason(problem.ffn)
+    return None
+
+
 def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.device, sm100: bool) -> Reason | None:
+    """Why ``path`` cannot run ``op`` at ``site`` for ``problem``, or None (the system check has
+    passed; ``sm100``: the GEMM sites run as the SM100 composition)."""
     if path is Path.TORCH:
         return None
     if op is Op.QUANTIZE:
@@ -231,7 +245,7 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
         return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the Triton GEMMs take bf16 operands, "
                                          "which are the parameters themselves without a recipe, or their "
                                          "dequantized MXFP8 values (bf16 or float32 parameters)")
-    return None
+    return _triton_shape_reason(op, problem)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import warnings
 
 import pytest
@@ -17,10 +18,14 @@ import gmlp.cutedsl
 # TRITON_INTERPRET=0, and a Triton module first imported then would build compiled-mode kernels
 # that the interpreted tests after them cannot run.
 import gmlp.triton_ref.quantize  # noqa: F401
+from gmlp.triton_ref.fc1 import fc1_forward
+from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp import dispatch
+from gmlp.activations import activation_from
 from gmlp.dispatch import FallbackError, FallbackWarning, Path
 from gmlp.layer_ops import LayerProblem, plan_layer
 from gmlp.reasons import ReasonKind
+from tests.backends import kernel_device
 
 # what a cutlass-dsl release that renamed an API looks like to the CuTeDSL kernels
 RENAMED_API = ("cannot import name 'make_fake_compact_tensor' from 'cutlass.cute.runtime' "
@@ -171,6 +176,53 @@ def test_shape_reason(monkeypatch):
     decision = plan_layer(problem, device, strict=None).decisions["quantize x"]
     reason = dict(decision.skipped)[Path.CUTEDSL]
     assert decision.path is Path.TRITON and reason.kind is ReasonKind.SHAPE and "32-bit indices" in str(reason)
+
+
+def _odd_sized_bf16_step(backend: str | None, monkeypatch):
+    """The plan and the input and weight gradients of a bf16 step with H = F = 100 (not multiples
+    of 32), on the path the dispatcher picks or on ``backend``."""
+    if backend is not None:
+        monkeypatch.setenv("GMLP_BACKEND", backend)
+    device = kernel_device()
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(num_experts=2, hidden_size=100, ffn_hidden_size=100, recipe=None, device=device)
+    x = torch.randn(12, 100, device=device).bfloat16().requires_grad_()
+    split_sizes, probs = torch.tensor([5, 7], device=device), torch.rand(12, device=device)
+    explained = mlp.explain(x)
+    mlp(x, split_sizes, probs).sum().backward()
+    monkeypatch.delenv("GMLP_BACKEND", raising=False)
+    return mlp.plan(x), explained, (x.grad, mlp.w1.grad, mlp.w2.grad)
+
+
+def test_triton_launcher_shape_rules_are_planned_around(monkeypatch):
+    """A bf16 layer with H = F = 100 plans FC1 and FC2 dgrad on torch with the Triton launchers'
+    own shape rule (``gmlp.triton_ref.shapes``), the other GEMM sites on Triton (any sizes), and
+    its step runs and matches the torch path; the launchers raise with the same text."""
+    if dispatch.system_reason(Path.TRITON, kernel_device()) is not None:
+        pytest.skip(f"triton cannot run here: {dispatch.system_reason(Path.TRITON, kernel_device())}")
+    plan, explained, grads = _odd_sized_bf16_step(None, monkeypatch)
+    shape_reasons = {}
+    for site in GEMM_SITES:
+        decision = plan.decisions[site]
+        if site in ("fc1", "fc2 dgrad"):
+            reason = dict(decision.skipped)[Path.TRITON]
+            assert decision.path is Path.TORCH and reason.kind is ReasonKind.SHAPE, (site, decision)
+            assert str(reason) in explained
+            shape_reasons[site] = reason.message
+        else:
+            assert decision.path is Path.TRITON, (site, decision)
+    assert "H=100, F=100" in shape_reasons["fc1"] and "F=100" in shape_reasons["fc2 dgrad"]
+    _, _, want = _odd_sized_bf16_step("torch", monkeypatch)
+    for got_grad, want_grad in zip(grads, want):
+        torch.testing.assert_close(got_grad.float(), want_grad.float(), rtol=2e-2, atol=2e-2)
+
+    x, split_sizes = torch.zeros(12, 100).bfloat16(), torch.tensor([5, 7])
+    with pytest.raises(ValueError, match=re.escape(shape_reasons["fc1"])):
+        fc1_forward(x, torch.zeros(2, 200, 100).bfloat16(), split_sizes, ffn_hidden_size=100,
+                    activation=activation_from("swiglu"), recipe=None)
+    with pytest.raises(ValueError, match=re.escape(shape_reasons["fc2 dgrad"])):
+        fc2_dgrad(x, torch.zeros(2, 100, 100).bfloat16(), torch.zeros(12, 200).bfloat16(), split_sizes,
+                  activation=activation_from("swiglu"), recipe=None)
 
 
 def _with_sm100_packages():

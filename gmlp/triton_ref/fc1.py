@@ -14,6 +14,7 @@ from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
+from gmlp.triton_ref.shapes import fc1_shape_reason
 from gmlp.triton_ref.tuning import FC1_TILING, GemmTiling
 
 __all__ = ["fc1_forward", "ACTIVATION_CODES"]
@@ -47,8 +48,9 @@ def fc1_forward(
     w = expert_operand("w1", w1, experts)
     if (w.n, w.k) != (fc1_outputs, hidden):
         raise ValueError(f"w1 must hold {experts} experts' ({fc1_outputs}, {hidden}) matrices, got ({w.n}, {w.k}) each")
-    if hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
-        raise ValueError(f"hidden and ffn sizes must be multiples of {BLOCK_SIZE}, got {hidden=}, {ffn=}")
+    shape = fc1_shape_reason(hidden, ffn)
+    if shape is not None:
+        raise ValueError(shape.message)
     tiling = tiling or FC1_TILING[quantized]
     device = x_data.device
 

@@ -17,6 +17,7 @@ from gmlp.triton_ref.fc1 import ACTIVATION_CODES
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.segment_sum import segment_sum
+from gmlp.triton_ref.shapes import fc2_dgrad_shape_reason
 from gmlp.triton_ref.tuning import FC2_DGRAD_TILING, GemmTiling
 
 __all__ = ["fc2_dgrad"]
@@ -49,8 +50,9 @@ def fc2_dgrad(
         raise ValueError(f"w2t must hold {experts} experts' (F, H={hidden}) matrices, got ({w.n}, {w.k}) each")
     if tuple(c.shape) != (tokens, fc1_outputs) or c.dtype != torch.bfloat16:
         raise ValueError(f"c must be bf16 ({tokens}, {fc1_outputs}), got {c.dtype} {tuple(c.shape)}")
-    if ffn % BLOCK_SIZE:
-        raise ValueError(f"F must be a multiple of {BLOCK_SIZE}, got {ffn=}")
+    shape = fc2_dgrad_shape_reason(ffn)
+    if shape is not None:
+        raise ValueError(shape.message)
     tiling = tiling or FC2_DGRAD_TILING[quantized]
     device = dy_data.device
 
