@@ -1,19 +1,34 @@
 """Grouped MLP layer throughput: gmlp's GroupedMLP (MXFP8 and bf16) against torch's bf16 grouped GEMM.
 
-Baseline, in the same process on the same data: ``torch._grouped_mm`` in bf16 for FC1 and FC2
-with an eager SwiGLU between them, forward and backward through autograd (what a Hopper user has
-today). Shapes (experts, routed rows T, hidden H, ffn F) are DESIGN.md's; routing balanced or
+Two baselines, in the same process on the same data and weights as gmlp's layers (every side
+starts from one set of weights): ``torch._grouped_mm`` in bf16 for FC1 and FC2 with
+``silu(gate) * up * probs[:, None]`` between them, forward and backward through autograd.
+``torch-grouped-mm-bf16`` (the name of earlier results) runs that activation eagerly (what a
+Hopper user has out of the box); ``torch-bf16-compiled-act`` runs it through ``torch.compile``
+(what a careful one runs: inductor fuses it into one kernel forward and one backward, with static
+shapes as a fixed-shape training run has). Every side gets the same router ``probs`` (T,), fp32, a
+leaf that takes gradients: each multiplies the activation by it and computes dprobs in its
+backward. Shapes (experts, routed rows T, hidden H, ffn F) are DESIGN.md's; routing balanced or
 skewed (Zipf-like, with empty experts). TFLOP/s count the useful work only: 6 T H F per forward
 (FC1 with 2F outputs, FC2), three times that for forward + backward. Every step starts without
 gradients, as after ``optimizer.zero_grad()`` (set to None): no side pays an accumulating add into
 an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h200-*``).
 ``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
 weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
+
+Before it is timed, each side runs one forward + backward (``torch.compile`` compiles the
+activation's forward and backward there, gmlp's kernels compile on their first shape): its wall
+time is reported as ``first_step_s``, outside the medians. Each row gives its forward and
+forward + backward time as a ratio of both baselines of the same run: ``*_ratio_to_eager``
+(``torch-grouped-mm-bf16`` over this side's time) and ``*_ratio_to_compiled_act``
+(``torch-bf16-compiled-act`` over it).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +42,13 @@ SHAPES = {
     "deepseek-v3-rank": (32, 32768, 7168, 2048),
     "qwen3-30b-a3b": (128, 65536, 2048, 768),
 }
+
+EAGER_ACT = "torch-grouped-mm-bf16"
+COMPILED_ACT = "torch-bf16-compiled-act"
+BASELINES = {"eager": EAGER_ACT, "compiled_act": COMPILED_ACT}  # JSON ratio key suffix -> baseline
+
+ActivationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (T, 2F), probs (T,)) -> (T, F)
+Run = tuple[Callable[[], torch.Tensor], list[torch.Tensor]]  # a side's forward and the leaves it takes gradients of
 
 
 def split_sizes_for(routing: str, experts: int, tokens: int, device: torch.device) -> torch.Tensor:
@@ -42,11 +64,55 @@ def split_sizes_for(routing: str, experts: int, tokens: int, device: torch.devic
     return sizes.to(device=device, dtype=torch.int32)
 
 
-def baseline_layer(x, w1, w2, offsets):
-    """bf16 torch._grouped_mm FC1 -> eager SwiGLU -> FC2; w1 (E, 2F, H), w2 (E, H, F)."""
-    h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offsets)
+def swiglu_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up * probs[:, None]`` of FC1's output h (T, 2F) as [gate | up] halves, in h's
+    dtype (fp32 probs promote the product; FC2 takes bf16)."""
     gate, up = h.chunk(2, dim=-1)
-    return torch._grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs=offsets)
+    return (F.silu(gate) * up * probs[:, None]).to(h.dtype)
+
+
+def compiled_swiglu_probs() -> ActivationFn:
+    """``swiglu_probs`` through ``torch.compile`` with static shapes (one specialization per shape,
+    as a fixed-shape training run has); it compiles on its first call and first backward."""
+    return torch.compile(swiglu_probs, dynamic=False)
+
+
+def baseline_layer(x: torch.Tensor, probs: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, offsets: torch.Tensor,
+                   activation: ActivationFn) -> torch.Tensor:
+    """bf16 torch._grouped_mm FC1 -> activation(h, probs) -> FC2; w1 (E, 2F, H), w2 (E, H, F),
+    offsets the cumulative rows per expert."""
+    h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offsets)
+    return torch._grouped_mm(activation(h, probs), w2.transpose(1, 2), offs=offsets)
+
+
+def make_layers(experts: int, hidden: int, ffn: int, device: torch.device
+                ) -> tuple[dict[str, GroupedMLP], tuple[torch.Tensor, torch.Tensor]]:
+    """gmlp's layers by name (MXFP8, bf16), and the torch baselines' (w1, w2): every side with the
+    bf16 layer's weights (copies, leaves of their own)."""
+    layers = {name: GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
+              for name, recipe in (("gmlp-mxfp8", MXFP8Recipe()), ("gmlp-bf16", None))}
+    bf16 = layers["gmlp-bf16"]
+    layers["gmlp-mxfp8"].load_state_dict(bf16.state_dict())
+    return layers, (bf16.w1.detach().clone().requires_grad_(), bf16.w2.detach().clone().requires_grad_())
+
+
+def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+               probs: torch.Tensor, split_sizes: torch.Tensor, compiled_act: ActivationFn) -> dict[str, Run]:
+    """Every side of one routing by name: both torch baselines, gmlp's layers, and the MXFP8 layer
+    with the weights it quantizes here (``weight_cache="update"``) reused. All take x and probs."""
+    w1, w2 = torch_weights
+    offsets = torch.cumsum(split_sizes, 0, dtype=torch.int32)
+    runs = {name: (lambda activation=activation: baseline_layer(x, probs, w1, w2, offsets, activation),
+                   [x, probs, w1, w2])
+            for name, activation in ((EAGER_ACT, swiglu_probs), (COMPILED_ACT, compiled_act))}
+    for name, layer in layers.items():
+        runs[name] = (lambda layer=layer: layer(x, split_sizes, probs), [x, probs, *layer.parameters()])
+    # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
+    mxfp8 = layers["gmlp-mxfp8"]
+    mxfp8(x, split_sizes, probs, weight_cache="update")
+    runs["gmlp-mxfp8-reused-weights"] = (lambda: mxfp8(x, split_sizes, probs, weight_cache="reuse"),
+                                         [x, probs, *mxfp8.parameters()])
+    return runs
 
 
 def add_shapes_argument(parser, default: str) -> None:
@@ -61,11 +127,60 @@ def layer_tensors(tokens: int, hidden: int, device: torch.device) -> tuple[torch
     return x, torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
 
 
-def training_step(forward, leaves: list[torch.Tensor], dy: torch.Tensor) -> None:
+def router_probs(tokens: int, device: torch.device) -> torch.Tensor:
+    """Router probabilities (T,), fp32 in [0, 1), a leaf that takes gradients (dprobs), seeded."""
+    generator = torch.Generator(device=device).manual_seed(1)
+    return torch.rand(tokens, device=device, generator=generator).requires_grad_()
+
+
+def training_step(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor) -> None:
     """One training step's forward + backward, starting without gradients."""
     for leaf in leaves:
         leaf.grad = None
     forward().backward(dy)
+
+
+def time_side(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor) -> dict[str, float]:
+    """A side's median forward and forward + backward device ms, after one untimed first step
+    (compilation included) whose wall time is reported apart as ``first_step_s``."""
+    start = time.perf_counter()
+    training_step(forward, leaves, dy)
+    torch.cuda.synchronize()
+    first_step_s = time.perf_counter() - start
+    return dict(forward_ms=median_ms(forward), step_ms=median_ms(lambda: training_step(forward, leaves, dy)),
+                first_step_s=first_step_s)
+
+
+def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn, device: torch.device) -> list[dict]:
+    """The JSON rows of one shape: every side under each routing, with its ratios to both baselines."""
+    experts, tokens, hidden, ffn = SHAPES[shape_name]
+    x, dy = layer_tensors(tokens, hidden, device)
+    probs = router_probs(tokens, device)
+    layers, torch_weights = make_layers(experts, hidden, ffn, device)
+    useful = 6 * tokens * hidden * ffn
+    rows = []
+    for routing in routings:
+        split_sizes = split_sizes_for(routing, experts, tokens, device)
+        results = {}
+        for name, (forward, leaves) in layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act).items():
+            result = results[name] = time_side(forward, leaves, dy)
+            print(f"  {shape_name} {routing:>8} {name:>25}: forward {result['forward_ms']:8.3f} ms "
+                  f"({useful / result['forward_ms'] / 1e9:6.0f} TFLOP/s), forward+backward {result['step_ms']:8.3f} ms "
+                  f"({3 * useful / result['step_ms'] / 1e9:6.0f} TFLOP/s), first step {result['first_step_s']:6.2f} s",
+                  flush=True)
+        for name, result in results.items():
+            ratios = {}
+            for key, baseline in BASELINES.items():
+                ratios[f"forward_ratio_to_{key}"] = results[baseline]["forward_ms"] / result["forward_ms"]
+                ratios[f"step_ratio_to_{key}"] = results[baseline]["step_ms"] / result["step_ms"]
+            rows.append(dict(shape=shape_name, experts=experts, tokens=tokens, hidden=hidden, ffn=ffn, routing=routing,
+                             impl=name, **result, forward_tflops=useful / result["forward_ms"] / 1e9,
+                             step_tflops=3 * useful / result["step_ms"] / 1e9, **ratios))
+        for baseline in BASELINES.values():
+            print(f"  {shape_name} {routing:>8} forward+backward vs {baseline}: "
+                  + ", ".join(f"{name} {results[baseline]['step_ms'] / result['step_ms']:.2f}"
+                              for name, result in results.items()), flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,44 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     env = environment()
+    compiled_act = compiled_swiglu_probs()
     rows = []
     for shape_name in args.shapes.split(","):
-        experts, tokens, hidden, ffn = SHAPES[shape_name]
-        x, dy = layer_tensors(tokens, hidden, device)
-        layers = {name: GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
-                  for name, recipe in (("gmlp-mxfp8", MXFP8Recipe()), ("gmlp-bf16", None))}
-        w1 = layers["gmlp-bf16"].w1.detach().clone().requires_grad_()
-        w2 = layers["gmlp-bf16"].w2.detach().clone().requires_grad_()
-        for routing in args.routing.split(","):
-            split_sizes = split_sizes_for(routing, experts, tokens, device)
-            offsets = torch.cumsum(split_sizes, 0, dtype=torch.int32)
-            runs = {"torch-grouped-mm-bf16": (lambda: baseline_layer(x, w1, w2, offsets), [x, w1, w2])}
-            for name, layer in layers.items():
-                runs[name] = (lambda layer=layer: layer(x, split_sizes), [x, *layer.parameters()])
-            # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
-            mxfp8 = layers["gmlp-mxfp8"]
-            mxfp8(x, split_sizes, weight_cache="update")
-            runs["gmlp-mxfp8-reused-weights"] = (lambda: mxfp8(x, split_sizes, weight_cache="reuse"),
-                                                 [x, *mxfp8.parameters()])
-            useful = 6 * tokens * hidden * ffn
-            results = {}
-            for name, (forward, leaves) in runs.items():
-                forward_ms = median_ms(lambda: forward())
-                step_ms = median_ms(lambda: training_step(forward, leaves, dy))
-                results[name] = (forward_ms, step_ms)
-                print(f"  {shape_name} {routing:>8} {name:>22}: forward {forward_ms:8.3f} ms "
-                      f"({useful / forward_ms / 1e9:6.0f} TFLOP/s), forward+backward {step_ms:8.3f} ms "
-                      f"({3 * useful / step_ms / 1e9:6.0f} TFLOP/s)", flush=True)
-            base_forward, base_step = results["torch-grouped-mm-bf16"]
-            for name, (forward_ms, step_ms) in results.items():
-                rows.append(dict(shape=shape_name, experts=experts, tokens=tokens, hidden=hidden, ffn=ffn, routing=routing,
-                                 impl=name, forward_ms=forward_ms, step_ms=step_ms,
-                                 forward_tflops=useful / forward_ms / 1e9, step_tflops=3 * useful / step_ms / 1e9,
-                                 forward_ratio_to_baseline=base_forward / forward_ms,
-                                 step_ratio_to_baseline=base_step / step_ms))
-            print(f"  {shape_name} {routing:>8} forward+backward vs baseline: "
-                  + ", ".join(f"{name} {base_step / step:.2f}" for name, (_, step) in results.items()), flush=True)
-        del layers, x, dy, w1, w2
-        torch.cuda.empty_cache()
+        rows += bench_shape(shape_name, args.routing.split(","), compiled_act, device)
+        torch.cuda.empty_cache()  # the shape's tensors went with bench_shape's frame
     path = write_results("mlp", dict(environment=env, results=rows), args.out)
     print(f"wrote {path}")
