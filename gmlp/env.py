@@ -11,8 +11,9 @@ Every variable is read when it is used (not at import), except ``TRITON_INTERPRE
   raise ``FallbackError``.
 - ``GMLP_CROSSCHECK`` (``warn`` | ``raise`` or boolean, true = ``warn``, ``gmlp.debug``):
   cross-check every op against the next path down.
-- ``GMLP_VALIDATE`` (boolean, ``gmlp.groups``; formerly ``GMLP_CHECK_SPLITS``): check split
-  sizes on the host, at the cost of a sync, where tensors are on a GPU.
+- ``GMLP_VALIDATE`` (boolean, ``gmlp.groups``, ``gmlp.ops``): check split sizes on the host,
+  at the cost of a sync, where tensors are on a GPU, and raise ``ValueError`` with them (the
+  layer checks them on the device without it; CPU tensors are always checked on the host).
 - ``TRITON_INTERPRET`` (boolean, Triton's own; read by ``gmlp.dispatch`` and
   ``gmlp.triton_ref``): the Triton kernels run in Triton's interpreter.
 - ``GMLP_COMMIT`` (string, ``gmlp.bench``): the commit recorded in benchmark results.

@@ -5,17 +5,17 @@ launch without stalling the stream. Instead the offsets are built from sizes cla
 non-negative with running totals clamped to T, so a kernel never leaves its tensors, and
 ``invalid`` records on the device whether the sizes were negative or did not sum to T; launchers
 then set every scale byte to 0xFF (E8M0 NaN), so an invalid split poisons the result instead of
-silently giving a wrong one. ``GMLP_CHECK_SPLITS=1`` (and CPU tensors, where it is free) checks
+silently giving a wrong one. ``GMLP_VALIDATE=1`` (and CPU tensors, where it is free) checks
 eagerly and raises instead.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from gmlp.env import env_flag
 from gmlp.mxfp8 import BLOCK_SIZE
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
@@ -55,7 +55,7 @@ def launch_offsets(groups: DeviceGroups | None, device: torch.device) -> tuple[t
 
 def should_check_split_values(split_sizes: torch.Tensor) -> bool:
     """Whether to check split sizes' values eagerly: free on the CPU, on request elsewhere."""
-    return split_sizes.device.type == "cpu" or os.environ.get("GMLP_CHECK_SPLITS", "0") == "1"
+    return split_sizes.device.type == "cpu" or env_flag("GMLP_VALIDATE")
 
 
 def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) -> None:

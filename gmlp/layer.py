@@ -28,13 +28,16 @@ from typing import Callable
 import torch
 
 from gmlp.activations import Activation
+from gmlp import scale_layout
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.layer_ops import SITES, LayerPlan, implementation
 from gmlp.mlp_ref import MLPGrads
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["WEIGHT_SITES", "OpRunner", "quantized_weight", "LayerSaved", "grouped_mlp_forward", "grouped_mlp_backward"]
+__all__ = ["WEIGHT_SITES", "OpRunner", "quantized_weight", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
+           "grouped_mlp_backward"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
 
@@ -83,6 +86,34 @@ class LayerSaved:
     groups: DeviceGroups  # device prefix sums of split_sizes, computed once for every launcher
     has_b1: bool
     has_b2: bool
+
+
+def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
+                     b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
+                     recipe: MXFP8Recipe | None) -> LayerSaved:
+    """What ``grouped_mlp_forward`` saves, as new empty tensors of the same shapes, dtypes and
+    strides (every buffer is sized from host-known bounds): the state of a traced forward
+    (``gmlp.ops``' fake implementation), with symbolic token counts where the tracer has them."""
+    tokens = x.shape[0]  # the only size a tracer may hold symbolically; the others come from the weights
+    experts, fc1_outputs, hidden, ffn = w1.shape[0], w1.shape[1], w2.shape[1], w2.shape[2]
+    unquantized = torch.bfloat16 if recipe is not None else x.dtype  # c always; a, dh without a recipe
+    groups = DeviceGroups(*(split_sizes.new_empty(experts + 1, dtype=torch.int32) for _ in range(3)),
+                          split_sizes.new_empty((), dtype=torch.bool))
+    c = x.new_empty(tokens, fc1_outputs, dtype=unquantized)
+
+    def q_col(rows: int, cols: int, grouped: bool) -> MXFP8Tensor:  # Q_col of an (rows, cols) source, compact
+        blocks = scale_layout.max_column_blocks(rows, experts if grouped else 1)
+        return MXFP8Tensor(x.new_empty(cols, rows, dtype=ElementFormat.E4M3.torch_dtype),
+                           x.new_empty(cols, blocks, dtype=torch.uint8), QuantAxis.COLUMNWISE, False,
+                           ElementFormat.E4M3, recipe.scale_mode, split_sizes if grouped else None)
+
+    if recipe is None:
+        x_col, a_col, w1_col, w2_col = x, x.new_empty(tokens, ffn, dtype=unquantized), w1, w2
+    else:
+        x_col, a_col = q_col(tokens, hidden, True), q_col(tokens, ffn, True)
+        w1_col, w2_col = q_col(experts * fc1_outputs, hidden, False), q_col(experts * hidden, ffn, False)
+    return LayerSaved(x_col=x_col, c=c, a_col=a_col, probs=probs, w1_col=w1_col, w2_col=w2_col,
+                      split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
 
 
 def quantized_weight(run: OpRunner, site: str, stack: Callable[[], torch.Tensor], **quantize_args) -> MXFP8Quantized:

@@ -16,55 +16,15 @@ import math
 import torch
 from torch import nn
 
+from gmlp import ops
 from gmlp.activations import Activation, activation_from
-from gmlp.debug import active_settings as active_cross_check
-from gmlp.debug.crosscheck import CrossCheck
-from gmlp.cutedsl.sm100_layer import sm100_backward, sm100_forward
-from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
+from gmlp.layer_config import WEIGHT_CACHE_MODES, LayerConfig, cached_plan, decode_config, layer_problem, token_class
 from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_args import QuantizeProblem
 from gmlp.recipe import MXFP8Recipe
 
 __all__ = ["GroupedMLP"]
 
 _DEFAULT_RECIPE = MXFP8Recipe()
-
-
-class _GroupedMLPFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe, accumulate_main_grad, runner):
-        forward = sm100_forward if runner.plan.sm100 else grouped_mlp_forward
-        y, saved = forward(runner, x, split_sizes, probs, w1, b1, w2, b2, activation, recipe)
-        ctx.runner, ctx.saved = runner, saved
-        ctx.activation, ctx.recipe = activation, recipe
-        ctx.params = (w1, b1, w2, b2)
-        ctx.accumulate_main_grad = accumulate_main_grad
-        ctx.probs_dtype = None if probs is None else probs.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        w1, b1, w2, b2 = ctx.params
-        # Weight gradients come out in the parameters' dtype, or are added into the fp32 main_grad
-        # by the backward itself (no separate fp32 gradient to add afterwards).
-        main_grads = (w1.main_grad, w2.main_grad) if ctx.accumulate_main_grad else None
-        backward = sm100_backward if ctx.runner.plan.sm100 else grouped_mlp_backward
-        grads = backward(ctx.runner, dy.contiguous(), ctx.saved, ctx.activation, ctx.recipe,
-                         torch.float32 if ctx.accumulate_main_grad else w1.dtype, main_grads)
-        weight_grads = []
-        for param, grad in ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2)):
-            if param is None:
-                weight_grads.append(None)
-            elif ctx.accumulate_main_grad:
-                if grad is not param.main_grad:  # the weight gradients were added by the backward itself
-                    param.main_grad.add_(grad)  # fp32 accumulation
-                weight_grads.append(None)  # autograd gets no gradient for main_grad parameters
-            else:
-                weight_grads.append(grad.to(param.dtype))
-        dprobs = None if grads.dprobs is None else grads.dprobs.to(ctx.probs_dtype)
-        ctx.saved = None
-        return (grads.dx, None, dprobs, *weight_grads, None, None, None, None)
 
 
 class GroupedMLP(nn.Module):
@@ -113,7 +73,8 @@ class GroupedMLP(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size, **factory))
         self.b1 = nn.Parameter(torch.zeros(num_experts, fc1_outputs, **factory)) if bias else None
         self.b2 = nn.Parameter(torch.zeros(num_experts, hidden_size, **factory)) if bias else None
-        self._kept_weights: tuple[tuple, dict] | None = None  # (key, site -> quantized weights): weight_cache
+        self._kept_weights: tuple[tuple, list[torch.Tensor]] | None = None  # (key, kept tensors): weight_cache
+        self._config_strings: dict[tuple, str] = {}  # GroupedMLP._encoded_config
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -155,48 +116,22 @@ class GroupedMLP(nn.Module):
         """The path of every op of a call with inputs like ``x`` (T, H), and why each faster path
         is skipped. ``strict`` as in the constructor (default here: report, never raise). The
         plan depends on ``split_sizes`` through its length only (``num_experts``), so it may be
-        left out."""
-        problem = self._layer_problem(x)
-        return plan_layer(problem, x.device, strict=strict)
+        left out; on T through its class, the next power of two (``gmlp.layer_config``): the
+        plan a forward takes, made anew here."""
+        return plan_layer(self._layer_problem(x), x.device, strict=strict)
 
     def _layer_problem(self, x: torch.Tensor) -> LayerProblem:
-        """What the plan depends on, for inputs like ``x``."""
-        e5m2_grads = self.recipe is not None and self.recipe.grad_format is ElementFormat.E5M2
-        floor_scales = self.recipe is not None and self.recipe.scale_mode is ScaleMode.FLOOR
-        return LayerProblem(self.w1.dtype, self.recipe is not None, self.b1 is not None, self.activation.name,
-                            e5m2_grads, self._quantize_problems(x), self.num_experts, self.hidden_size,
-                            self.ffn_hidden_size, floor_scales, self._quantize_problems(x, sm100=True))
+        """What the plan of a call with inputs like ``x`` depends on."""
+        return layer_problem(self._config(None, None), token_class(x.shape[0]), self.num_experts, self.hidden_size,
+                             self.ffn_hidden_size, self.w1.dtype, x.dtype, x.device)
 
     def explain(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None) -> str:
         """The plan as text: each op (where it runs in the layer), its path, and why not faster ones."""
         return f"{self!r} on {x.device}, x {tuple(x.shape)} {x.dtype}:\n{self.plan(x, split_sizes).explain()}"
 
-    def _quantize_problems(self, x: torch.Tensor, sm100: bool = False) -> dict[str, QuantizeProblem]:
-        """The layer's quantize calls for inputs like ``x``: as ``gmlp.layer`` makes them, or with
-        ``sm100`` as the SM100 composition does (token rows padded, every expert starting at a
-        multiple of 256 rows, grouped by the padded sizes and the slack; weight stacks grouped
-        by expert; swizzled scales)."""
-        if self.recipe is None:
-            return {}
-        tokens, experts = x.shape[0], self.num_experts
-        if sm100:
-            from gmlp.cutedsl.sm100_layout import M_ALIGNED
-
-            tokens, token_groups = (tokens + (M_ALIGNED - 1) * experts) // M_ALIGNED * M_ALIGNED, experts + 1
-        else:
-            token_groups = experts
-        def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
-            return QuantizeProblem(rows, cols, groups or 1, groups is not None, dtype, x.device, True, True, sm100,
-                                   fmt, self.recipe.scale_mode)
-        weight_groups = experts if sm100 else None
-        return {
-            "quantize x": problem(tokens, self.hidden_size, token_groups, x.dtype, ElementFormat.E4M3),
-            "quantize w1": problem(self.w1.shape[0] * self.w1.shape[1], self.hidden_size, weight_groups, self.w1.dtype,
-                                   ElementFormat.E4M3),
-            "quantize w2": problem(experts * self.hidden_size, self.ffn_hidden_size, weight_groups, self.w2.dtype,
-                                   ElementFormat.E4M3),
-            "quantize dy": problem(tokens, self.hidden_size, token_groups, x.dtype, self.recipe.grad_format),
-        }
+    def _config(self, weight_cache: str | None, strict: bool | None) -> LayerConfig:
+        return LayerConfig(self.activation, self.recipe, self.b1 is not None, strict, weight_cache,
+                           self.accumulate_main_grad)
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None, *,
                 weight_cache: str | None = None) -> torch.Tensor:
@@ -210,28 +145,39 @@ class GroupedMLP(nn.Module):
         weights have not changed since (gmlp checks their storage, shape, dtype and the plan,
         not their values)."""
         self._check_inputs(x, split_sizes, probs)
-        plan = self.plan(x, split_sizes, strict=self.strict)
-        settings = active_cross_check()
+        if weight_cache not in WEIGHT_CACHE_MODES:
+            raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")
+        config = self._encoded_config(weight_cache)
+        if weight_cache is None:
+            return ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config)[0]
+        if torch.compiler.is_compiling():
+            raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the "
+                                      "module, outside the graph; call the layer eagerly with weight_cache")
+        plan = cached_plan(decode_config(config), x.shape[0], self.num_experts, self.hidden_size,
+                           self.ffn_hidden_size, self.w1.dtype, x.dtype, x.device)
         key = self._weight_cache_key(weight_cache, plan)
         reused = self._kept_weights[1] if weight_cache == "reuse" else None
-        runner = OpRunner(plan, CrossCheck(plan, settings, split_sizes) if settings is not None else None,
-                          reused_weights=reused, keep_weights=weight_cache == "update")
-        y = _GroupedMLPFunction.apply(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2,
-                                      self.activation, self.recipe, self.accumulate_main_grad, runner)
+        outputs = ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config, reused)
         if weight_cache == "update":
-            self._kept_weights = (key, runner.kept_weights)
-        return y
+            tensors, _ = ops.kept_weights(outputs, config, x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2)
+            self._kept_weights = (key, tensors)
+        return outputs[0]
+
+    def _encoded_config(self, weight_cache: str | None) -> str:
+        """The forward op's config string for this call (made once per setting; a dict lookup
+        that torch.compile traces as a constant)."""
+        settings = (weight_cache, self.strict, self.accumulate_main_grad, self.recipe, self.activation)
+        text = self._config_strings.get(settings)
+        if text is None:
+            text = self._config_strings[settings] = self._config(weight_cache, self.strict).encode()
+        return text
 
     def release_quantized_weights(self) -> None:
         """Free the quantized weights kept by a forward with ``weight_cache="update"``."""
         self._kept_weights = None
 
-    def _weight_cache_key(self, weight_cache: str | None, plan: LayerPlan) -> tuple | None:
+    def _weight_cache_key(self, weight_cache: str, plan: LayerPlan) -> tuple:
         """What quantized weights kept by one forward depend on; checks a "reuse" against it."""
-        if weight_cache is None:
-            return None
-        if weight_cache not in ("update", "reuse"):
-            raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")
         if self.recipe is None:
             raise ValueError(f"weight_cache={weight_cache!r} needs an MXFP8 recipe: with recipe=None no weight is quantized")
         key = (plan.sm100, self.recipe, *((w.data_ptr(), tuple(w.shape), w.dtype, w.device) for w in (self.w1, self.w2)))

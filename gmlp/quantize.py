@@ -78,7 +78,7 @@ def quantize_mxfp8(
         swizzle: write scales in the swizzled (cuBLAS / tcgen05) layout instead of compact.
         split_sizes: (E,) int tensor on x's device, rows per expert (zeros allowed); stays on
             the device. None: x is one group. Sizes that are negative or do not sum to M are
-            checked eagerly on the CPU or under GMLP_CHECK_SPLITS=1 (ValueError); on a GPU,
+            checked eagerly on the CPU or under GMLP_VALIDATE=1 (ValueError); on a GPU,
             without that setting, they make every scale byte 0xFF (NaN) instead (no host sync).
         element_format: E4M3 (default) or E5M2 elements.
         scale_mode: RCEIL (default) or FLOOR.

@@ -44,7 +44,7 @@ def validate_quantize_args(
     """Check every argument and say which one is wrong, with what was expected and given.
 
     The values of ``split_sizes`` (negative sizes, sum != T) are checked here only where that
-    needs no host sync (CPU tensors) or when asked (GMLP_CHECK_SPLITS=1); otherwise the kernels
+    needs no host sync (CPU tensors) or when asked (GMLP_VALIDATE=1); otherwise the kernels
     poison their output instead (see ``gmlp.groups``).
     """
     if not isinstance(x, torch.Tensor):

@@ -17,6 +17,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Tests simulate devices and packages that a cached layer plan would outlive."""
+    from gmlp.layer_config import clear_plan_cache
+
+    clear_plan_cache()
+    yield
+    clear_plan_cache()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -307,19 +307,20 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     (its kernels replaced by the torch twins; the quantizes by the torch path). The step
     builders read cuDNN frontend's dprob slot count, so its package must import."""
     _with_sm100_packages()
+    from gmlp import layer_config
     from gmlp.cutedsl import sm100_layer
     from gmlp.layer_ops import LayerPlan
     from tests.sm100_twins import TorchKernels
 
     mlp = gmlp.GroupedMLP(2, 128, 128)
-    torch_plan = gmlp.GroupedMLP.plan
+    torch_plan = layer_config.plan_layer
     monkeypatch.setenv("GMLP_BACKEND", "torch")
 
-    def sm100_plan(self, x, split_sizes=None, strict=False):
-        plan = torch_plan(self, x, split_sizes, strict)
+    def sm100_plan(problem, device, *, strict):
+        plan = torch_plan(problem, device, strict=strict)
         return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
 
-    monkeypatch.setattr(gmlp.GroupedMLP, "plan", sm100_plan)
+    monkeypatch.setattr(layer_config, "plan_layer", sm100_plan)  # the plan the layer's ops make
     twins = TorchKernels(mlp.activation)
     monkeypatch.setattr(sm100_layer, "launch_kernel", twins)
     x = torch.randn(40, 128, dtype=torch.bfloat16, requires_grad=True)

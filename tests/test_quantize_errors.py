@@ -46,13 +46,13 @@ def test_split_values_checked_on_cpu(quantize, splits, match):
 @pytest.mark.parametrize("splits", [[40, -8, 32], [10, 20], [64, 64]])
 def test_invalid_split_values_poison_gpu_results(path, splits, monkeypatch):
     launcher = quantize_launcher(path)
-    monkeypatch.delenv("GMLP_CHECK_SPLITS", raising=False)
+    monkeypatch.delenv("GMLP_VALIDATE", raising=False)
     split_sizes = torch.tensor(splits, device="cuda")
     q = launcher(torch.randn(64, 64, device="cuda"), rowwise=True, columnwise=True, split_sizes=split_sizes)
     for t in (q.rowwise, q.columnwise):
         assert bool((t.scales == 0xFF).all()), "invalid split sizes must make every scale NaN"
         assert torch.isnan(e8m0_to_float(t.scales)).all()
-    monkeypatch.setenv("GMLP_CHECK_SPLITS", "1")
+    monkeypatch.setenv("GMLP_VALIDATE", "1")
     with pytest.raises(ValueError, match=r"split_sizes must"):
         launcher(torch.randn(64, 64, device="cuda"), split_sizes=split_sizes)
 

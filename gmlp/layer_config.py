@@ -1,0 +1,133 @@
+"""What a layer call is, as one string, and its plan, cached.
+
+The layer runs as custom ops (``gmlp.ops``), whose arguments are tensors and plain values: the
+call's settings travel as ``LayerConfig.encode()``, a short string made once per module and
+setting, and decoded once per string. The plan (``gmlp.layer_ops.plan_layer``) is made inside
+the op, on the host, from shapes only, and cached: the key holds everything a plan depends on
+(the config, the sizes, the token count's class, the dtypes, the device and its capability,
+and the environment settings the dispatcher reads), so a cached plan is the plan that would be
+made again. Token counts enter the plan only through the quantize kernels' index limits; the
+plan is made for the count's class, the next power of two, so that routing that changes each
+step does not make a new plan each step (a limit is then checked for the class's largest count,
+which only matters within a factor of two of a 2**31 index limit).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.activations import Activation, ActivationKind
+from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.quantize_args import QuantizeProblem
+from gmlp.recipe import MXFP8Recipe
+
+__all__ = ["WEIGHT_CACHE_MODES", "LayerConfig", "decode_config", "layer_problem", "token_class", "cached_plan", "clear_plan_cache"]
+
+WEIGHT_CACHE_MODES = (None, "update", "reuse")
+_PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET")
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """The settings of one layer call that are not tensors."""
+
+    activation: Activation
+    recipe: MXFP8Recipe | None
+    bias: bool
+    strict: bool | None
+    weight_cache: str | None  # None, "update" or "reuse" (GroupedMLP.forward)
+    accumulate_main_grad: bool
+
+    def encode(self) -> str:
+        """The config as a string (a custom op's argument); ``decode_config`` reverses it."""
+        act = self.activation
+        recipe = None if self.recipe is None else [self.recipe.scale_mode.value, self.recipe.grad_format.value]
+        return json.dumps([act.kind.value, act.limit, act.alpha, act.offset, recipe, self.bias, self.strict,
+                           self.weight_cache, self.accumulate_main_grad])
+
+
+@functools.lru_cache(maxsize=256)
+def decode_config(text: str) -> LayerConfig:
+    """The ``LayerConfig`` that ``encode`` gave ``text`` (cached: a module sends the same few)."""
+    kind, limit, alpha, offset, recipe, bias, strict, weight_cache, accumulate = json.loads(text)
+    activation = Activation(ActivationKind(kind), limit, alpha, offset)
+    recipe = None if recipe is None else MXFP8Recipe(ScaleMode(recipe[0]), ElementFormat(recipe[1]))
+    if weight_cache not in WEIGHT_CACHE_MODES:
+        raise ValueError(f"weight_cache must be one of {WEIGHT_CACHE_MODES}, got {weight_cache!r}")
+    return LayerConfig(activation, recipe, bias, strict, weight_cache, accumulate)
+
+
+def token_class(tokens: int) -> int:
+    """The power of two at or above ``tokens`` (at least 1): the token count a plan is made for."""
+    return 1 << max(tokens - 1, 0).bit_length()
+
+
+def layer_problem(config: LayerConfig, tokens: int, experts: int, hidden: int, ffn: int, param_dtype: torch.dtype,
+                  x_dtype: torch.dtype, device: torch.device) -> LayerProblem:
+    """What the plan of a call with ``tokens`` rows depends on (``gmlp.layer_ops.LayerProblem``)."""
+    recipe = config.recipe
+    e5m2_grads = recipe is not None and recipe.grad_format is ElementFormat.E5M2
+    floor_scales = recipe is not None and recipe.scale_mode is ScaleMode.FLOOR
+    fc1_outputs = (2 if config.activation.gated else 1) * ffn
+    shapes = (tokens, experts, hidden, ffn, fc1_outputs, param_dtype, x_dtype, device)
+    return LayerProblem(param_dtype, recipe is not None, config.bias, config.activation.name, e5m2_grads,
+                        _quantize_problems(recipe, *shapes, sm100=False), experts, hidden, ffn, floor_scales,
+                        _quantize_problems(recipe, *shapes, sm100=True))
+
+
+def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hidden: int, ffn: int,
+                       fc1_outputs: int, param_dtype: torch.dtype, x_dtype: torch.dtype, device: torch.device, *,
+                       sm100: bool) -> dict[str, QuantizeProblem]:
+    """The layer's quantize calls: as ``gmlp.layer`` makes them, or with ``sm100`` as the SM100
+    composition does (token rows padded, every expert starting at a multiple of 256 rows,
+    grouped by the padded sizes and the slack; weight stacks grouped by expert; swizzled scales)."""
+    if recipe is None:
+        return {}
+    if sm100:
+        from gmlp.cutedsl.sm100_layout import M_ALIGNED
+
+        tokens, token_groups = (tokens + (M_ALIGNED - 1) * experts) // M_ALIGNED * M_ALIGNED, experts + 1
+    else:
+        token_groups = experts
+
+    def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
+        return QuantizeProblem(rows, cols, groups or 1, groups is not None, dtype, device, True, True, sm100, fmt,
+                               recipe.scale_mode)
+
+    weight_groups = experts if sm100 else None
+    return {
+        "quantize x": problem(tokens, hidden, token_groups, x_dtype, ElementFormat.E4M3),
+        "quantize w1": problem(experts * fc1_outputs, hidden, weight_groups, param_dtype, ElementFormat.E4M3),
+        "quantize w2": problem(experts * hidden, ffn, weight_groups, param_dtype, ElementFormat.E4M3),
+        "quantize dy": problem(tokens, hidden, token_groups, x_dtype, recipe.grad_format),
+    }
+
+
+_plans: dict[tuple, LayerPlan] = {}
+
+
+def cached_plan(config: LayerConfig, tokens: int, experts: int, hidden: int, ffn: int, param_dtype: torch.dtype,
+                x_dtype: torch.dtype, device: torch.device) -> LayerPlan:
+    """The plan of a call (``plan_layer`` of ``layer_problem`` for the token count's class, with
+    the config's ``strict``), made once per key. A plan that raises (strict mode, a forced
+    backend that cannot run) is not cached: the next call raises again."""
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    environment = tuple(os.environ.get(name) for name in _PLAN_ENVIRONMENT)
+    tokens = token_class(tokens)
+    key = (config, tokens, experts, hidden, ffn, param_dtype, x_dtype, device, capability, environment)
+    plan = _plans.get(key)
+    if plan is None:
+        problem = layer_problem(config, tokens, experts, hidden, ffn, param_dtype, x_dtype, device)
+        plan = _plans[key] = plan_layer(problem, device, strict=config.strict)
+    return plan
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached plan (after a package was installed or repaired in this process)."""
+    _plans.clear()

@@ -1,0 +1,213 @@
+"""The layer as two PyTorch custom ops, so that ``torch.compile`` traces it without graph breaks.
+
+``gmlp::grouped_mlp_forward`` returns y and, flattened (``gmlp.saved_tensors``), what the
+backward needs; ``gmlp::grouped_mlp_backward`` turns dy and that state into the gradients.
+Autograd connects them (``register_autograd``: ``setup_context`` saves tensors with
+``save_for_backward``), and each op has a fake implementation that gives its outputs' shapes
+from its inputs', so ``torch.compile(..., fullgraph=True)`` sees two opaque calls whatever path
+runs inside and however the routing changes. Inside the ops everything is eager: the plan
+(cached, ``gmlp.layer_config``), split-size validation, the kernels and, when it is on, the
+cross-check (read where each op runs).
+
+Split sizes are validated without a host sync on a GPU: ``torch._assert_async`` stops the
+stream with a device-side assert when they are negative or do not sum to T (PyTorch's way with
+data-dependent errors; the CUDA context is lost, as with any device assert), and
+``GMLP_VALIDATE=1`` adds a synchronous check that raises ``ValueError`` with the sizes. On the
+CPU the check is free and always raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import Tensor
+
+from gmlp.cutedsl.sm100_layer import sm100_backward, sm100_forward
+from gmlp.debug import active_settings as active_cross_check
+from gmlp.debug.crosscheck import CrossCheck
+from gmlp.groups import should_check_split_values
+from gmlp.layer import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
+from gmlp.layer_config import LayerConfig, cached_plan, decode_config
+from gmlp.quantize_args import check_split_values
+from gmlp.saved_tensors import Spec, flatten, unflatten
+
+__all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes"]
+
+_SPECS: OrderedDict[tuple, Spec] = OrderedDict()  # structure key -> spec of the forward's flattened state
+_MAX_SPECS = 1024
+
+
+def _remember_spec(key: tuple, spec: Spec) -> None:
+    _SPECS[key] = spec
+    _SPECS.move_to_end(key)
+    while len(_SPECS) > _MAX_SPECS:
+        _SPECS.popitem(last=False)
+
+
+def _spec(key: tuple) -> Spec:
+    spec = _SPECS.get(key)
+    if spec is None:
+        raise RuntimeError(f"gmlp: no forward state layout for {key}: the backward of a gmlp.GroupedMLP call runs in "
+                           "the process of its forward, after it (and at most "
+                           f"{_MAX_SPECS} differently shaped SM100 calls later)")
+    return spec
+
+
+def _structure_key(config: str, sm100: bool, x: Tensor, split_sizes: Tensor, probs: Tensor | None,
+                   w1: Tensor) -> tuple:
+    """What the layout of the forward's state depends on: the config, the composition, whether
+    there are probs; on the SM100 composition the sizes too (its padded row count is in it)."""
+    shapes = (tuple(x.shape), split_sizes.numel(), tuple(w1.shape)) if sm100 else None
+    return config, sm100, probs is not None, shapes
+
+
+def validate_split_sizes(split_sizes: Tensor, tokens: int) -> None:
+    """No bad split sizes may give a result: on the CPU, or with ``GMLP_VALIDATE=1``, a
+    ``ValueError`` naming them (a host read); on a GPU otherwise a device-side assert
+    (``torch._assert_async``: no sync, safe in CUDA graphs)."""
+    if should_check_split_values(split_sizes):
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("GMLP_VALIDATE=1 reads split_sizes on the host, which a CUDA graph capture cannot do; "
+                               "unset it while capturing (the device-side check stays on)")
+        check_split_values(split_sizes, tokens)
+        return
+    sizes = split_sizes.to(torch.int64)
+    torch._assert_async((sizes >= 0).all() & (sizes.sum() == tokens), "gmlp: split_sizes are negative or do not sum to x.shape[0] "
+                                         "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
+
+
+def _runner(config: LayerConfig, plan, split_sizes: Tensor, reused: dict | None) -> OpRunner:
+    settings = active_cross_check()
+    check = CrossCheck(plan, settings, split_sizes) if settings is not None else None
+    return OpRunner(plan, check, reused_weights=reused, keep_weights=config.weight_cache == "update")
+
+
+def _plan(config: LayerConfig, x: Tensor, split_sizes: Tensor, w1: Tensor, w2: Tensor):
+    del split_sizes  # as many as experts (GroupedMLP checks it); the sizes come from the weights
+    return cached_plan(config, x.shape[0], w1.shape[0], w2.shape[1], w2.shape[2], w1.dtype, x.dtype, x.device)
+
+
+_KEPT_KEY = "kept weights"
+
+
+@torch.library.custom_op("gmlp::grouped_mlp_forward", mutates_args=())
+def _forward(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b1: Tensor | None, w2: Tensor,
+             b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
+    """[y, *the forward's state] (``gmlp.layer`` or the SM100 composition, as planned)."""
+    layer = decode_config(config)
+    plan = _plan(layer, x, split_sizes, w1, w2)
+    validate_split_sizes(split_sizes, x.shape[0])
+    reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
+    run = _runner(layer, plan, split_sizes, reused_weights)
+    forward = sm100_forward if plan.sm100 else grouped_mlp_forward
+    y, saved = forward(run, x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
+    state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, b1, w2, b2, *reused])
+    _remember_spec(_structure_key(config, plan.sm100, x, split_sizes, probs, w1), spec)
+    return [y.to(x.dtype), *state]
+
+
+@_forward.register_fake
+def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
+    layer = decode_config(config)
+    if layer.weight_cache is not None:
+        raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the module, "
+                                  "outside the graph; call the layer eagerly for weight_cache='update'/'reuse'")
+    # which composition runs does not depend on the token count, which may be symbolic here
+    plan = cached_plan(layer, 1, w1.shape[0], w2.shape[1], w2.shape[2], w1.dtype, x.dtype, x.device)
+    if plan.sm100:
+        raise NotImplementedError("torch.compile of the SM100 composition: its saved state is not described for "
+                                  "tracing yet; it runs eagerly (GMLP_BACKEND=triton compiles the Triton path)")
+    saved = fake_layer_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
+    state, spec = flatten((saved, None), [x, split_sizes, probs, w1, b1, w2, b2], traced=True)
+    _remember_spec(_structure_key(config, False, x, split_sizes, probs, w1), spec)
+    return [x.new_empty(x.shape), *state]
+
+
+def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], config: str,
+               main_grads: tuple[Tensor | None, ...] | None) -> list[Tensor]:
+    """The gradients, from dy, the forward's inputs and its state: [dx, dprobs if probs, then
+    dw1, db1, dw2, db2 for the parameters there are], or, given ``main_grads`` (the fp32
+    ``main_grad`` of w1, b1, w2, b2; None for a missing bias), [dx, dprobs if probs] with the
+    parameters' gradients added into those."""
+    layer = decode_config(config)
+    x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
+    plan = _plan(layer, x, split_sizes, w1, w2)
+    saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, x, split_sizes, probs, w1)), state, inputs)
+    run = _runner(layer, plan, split_sizes, None)
+    weight_dtype = torch.float32 if main_grads is not None else w1.dtype
+    into = (main_grads[0], main_grads[2]) if main_grads is not None else None  # the backward adds into these
+    backward = sm100_backward if plan.sm100 else grouped_mlp_backward
+    grads = backward(run, dy.contiguous(), saved, layer.activation, layer.recipe, weight_dtype, into)
+    out = [grads.dx.to(x.dtype)]
+    if probs is not None:
+        out.append(grads.dprobs.to(probs.dtype))
+    params = ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2))
+    if main_grads is None:
+        return out + [grad.to(param.dtype) for param, grad in params if param is not None]
+    for main_grad, (param, grad) in zip(main_grads, params):
+        if param is not None and grad is not main_grad:  # not already added by the backward itself
+            main_grad.add_(grad)  # fp32 accumulation
+    return out
+
+
+@torch.library.custom_op("gmlp::grouped_mlp_backward", mutates_args=())
+def _backward(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], config: str) -> list[Tensor]:
+    """``_gradients`` with every gradient returned (no main_grad: GroupedMLP adds into main
+    grads in eager mode only, through ``_gradients`` itself)."""
+    return _gradients(dy, inputs, state, config, None)
+
+
+@_backward.register_fake
+def _backward_fake(dy, inputs, state, config):
+    return [torch.empty_like(t) for t in inputs[:7] if t is not None and t.dtype.is_floating_point]
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, split_sizes, probs, w1, b1, w2, b2, reused, config = inputs
+    ctx.config = config
+    ctx.num_inputs = 7 + len(reused)
+    ctx.save_for_backward(x, split_sizes, probs, w1, b1, w2, b2, *reused, *output[1:])
+    # eager only (GroupedMLP refuses it under torch.compile): the backward adds into these
+    params = (w1, b1, w2, b2)
+    accumulate = decode_config(config).accumulate_main_grad
+    ctx.main_grads = tuple(None if p is None else p.main_grad for p in params) if accumulate else None
+
+
+def _autograd_backward(ctx, grads):
+    saved = ctx.saved_tensors
+    inputs, state = list(saved[:ctx.num_inputs]), list(saved[ctx.num_inputs:])
+    x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
+    dy, main_grads = grads[0], ctx.main_grads
+    if main_grads is None:
+        computed = iter(_backward(dy, inputs, state, ctx.config))
+    else:
+        computed = iter(_gradients(dy, inputs, state, ctx.config, main_grads))
+    dx = next(computed)
+    dprobs = next(computed) if probs is not None else None
+    # autograd gets no gradient for parameters whose main_grad the backward added into
+    weight_grads = [next(computed) if p is not None and main_grads is None else None for p in (w1, b1, w2, b2)]
+    return dx, None, dprobs, *weight_grads, [None] * (ctx.num_inputs - 7), None
+
+
+torch.library.register_autograd("gmlp::grouped_mlp_forward", _autograd_backward, setup_context=_setup_context)
+
+
+def grouped_mlp(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b1: Tensor | None, w2: Tensor,
+                b2: Tensor | None, config: LayerConfig | str, reused: list[Tensor] | None = None) -> list[Tensor]:
+    """[y, *state] of the forward op (``GroupedMLP.forward`` checks the arguments first)."""
+    text = config if isinstance(config, str) else config.encode()
+    return _forward(x, split_sizes, probs, w1, b1, w2, b2, reused or [], text)
+
+
+def kept_weights(outputs: list[Tensor], config: str, x: Tensor, split_sizes: Tensor, probs: Tensor | None,
+                 w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[list[Tensor], dict]:
+    """The quantized weights a forward with ``weight_cache="update"`` kept, from its outputs:
+    (their tensors, to pass as ``reused`` to later forwards, and the site -> quantized dict)."""
+    layer = decode_config(config)
+    plan = _plan(layer, x, split_sizes, w1, w2)
+    key = _structure_key(config, plan.sm100, x, split_sizes, probs, w1)
+    _, kept = unflatten(_spec(key), outputs[1:], [x, split_sizes, probs, w1, b1, w2, b2])
+    tensors, spec = flatten(kept, [])
+    _remember_spec((_KEPT_KEY, plan.sm100, layer.recipe), spec)
+    return tensors, kept
