@@ -84,9 +84,11 @@ def _dequantize_ref(tensor, groups=None) -> torch.Tensor:
 
 
 def _segment_sum_ref(values: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """(G, N) fp32 sums of the rows [starts[g], starts[g+1]) of values, accumulated in fp64."""
+    """(G, N) fp32 (fp64 for fp64 values) sums of the rows [starts[g], starts[g+1]) of values,
+    accumulated in fp64."""
     bounds = starts.tolist()
-    return torch.stack([values[bounds[g]:bounds[g + 1]].double().sum(0) for g in range(len(bounds) - 1)]).float()
+    sums = torch.stack([values[bounds[g]:bounds[g + 1]].double().sum(0) for g in range(len(bounds) - 1)])
+    return sums if values.dtype == torch.float64 else sums.float()
 
 
 def _torch_implementation(op: Op) -> Callable:

@@ -27,6 +27,15 @@ __all__ = ["GroupedMLP"]
 _DEFAULT_RECIPE = MXFP8Recipe()
 
 
+MXFP8_PARAM_DTYPES = (torch.bfloat16, torch.float32)  # what the quantize kernels read
+
+
+def _check_mxfp8_dtype(dtype: torch.dtype) -> None:
+    if dtype not in MXFP8_PARAM_DTYPES:
+        raise TypeError(f"an MXFP8 recipe takes bfloat16 or float32 parameters (the quantize reads them), got {dtype}; "
+                        "recipe=None runs unquantized in any floating dtype")
+
+
 class GroupedMLP(nn.Module):
     """The expert MLPs of a Mixture-of-Experts layer, MXFP8 (or bf16) forward and backward.
 
@@ -37,10 +46,18 @@ class GroupedMLP(nn.Module):
         activation: "swiglu", "geglu", "qgeglu", "srelu", or an ``Activation`` (qgeglu's
             limit / alpha / offset).
         bias: add per-expert biases b1 (E, 2F | F) and b2 (E, H).
-        recipe: ``MXFP8Recipe`` (scale mode, gradient element format); None runs in bf16.
+        recipe: ``MXFP8Recipe`` (scale mode, gradient element format), with bfloat16 or float32
+            parameters; None runs unquantized in the parameters' dtype (bf16 on the Triton
+            kernels; other dtypes on the torch path, float64 included, e.g. for gradcheck).
         strict: raise instead of falling back to a slower path (default: GMLP_STRICT).
         accumulate_main_grad: add weight gradients into each parameter's fp32 ``main_grad``
-            (which must exist) instead of returning them to autograd.
+            (which must exist) instead of returning them to autograd (eager mode only).
+        device, dtype: of the parameters; ``device="meta"`` defers their storage
+            (``to_empty(device=...)``, then ``reset_parameters()``).
+
+    ``forward`` runs as two custom ops (``gmlp.ops``), so ``torch.compile(mlp, fullgraph=True)``
+    traces the layer, forward and backward, without graph breaks; outputs and gradients have
+    the dtypes of the tensors they belong to.
     """
 
     def __init__(
@@ -62,6 +79,8 @@ class GroupedMLP(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if recipe is not None and not isinstance(recipe, MXFP8Recipe):
             raise TypeError(f"recipe must be a gmlp.MXFP8Recipe or None, got {recipe!r}")
+        if recipe is not None:
+            _check_mxfp8_dtype(dtype)
         if recipe is not None and (hidden_size % 32 or ffn_hidden_size % 32):
             raise ValueError(f"MXFP8 needs hidden_size and ffn_hidden_size multiples of 32, got {hidden_size=}, {ffn_hidden_size=}")
         self.activation = activation_from(activation)
@@ -94,6 +113,8 @@ class GroupedMLP(nn.Module):
     def _check_inputs(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
             raise ValueError(f"x must be a (T, hidden_size={self.hidden_size}) tensor, got {getattr(x, 'shape', type(x))}")
+        if self.recipe is not None:
+            _check_mxfp8_dtype(self.w1.dtype)  # the parameters may have been cast since
         if x.dtype != self.w1.dtype:
             raise TypeError(f"x must have the parameters' dtype {self.w1.dtype}, got {x.dtype=}")
         if x.device != self.w1.device:
@@ -144,6 +165,9 @@ class GroupedMLP(nn.Module):
         forward kept, instead of quantizing again. With "reuse" the caller promises that the
         weights have not changed since (gmlp checks their storage, shape, dtype and the plan,
         not their values)."""
+        if self.accumulate_main_grad and torch.compiler.is_compiling():
+            raise NotImplementedError("accumulate_main_grad under torch.compile: the backward adds into main_grad "
+                                      "tensors outside the graph; run the layer eagerly with it")
         self._check_inputs(x, split_sizes, probs)
         if weight_cache not in WEIGHT_CACHE_MODES:
             raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")

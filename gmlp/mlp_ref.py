@@ -104,8 +104,20 @@ class _Quantizer:
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b accumulated in float64, rounded to float32."""
-    return (a.to(ACCUMULATE) @ b.to(ACCUMULATE)).float()
+    """a @ b accumulated in float64, rounded to the operands' working precision (float32, or
+    float64 for float64 operands)."""
+    return (a.to(ACCUMULATE) @ b.to(ACCUMULATE)).to(torch.promote_types(a.dtype, b.dtype))
+
+
+def _working(t: torch.Tensor | MXFP8Tensor) -> torch.dtype:
+    """The precision the twins compute an operand's products in: float64 for a float64 tensor
+    (an unquantized float64 layer, e.g. under gradcheck), else float32."""
+    return torch.float64 if isinstance(t, torch.Tensor) and t.dtype == torch.float64 else torch.float32
+
+
+def _values(t: torch.Tensor | MXFP8Tensor) -> torch.Tensor:
+    """An operand's values in its working precision (an MXFP8Tensor dequantized)."""
+    return t.dequantize() if isinstance(t, MXFP8Tensor) else t.to(_working(t))
 
 
 def _segments(split_sizes: list[int]):
@@ -117,17 +129,18 @@ def _segments(split_sizes: list[int]):
 
 def _fc1_h(x_values: torch.Tensor, w1_values: torch.Tensor, b1: torch.Tensor | None, sizes: list[int]) -> torch.Tensor:
     """h = x @ W1_g^T (+ b1) per expert, fp32, from the operands' (dequantized) values."""
-    h = torch.empty(x_values.shape[0], w1_values.shape[1], dtype=torch.float32, device=x_values.device)
+    dtype = torch.promote_types(x_values.dtype, w1_values.dtype)
+    h = torch.empty(x_values.shape[0], w1_values.shape[1], dtype=dtype, device=x_values.device)
     for g, rows in _segments(sizes):
         h[rows] = _matmul(x_values[rows], w1_values[g].t())
         if b1 is not None:
-            h[rows] += b1[g].float()
+            h[rows] += b1[g].to(dtype)
     return h
 
 
 def _fc1_a(h: torch.Tensor, probs: torch.Tensor | None, activation: Activation) -> torch.Tensor:
     a = activation.forward(h)
-    return a if probs is None else a * probs.float()[:, None]
+    return a if probs is None else a * probs.to(a.dtype)[:, None]
 
 
 def fc1_forward_ref(
@@ -143,12 +156,11 @@ def fc1_forward_ref(
 ) -> FC1Output:
     """The FC1 step (dataflow steps 2-3) on given operands; twin of ``gmlp.triton_ref.fc1.fc1_forward``."""
     sizes = [int(m) for m in split_sizes.tolist()]
-    x_values = x.dequantize() if isinstance(x, MXFP8Tensor) else x.float()
     w1_values = expert_matrices(w1, len(sizes))
-    h = _fc1_h(x_values, w1_values, b1, sizes)
+    h = _fc1_h(_values(x), w1_values, b1, sizes)
     a = _fc1_a(h, probs, activation)
-    if recipe is None:
-        return FC1Output(c=h.to(torch.bfloat16), a=a.to(torch.bfloat16), a_rowwise=None, a_columnwise=None)
+    if recipe is None:  # unquantized: c and a in x's dtype (bf16 on the Triton path)
+        return FC1Output(c=h.to(x.dtype), a=a.to(x.dtype), a_rowwise=None, a_columnwise=None)
     q = quantize_mxfp8_ref(a, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                            scale_mode=recipe.scale_mode)
     return FC1Output(c=h.to(torch.bfloat16), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
@@ -178,18 +190,18 @@ def fc2_dgrad_ref(
     bias_grad: bool = False,
 ) -> FC2DgradOutput:
     """Dataflow steps 5-6 on given operands; twin of ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``."""
-    da = grouped_gemm_ref(dy, w2t, split_sizes, out_dtype=torch.float32)
-    c = c.float()
+    da = grouped_gemm_ref(dy, w2t, split_sizes, out_dtype=_working(dy))
+    c = c.to(da.dtype)
     dprobs = None
     if probs is not None:
-        dprobs = (da.to(ACCUMULATE) * activation.forward(c).to(ACCUMULATE)).sum(-1).float()
-        da = da * probs.float()[:, None]
+        dprobs = (da.to(ACCUMULATE) * activation.forward(c).to(ACCUMULATE)).sum(-1).to(da.dtype)
+        da = da * probs.to(da.dtype)[:, None]
     dh = activation.backward(c, da)
     db1 = None
     if bias_grad:
-        db1 = torch.stack([dh[rows].to(ACCUMULATE).sum(0).float() for _, rows in _segments(split_sizes.tolist())])
-    if recipe is None:
-        return FC2DgradOutput(dprobs=dprobs, dh=dh.to(torch.bfloat16), dh_rowwise=None, dh_columnwise=None, db1=db1)
+        db1 = torch.stack([dh[rows].to(ACCUMULATE).sum(0).to(dh.dtype) for _, rows in _segments(split_sizes.tolist())])
+    if recipe is None:  # unquantized: dh in dy's dtype (bf16 on the Triton path)
+        return FC2DgradOutput(dprobs=dprobs, dh=dh.to(dy.dtype), dh_rowwise=None, dh_columnwise=None, db1=db1)
     q = quantize_mxfp8_ref(dh, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                            element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
     return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise, db1=db1)
@@ -201,7 +213,7 @@ def expert_matrices(b: torch.Tensor | MXFP8Tensor, experts: int) -> torch.Tensor
     stack S, meaning B_g = S_g^T (Q_col of a weight, read by the backward GEMMs). The forms that
     ``gmlp.triton_ref.operands.expert_operand`` accepts."""
     if not isinstance(b, MXFP8Tensor):
-        return b.float()
+        return _values(b)
     values = b.dequantize()
     stacked = values.reshape(experts, -1, values.shape[1])
     return stacked if b.axis is QuantAxis.ROWWISE else stacked.transpose(1, 2)
@@ -213,18 +225,21 @@ def grouped_gemm_ref(
     split_sizes: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,  # (E, N)
-    out_dtype: torch.dtype = torch.bfloat16,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """(T, N) = per expert a @ b_g^T (+ bias), fp32 rounded to out_dtype; twin of
-    ``gmlp.triton_ref.grouped_gemm``."""
+    """(T, N) = per expert a @ b_g^T (+ bias), fp32 (fp64 for fp64 operands) rounded to
+    out_dtype, by default a's dtype (bf16 for an MXFP8 a); twin of ``gmlp.triton_ref.grouped_gemm``."""
     sizes = [int(m) for m in split_sizes.tolist()]
-    a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
+    a_values = _values(a)
     b_values = expert_matrices(b, len(sizes))
-    out = torch.empty(a_values.shape[0], b_values.shape[1], dtype=torch.float32, device=a_values.device)
+    dtype = torch.promote_types(a_values.dtype, b_values.dtype)
+    out = torch.empty(a_values.shape[0], b_values.shape[1], dtype=dtype, device=a_values.device)
     for g, rows in _segments(sizes):
         out[rows] = _matmul(a_values[rows], b_values[g].t())
         if bias is not None:
-            out[rows] += bias[g].float()
+            out[rows] += bias[g].to(dtype)
+    if out_dtype is None:
+        out_dtype = a.dtype if isinstance(a, torch.Tensor) else torch.bfloat16
     return out.to(out_dtype)
 
 
@@ -239,9 +254,9 @@ def grouped_wgrad_ref(
     """(E, M, N), dW_g = A_g^T @ B_g over expert g's tokens, fp32 sums stored as ``out_dtype`` or
     added to ``out``; twin of ``gmlp.triton_ref.wgrad.grouped_wgrad``."""
     sizes = [int(m) for m in split_sizes.tolist()]
-    a_values = a.dequantize() if isinstance(a, MXFP8Tensor) else a.float()
-    b_values = b.dequantize() if isinstance(b, MXFP8Tensor) else b.float()
-    result = torch.zeros(len(sizes), a_values.shape[1], b_values.shape[1], dtype=torch.float32, device=a_values.device)
+    a_values, b_values = _values(a), _values(b)
+    dtype = torch.promote_types(a_values.dtype, b_values.dtype)
+    result = torch.zeros(len(sizes), a_values.shape[1], b_values.shape[1], dtype=dtype, device=a_values.device)
     for g, rows in _segments(sizes):
         result[g] = _matmul(a_values[rows].t(), b_values[rows])
     return out.add_(result) if out is not None else result.to(out_dtype)
