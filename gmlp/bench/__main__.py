@@ -1,9 +1,9 @@
-"""``python -m gmlp.bench {quantize,mlp,gemm,profile}``."""
+"""``python -m gmlp.bench {quantize,mlp,gemm,profile,host}``."""
 
 import sys
 
 BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm",
-           "profile": "gmlp.bench.profile"}
+           "profile": "gmlp.bench.profile", "host": "gmlp.bench.host"}
 
 
 def main() -> None:
