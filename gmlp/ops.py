@@ -62,12 +62,16 @@ def _structure_key(config: str, sm100: bool, x: Tensor, split_sizes: Tensor, pro
     return config, sm100, probs is not None, shapes
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def validate_split_sizes(split_sizes: Tensor, tokens: int) -> None:
     """No bad split sizes may give a result: on the CPU, or with ``GMLP_VALIDATE=1``, a
     ``ValueError`` naming them (a host read); on a GPU otherwise a device-side assert
     (``torch._assert_async``: no sync, safe in CUDA graphs)."""
     if should_check_split_values(split_sizes):
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if _capturing():
             raise RuntimeError("GMLP_VALIDATE=1 reads split_sizes on the host, which a CUDA graph capture cannot do; "
                                "unset it while capturing (the device-side check stays on)")
         check_split_values(split_sizes, tokens)
@@ -79,6 +83,10 @@ def validate_split_sizes(split_sizes: Tensor, tokens: int) -> None:
 
 def _runner(config: LayerConfig, plan, split_sizes: Tensor, reused: dict | None) -> OpRunner:
     settings = active_cross_check()
+    if settings is not None and _capturing():
+        raise RuntimeError("the cross-check compares two paths on the host, which a CUDA graph capture cannot do "
+                           "(torch.compile mode='reduce-overhead' captures one): turn it off while capturing, or "
+                           "compile without CUDA graphs")
     check = CrossCheck(plan, settings, split_sizes) if settings is not None else None
     return OpRunner(plan, check, reused_weights=reused, keep_weights=config.weight_cache == "update")
 
