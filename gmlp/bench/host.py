@@ -251,7 +251,8 @@ def bench_recipe(recipe_name: str, shape: tuple[int, int, int, int], device: tor
 
 
 def gmlp_checkout() -> dict:
-    """Where the imported gmlp lives, its commit (GMLP_COMMIT overrides) and whether its tree is dirty."""
+    """Where the imported gmlp lives, its commit and whether its tree is dirty (GMLP_COMMIT, where
+    set, is the commit, and dirtiness is not known)."""
     import gmlp
 
     folder = os.path.dirname(os.path.dirname(os.path.abspath(gmlp.__file__)))
@@ -263,9 +264,11 @@ def gmlp_checkout() -> dict:
         except (OSError, subprocess.CalledProcessError):
             return None
 
-    commit = os.environ.get("GMLP_COMMIT") or git("rev-parse", "HEAD") or "unknown"
+    if os.environ.get("GMLP_COMMIT"):  # a copy outside git, or inside another checkout's tree (git archive)
+        return {"gmlp_path": folder, "commit": os.environ["GMLP_COMMIT"], "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"gmlp_path": folder, "commit": commit, "dirty": None if status is None else bool(status)}
+    return {"gmlp_path": folder, "commit": git("rev-parse", "HEAD") or "unknown",
+            "dirty": None if status is None else bool(status)}
 
 
 def environment(device: torch.device) -> dict:
