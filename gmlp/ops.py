@@ -18,8 +18,6 @@ CPU the check is free and always raises ``ValueError``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 from torch import Tensor
 
@@ -30,36 +28,30 @@ from gmlp.groups import should_check_split_values
 from gmlp.layer import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.layer_config import LayerConfig, cached_plan, decode_config
 from gmlp.quantize_args import check_split_values
+from gmlp.quantize_buffers import empty_quantize
 from gmlp.saved_tensors import Spec, flatten, unflatten
 
 __all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes"]
 
-_SPECS: OrderedDict[tuple, Spec] = OrderedDict()  # structure key -> spec of the forward's flattened state
-_MAX_SPECS = 1024
+_SPECS: dict[tuple, Spec] = {}  # structure key -> spec of the forward's flattened state (a few per module)
 
 
 def _remember_spec(key: tuple, spec: Spec) -> None:
     _SPECS[key] = spec
-    _SPECS.move_to_end(key)
-    while len(_SPECS) > _MAX_SPECS:
-        _SPECS.popitem(last=False)
 
 
 def _spec(key: tuple) -> Spec:
     spec = _SPECS.get(key)
     if spec is None:
         raise RuntimeError(f"gmlp: no forward state layout for {key}: the backward of a gmlp.GroupedMLP call runs in "
-                           "the process of its forward, after it (and at most "
-                           f"{_MAX_SPECS} differently shaped SM100 calls later)")
+                           "the process of its forward, after it")
     return spec
 
 
-def _structure_key(config: str, sm100: bool, x: Tensor, split_sizes: Tensor, probs: Tensor | None,
-                   w1: Tensor) -> tuple:
+def _structure_key(config: str, sm100: bool, probs: Tensor | None) -> tuple:
     """What the layout of the forward's state depends on: the config, the composition, whether
-    there are probs; on the SM100 composition the sizes too (its padded row count is in it)."""
-    shapes = (tuple(x.shape), split_sizes.numel(), tuple(w1.shape)) if sm100 else None
-    return config, sm100, probs is not None, shapes
+    there are probs (not the sizes: the state holds tensors and size-free constants only)."""
+    return config, sm100, probs is not None
 
 
 def _capturing() -> bool:
@@ -111,7 +103,7 @@ def _forward(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b
     forward = sm100_forward if plan.sm100 else grouped_mlp_forward
     y, saved = forward(run, x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
     state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, b1, w2, b2, *reused])
-    _remember_spec(_structure_key(config, plan.sm100, x, split_sizes, probs, w1), spec)
+    _remember_spec(_structure_key(config, plan.sm100, probs), spec)
     return [y.to(x.dtype), *state]
 
 
@@ -123,13 +115,25 @@ def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
                                   "outside the graph; call the layer eagerly for weight_cache='update'/'reuse'")
     # which composition runs does not depend on the token count, which may be symbolic here
     plan = cached_plan(layer, 1, w1.shape[0], w2.shape[1], w2.shape[2], w1.dtype, x.dtype, x.device)
-    if plan.sm100:
-        raise NotImplementedError("torch.compile of the SM100 composition: its saved state is not described for "
-                                  "tracing yet; it runs eagerly (GMLP_BACKEND=triton compiles the Triton path)")
-    saved = fake_layer_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
+    if plan.sm100:  # the composition itself, its quantizes and kernels only allocating their outputs
+        y, saved = sm100_forward(_allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
+                                 layer.recipe, launch=_no_launch)
+    else:
+        saved = fake_layer_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
     state, spec = flatten((saved, None), [x, split_sizes, probs, w1, b1, w2, b2], traced=True)
-    _remember_spec(_structure_key(config, False, x, split_sizes, probs, w1), spec)
+    _remember_spec(_structure_key(config, plan.sm100, probs), spec)
     return [x.new_empty(x.shape), *state]
+
+
+def _allocating_quantize(site: str, x: Tensor, **quantize_args):
+    """The SM100 composition's runner when traced: every quantize allocates its outputs only."""
+    del site
+    return empty_quantize(x, **quantize_args)
+
+
+def _no_launch(site: str, call) -> None:
+    """The SM100 composition's launcher when traced: the kernels' outputs are allocated by their calls."""
+    del site, call
 
 
 def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], config: str,
@@ -141,7 +145,7 @@ def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], con
     layer = decode_config(config)
     x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
     plan = _plan(layer, x, split_sizes, w1, w2)
-    saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, x, split_sizes, probs, w1)), state, inputs)
+    saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, probs)), state, inputs)
     run = _runner(layer, plan, split_sizes, None)
     weight_dtype = torch.float32 if main_grads is not None else w1.dtype
     into = (main_grads[0], main_grads[2]) if main_grads is not None else None  # the backward adds into these
@@ -214,7 +218,7 @@ def kept_weights(outputs: list[Tensor], config: str, x: Tensor, split_sizes: Ten
     (their tensors, to pass as ``reused`` to later forwards, and the site -> quantized dict)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
-    key = _structure_key(config, plan.sm100, x, split_sizes, probs, w1)
+    key = _structure_key(config, plan.sm100, probs)
     _, kept = unflatten(_spec(key), outputs[1:], [x, split_sizes, probs, w1, b1, w2, b2])
     tensors, spec = flatten(kept, [])
     _remember_spec((_KEPT_KEY, plan.sm100, layer.recipe), spec)

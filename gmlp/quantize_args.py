@@ -40,12 +40,14 @@ def validate_quantize_args(
     split_sizes: torch.Tensor | None,
     element_format: ElementFormat,
     scale_mode: ScaleMode,
+    check_values: bool = True,
 ) -> QuantizeProblem:
     """Check every argument and say which one is wrong, with what was expected and given.
 
     The values of ``split_sizes`` (negative sizes, sum != T) are checked here only where that
     needs no host sync (CPU tensors) or when asked (GMLP_VALIDATE=1); otherwise the kernels
-    poison their output instead (see ``gmlp.groups``).
+    poison their output instead (see ``gmlp.groups``). ``check_values=False`` skips them (a
+    tracer's tensors, which have shapes but no values).
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -75,7 +77,7 @@ def validate_quantize_args(
         if split_sizes.device != x.device:
             raise ValueError(f"split_sizes must be on x's device, got {split_sizes.device=} and {x.device=}")
         num_experts = split_sizes.numel()
-        if should_check_split_values(split_sizes):
+        if check_values and should_check_split_values(split_sizes):
             check_split_values(split_sizes, rows)
     return QuantizeProblem(
         num_rows=rows,

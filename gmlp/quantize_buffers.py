@@ -9,10 +9,11 @@ import torch
 from gmlp import scale_layout
 from gmlp.groups import poison_scales_if_invalid
 from gmlp.mxfp8 import BLOCK_SIZE
-from gmlp.quantize_args import QuantizeProblem
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
-__all__ = ["QuantizeBuffers", "allocate_buffers"]
+__all__ = ["QuantizeBuffers", "allocate_buffers", "empty_quantize"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,14 @@ def allocate_buffers(problem: QuantizeProblem) -> QuantizeBuffers:
         col_scales = (scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), **u8)
                       if problem.swizzle else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), **u8))
     return QuantizeBuffers(row_data, row_scales, col_data, col_scales)
+
+
+def empty_quantize(x: torch.Tensor, *, rowwise: bool = True, columnwise: bool = False, swizzle: bool = True,
+                   split_sizes: torch.Tensor | None = None, element_format: ElementFormat = ElementFormat.E4M3,
+                   scale_mode: ScaleMode = ScaleMode.RCEIL) -> MXFP8Quantized:
+    """``quantize_mxfp8``'s result with its buffers allocated and not written: what every kernel
+    returns, for a tracer's fake tensors or ``meta`` tensors (shapes, dtypes, strides only)."""
+    problem = validate_quantize_args(x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle,
+                                     split_sizes=split_sizes, element_format=element_format, scale_mode=scale_mode,
+                                     check_values=False)
+    return allocate_buffers(problem).result(problem, split_sizes)

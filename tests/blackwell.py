@@ -18,6 +18,8 @@ import re
 import pytest
 import torch
 
+from gmlp.quantize_buffers import empty_quantize
+
 NUM_SMS = 148
 
 
@@ -99,19 +101,11 @@ def ptx_text(function) -> str:
 BLOCK_SCALED_MMA = re.compile(r"tcgen05\.mma\S*kind::mxf8f6f4\S*block_scale")
 
 
-def meta_quantize(site: str, x: torch.Tensor, *, rowwise: bool = True, columnwise: bool = False, swizzle: bool = True,
-                  split_sizes: torch.Tensor | None = None, element_format=None, scale_mode=None):
+def meta_quantize(site: str, x: torch.Tensor, **quantize_args):
     """A quantize (the layer runner's signature) that only allocates its outputs, as every
     kernel does (``gmlp.quantize_buffers``): the composition's tensors on ``meta``, for compiling."""
-    from gmlp.mxfp8 import ElementFormat, ScaleMode
-    from gmlp.quantize_args import validate_quantize_args
-    from gmlp.quantize_buffers import allocate_buffers
-
     del site
-    problem = validate_quantize_args(x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
-                                     element_format=element_format or ElementFormat.E4M3,
-                                     scale_mode=scale_mode or ScaleMode.RCEIL)
-    return allocate_buffers(problem).result(problem, split_sizes)
+    return empty_quantize(x, **quantize_args)
 
 
 class CompilingLauncher:

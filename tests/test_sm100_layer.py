@@ -217,3 +217,36 @@ def test_compiled_kernels_build_once_per_signature_and_refuse_loudly():
     assert built[0].executed == [["a_tensor", "padded_offsets"]] * 3
     with pytest.raises(RuntimeError, match="refused gmlp's arguments.*GMLP_BACKEND=triton"):
         launch("fc1", Call("fc1_glu", dict(tensors), options=dict(ok=False)))
+
+
+def test_the_sm100_composition_compiles_without_graph_breaks(monkeypatch):
+    """torch.compile(fullgraph=True, dynamic=True) of a layer planned on the SM100 composition
+    (kernels: the torch twins; quantizes: the torch path) equals eager bit for bit, forward and
+    backward, as the token count and the routing change: its fake implementation is the
+    composition itself with allocating quantizes and no launches (``gmlp.ops``)."""
+    from gmlp import layer_config
+    from gmlp.layer_ops import LayerPlan
+
+    def sm100_plan(problem, device, *, strict, plan_layer=layer_config.plan_layer):
+        plan = plan_layer(problem, device, strict=strict)
+        return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
+
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    monkeypatch.setattr(layer_config, "plan_layer", sm100_plan)
+    mlp = gmlp.GroupedMLP(2, 128, 128)
+    monkeypatch.setattr(sm100_layer, "launch_kernel", TorchKernels(mlp.activation))
+
+    def step(layer, tokens: int, sizes: list[int]) -> list[torch.Tensor]:
+        torch.manual_seed(tokens)
+        x = torch.randn(tokens, 128, dtype=torch.bfloat16, requires_grad=True)
+        probs = torch.rand(tokens, requires_grad=True)
+        mlp.zero_grad(set_to_none=True)
+        y = layer(x, torch.tensor(sizes), probs)
+        y.backward(torch.ones_like(y))
+        return [t.detach().clone() for t in (y, x.grad, probs.grad, mlp.w1.grad, mlp.w2.grad)]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(mlp, fullgraph=True, dynamic=True, backend="aot_eager")
+    for tokens, sizes in ((40, [30, 10]), (40, [0, 40]), (64, [33, 31])):
+        for want, got in zip(step(mlp, tokens, sizes), step(compiled, tokens, sizes)):
+            assert torch.equal(want, got), (tokens, sizes)

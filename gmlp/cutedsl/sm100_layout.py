@@ -28,7 +28,13 @@ class PaddedRows:
 
     offsets: torch.Tensor  # (E,) int32 cumulative padded ends (the kernels' padded_offsets)
     index: torch.Tensor  # (T,) int64 padded row of each token row
-    num_rows: int  # rows of the padded tensors: a bound on offsets[-1], a multiple of M_ALIGNED
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the padded tensors: a bound on offsets[-1], a multiple of M_ALIGNED (the sum
+        over experts of ceil(m/256)*256 is at most T + 255 E). A property, so that the layout
+        holds tensors only (a traced forward's saved state has no size in it)."""
+        return (self.index.shape[0] + (M_ALIGNED - 1) * self.offsets.shape[0]) // M_ALIGNED * M_ALIGNED
 
 
 def padded_rows(split_sizes: torch.Tensor, tokens: int) -> PaddedRows:
@@ -38,9 +44,7 @@ def padded_rows(split_sizes: torch.Tensor, tokens: int) -> PaddedRows:
     padded_ends = torch.cumsum(padded_sizes, 0)
     shift = (padded_ends - padded_sizes) - (torch.cumsum(sizes, 0) - sizes)  # padded start - start, per expert
     index = torch.arange(tokens, device=sizes.device) + torch.repeat_interleave(shift, sizes, output_size=tokens)
-    # sum over experts of ceil(m/256)*256 <= T + 255 E, and it is a multiple of 256
-    bound = (tokens + (M_ALIGNED - 1) * sizes.numel()) // M_ALIGNED * M_ALIGNED
-    return PaddedRows(padded_ends.to(torch.int32), index, bound)
+    return PaddedRows(padded_ends.to(torch.int32), index)
 
 
 def padded_group_sizes(offsets: torch.Tensor, num_rows: int) -> torch.Tensor:
