@@ -21,10 +21,11 @@ FAST = dict(iters=2, repeats=2, plan_iters=20, warmup=1)
 
 @pytest.fixture(scope="module", autouse=True)
 def torch_path():
-    """The torch path, as the bench has on a CPU without TRITON_INTERPRET=1 (conftest sets it;
-    the interpreter would take most of these tests' time)."""
+    """The torch path, as the bench has on a CPU without TRITON_INTERPRET=1 (conftest sets it, and
+    the interpreter would take most of these tests' time). Forced by GMLP_BACKEND, read at each
+    call: TRITON_INTERPRET stays as it is, since Triton and gmlp.triton_ref read it at import."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "0")
+        patch.setenv("GMLP_BACKEND", "torch")
         yield
 
 
