@@ -27,6 +27,8 @@ __all__ = ["GroupedMLP"]
 _DEFAULT_RECIPE = MXFP8Recipe()
 
 
+# the settings in the forward op's config string (GroupedMLP._encoded_config), b1 for "bias"
+_CONFIG_ATTRIBUTES = ("activation", "recipe", "strict", "accumulate_main_grad", "b1")
 MXFP8_PARAM_DTYPES = (torch.bfloat16, torch.float32)  # what the quantize kernels read
 
 
@@ -93,7 +95,6 @@ class GroupedMLP(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(num_experts, fc1_outputs, **factory)) if bias else None
         self.b2 = nn.Parameter(torch.zeros(num_experts, hidden_size, **factory)) if bias else None
         self._kept_weights: tuple[tuple, list[torch.Tensor]] | None = None  # (key, kept tensors): weight_cache
-        self._config_strings: dict[tuple, str] = {}  # GroupedMLP._encoded_config
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -171,12 +172,12 @@ class GroupedMLP(nn.Module):
         self._check_inputs(x, split_sizes, probs)
         if weight_cache not in WEIGHT_CACHE_MODES:
             raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")
+        if weight_cache is not None and torch.compiler.is_compiling():
+            raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the "
+                                      "module, outside the graph; call the layer eagerly with weight_cache")
         config = self._encoded_config(weight_cache)
         if weight_cache is None:
             return ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config)[0]
-        if torch.compiler.is_compiling():
-            raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the "
-                                      "module, outside the graph; call the layer eagerly with weight_cache")
         plan = cached_plan(decode_config(config), x.shape[0], self.num_experts, self.hidden_size,
                            self.ffn_hidden_size, self.w1.dtype, x.dtype, x.device)
         key = self._weight_cache_key(weight_cache, plan)
@@ -188,13 +189,15 @@ class GroupedMLP(nn.Module):
         return outputs[0]
 
     def _encoded_config(self, weight_cache: str | None) -> str:
-        """The forward op's config string for this call (made once per setting; a dict lookup
-        that torch.compile traces as a constant)."""
-        settings = (weight_cache, self.strict, self.accumulate_main_grad, self.recipe, self.activation)
-        text = self._config_strings.get(settings)
-        if text is None:
-            text = self._config_strings[settings] = self._config(weight_cache, self.strict).encode()
-        return text
+        """The forward op's config string for this call: a lookup of strings made eagerly
+        (``__setattr__``), which torch.compile traces as a constant, where making one (json)
+        would break the graph."""
+        return self._config_strings[weight_cache]
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in _CONFIG_ATTRIBUTES and all(hasattr(self, a) for a in _CONFIG_ATTRIBUTES):
+            self._config_strings = {mode: self._config(mode, self.strict).encode() for mode in WEIGHT_CACHE_MODES}
 
     def release_quantized_weights(self) -> None:
         """Free the quantized weights kept by a forward with ``weight_cache="update"``."""

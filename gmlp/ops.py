@@ -113,8 +113,10 @@ def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
     if layer.weight_cache is not None:
         raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the module, "
                                   "outside the graph; call the layer eagerly for weight_cache='update'/'reuse'")
-    # which composition runs does not depend on the token count, which may be symbolic here
-    plan = cached_plan(layer, 1, w1.shape[0], w2.shape[1], w2.shape[2], w1.dtype, x.dtype, x.device)
+    # which composition runs does not depend on the token count, which may be symbolic here; the
+    # weights' sizes (symbolic for a functional caller's weights) are specialized by int()
+    experts, hidden, ffn = (int(size) for size in (w1.shape[0], w2.shape[1], w2.shape[2]))
+    plan = cached_plan(layer, 1, experts, hidden, ffn, w1.dtype, x.dtype, x.device)
     if plan.sm100:  # the composition itself, its quantizes and kernels only allocating their outputs
         y, saved = sm100_forward(_allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
                                  layer.recipe, launch=_no_launch)
