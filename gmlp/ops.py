@@ -182,6 +182,9 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.config = config
     ctx.num_inputs = 7 + len(reused)
     ctx.save_for_backward(x, split_sizes, probs, w1, b1, w2, b2, *reused, *output[1:])
+    # only y has a gradient: no zeros are made for the state's outputs
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
     # eager only (GroupedMLP refuses it under torch.compile): the backward adds into these
     params = (w1, b1, w2, b2)
     accumulate = decode_config(config).accumulate_main_grad
@@ -192,7 +195,7 @@ def _autograd_backward(ctx, grads):
     saved = ctx.saved_tensors
     inputs, state = list(saved[:ctx.num_inputs]), list(saved[ctx.num_inputs:])
     x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
-    dy, main_grads = grads[0], ctx.main_grads
+    dy, main_grads = grads[0], ctx.main_grads  # the state's outputs have no gradient
     if main_grads is None:
         computed = iter(_backward(dy, inputs, state, ctx.config))
     else:

@@ -42,8 +42,9 @@ class _Node:
 Spec = Any  # the tree, with a _Slot in place of every tensor and a _Node in place of every dataclass
 
 
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.device == b.device
+def _storage_key(tensor: torch.Tensor) -> tuple | None:
+    """Which memory a tensor's elements live in (None for an empty tensor, which shares none)."""
+    return (tensor.device, tensor.untyped_storage().data_ptr()) if tensor.numel() > 0 else None
 
 
 def _view_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -55,18 +56,27 @@ def flatten(tree: Any, inputs: list[torch.Tensor | None], traced: bool = False) 
     ``traced``: the tensors are a tracer's (fake, no storage); shared tensors are then found
     by identity only, which is what a fake implementation builds (no views)."""
     outputs: list[torch.Tensor] = []
+    # one dict lookup per tensor: by identity, then (untraced) by the memory it lives in
+    by_id = {id(t): _Slot("input", i) for i, t in enumerate(inputs) if t is not None}
+    by_storage: dict[tuple, _Slot] = {}
+    if not traced:
+        for i, t in reversed(list(enumerate(inputs))):  # the first input with a storage wins
+            if t is not None and (key := _storage_key(t)) is not None:
+                by_storage[key] = _Slot("input", i)
 
     def slot(tensor: torch.Tensor) -> _Slot:
-        for source, pool in (("input", inputs), ("output", outputs)):
-            for index, other in enumerate(pool):
-                if other is tensor:
-                    return _Slot(source, index)
-            for index, other in enumerate(pool if not traced else ()):
-                # an empty tensor has no storage to share; a view of one is rebuilt as a view
-                if other is not None and other.numel() > 0 and tensor.numel() > 0 and _same_storage(other, tensor):
-                    return _Slot(source, index, _view_of(tensor))
+        found = by_id.get(id(tensor))
+        if found is not None:
+            return found
+        key = None if traced else _storage_key(tensor)
+        base = by_storage.get(key) if key is not None else None
+        if base is not None:  # a view of an input or of an earlier output
+            return _Slot(base.source, base.index, _view_of(tensor))
         outputs.append(tensor)
-        return _Slot("output", len(outputs) - 1)
+        found = by_id[id(tensor)] = _Slot("output", len(outputs) - 1)
+        if key is not None:
+            by_storage[key] = found
+        return found
 
     def walk(node: Any) -> Any:
         if isinstance(node, torch.Tensor):
