@@ -49,19 +49,24 @@ def test_retain_graph_keeps_the_state_for_a_second_backward(recipe):
         assert torch.equal(got, 2 * first), name
 
 
-def test_torch_func_grad_is_pytorchs_functorch_error():
-    """torch.func transforms do not run through a custom op's register_autograd (PyTorch's
-    limitation, as for any torch.library custom op): a clear error, not a wrong gradient."""
-    mlp, x, split_sizes, probs, _ = _module_and_inputs(None)
-    with pytest.raises(RuntimeError, match=r"functorch transforms \(vmap, grad"):
-        torch.func.grad(lambda inputs: mlp(inputs, split_sizes, probs.detach()).float().sum())(x.detach())
+@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+def test_torch_func_grad_equals_autograd(recipe):
+    """torch.func.grad runs through the layer's autograd.Function (its backward calls the
+    backward op on the tensors under functorch's wrappers) and gives autograd's gradient."""
+    mlp, x, split_sizes, probs, _ = _module_and_inputs(recipe)
+    grad = torch.func.grad(lambda inputs: mlp(inputs, split_sizes, probs.detach()).float().sum())(x.detach())
+    leaf = x.detach().clone().requires_grad_()
+    mlp(leaf, split_sizes, probs.detach()).float().sum().backward()
+    assert torch.equal(grad, leaf.grad)
 
 
-def test_vmap_is_a_clear_error_naming_the_op():
+def test_vmap_and_jvp_are_clear_errors():
     mlp, x, split_sizes, probs, _ = _module_and_inputs(None)
     batch = torch.stack([x.detach(), x.detach().flip(0)])
-    with pytest.raises(RuntimeError, match="Batching rule not implemented for gmlp::grouped_mlp_forward"):
+    with pytest.raises(NotImplementedError, match="no batching rule for torch.func.vmap"):
         torch.func.vmap(lambda inputs: mlp(inputs, split_sizes, probs.detach()))(batch)
+    with pytest.raises(RuntimeError, match="jvp"):  # forward-mode AD: not implemented, never a silent zero
+        torch.func.jvp(lambda inputs: mlp(inputs, split_sizes, probs.detach()), (x.detach(),), (torch.ones_like(x),))
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
