@@ -44,6 +44,11 @@ _log = logging.getLogger(__name__)
 Launcher = Callable[[str, KernelCall], None]  # (site, call): runs the call's kernel
 
 
+# what the backward steps read of FC1's call: C and probs (dGLU), Q_col(a) (dW2), the offsets;
+# not its operands (Q_row of x and W1) nor Q_row(a), which only the forward reads
+FC1_SAVED = ("padded_offsets", "c", "prob", "norm_const", "d_col", "sfd_col")
+
+
 class CompiledKernels:
     """Builds, checks and compiles each kernel object once per call signature, then launches it
     (a compile takes seconds: each is logged at INFO level, logger ``gmlp.cutedsl.sm100_layer``)."""
@@ -75,7 +80,7 @@ class Sm100Saved:
 
     rows: PaddedRows
     x_col: MXFP8Tensor  # Q_col of the padded x, grouped by the padded sizes
-    fc1: KernelCall  # C, Q_col(a) (D_col), probs, offsets
+    fc1: KernelCall  # FC1's call, FC1_SAVED only: C, Q_col(a) (D_col), probs, offsets
     w1_col: MXFP8Tensor  # Q_col of the (E * N1, H) W1 stack as FC1 read it (interleaved when gated)
     w2_col: MXFP8Tensor
     split_sizes: torch.Tensor
@@ -130,7 +135,7 @@ def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.
     fc2 = grouped_gemm_call(d_row_of(fc1), w2q.rowwise, rows.offsets)
     launch("fc2", fc2)
     _cross_check(run, "fc2", lambda: views.fc2_view(fc2, d_row_of(fc1), w2q.rowwise, rows, split_sizes))
-    saved = Sm100Saved(rows, xq.columnwise, fc1, w1q.columnwise, w2q.columnwise, split_sizes, probs)
+    saved = Sm100Saved(rows, xq.columnwise, fc1.keeping(FC1_SAVED), w1q.columnwise, w2q.columnwise, split_sizes, probs)
     return from_padded(fc2["d"], rows), saved
 
 

@@ -71,6 +71,11 @@ class KernelCall:
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]
 
+    def keeping(self, names: tuple[str, ...]) -> KernelCall:
+        """This call with only the tensors ``names`` (what a later step reads of it), so that
+        a saved call does not keep its operands alive."""
+        return KernelCall(self.step, {name: self.tensors[name] for name in names}, self.options, self.runtime)
+
     def signature(self) -> tuple:
         """What a compiled kernel depends on: the step, options, tensor shapes, strides, dtypes."""
         tensors = tuple((name, tuple(t.shape), t.stride(), t.dtype) for name, t in self.tensors.items())
