@@ -1,6 +1,6 @@
 """The grouped MLP's forward and backward as a sequence of ops, each on the path its plan chose.
 
-The DESIGN.md dataflow, step for step, with no host sync on the kernel paths:
+The dataflow of docs/design.md, step for step, with no host sync on the kernel paths:
 
 forward:  quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1`` (c, Q_row(a),
           Q_col(a)) -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y

@@ -2,7 +2,7 @@
 
 Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed). Weights are
 ``w1`` (E, 2F, H) as [gate; up] halves for gated activations, (E, F, H) for srelu, and ``w2``
-(E, H, F). The computation is DESIGN.md's dataflow (``gmlp.layer``, a sequence of ops); the
+(E, H, F). The computation is the dataflow of docs/design.md (``gmlp.layer``, a sequence of ops); the
 dispatcher chooses each op's path separately (``gmlp.layer_ops``): CuTeDSL (the quantize, where
 cutlass-dsl runs; on SM100 the GEMM steps too, as cuDNN frontend's fused kernels composed by
 ``gmlp.cutedsl.sm100_layer``), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``).

@@ -1,4 +1,4 @@
-"""The oracle of the grouped MLP: DESIGN.md's dataflow, step for step, in plain PyTorch.
+"""The oracle of the grouped MLP: the dataflow of docs/design.md, step for step, in plain PyTorch.
 
 Quantization happens exactly where the fused kernels quantize (``Q_row`` along a matrix's last
 dimension, ``Q_col`` along its first, per expert for activations), through the bit-exact spec;

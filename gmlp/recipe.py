@@ -13,7 +13,7 @@ __all__ = ["MXFP8Recipe"]
 class MXFP8Recipe:
     """MXFP8 training: activations and weights in E4M3, gradients in ``grad_format``.
 
-    Where the operands are quantized is fixed by the dataflow (DESIGN.md); the recipe chooses
+    Where the operands are quantized is fixed by the dataflow (docs/design.md); the recipe chooses
     the scale rounding and the gradients' element format. ``GroupedMLP(recipe=None)`` runs the
     same flow in bf16 without quantization.
     """

@@ -1,7 +1,7 @@
 """The SM100 path's kernels compile for sm_100a with the arguments gmlp passes, on the CPU.
 
 No Blackwell GPU runs them here. The composition itself (``gmlp.cutedsl.sm100_layer``) runs,
-forward and backward, for the DESIGN shapes on ``meta`` tensors (its quantizes only allocate, as
+forward and backward, for the design shapes on ``meta`` tensors (its quantizes only allocate, as
 gmlp's quantize kernels do), and every kernel call it makes is compiled for sm_100a under
 ``simulated_sm100`` and its PTX checked. ``tests/test_sm100_layer.py`` runs the same composition
 on real tensors with the kernels' own argument checks and torch twins of the kernels; a GPU test
@@ -36,7 +36,7 @@ def launcher(tmp_path_factory) -> CompilingLauncher:
 
 
 def _layer_on_meta(shape: str, activation: str, launcher: CompilingLauncher, probs: bool = True) -> None:
-    """The SM100 composition, forward and backward, for a DESIGN shape on meta tensors."""
+    """The SM100 composition, forward and backward, for a design shape on meta tensors."""
     experts, tokens, hidden, ffn = SHAPES[shape]
     act = activation_from(activation)
     n1 = 2 * ffn if act.gated else ffn
@@ -64,7 +64,7 @@ def test_every_kernel_of_the_layer_compiles_for_sm100(shape, launcher):
 @pytest.mark.parametrize("activation", ["qgeglu", "srelu"])
 def test_the_other_activations_compile_for_sm100(activation, launcher):
     """The clamped GeGLU (the GLU kernels' "geglu") and srelu (the srelu kernels), and a layer
-    without probs; the smallest DESIGN shape."""
+    without probs; the smallest design shape."""
     launcher.ptx.clear()
     _layer_on_meta("qwen3-30b-a3b", activation, launcher, probs=activation == "srelu")
     assert sorted(launcher.ptx) == sorted(SITES)

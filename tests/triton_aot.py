@@ -85,7 +85,7 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    # What the JIT launcher specializes on at run time for the DESIGN shapes: 16-byte aligned
+    # What the JIT launcher specializes on at run time for the design shapes: 16-byte aligned
     # pointers and integer arguments divisible by 16.
     aligned = [name for name, kind in signature.items()
                if (kind.startswith("*") or kind == "i32") and name not in constexprs]

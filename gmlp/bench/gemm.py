@@ -1,6 +1,6 @@
 """Each GEMM of the layer alone, Triton kernels against torch's bf16 grouped GEMM of the same product.
 
-For the DESIGN shapes (balanced routing) and each GEMM of the layer (FC1 with its fused epilogue,
+For the design shapes (balanced routing) and each GEMM of the layer (FC1 with its fused epilogue,
 FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gradients), times:
 
 - ``torch._grouped_mm`` in bf16 of the same product (the baseline of the ratios);

@@ -8,7 +8,7 @@ Hopper user has out of the box); ``torch-bf16-compiled-act`` runs it through ``t
 (what a careful one runs: inductor fuses it into one kernel forward and one backward, with static
 shapes as a fixed-shape training run has). Every side gets the same router ``probs`` (T,), fp32, a
 leaf that takes gradients: each multiplies the activation by it and computes dprobs in its
-backward. Shapes (experts, routed rows T, hidden H, ffn F) are DESIGN.md's; routing balanced or
+backward. Shapes (experts, routed rows T, hidden H, ffn F) are those of docs/design.md; routing balanced or
 skewed (Zipf-like, with empty experts). TFLOP/s count the useful work only: 6 T H F per forward
 (FC1 with 2F outputs, FC2), three times that for forward + backward. Every step starts without
 gradients, as after ``optimizer.zero_grad()`` (set to None): no side pays an accumulating add into

@@ -1,4 +1,4 @@
-"""The grouped MLP on SM100: DESIGN.md's dataflow as cuDNN frontend's fused grouped kernels.
+"""The grouped MLP on SM100: the dataflow of docs/design.md as cuDNN frontend's fused grouped kernels.
 
 forward:  x, dy are padded so that every expert starts at a multiple of 256 rows
           (``sm100_layout``); quantize x (Q_row for FC1, Q_col for dW1, grouped by the padded

@@ -1,6 +1,6 @@
 """How two paths' outputs of one op are compared, and the bound each element must keep.
 
-Bit for bit where DESIGN.md says the results are defined to the bit: the quantize (the spec) and
+Bit for bit where docs/design.md says the results are defined to the bit: the quantize (the spec) and
 the dequantize. Elsewhere the paths differ only in the order of fp32 accumulation (the torch
 twins accumulate in fp64 and round once), and each element gets a bound derived from that:
 

@@ -1,4 +1,4 @@
-"""Triton kernel: grouped FC1 with the fused forward epilogue (DESIGN.md dataflow steps 1-3).
+"""Triton kernel: grouped FC1 with the fused forward epilogue (dataflow steps 1-3 of docs/design.md).
 
 One program computes a (128-row expert tile, BLOCK_N outputs) tile of ``h = x @ W1_g^T (+ b1)``.
 Gated activations take BLOCK_N gate columns and the matching BLOCK_N up columns (rows n and F + n

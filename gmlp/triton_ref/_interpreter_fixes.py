@@ -3,17 +3,17 @@
 1. fp32 -> fp8 casts go through the spec's cast, and fp8 -> fp32 decodes through torch.
 
 Triton's interpreter rounds fp32 -> fp8 wrongly (ties away from even, lost exponent carry,
-flushed subnormals, no saturation; DESIGN.md). On the GPU the same ``.to(fp8)`` compiles to
+flushed subnormals, no saturation; docs/design.md). On the GPU the same ``.to(fp8)`` compiles to
 ``cvt.rn.satfinite`` (round to nearest even, saturating, NaN -> 0x7F), which is exactly
 ``gmlp.mxfp8.cast_to_element``; the compile tests assert that instruction and the H200 tests
 check the compiled kernels bit for bit. With this fix the interpreted kernels (CPU tests, and
 users without a GPU who set TRITON_INTERPRET=1) compute what the compiled ones do. The other way,
-the interpreter decodes E4M3's NaN code as +-480 (DESIGN.md); the GPU (and torch) give NaN.
+the interpreter decodes E4M3's NaN code as +-480 (docs/design.md); the GPU (and torch) give NaN.
 Installed by
 ``gmlp.triton_ref`` only when the interpreter is on; remove it once the interpreter's cast
 rounds like the hardware.
 
-2. ``tl.dot`` of bf16 operands: the interpreter multiplies the raw 16-bit patterns (DESIGN.md);
+2. ``tl.dot`` of bf16 operands: the interpreter multiplies the raw 16-bit patterns (docs/design.md);
    the fix widens them to fp32 first, as the tensor cores do (products of bf16 values are exact
    in fp32). Remove it once the interpreter's dot handles bf16.
 3. fp32 -> bf16 casts: the interpreter truncates; the GPU (and torch) round to nearest even.
