@@ -1,13 +1,18 @@
 """The layer as two PyTorch custom ops, so that ``torch.compile`` traces it without graph breaks.
 
 ``gmlp::grouped_mlp_forward`` returns y and, flattened (``gmlp.saved_tensors``), what the
-backward needs; ``gmlp::grouped_mlp_backward`` turns dy and that state into the gradients.
-Autograd connects them (``register_autograd``: ``setup_context`` saves tensors with
-``save_for_backward``), and each op has a fake implementation that gives its outputs' shapes
-from its inputs', so ``torch.compile(..., fullgraph=True)`` sees two opaque calls whatever path
-runs inside and however the routing changes. Inside the ops everything is eager: the plan
-(cached, ``gmlp.layer_config``), split-size validation, the kernels and, when it is on, the
-cross-check (read where each op runs).
+backward needs; ``gmlp::grouped_mlp_backward`` turns dy and that state into the gradients. Each
+op has a fake implementation that gives its outputs' shapes from its inputs', so
+``torch.compile(..., fullgraph=True)`` sees two opaque calls whatever path runs inside and
+however the routing changes. A ``torch.autograd.Function`` (``setup_context``,
+``save_for_backward``) connects them: traced, or under a ``torch.func`` transform, it calls the
+ops; in eager mode it calls their implementations directly, which skips the custom-op
+dispatcher's host time. The forward op also has its own ``register_autograd``, for callers of
+``torch.ops.gmlp.grouped_mlp_forward``. Inside the ops everything is eager: the plan (cached,
+``gmlp.layer_config``), split-size validation, the kernels and, when it is on, the cross-check
+(read where each op runs). The layout of the flattened state is a function of the config, the
+composition and whether there are probs: the forward records it under that key (``_SPECS``)
+and the backward reads it there.
 
 Split sizes are validated without a host sync on a GPU: ``torch._assert_async`` stops the
 stream with a device-side assert when they are negative or do not sum to T (PyTorch's way with
