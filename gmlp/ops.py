@@ -28,7 +28,7 @@ from torch import Tensor
 
 from gmlp.cutedsl.sm100_layer import sm100_backward, sm100_forward
 from gmlp.debug import active_settings as active_cross_check
-from gmlp.debug.crosscheck import CrossCheck
+from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
 from gmlp.groups import should_check_split_values
 from gmlp.layer import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.layer_config import LayerConfig, cached_plan, decode_config
@@ -78,8 +78,8 @@ def validate_split_sizes(split_sizes: Tensor, tokens: int) -> None:
                                          "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
 
 
-def _runner(config: LayerConfig, plan, split_sizes: Tensor, reused: dict | None) -> OpRunner:
-    settings = active_cross_check()
+def _runner(config: LayerConfig, plan, split_sizes: Tensor, reused: dict | None,
+            settings: CrossCheckSettings | None) -> OpRunner:
     if settings is not None and _capturing():
         raise RuntimeError("the cross-check compares two paths on the host, which a CUDA graph capture cannot do "
                            "(torch.compile mode='reduce-overhead' captures one): turn it off while capturing, or "
@@ -103,7 +103,7 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     plan = _plan(layer, x, split_sizes, w1, w2)
     validate_split_sizes(split_sizes, x.shape[0])
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
-    run = _runner(layer, plan, split_sizes, reused_weights)
+    run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
     forward = sm100_forward if plan.sm100 else grouped_mlp_forward
     y, saved = forward(run, x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
     state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, b1, w2, b2, *reused])
@@ -150,16 +150,16 @@ def _no_launch(site: str, call) -> None:
 
 
 def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], config: str,
-               main_grads: tuple[Tensor | None, ...] | None) -> list[Tensor]:
+               main_grads: tuple[Tensor | None, ...] | None, settings: CrossCheckSettings | None) -> list[Tensor]:
     """The gradients, from dy, the forward's inputs and its state: [dx, dprobs if probs, then
     dw1, db1, dw2, db2 for the parameters there are], or, given ``main_grads`` (the fp32
     ``main_grad`` of w1, b1, w2, b2; None for a missing bias), [dx, dprobs if probs] with the
-    parameters' gradients added into those."""
+    parameters' gradients added into those. ``settings``: the cross-check's, or None."""
     layer = decode_config(config)
     x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
     plan = _plan(layer, x, split_sizes, w1, w2)
     saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, probs)), state, inputs)
-    run = _runner(layer, plan, split_sizes, None)
+    run = _runner(layer, plan, split_sizes, None, settings)
     weight_dtype = torch.float32 if main_grads is not None else w1.dtype
     into = (main_grads[0], main_grads[2]) if main_grads is not None else None  # the backward adds into these
     backward = sm100_backward if plan.sm100 else grouped_mlp_backward
@@ -180,7 +180,7 @@ def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], con
 def _backward(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], config: str) -> list[Tensor]:
     """``_gradients`` with every gradient returned (no main_grad: GroupedMLP adds into main
     grads in eager mode only, through ``_gradients`` itself)."""
-    return _gradients(dy, inputs, state, config, None)
+    return _gradients(dy, inputs, state, config, None, active_cross_check())
 
 
 @_backward.register_fake
@@ -201,6 +201,8 @@ def _setup_context(ctx, inputs, output) -> None:
     # the backward adds into these
     accumulate = not torch.compiler.is_compiling() and decode_config(config).accumulate_main_grad
     ctx.main_grads = tuple(None if p is None else p.main_grad for p in (w1, b1, w2, b2)) if accumulate else None
+    # the forward's cross-check settings apply to its backward (which may run in another thread)
+    ctx.cross_check = None if torch.compiler.is_compiling() else active_cross_check()
 
 
 def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
@@ -213,13 +215,13 @@ def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
     if dy is None:  # an undefined gradient of y (not materialized; gradcheck sends one)
         dy = torch.zeros_like(x)
     if main_grads is not None:
-        computed = iter(_gradients(dy, inputs, state, ctx.config, main_grads))
+        computed = iter(_gradients(dy, inputs, state, ctx.config, main_grads, ctx.cross_check))
     elif traced or torch._C._functorch.is_functorch_wrapped_tensor(dy):
         # traced, or under a torch.func transform (whose wrapped tensors the kernels cannot
         # read; the op is called on the tensors underneath)
         computed = iter(_backward(dy, inputs, state, ctx.config))
     else:
-        computed = iter(_gradients(dy, inputs, state, ctx.config, None))
+        computed = iter(_gradients(dy, inputs, state, ctx.config, None, ctx.cross_check))
     dx = next(computed)
     dprobs = next(computed) if probs is not None else None
     # autograd gets no gradient for parameters whose main_grad the backward added into

@@ -209,3 +209,35 @@ def test_ops_on_the_last_path_are_said_once(monkeypatch):
         mlp(x, split_sizes)
     messages = [str(w.message) for w in caught if issubclass(w.category, CrossCheckWarning)]
     assert len(messages) == 6 and all("ran on torch, the last path" in m for m in messages), messages
+
+
+def test_a_block_reaches_backward_threads_and_the_forwards_settings_its_backward(monkeypatch):
+    """On a GPU autograd runs the backward in its own device thread, where the block's context
+    variable is not set: the open block is seen there too; and a backward run after the block
+    still uses the settings its forward ran under."""
+    import threading
+
+    seen = []
+    with cross_check(action="raise") as settings:
+        worker = threading.Thread(target=lambda: seen.append(gmlp.debug.active_settings()))
+        worker.start()
+        worker.join()
+    assert seen == [settings] and gmlp.debug.active_settings() is None
+
+    _require_triton_layer()
+    real = gmlp.layer.implementation
+    where: list = []
+
+    def implementation(site_, path):
+        run = real(site_, path)
+        planted = site_.name == "fc1 dgrad" and path is Path.TRITON
+        return (lambda *args, **kwargs: _planted(run(*args, **kwargs), where)) if planted else run
+
+    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    device = kernel_device()
+    mlp = gmlp.GroupedMLP(2, 64, 64, device=device)
+    x = torch.randn(40, 64, device=device).bfloat16().requires_grad_()
+    with cross_check(action="raise"):
+        y = mlp(x, torch.tensor([30, 10], device=device))
+    with pytest.raises(CrossCheckError, match="fc1 dgrad"):
+        y.backward(torch.randn_like(y))

@@ -11,7 +11,8 @@ same inputs; the outputs are compared bit for bit where the spec defines them to
 within bounds derived from the formats (``gmlp.debug.compare``). A mismatch names the site, the
 op, each differing output and how many of its elements differ, and the first elements: index,
 expert, both values, the bound, the block scale. The settings in force when the forward runs
-apply to its backward too.
+apply to its backward too, and a block is also seen by the threads autograd runs a backward in
+(on a GPU, its own device threads), which a context variable does not reach.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from gmlp.env import env_setting
 __all__ = ["cross_check", "active_settings", "CrossCheckSettings", "CrossCheckError", "CrossCheckWarning"]
 
 _SETTINGS: contextvars.ContextVar[CrossCheckSettings | None] = contextvars.ContextVar("gmlp_cross_check", default=None)
+# the open blocks of the process, innermost last: what a thread without a block of its own sees
+# (autograd's backward threads)
+_OPEN_BLOCKS: list[CrossCheckSettings] = []
 
 
 @contextlib.contextmanager
@@ -42,9 +46,11 @@ def cross_check(ops: str | Iterable[str] | None = None, action: str = "warn",
     """
     settings = CrossCheckSettings(_names(ops), action, tolerance)
     token = _SETTINGS.set(settings)
+    _OPEN_BLOCKS.append(settings)
     try:
         yield settings
     finally:
+        _OPEN_BLOCKS.remove(settings)
         _SETTINGS.reset(token)
 
 
@@ -56,12 +62,15 @@ def _names(ops: str | Iterable[str] | None) -> frozenset[str] | None:
 
 
 def active_settings() -> CrossCheckSettings | None:
-    """The cross-check in force: the innermost ``cross_check`` block, else GMLP_CROSSCHECK
+    """The cross-check in force: the innermost ``cross_check`` block of this context, else the
+    innermost open one of the process (a backward thread's case), else GMLP_CROSSCHECK
     ("warn" or a true boolean spelling such as "1" / "yes": warn; "raise": raise; unset, empty
     or a false spelling: off), else None."""
     settings = _SETTINGS.get()
     if settings is not None:
         return settings
+    if _OPEN_BLOCKS:
+        return _OPEN_BLOCKS[-1]
     value = env_setting("GMLP_CROSSCHECK", ("warn", "raise"))
     if value is None or value is False:
         return None
