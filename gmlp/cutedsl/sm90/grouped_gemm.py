@@ -1,0 +1,481 @@
+"""CuTeDSL sm_90a grouped GEMM ``D[rows of g] = A[rows of g] @ B_g^T (+ bias_g)`` (FC2 forward, FC1 dgrad).
+
+Twin of ``gmlp.triton_ref.grouped_gemm`` (same arguments, same result up to the fp32 summation
+order). Operands: A (T, K) bf16 row-major with rows grouped by expert; B (E, N, K) bf16, either
+K-major (B_g (N, K) row-major: stacked weights, FC2's W2) or N-major (a transposed view of a
+(E, K, N) weight: FC1 dgrad's W1^T read in place); D (T, N) bf16; optional bias (E, N), bf16 or
+fp32; fp32 accumulation. Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` of A and D,
+from the device prefix sums of ``gmlp.groups.device_groups`` (no host sync; any sizes, 0 too).
+
+Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values):
+
+- Tiles: BM = 128 rows (one 128-row tile of ``groups.tile_start``: m-tile ``j`` of the layer is
+  local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j < tile_start[g+1]``,
+  first row ``row_start[g] + 128 * local``), BN = 128 or 256 columns, BK = 64. Work item
+  ``w = j * n_tiles + n``: n fastest, so CTAs running together share A rows and B_g.
+- Persistent: the grid is min(#SMs, a host bound of the tiles: ``max_row_tiles(T, E) * n_tiles``);
+  CTA b walks items b, b + grid, ... below ``tile_start[E] * n_tiles`` (read on the device). The
+  expert of an item is a binary search over ``tile_start`` (``SEARCH_STEPS`` dependent loads of a
+  tiny cached array per item).
+- Warp-specialized: warp 0 (of warpgroup 0, registers lowered to 40) is the TMA producer;
+  1 (BN = 128) or 2 (BN = 256, each a 64-row half) consumer warpgroups issue ``wgmma``
+  (bf16 x bf16 -> fp32, operands from smem) with registers raised to 232.
+- Pipeline: ``stages`` smem slots of one A tile (128 x 64) and one B tile (BN x 64), 128B-swizzled,
+  full/empty mbarriers (``PipelineTmaAsync``); the producer runs ahead across tiles, so the next
+  tile's loads overlap this tile's epilogue. A is loaded through a TMA descriptor of the whole
+  (T, K) tensor at the expert's first row: rows past the expert's end are the next expert's (or
+  TMA's zero fill past T); they only reach accumulator rows that are never stored. K tails are
+  zero-filled by TMA. B_g is the expert coordinate of a 3-D (N, K, E) descriptor.
+- Epilogue, from the accumulator registers: + bias (fp32), round to bf16, predicated stores of
+  the rows below the expert's end and the columns below N (rows past the end belong to the next
+  expert, so no full-tile TMA store).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from gmlp import scale_layout
+from gmlp.groups import DeviceGroups, device_groups
+from gmlp.scale_layout import SCALE_TILE_ROWS
+
+__all__ = [
+    "KernelConfig",
+    "GroupedGemmSm90",
+    "CompiledGroupedGemm",
+    "compile_grouped_gemm",
+    "problem_support",
+    "grouped_gemm",
+    "SUPPORTED_ARCHS",
+    "MAX_EXPERTS",
+]
+
+SUPPORTED_ARCHS = ("sm_90a",)
+TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
+TILE_K = 64  # one 128-byte swizzle row of bf16
+SEARCH_STEPS = 12  # binary search over tile_start: up to 2**12 experts
+MAX_EXPERTS = 2**SEARCH_STEPS
+_ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
+_ELEMENT_ALIGN = _ALIGN // 2  # bf16 elements
+_SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment slack
+_THREADS_PER_WARPGROUP = 128
+_PRODUCER_REGISTERS = 40
+_CONSUMER_REGISTERS = 232
+_BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    b_k_major: bool = True  # B_g (N, K) row-major (stacked weights); False: N-major (transposed view)
+    bias_dtype: torch.dtype | None = None  # None: no bias
+    tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+
+    def __post_init__(self):
+        if self.tile_n not in (128, 256):
+            raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
+        if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
+            raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
+        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
+            raise ValueError(f"stages must be in [2, {self.max_stages()}] for tile_n={self.tile_n}, got {self.stages}")
+
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline slot: an A tile and a B tile of bf16."""
+        return (TILE_M + self.tile_n) * TILE_K * 2
+
+    def max_stages(self) -> int:
+        return _SMEM_BYTES // self.stage_bytes()
+
+    def num_stages(self) -> int:
+        return self.stages if self.stages is not None else self.max_stages()
+
+
+class GroupedGemmSm90:
+    """The jit code of the grouped GEMM (see the module docstring); ``__call__`` is the host side
+    that builds TMA descriptors and launches, ``kernel`` the device side."""
+
+    def __init__(self, config: KernelConfig):
+        self.config = config
+        self.tile_n = config.tile_n
+        self.num_mma_warpgroups = config.tile_n // 128
+        self.stages = config.num_stages()
+        self.has_bias = config.bias_dtype is not None
+        self.tile_shape_mnk = (TILE_M, config.tile_n, TILE_K)
+        # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
+        # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
+        self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
+        self.threads = (1 + self.num_mma_warpgroups) * _THREADS_PER_WARPGROUP
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (T, K) bf16, row-major
+        mB: cute.Tensor,  # (E, N, K) bf16: K-major (strides (., K', 1)) or N-major (strides (., 1, N'))
+        mBias: cute.Tensor | None,  # (E, N) bf16/fp32, row-major
+        mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
+        mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mD: cute.Tensor,  # (T, N) bf16, row-major
+        num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
+        stream,
+    ):
+        # B as the (N, K, E) tensor that the dense Hopper GEMMs read (L = experts)
+        mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
+        a_layout = utils.LayoutEnum.from_tensor(mA)
+        b_layout = utils.LayoutEnum.from_tensor(mB_nke)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+            self.atom_layout_mnk, tiler_mn=(64, self.tile_n),
+        )
+        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, self.tile_shape_mnk, BFloat16, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile_shape_mnk, BFloat16, self.stages)
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
+            (TILE_M, TILE_K),
+        )
+        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
+            (self.tile_n, TILE_K),
+        )
+
+        @cute.struct
+        class SharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a_smem_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_smem_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tma_atom_a, tma_a, tma_atom_b, tma_b, mBias, mRowStart, mTileStart, mD, tiled_mma,
+            a_smem_layout, b_smem_layout,
+        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
+                 stream=stream)
+
+    @cute.jit
+    def expert_of_tile(self, mTileStart: cute.Tensor, m_tile: Int32, num_experts: Int32) -> Int32:
+        """The last g < E with tile_start[g] <= m_tile: the expert owning m-tile ``m_tile`` (empty
+        experts before it share its start and lose the search). Bits from the top, SEARCH_STEPS
+        probes; needs E <= 2**SEARCH_STEPS."""
+        g = Int32(0)
+        for step in cutlass.range_constexpr(SEARCH_STEPS):
+            probe = g + (1 << (SEARCH_STEPS - 1 - step))
+            if probe < num_experts:
+                if mTileStart[probe] <= m_tile:
+                    g = probe
+        return g
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,  # TMA coordinates of A (T, K)
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
+        mBias: cute.Tensor | None,
+        mRowStart: cute.Tensor,
+        mTileStart: cute.Tensor,
+        mD: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WARPGROUP)
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
+        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+        # full[s]: armed by the producer with the slot's TMA bytes; empty[s]: one arrive per
+        # consumer warp once its wgmmas reading slot s completed.
+        stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
+                       + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.pipeline_barriers.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_warpgroups * 4),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )  # initializes the mbarriers and syncs the CTA
+
+        # Work items: w = m_tile * n_tiles + n_tile over m-tiles of tile_start (see module doc).
+        num_rows, n = mD.shape
+        num_experts = mTileStart.shape[0] - 1
+        n_tiles = (n + self.tile_n - 1) // self.tile_n
+        num_items = mTileStart[num_experts] * n_tiles
+        k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
+
+        # (BN, BK, RestN, RestK, E) tiles of B and their TMA partition ((TMA), RestN, RestK, E)
+        gB = cute.local_tile(mB, (self.tile_n, TILE_K), (None, None, None))
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(_PRODUCER_REGISTERS)
+        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            item = bidx
+            while item < num_items:
+                m_tile = item // n_tiles
+                n_tile = item - m_tile * n_tiles
+                g = self.expert_of_tile(mTileStart, m_tile, num_experts)
+                first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
+                # (BM, BK, RestK) tiles of A from the expert's row first_row (not tile-aligned)
+                gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
+                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                tBgB_item = tBgB[(None, n_tile, None, g)]
+                for k_tile in range(k_tiles):
+                    mainloop.producer_acquire(state)
+                    barrier = mainloop.producer_get_barrier(state)
+                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_b, tBgB_item[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
+                    state.advance()
+                item += grid
+            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+
+        if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
+            mma_tidx = tidx - _THREADS_PER_WARPGROUP
+            # A/B smem descriptors are per warpgroup; C fragments are per thread.
+            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * _THREADS_PER_WARPGROUP)
+            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))  # (MMA, MMA_M, MMA_K, stages)
+            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
+            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+            out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
+            k_blocks = cute.size(tCrA, mode=[2])
+            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
+            item = bidx
+            while item < num_items:
+                m_tile = item // n_tiles
+                n_tile = item - m_tile * n_tiles
+                g = self.expert_of_tile(mTileStart, m_tile, num_experts)
+                first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
+                end_row = mRowStart[g + 1]
+
+                # Mainloop: keep one k-tile of wgmmas in flight; release a slot once the wgmmas
+                # that read it are complete (wait_group(1) after committing the next k-tile).
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                cute.nvgpu.warpgroup.fence()
+                mainloop.consumer_wait(read_state)
+                for k_block in cutlass.range_constexpr(k_blocks):
+                    slot = (None, None, k_block, read_state.index)
+                    cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                read_state.advance()
+                for k_tile in range(1, k_tiles):
+                    mainloop.consumer_wait(read_state)
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read_state.index)
+                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    mainloop.consumer_release(release_state)
+                    release_state.advance()
+                    read_state.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                mainloop.consumer_release(release_state)
+                release_state.advance()
+
+                # Epilogue: the tile's D at (first_row, n_tile * BN); only rows < end_row (this
+                # expert's) and columns < N are written. Accumulators j = 2i, 2i+1 of a thread are
+                # columns c, c+1 of one row (c even; N % 8 == 0, so both or neither are < N): one
+                # 32-bit store of the bf16 pair through the Int32 views of out and D.
+                col0 = n_tile * self.tile_n
+                limits = (end_row - first_row, n - col0)
+                gD = cute.local_tile(cute.domain_offset((first_row, col0), mD), (TILE_M, self.tile_n), (0, 0))
+                tCgD_pairs = cute.recast_tensor(thr_mma.partition_C(gD), Int32)
+                out_pairs = cute.recast_tensor(out, Int32)
+                for i in cutlass.range_constexpr(cute.size(out_pairs)):
+                    if cute.elem_less(tCcD[2 * i], limits):
+                        low, high = acc[2 * i], acc[2 * i + 1]
+                        if const_expr(self.has_bias):
+                            col = col0 + tCcD[2 * i][1]
+                            low = low + mBias[g, col].to(Float32)
+                            high = high + mBias[g, col + 1].to(Float32)
+                        out[2 * i] = low.to(BFloat16)
+                        out[2 * i + 1] = high.to(BFloat16)
+                        tCgD_pairs[i] = out_pairs[i]
+                item += grid
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation (cached per config and architecture)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_arguments(config: KernelConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments, in order: T, N, K, E are runtime values;
+    alignments are what the launcher guarantees (16-byte bases; K, N and strides multiples of 8)."""
+    rows, n, k = cute.sym_int(), cute.sym_int(divisibility=_ELEMENT_ALIGN), cute.sym_int(divisibility=_ELEMENT_ALIGN)
+    starts = cute.sym_int()  # E + 1
+    experts = cute.sym_int()
+
+    def stride(divisibility: int = _ELEMENT_ALIGN):
+        return cute.sym_int64(divisibility=divisibility)
+
+    a = make_fake_tensor(BFloat16, (rows, k), stride=(stride(), 1), assumed_align=_ALIGN)
+    b_strides = (stride(), stride(), 1) if config.b_k_major else (stride(), 1, stride())
+    b = make_fake_tensor(BFloat16, (experts, n, k), stride=b_strides, assumed_align=_ALIGN)
+    bias = None
+    if config.bias_dtype is not None:
+        bias = make_fake_tensor(_BIAS_DTYPES[config.bias_dtype], (experts, n), stride=(stride(1), 1), assumed_align=4)
+    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    d = make_fake_tensor(BFloat16, (rows, n), stride=(stride(), 1), assumed_align=_ALIGN)
+    return (a, b, bias, row_start, tile_start, d, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+@dataclass(frozen=True)
+class CompiledGroupedGemm:
+    """A kernel compiled ahead of time: the callable (runs on a matching GPU), its PTX and cubin."""
+
+    config: KernelConfig
+    arch: str
+    function: object
+    ptx: str
+    cubin: bytes  # b"" for the native (runtime) build
+
+
+def _artifact_text(value) -> str:
+    """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if len(value) < 4096 and "\n" not in value and os.path.isfile(value):
+        with open(value) as handle:
+            return handle.read()
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(config: KernelConfig, arch: str | None) -> CompiledGroupedGemm:
+    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
+    options = "--enable-tvm-ffi"
+    kernel = GroupedGemmSm90(config)
+    if arch is None:
+        return CompiledGroupedGemm(config, "native", cute.compile(kernel, *_fake_arguments(config), options=options),
+                                   ptx="", cubin=b"")
+    with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
+        function = cute.compile(kernel, *_fake_arguments(config),
+                                options=f"{options} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
+        ptx = _artifact_text(function.__ptx__)
+        cubin = function.__cubin__
+        cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
+    return CompiledGroupedGemm(config, arch, function, ptx, cubin)
+
+
+def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> str | None:
+    """None if the kernel runs a (T, N, K, E) problem, else why not (TMA alignment, search depth)."""
+    if not 0 < num_experts <= MAX_EXPERTS:
+        return f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)"
+    if k == 0 or k % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
+        return f"K={k} and N={n} must be positive multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
+    if max(num_rows, n, k) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n >= 2**31:
+        return f"T={num_rows}, N={n}, K={k}, E={num_experts} too large for 32-bit tile coordinates"
+    return None
+
+
+def compile_grouped_gemm(
+    arch: str = "sm_90a",
+    config: KernelConfig = KernelConfig(),
+    *,
+    shape: tuple[int, int, int, int] | None = None,
+) -> CompiledGroupedGemm:
+    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
+    is shape-generic (T, N, K, E at run time), so one compile serves every shape of a config;
+    ``shape`` (T, N, K, E), when given, is checked against ``problem_support``."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
+    reason = None if shape is None else problem_support(*shape)
+    if reason is not None:
+        raise ValueError(f"the sm90 grouped GEMM cannot run this problem: {reason}")
+    return _compile(config, arch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def _b_layout(b: torch.Tensor) -> bool:
+    """True for K-major B (E, N, K), False for N-major; raises for layouts TMA cannot read."""
+    _, s_n, s_k = b.stride()
+    aligned = lambda *values: all(v % _ELEMENT_ALIGN == 0 for v in values)  # noqa: E731
+    if s_k == 1 and aligned(b.stride(0), s_n):
+        return True
+    if s_n == 1 and aligned(b.stride(0), s_k):
+        return False
+    raise ValueError(f"b (E, N, K) must be K-major (strides (., K', 1)) or N-major (strides (., 1, N')) with the "
+                     f"other strides multiples of {_ELEMENT_ALIGN}, got strides {b.stride()}")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def grouped_gemm(
+    a: torch.Tensor,  # (T, K) bf16, contiguous, rows grouped by expert
+    b: torch.Tensor,  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major (_b_layout)
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    bias: torch.Tensor | None = None,  # (E, N) bf16 or fp32
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
+    tile_n: int = 256,
+) -> torch.Tensor:
+    """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
+    host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
+    of 8 and 16-byte aligned bases (TMA)."""
+    # validate
+    if not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 3 and a.is_contiguous()):
+        raise TypeError(f"a must be a contiguous bf16 (T, K) matrix and b a bf16 (E, N, K) tensor, got "
+                        f"a {a.dtype} {tuple(a.shape)}, b {b.dtype} {tuple(b.shape)}")
+    (tokens, k), (experts, n, b_k) = a.shape, b.shape
+    if experts != split_sizes.numel() or b_k != k:
+        raise ValueError(f"b must hold {split_sizes.numel()} experts' (N, K={k}) matrices, got shape {tuple(b.shape)}")
+    reason = problem_support(tokens, n, k, experts)
+    if reason is not None:
+        raise ValueError(f"the sm90 grouped GEMM cannot run this problem: {reason}")
+    if any(t.device.type != "cuda" or t.data_ptr() % _ALIGN for t in (a, b)):
+        raise ValueError("a and b must be 16-byte aligned CUDA tensors")
+    if bias is not None and (bias.shape != (experts, n) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous ({experts}, {n}) tensor, got {tuple(bias.shape)}")
+    config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n)
+
+    # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
+    out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.device)
+    items = scale_layout.max_row_tiles(tokens, experts) * scale_layout.ceil_div(n, tile_n)
+    if items > 0 and tokens > 0:  # (a TMA descriptor needs T >= 1)
+        with torch.cuda.device(a.device):
+            kernel = _compile(config, None).function
+            kernel(a, b, bias, groups.row_start, groups.tile_start, out, min(items, _sm_count(a.device.index)))
+    return out

@@ -1,0 +1,206 @@
+"""The CuTeDSL sm_90a grouped GEMM (gmlp.cutedsl.sm90.grouped_gemm) compiled without a GPU, with
+checks on its PTX and ptxas' resource report, and (marker ``gpu``, H100/H200 only) run against
+the reference and the Triton twin.
+
+The kernel is shape-generic (T, N, K, E are runtime values), so the design shapes share the
+compile of their config (about 1-2 s each, cached); each shape is still checked against the
+kernel's support. Skipped, with the import error, where cutlass-dsl is missing or broken.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+from gmlp.cutedsl import import_error
+
+_IMPORT_ERROR = import_error()
+pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
+
+# (E, T, H, F) design shapes: FC2 forward is N = H, K = F; FC1 dgrad N = H, K = 2F.
+DESIGN_SHAPES = [(8, 16384, 4096, 14336), (32, 32768, 7168, 2048), (128, 65536, 2048, 768)]
+GEMMS = [(f"{name}-E{e}-H{h}-F{f}", (t, h, k, e), b_k_major)
+         for e, t, h, f in DESIGN_SHAPES
+         for name, k, b_k_major in (("fc2-fwd", f, True), ("fc1-dgrad", 2 * f, False))]
+# Odd problems: tiny and empty experts, T and N not multiples of the tile, K below one k-tile.
+ODD_SHAPES = [(1, 8, 8, 1), (37 + 64 + 1 + 90, 40, 96, 5), (3, 264, 72, 4096)]
+
+
+def _config(**kwargs):
+    from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig
+
+    return KernelConfig(**kwargs)
+
+
+def _ptxas_candidates() -> list[str]:
+    """ptxas binaries to try: on PATH, then the ones Triton bundles (its ptxas-blackwell is CUDA 13.x)."""
+    candidates = [shutil.which("ptxas")]
+    try:
+        import triton
+
+        bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+        candidates += [os.path.join(bin_dir, "ptxas-blackwell"), os.path.join(bin_dir, "ptxas")]
+    except ImportError:
+        pass
+    return [tool for tool in candidates if tool and os.access(tool, os.X_OK)]
+
+
+def ptxas_report(ptx: str, arch: str) -> dict[str, int] | None:
+    """{"registers", "stack", "spill_stores", "spill_loads"} from ``ptxas -v`` of the first ptxas
+    that reads the PTX's ISA version; None if none does."""
+    with tempfile.TemporaryDirectory() as work:
+        source = os.path.join(work, "kernel.ptx")
+        with open(source, "w") as handle:
+            handle.write(ptx)
+        for tool in _ptxas_candidates():
+            result = subprocess.run([tool, "-v", f"-arch={arch}", source, "-o", os.path.join(work, "kernel.cubin")],
+                                    capture_output=True, text=True)
+            if "Unsupported .version" in result.stderr:
+                continue
+            assert result.returncode == 0, result.stderr
+            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                              result.stderr)
+            registers = re.search(r"Used (\d+) registers", result.stderr)
+            return dict(registers=int(registers.group(1)), stack=int(frame.group(1)),
+                        spill_stores=int(frame.group(2)), spill_loads=int(frame.group(3)))
+    return None
+
+
+def check_ptx(compiled, *, tile_n: int, b_k_major: bool) -> None:
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
+    wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills."""
+    ptx = compiled.ptx
+    assert ".target sm_90a" in ptx
+    assert f".reqntid {128 * (1 + tile_n // 128)}, 1, 1" in ptx
+    # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
+    # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b (1: B is N-major in smem)
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+                        r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(trans == ("0", "0" if b_k_major else "1") for trans in wgmmas), wgmmas[:2]
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warpgroup
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    report = ptxas_report(ptx, "sm_90a")
+    if report is not None:  # else the PTX check above is the spill check
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+        assert report["registers"] <= 232, report
+
+
+@pytest.mark.parametrize("name,shape,b_k_major", GEMMS, ids=[g[0] for g in GEMMS])
+def test_design_shapes_compile(name, shape, b_k_major):
+    """FC2 forward reads stacked W2 (K-major B); FC1 dgrad reads W1^T in place (N-major B)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+
+    config = _config(b_k_major=b_k_major, bias_dtype=torch.bfloat16 if name.startswith("fc2") else None)
+    check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=config.tile_n, b_k_major=b_k_major)
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-N{}-K{}-E{}".format(*s))
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_odd_shapes_compile(shape, tile_n):
+    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+
+    config = _config(tile_n=tile_n, bias_dtype=torch.float32, stages=3)
+    check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=tile_n, b_k_major=True)
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((64, 12, 64, 2), r"K=64 and N=12 must be positive multiples of 8"),
+    ((64, 16, 0, 2), r"K=0 and N=16"),
+    ((64, 16, 64, 4097), r"E=4097 outside \[1, 4096\]"),
+])
+def test_unsupported_shapes_are_refused(shape, match):
+    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+
+    with pytest.raises(ValueError, match=match):
+        compile_grouped_gemm("sm_90a", shape=shape)
+
+
+def test_invalid_configs_are_refused():
+    with pytest.raises(ValueError, match="tile_n must be 128 or 256"):
+        _config(tile_n=64)
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
+        _config(stages=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# On an sm_90 GPU: against the reference and the Triton twin
+# ---------------------------------------------------------------------------------------------
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+SPLITS = {
+    "ragged-with-empty": [0, 37, 64, 1, 90],
+    "one-expert-gets-all": [0, 0, 300, 0],
+    "all-empty-but-last": [0, 0, 0, 5],
+    "tile-multiples": [128, 256, 0, 128],
+    "many-tiny": [1, 2, 3, 0, 5, 8, 13, 0, 21, 34, 55, 0, 89, 1, 1, 1],
+}
+
+
+def expert_weights(experts: int, n: int, k: int, transposed: bool) -> torch.Tensor:
+    """B_g (N, K) per expert: stacked (E, N, K) (K-major), or a transposed view of W (E, K, N)."""
+    if not transposed:
+        return (torch.randn(experts, n, k, device="cuda") / 8).bfloat16()
+    return (torch.randn(experts, k, n, device="cuda") / 8).bfloat16().transpose(1, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
+@pytest.mark.parametrize("n,k,bias", [(64, 96, True), (264, 64, False), (40, 520, True), (512, 2048, False)],
+                         ids=["fc2-like", "dgrad-like", "odd-n-long-k", "wide"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n):
+    """Tolerance of tests/test_triton_grouped_gemm.py: fp32 accumulation orders differ by at most
+    delta = K * 2**-24 * max sum_k |a_k b_k|, then one bf16 rounding step (2**-7 |v|). Every row
+    is compared, so a row left unwritten (torch.empty) or overwritten by the previous expert's
+    tile fails."""
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+    from gmlp.mlp_ref import grouped_gemm_ref
+    from gmlp.triton_ref.grouped_gemm import grouped_gemm as triton_grouped_gemm
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = torch.randn(sum(splits), k, device="cuda").bfloat16()
+    b = expert_weights(len(splits), n, k, transposed)
+    bias_values = (torch.randn(len(splits), n, device="cuda") * 0.1).bfloat16() if bias else None
+    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n)
+    want = grouped_gemm_ref(a, b, split_sizes, bias=bias_values)
+    twin = triton_grouped_gemm(a, b, split_sizes, bias=bias_values)
+    magnitude = max((a.float().abs() @ b[g].float().abs().t()).max().item() for g in range(len(splits)))
+    delta = k * 2.0**-24 * magnitude
+    assert got.shape == want.shape == (sum(splits), n) and got.dtype == torch.bfloat16
+    for other in (want, twin):
+        assert bool(((got.float() - other.float()).abs() <= 2.0**-7 * other.float().abs() + delta).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_grouped_gemm_is_deterministic_and_syncless():
+    """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+
+    splits = torch.tensor([0, 300, 7, 129], device="cuda")
+    a = torch.randn(436, 256, device="cuda").bfloat16()
+    b = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
+    first = grouped_gemm(a, b, splits)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = grouped_gemm(a, b, splits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, second)
