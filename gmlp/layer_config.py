@@ -90,7 +90,7 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
     if recipe is None:
         return {}
     if sm100:
-        from gmlp.cutedsl.sm100_layout import M_ALIGNED
+        from gmlp.cutedsl.sm100.layout import M_ALIGNED
 
         tokens, token_groups = (tokens + (M_ALIGNED - 1) * experts) // M_ALIGNED * M_ALIGNED, experts + 1
     else:

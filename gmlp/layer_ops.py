@@ -168,7 +168,7 @@ SM100_MAX_EXPERTS = 1024  # cuDNN frontend's grouped kernels
 
 
 def sm100_reason(problem: LayerProblem) -> Reason | None:
-    """Why the layer's GEMMs cannot run as the SM100 composition (``gmlp.cutedsl.sm100_layer``) on
+    """Why the layer's GEMMs cannot run as the SM100 composition (``gmlp.cutedsl.sm100.layer``) on
     an SM100 GPU whose packages import, or None. Its steps share padded layouts, so the GEMM
     sites take it together or not at all: every reason here applies to all of them."""
     if not problem.mxfp8:
@@ -208,7 +208,7 @@ def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) ->
     if torch.cuda.get_device_capability(device)[0] != 10:
         return Reason(ReasonKind.SYSTEM, f"no CuTeDSL {op.value} kernel for SM90 in gmlp (cuDNN frontend's grouped "
                                          "GEMM kernels are SM100-only)")
-    from gmlp.cutedsl.cudnn_kernels import import_error
+    from gmlp.cutedsl.sm100.cudnn_kernels import import_error
 
     error = import_error()
     if error is not None:
@@ -256,7 +256,7 @@ class LayerPlan:
 
     decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
     references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
-    sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100_layer)
+    sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100.layer)
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path

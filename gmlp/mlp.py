@@ -5,7 +5,7 @@ Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed
 (E, H, F). The computation is the dataflow of docs/design.md (``gmlp.layer``, a sequence of ops); the
 dispatcher chooses each op's path separately (``gmlp.layer_ops``): CuTeDSL (the quantize, where
 cutlass-dsl runs; on SM100 the GEMM steps too, as cuDNN frontend's fused kernels composed by
-``gmlp.cutedsl.sm100_layer``), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``).
+``gmlp.cutedsl.sm100.layer``), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``).
 ``explain`` shows the plan; ``gmlp.debug.cross_check`` runs every op on two paths and compares them.
 """
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gmlp.cutedsl.sm100_layer import sm100_backward, sm100_forward
+from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from gmlp.debug import active_settings as active_cross_check
 from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
 from gmlp.groups import should_check_split_values

@@ -2,7 +2,7 @@
 
 A PyTorch custom op returns tensors only, and none of them may alias one of its inputs or
 another output. The layer's saved state is a tree of dataclasses (``gmlp.layer.LayerSaved``,
-``gmlp.cutedsl.sm100_layer.Sm100Saved``, ``MXFP8Tensor`` ...), dicts, tuples, tensors and
+``gmlp.cutedsl.sm100.layer.Sm100Saved``, ``MXFP8Tensor`` ...), dicts, tuples, tensors and
 constants. ``flatten`` walks it and returns the tensors the op must output plus a ``Spec``:
 the same tree with every tensor replaced by where it comes from: output ``i``, input ``i``
 itself, or a view (size, stride, storage offset) of an input or of an earlier output. So a

@@ -109,7 +109,7 @@ def meta_quantize(site: str, x: torch.Tensor, **quantize_args):
 
 
 class CompilingLauncher:
-    """A launcher for ``gmlp.cutedsl.sm100_layer`` that compiles each call's kernel for sm_100a
+    """A launcher for ``gmlp.cutedsl.sm100.layer`` that compiles each call's kernel for sm_100a
     (once per call signature) instead of running it; ``ptx[site]`` holds the PTX of each site."""
 
     def __init__(self, dump_dir: pathlib.Path):

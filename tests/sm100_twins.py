@@ -14,8 +14,8 @@ import torch
 
 from gmlp import scale_layout
 from gmlp.activations import Activation
-from gmlp.cutedsl.sm100_layout import interleave_gate_up, padded_group_sizes, split_interleaved
-from gmlp.cutedsl.sm100_steps import KernelCall, as_matrix, columnwise_of, rowwise_of, scale_bytes
+from gmlp.cutedsl.sm100.layout import interleave_gate_up, padded_group_sizes, split_interleaved
+from gmlp.cutedsl.sm100.steps import KernelCall, as_matrix, columnwise_of, rowwise_of, scale_bytes
 from gmlp.quantize_ref import quantize_mxfp8_ref
 
 
@@ -70,7 +70,7 @@ def _interleave_columns(values: torch.Tensor) -> torch.Tensor:
 
 
 class TorchKernels:
-    """A launcher (``sm100_layer``'s ``launch``) that runs each call's twin; records the sites."""
+    """A launcher (``gmlp.cutedsl.sm100.layer``'s ``launch``) that runs each call's twin; records the sites."""
 
     def __init__(self, activation: Activation):
         self.activation, self.sites = activation, []

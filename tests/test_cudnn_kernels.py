@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import gmlp.versions
-from gmlp.cutedsl import cudnn_kernels
+from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.versions import package_version
 
 

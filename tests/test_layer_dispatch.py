@@ -226,7 +226,7 @@ def test_triton_launcher_shape_rules_are_planned_around(monkeypatch):
 
 
 def _with_sm100_packages():
-    from gmlp.cutedsl import cudnn_kernels
+    from gmlp.cutedsl.sm100 import cudnn_kernels
 
     cudnn_kernels.import_error.cache_clear()
     if cudnn_kernels.import_error() is not None or gmlp.cutedsl.import_error() is not None:
@@ -308,7 +308,7 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     builders read cuDNN frontend's dprob slot count, so its package must import."""
     _with_sm100_packages()
     from gmlp import layer_config
-    from gmlp.cutedsl import sm100_layer
+    from gmlp.cutedsl.sm100 import layer
     from gmlp.layer_ops import LayerPlan
     from tests.sm100_twins import TorchKernels
 
@@ -322,12 +322,12 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
 
     monkeypatch.setattr(layer_config, "plan_layer", sm100_plan)  # the plan the layer's ops make
     twins = TorchKernels(mlp.activation)
-    monkeypatch.setattr(sm100_layer, "launch_kernel", twins)
+    monkeypatch.setattr(layer, "launch_kernel", twins)
     x = torch.randn(40, 128, dtype=torch.bfloat16, requires_grad=True)
     y = mlp(x, torch.tensor([30, 10]), weight_cache="update")
     y.sum().backward()
     assert twins.sites == ["fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad"]
     assert x.grad is not None and mlp.w1.grad is not None and mlp.w2.grad is not None
     # the kept weights (W1 quantized gate/up interleaved) serve the next micro-batch unchanged
-    monkeypatch.setattr(sm100_layer, "interleave_gate_up", None)  # not called again
+    monkeypatch.setattr(layer, "interleave_gate_up", None)  # not called again
     assert torch.equal(mlp(x, torch.tensor([30, 10]), weight_cache="reuse"), y)

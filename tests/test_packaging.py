@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 
 import gmlp.cutedsl
 import gmlp.versions
-from gmlp.cutedsl import cudnn_kernels
+from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.versions import CUTEDSL_PACKAGES, missing_package_hint
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

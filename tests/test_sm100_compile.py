@@ -1,6 +1,6 @@
 """The SM100 path's kernels compile for sm_100a with the arguments gmlp passes, on the CPU.
 
-No Blackwell GPU runs them here. The composition itself (``gmlp.cutedsl.sm100_layer``) runs,
+No Blackwell GPU runs them here. The composition itself (``gmlp.cutedsl.sm100.layer``) runs,
 forward and backward, for the design shapes on ``meta`` tensors (its quantizes only allocate, as
 gmlp's quantize kernels do), and every kernel call it makes is compiled for sm_100a under
 ``simulated_sm100`` and its PTX checked. ``tests/test_sm100_layer.py`` runs the same composition
@@ -18,8 +18,8 @@ import torch
 import gmlp
 from gmlp.activations import activation_from
 from gmlp.bench.mlp import SHAPES
-from gmlp.cutedsl import cudnn_kernels
-from gmlp.cutedsl.sm100_layer import sm100_backward, sm100_forward
+from gmlp.cutedsl.sm100 import cudnn_kernels
+from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from tests.blackwell import BLOCK_SCALED_MMA, CompilingLauncher, meta_quantize
 
 pytestmark = pytest.mark.skipif(cudnn_kernels.import_error() is not None,
@@ -75,7 +75,7 @@ def test_the_other_activations_compile_for_sm100(activation, launcher):
 
 def test_operands_outside_the_contract_are_refused():
     from gmlp import scale_layout
-    from gmlp.cutedsl.sm100_steps import grouped_gemm_call
+    from gmlp.cutedsl.sm100.steps import grouped_gemm_call
     from gmlp.mxfp8 import ElementFormat, ScaleMode
     from gmlp.quantized import MXFP8Tensor, QuantAxis
 

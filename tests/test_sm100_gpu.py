@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.cutedsl import cudnn_kernels
+from gmlp.cutedsl.sm100 import cudnn_kernels
 from tests.test_mlp_triton_path import check_against_oracle
 
 

@@ -18,7 +18,7 @@ import torch
 
 import gmlp
 from gmlp.activations import activation_from
-from gmlp.cutedsl import cudnn_kernels, sm100_layer
+from gmlp.cutedsl.sm100 import cudnn_kernels, layer
 from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
@@ -68,8 +68,8 @@ def _layer_inputs(activation: str, probs: bool = True, hidden: int = 128, ffn: i
 def _run_layer(activation: str, probs: bool, launch):
     act, split_sizes, x, prob, w1, w2, dy = _layer_inputs(activation, probs)
     recipe = gmlp.MXFP8Recipe()
-    y, saved = sm100_layer.sm100_forward(_quantize, x, split_sizes, prob, w1, None, w2, None, act, recipe, launch=launch)
-    grads = sm100_layer.sm100_backward(_quantize, dy, saved, act, recipe, launch=launch)
+    y, saved = layer.sm100_forward(_quantize, x, split_sizes, prob, w1, None, w2, None, act, recipe, launch=launch)
+    grads = layer.sm100_backward(_quantize, dy, saved, act, recipe, launch=launch)
     want_y, want_saved = grouped_mlp_forward_ref(x, split_sizes, prob, w1, None, w2, None, act, recipe)
     want = grouped_mlp_backward_ref(dy, want_saved, act, recipe)
     return (y, grads), (want_y, want)
@@ -102,7 +102,7 @@ def test_sm100_composition_matches_the_oracle(activation, probs, tmp_path):
 
 def test_a_plumbing_mistake_is_caught(monkeypatch):
     """W1 handed over without its gate/up interleaving: y and every gradient through FC1 are off."""
-    monkeypatch.setattr(sm100_layer, "interleave_gate_up", lambda w: w)
+    monkeypatch.setattr(layer, "interleave_gate_up", lambda w: w)
     errors = _errors_and_bounds(*_run_layer("swiglu", True, TorchKernels(activation_from("swiglu"))))
     assert all(errors[name][0] > errors[name][1] for name in ("y", "dx", "dw1")), errors
 
@@ -132,9 +132,9 @@ def _cross_checked_layer(activation: str, launch) -> None:
     act, split_sizes, x, prob, w1, w2, dy = _layer_inputs(activation)
     run = _sm100_runner(split_sizes)
     main_grads = (torch.randn(w1.shape), torch.randn(w2.shape))  # the fp32 main_grad path: added into
-    y, saved = sm100_layer.sm100_forward(run, x, split_sizes, prob, w1, None, w2, None, act, gmlp.MXFP8Recipe(),
+    y, saved = layer.sm100_forward(run, x, split_sizes, prob, w1, None, w2, None, act, gmlp.MXFP8Recipe(),
                                          launch=launch)
-    sm100_layer.sm100_backward(run, dy, saved, act, gmlp.MXFP8Recipe(), weight_grad_out=main_grads, launch=launch)
+    layer.sm100_backward(run, dy, saved, act, gmlp.MXFP8Recipe(), weight_grad_out=main_grads, launch=launch)
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "qgeglu", "srelu"])
@@ -186,7 +186,7 @@ def test_compiled_kernels_build_once_per_signature_and_refuse_loudly():
     """The production launcher: a kernel object is built, checked and compiled once per call
     signature and executed with the call's arguments; a kernel that refuses its arguments is an
     error that says what to do, not a silent fallback."""
-    from gmlp.cutedsl.sm100_steps import KernelCall
+    from gmlp.cutedsl.sm100.steps import KernelCall
 
     class FakeKernel:
         def __init__(self, supported):
@@ -208,7 +208,7 @@ def test_compiled_kernels_build_once_per_signature_and_refuse_loudly():
             built.append(FakeKernel(self.options.get("ok", True)))
             return built[-1]
 
-    launch = sm100_layer.CompiledKernels()
+    launch = layer.CompiledKernels()
     tensors = dict(a=torch.zeros(4, 8), padded_offsets=torch.zeros(2, dtype=torch.int32))
     for _ in range(3):
         launch("fc2", Call("grouped_gemm", dict(tensors)))
@@ -234,14 +234,14 @@ def test_the_sm100_composition_compiles_without_graph_breaks(monkeypatch):
     monkeypatch.setenv("GMLP_BACKEND", "torch")
     monkeypatch.setattr(layer_config, "plan_layer", sm100_plan)
     mlp = gmlp.GroupedMLP(2, 128, 128)
-    monkeypatch.setattr(sm100_layer, "launch_kernel", TorchKernels(mlp.activation))
+    monkeypatch.setattr(layer, "launch_kernel", TorchKernels(mlp.activation))
 
-    def step(layer, tokens: int, sizes: list[int]) -> list[torch.Tensor]:
+    def step(module, tokens: int, sizes: list[int]) -> list[torch.Tensor]:
         torch.manual_seed(tokens)
         x = torch.randn(tokens, 128, dtype=torch.bfloat16, requires_grad=True)
         probs = torch.rand(tokens, requires_grad=True)
         mlp.zero_grad(set_to_none=True)
-        y = layer(x, torch.tensor(sizes), probs)
+        y = module(x, torch.tensor(sizes), probs)
         y.backward(torch.ones_like(y))
         return [t.detach().clone() for t in (y, x.grad, probs.grad, mlp.w1.grad, mlp.w2.grad)]
 

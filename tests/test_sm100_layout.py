@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.cutedsl.sm100_layout import (GLU_BLOCK, M_ALIGNED, deinterleave_gate_up, from_padded, interleave_gate_up,
+from gmlp.cutedsl.sm100.layout import (GLU_BLOCK, M_ALIGNED, deinterleave_gate_up, from_padded, interleave_gate_up,
                                        padded_group_sizes, padded_rows, split_interleaved, to_padded)
 
 

@@ -5,11 +5,8 @@ Layer map:
   as ``gmlp.quantize_ref.quantize_mxfp8_ref``), its ``problem_support``, and
   ``compile_quantize_kernel`` (ahead-of-time build for sm_90a / sm_100a, no GPU needed);
 - ``_quantize_kernel``: the jit kernel code;
-- the SM100 path on cuDNN frontend's fused grouped kernels: ``cudnn_kernels`` (the kernel
-  classes, their import check and pinned versions), ``sm100_layout`` (padded rows, gate/up
-  interleaving), ``sm100_steps`` (each step's kernel call from gmlp's MXFP8 tensors),
-  ``sm100_layer`` (the forward and backward), ``sm100_views`` (the steps as gmlp's ops, for
-  the cross-check).
+- ``sm100``: the SM100 path on cuDNN frontend's fused grouped kernels (its own package map:
+  ``sm100.cudnn_kernels``, ``sm100.layout``, ``sm100.steps``, ``sm100.layer``, ``sm100.views``).
 
 This package imports without cutlass-dsl: only the quantize modules import ``cutlass`` (and
 cuDNN frontend is imported only when a kernel object is built), and

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.activations import Activation
-from gmlp.cutedsl.sm100_layout import PaddedRows, deinterleave_gate_up, from_padded, split_interleaved
-from gmlp.cutedsl.sm100_steps import KernelCall, as_matrix, d_col_of, d_row_of
+from gmlp.cutedsl.sm100.layout import PaddedRows, deinterleave_gate_up, from_padded, split_interleaved
+from gmlp.cutedsl.sm100.steps import KernelCall, as_matrix, d_col_of, d_row_of
 from gmlp.groups import device_groups
 from gmlp.mlp_ref import FC1Output, FC2DgradOutput
 from gmlp.quantized import MXFP8Tensor

@@ -1,7 +1,7 @@
 """The grouped MLP on SM100: the dataflow of docs/design.md as cuDNN frontend's fused grouped kernels.
 
 forward:  x, dy are padded so that every expert starts at a multiple of 256 rows
-          (``sm100_layout``); quantize x (Q_row for FC1, Q_col for dW1, grouped by the padded
+          (``layout``); quantize x (Q_row for FC1, Q_col for dW1, grouped by the padded
           sizes), W1 (gate/up interleaved when gated) and W2, both ways -> ``fc1`` (GEMM +
           activation * probs, C saved, ``a`` quantized both ways in the epilogue) -> ``fc2``
           (grouped GEMM) -> y
@@ -12,7 +12,7 @@ backward: quantize dy both ways -> ``fc2 dgrad`` (GEMM with W2 + activation back
 The quantizes run through the layer's ``OpRunner`` (their own dispatch and cross-check; every
 path gives the same bits); the fused steps launch kernels (``launch``: by default each is built,
 checked and compiled once per call signature). Under the cross-check, each step is then handed
-to it as gmlp's op at that site (``sm100_views``), and the next path down runs on the same
+to it as gmlp's op at that site (``views``), and the next path down runs on the same
 operands. Every decision is made on the host from shapes:
 no host sync. The same function runs with torch twins of the kernels (the CPU tests) or with a
 compile-only launcher (the sm_100a compile tests).
@@ -28,10 +28,10 @@ from typing import Callable
 import torch
 
 from gmlp.activations import Activation
-from gmlp.cutedsl.sm100_layout import (PaddedRows, deinterleave_gate_up, from_padded, interleave_gate_up,
+from gmlp.cutedsl.sm100.layout import (PaddedRows, deinterleave_gate_up, from_padded, interleave_gate_up,
                                        padded_group_sizes, padded_rows, to_padded)
-from gmlp.cutedsl import sm100_views as views
-from gmlp.cutedsl.sm100_steps import (KernelCall, d_col_of, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
+from gmlp.cutedsl.sm100 import views
+from gmlp.cutedsl.sm100.steps import (KernelCall, d_col_of, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
                                       fc2_dgrad_call, fc2_wgrad_call, grouped_gemm_call)
 from gmlp.layer import quantized_weight
 from gmlp.mlp_ref import MLPGrads
@@ -51,7 +51,7 @@ FC1_SAVED = ("padded_offsets", "c", "prob", "norm_const", "d_col", "sfd_col")
 
 class CompiledKernels:
     """Builds, checks and compiles each kernel object once per call signature, then launches it
-    (a compile takes seconds: each is logged at INFO level, logger ``gmlp.cutedsl.sm100_layer``)."""
+    (a compile takes seconds: each is logged at INFO level, logger ``gmlp.cutedsl.sm100.layer``)."""
 
     def __init__(self):
         self._kernels: dict[tuple, object] = {}

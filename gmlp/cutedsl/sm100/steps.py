@@ -17,7 +17,7 @@ the kernel object (``kernel()``: construct, then ``check_support``, ``compile``)
   per expert, added into an fp32 (E, M, N) tensor (``GroupedGemmWgradSm100``).
 
 What gmlp hands over, and why it fits the contracts (cuDNN frontend 1.32):
-- A: Q_row of the token rows in the padded layout (``sm100_layout``: every expert starts at a
+- A: Q_row of the token rows in the padded layout (``layout``: every expert starts at a
   multiple of 256 rows), swizzled; its flat scale buffer is the kernel's SFA, (32, 4, M_pad/128,
   4, ceil(K/128), 1) tiles (the srelu kernels take the same bytes as that 6-D view).
 - B: Q_row of the (E * N, K) weight stack: data (E, N, K), K-major; with N a multiple of 128 no
@@ -29,7 +29,7 @@ What gmlp hands over, and why it fits the contracts (cuDNN frontend 1.32):
 - Quantized outputs: D (Q_row, swizzled, padded rows) and D_col ((M_pad, N) row-major, 32-row
   blocks per column, each expert's scales on their own: ``discrete_col_sfd``), which is gmlp's
   grouped columnwise swizzle for the padded group sizes and the weight-gradient kernel's layout.
-- Gated steps interleave gate and up in 32-column blocks (``sm100_layout.interleave_gate_up``):
+- Gated steps interleave gate and up in 32-column blocks (``layout.interleave_gate_up``):
   FC1's B, its C, and dh. Padding rows read zero probs, so their activations and amax stay zero.
 """
 
@@ -41,8 +41,8 @@ import torch
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
-from gmlp.cutedsl.cudnn_kernels import kernel_class
-from gmlp.cutedsl.sm100_layout import M_ALIGNED, padded_group_sizes
+from gmlp.cutedsl.sm100.cudnn_kernels import kernel_class
+from gmlp.cutedsl.sm100.layout import M_ALIGNED, padded_group_sizes
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.scale_layout import SCALE_TILE_ROWS
@@ -109,7 +109,7 @@ def _check_rowwise(name: str, value) -> MXFP8Tensor:
 
 def ungrouped_rowwise(value: MXFP8Tensor) -> MXFP8Tensor:
     """A rowwise quantization as the kernels read it: ungrouped. Grouped in multiples of 128 rows
-    (the padded layout's ``sm100_layout.padded_group_sizes``, a weight stack's [N] * E), its
+    (the padded layout's ``layout.padded_group_sizes``, a weight stack's [N] * E), its
     per-group 128-row scale tiles are the ungrouped tiles, in order; the buffer is cut to them."""
     value = _check_rowwise("value", value)
     if value.split_sizes is None:
@@ -156,7 +156,7 @@ def _ones(count: int, device: torch.device) -> torch.Tensor:
 def grouped_gemm_call(a: MXFP8Tensor, b: MXFP8Tensor, padded_offsets: torch.Tensor,
                       out: torch.Tensor | None = None) -> KernelCall:
     """``a``: Q_row of the padded token rows (M_pad, K); ``b``: Q_row of the (E * N, K) weight
-    stack; ``padded_offsets``: ``sm100_layout.padded_rows(...).offsets``; ``out``: (M_pad, N) bf16."""
+    stack; ``padded_offsets``: ``layout.padded_rows(...).offsets``; ``out``: (M_pad, N) bf16."""
     rows, n, k, experts = _operands(a, b, padded_offsets)
     a, device = ungrouped_rowwise(a), a.data.device
     b = ungrouped_rowwise(b)
