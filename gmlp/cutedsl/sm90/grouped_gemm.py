@@ -7,7 +7,9 @@ K-major (B_g (N, K) row-major: stacked weights, FC2's W2) or N-major (a transpos
 fp32; fp32 accumulation. Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` of A and D,
 from the device prefix sums of ``gmlp.groups.device_groups`` (no host sync; any sizes, 0 too).
 
-Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values):
+Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values; the tile
+schedule, the mainloop and the compile helper are the shared ``_schedule``, ``_pipeline`` and
+``_compile`` of this package, also used by ``fc1``):
 
 - Tiles: BM = 128 rows (one 128-row tile of ``groups.tile_start``: m-tile ``j`` of the layer is
   local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j < tile_start[g+1]``,
@@ -38,23 +40,36 @@ registers at launch (232 in consumers after setmaxnreg), no spills; see tests/te
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 from dataclasses import dataclass
 
 import torch
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, const_expr
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp import scale_layout
+from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, artifact_text, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN as _ALIGN,
+    CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
+    ELEMENT_ALIGN as _ELEMENT_ALIGN,
+    PRODUCER_REGISTERS as _PRODUCER_REGISTERS,
+    SMEM_BYTES as _SMEM_BYTES,
+    THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
+    TILE_K,
+    a_tiles,
+    b_tiles,
+    consumer_fragments,
+    make_mainloop_operands,
+    make_mainloop_pipeline,
+    mma_k_tiles,
+    produce_k_tiles,
+)
+from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, SEARCH_STEPS, TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
-from gmlp.scale_layout import SCALE_TILE_ROWS
 
 __all__ = [
     "KernelConfig",
@@ -67,18 +82,10 @@ __all__ = [
     "MAX_EXPERTS",
 ]
 
-SUPPORTED_ARCHS = ("sm_90a",)
-TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
-TILE_K = 64  # one 128-byte swizzle row of bf16
-SEARCH_STEPS = 12  # binary search over tile_start: up to 2**12 experts
-MAX_EXPERTS = 2**SEARCH_STEPS
-_ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
-_ELEMENT_ALIGN = _ALIGN // 2  # bf16 elements
-_SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment slack
-_THREADS_PER_WARPGROUP = 128
-_PRODUCER_REGISTERS = 40
-_CONSUMER_REGISTERS = 232
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
+_artifact_text = artifact_text  # names of the shared helpers as this module had them
+_sm_count = _schedule.sm_count
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,8 @@ class KernelConfig:
 
 class GroupedGemmSm90:
     """The jit code of the grouped GEMM (see the module docstring); ``__call__`` is the host side
-    that builds TMA descriptors and launches, ``kernel`` the device side."""
+    that builds TMA descriptors and launches, ``kernel`` the device side. The schedule and the
+    mainloop are the shared ones of ``_schedule`` and ``_pipeline``; the epilogue is this kernel's."""
 
     def __init__(self, config: KernelConfig):
         self.config = config
@@ -139,48 +147,25 @@ class GroupedGemmSm90:
     ):
         # B as the (N, K, E) tensor that the dense Hopper GEMMs read (L = experts)
         mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
-        a_layout = utils.LayoutEnum.from_tensor(mA)
-        b_layout = utils.LayoutEnum.from_tensor(mB_nke)
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
-            self.atom_layout_mnk, tiler_mn=(64, self.tile_n),
-        )
-        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, self.tile_shape_mnk, BFloat16, self.stages)
-        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile_shape_mnk, BFloat16, self.stages)
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
-            (TILE_M, TILE_K),
-        )
-        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
-            (self.tile_n, TILE_K),
-        )
+        ops = make_mainloop_operands(mA, mB_nke, self.tile_n, self.stages, self.atom_layout_mnk)
 
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a_smem_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_smem_layout)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.a_smem_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024]
 
         self.shared_storage = SharedStorage
         self.kernel(
-            tma_atom_a, tma_a, tma_atom_b, tma_b, mBias, mRowStart, mTileStart, mD, tiled_mma,
-            a_smem_layout, b_smem_layout,
+            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart, mD, ops.tiled_mma,
+            ops.a_smem_layout, ops.b_smem_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
     @cute.jit
     def expert_of_tile(self, mTileStart: cute.Tensor, m_tile: Int32, num_experts: Int32) -> Int32:
-        """The last g < E with tile_start[g] <= m_tile: the expert owning m-tile ``m_tile`` (empty
-        experts before it share its start and lose the search). Bits from the top, SEARCH_STEPS
-        probes; needs E <= 2**SEARCH_STEPS."""
-        g = Int32(0)
-        for step in cutlass.range_constexpr(SEARCH_STEPS):
-            probe = g + (1 << (SEARCH_STEPS - 1 - step))
-            if probe < num_experts:
-                if mTileStart[probe] <= m_tile:
-                    g = probe
-        return g
+        """``_schedule.expert_of_tile`` (kept as a method for callers of the first version)."""
+        return _schedule.expert_of_tile(mTileStart, m_tile, num_experts)
 
     @cute.kernel
     def kernel(
@@ -210,104 +195,49 @@ class GroupedGemmSm90:
         storage = smem.allocate(self.shared_storage)
         sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
         sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-        # full[s]: armed by the producer with the slot's TMA bytes; empty[s]: one arrive per
-        # consumer warp once its wgmmas reading slot s completed.
         stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
                        + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.pipeline_barriers.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_warpgroups * 4),
-            tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )  # initializes the mbarriers and syncs the CTA
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
+                                          self.num_mma_warpgroups, stage_bytes)
 
-        # Work items: w = m_tile * n_tiles + n_tile over m-tiles of tile_start (see module doc).
+        # Work items: w = m_tile * n_tiles + n_tile over m-tiles of tile_start (see _schedule).
         num_rows, n = mD.shape
         num_experts = mTileStart.shape[0] - 1
         n_tiles = (n + self.tile_n - 1) // self.tile_n
-        num_items = mTileStart[num_experts] * n_tiles
+        num_items = _schedule.num_work_items(mTileStart, n_tiles)
         k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
-
-        # (BN, BK, RestN, RestK, E) tiles of B and their TMA partition ((TMA), RestN, RestK, E)
-        gB = cute.local_tile(mB, (self.tile_n, TILE_K), (None, None, None))
-        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        tBsB, tBgB = b_tiles(tma_atom_b, mB, sB, self.tile_n)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(_PRODUCER_REGISTERS)
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
             while item < num_items:
-                m_tile = item // n_tiles
-                n_tile = item - m_tile * n_tiles
-                g = self.expert_of_tile(mTileStart, m_tile, num_experts)
-                first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
-                # (BM, BK, RestK) tiles of A from the expert's row first_row (not tile-aligned)
-                gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
-                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-                tBgB_item = tBgB[(None, n_tile, None, g)]
-                for k_tile in range(k_tiles):
-                    mainloop.producer_acquire(state)
-                    barrier = mainloop.producer_get_barrier(state)
-                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_b, tBgB_item[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
-                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
-                    state.advance()
+                g, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
+                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b,
+                                        ((tBgB[(None, n_tile, None, g)], tBsB),))
                 item += grid
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
             mma_tidx = tidx - _THREADS_PER_WARPGROUP
-            # A/B smem descriptors are per warpgroup; C fragments are per thread.
-            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * _THREADS_PER_WARPGROUP)
-            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))  # (MMA, MMA_M, MMA_K, stages)
-            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
             acc = cute.make_rmem_tensor(tCcD.shape, Float32)
             out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
-            k_blocks = cute.size(tCrA, mode=[2])
-            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
 
             item = bidx
             while item < num_items:
-                m_tile = item // n_tiles
-                n_tile = item - m_tile * n_tiles
-                g = self.expert_of_tile(mTileStart, m_tile, num_experts)
-                first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
-                end_row = mRowStart[g + 1]
-
-                # Mainloop: keep one k-tile of wgmmas in flight; release a slot once the wgmmas
-                # that read it are complete (wait_group(1) after committing the next k-tile).
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                cute.nvgpu.warpgroup.fence()
-                mainloop.consumer_wait(read_state)
-                for k_block in cutlass.range_constexpr(k_blocks):
-                    slot = (None, None, k_block, read_state.index)
-                    cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                cute.nvgpu.warpgroup.commit_group()
-                read_state.advance()
-                for k_tile in range(1, k_tiles):
-                    mainloop.consumer_wait(read_state)
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read_state.index)
-                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    mainloop.consumer_release(release_state)
-                    release_state.advance()
-                    read_state.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                mainloop.consumer_release(release_state)
-                release_state.advance()
+                g, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                tiled_mma, read_state, release_state = mma_k_tiles(
+                    tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
 
                 # Epilogue: the tile's D at (first_row, n_tile * BN); only rows < end_row (this
                 # expert's) and columns < N are written. Accumulators j = 2i, 2i+1 of a thread are
@@ -342,64 +272,30 @@ def _fake_arguments(config: KernelConfig) -> tuple:
     rows, n, k = cute.sym_int(), cute.sym_int(divisibility=_ELEMENT_ALIGN), cute.sym_int(divisibility=_ELEMENT_ALIGN)
     starts = cute.sym_int()  # E + 1
     experts = cute.sym_int()
-
-    def stride(divisibility: int = _ELEMENT_ALIGN):
-        return cute.sym_int64(divisibility=divisibility)
-
-    a = make_fake_tensor(BFloat16, (rows, k), stride=(stride(), 1), assumed_align=_ALIGN)
-    b_strides = (stride(), stride(), 1) if config.b_k_major else (stride(), 1, stride())
+    a = make_fake_tensor(BFloat16, (rows, k), stride=(sym_stride(), 1), assumed_align=_ALIGN)
+    b_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     b = make_fake_tensor(BFloat16, (experts, n, k), stride=b_strides, assumed_align=_ALIGN)
     bias = None
     if config.bias_dtype is not None:
-        bias = make_fake_tensor(_BIAS_DTYPES[config.bias_dtype], (experts, n), stride=(stride(1), 1), assumed_align=4)
+        bias = make_fake_tensor(_BIAS_DTYPES[config.bias_dtype], (experts, n), stride=(sym_stride(1), 1),
+                                assumed_align=4)
     row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    d = make_fake_tensor(BFloat16, (rows, n), stride=(stride(), 1), assumed_align=_ALIGN)
-    return (a, b, bias, row_start, tile_start, d, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
-
-
-@dataclass(frozen=True)
-class CompiledGroupedGemm:
-    """A kernel compiled ahead of time: the callable (runs on a matching GPU), its PTX and cubin."""
-
-    config: KernelConfig
-    arch: str
-    function: object
-    ptx: str
-    cubin: bytes  # b"" for the native (runtime) build
-
-
-def _artifact_text(value) -> str:
-    """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
-    if isinstance(value, bytes):
-        value = value.decode()
-    if len(value) < 4096 and "\n" not in value and os.path.isfile(value):
-        with open(value) as handle:
-            return handle.read()
-    return value
+    d = make_fake_tensor(BFloat16, (rows, n), stride=(sym_stride(), 1), assumed_align=_ALIGN)
+    return (a, b, bias, row_start, tile_start, d, Int32(1), fake_stream())
 
 
 @functools.lru_cache(maxsize=None)
 def _compile(config: KernelConfig, arch: str | None) -> CompiledGroupedGemm:
     """Compile ``config``; arch None targets the current GPU (the runtime path)."""
-    options = "--enable-tvm-ffi"
-    kernel = GroupedGemmSm90(config)
-    if arch is None:
-        return CompiledGroupedGemm(config, "native", cute.compile(kernel, *_fake_arguments(config), options=options),
-                                   ptx="", cubin=b"")
-    with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
-        function = cute.compile(kernel, *_fake_arguments(config),
-                                options=f"{options} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
-        ptx = _artifact_text(function.__ptx__)
-        cubin = function.__cubin__
-        cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
-    return CompiledGroupedGemm(config, arch, function, ptx, cubin)
+    return compile_kernel(GroupedGemmSm90(config), _fake_arguments(config), config, arch)
 
 
 def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> str | None:
     """None if the kernel runs a (T, N, K, E) problem, else why not (TMA alignment, search depth)."""
-    if not 0 < num_experts <= MAX_EXPERTS:
-        return f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)"
+    reason = _schedule.expert_count_reason(num_experts)
+    if reason is not None:
+        return reason
     if k == 0 or k % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
         return f"K={k} and N={n} must be positive multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
     if max(num_rows, n, k) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n >= 2**31:
@@ -441,11 +337,6 @@ def _b_layout(b: torch.Tensor) -> bool:
                      f"other strides multiples of {_ELEMENT_ALIGN}, got strides {b.stride()}")
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def grouped_gemm(
     a: torch.Tensor,  # (T, K) bf16, contiguous, rows grouped by expert
     b: torch.Tensor,  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major (_b_layout)
@@ -477,9 +368,9 @@ def grouped_gemm(
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.device)
-    items = scale_layout.max_row_tiles(tokens, experts) * scale_layout.ceil_div(n, tile_n)
-    if items > 0 and tokens > 0:  # (a TMA descriptor needs T >= 1)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, tile_n), a.device)
+    if num_ctas > 0:
         with torch.cuda.device(a.device):
             kernel = _compile(config, None).function
-            kernel(a, b, bias, groups.row_start, groups.tile_start, out, min(items, _sm_count(a.device.index)))
+            kernel(a, b, bias, groups.row_start, groups.tile_start, out, num_ctas)
     return out

@@ -1,0 +1,171 @@
+"""The warp-specialized TMA + wgmma mainloop shared by the sm_90a kernels (grouped GEMM, FC1).
+
+One CTA: warpgroup 0 holds the TMA producer (warp 0; the warpgroup's registers lowered to
+``PRODUCER_REGISTERS``), the next warpgroups are the consumers issuing ``wgmma`` (bf16 x bf16 ->
+fp32, operands from smem; registers raised to ``CONSUMER_REGISTERS``). ``stages`` smem slots each
+hold one A tile (128 x 64) and one or more B tiles (BN x 64), 128B-swizzled, behind full/empty
+mbarriers (``PipelineTmaAsync``): the producer runs ahead across work items, so the next item's
+loads overlap this item's epilogue.
+
+A is read through a TMA descriptor of the whole (T, K) tensor at the expert's first row (rows
+past the expert's end are the next expert's, or TMA's zero fill past T: they only reach
+accumulator rows that are never stored); K tails are zero-filled by TMA. B_g is the expert
+coordinate of a 3-D (N, K, E) descriptor; a B tile may start at any row (``b_tiles``' offset),
+rows past N read zeros.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32
+
+from gmlp.cutedsl.sm90._schedule import TILE_M
+
+__all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
+           "CONSUMER_REGISTERS", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
+           "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "consumer_fragments"]
+
+TILE_K = 64  # one 128-byte swizzle row of bf16
+ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
+ELEMENT_ALIGN = ALIGN // 2  # bf16 elements
+SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment slack
+THREADS_PER_WARPGROUP = 128
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+
+
+class MainloopOperands:
+    """Host-side pieces of the mainloop (built inside the ``@cute.jit`` host function): the tiled
+    MMA, the staged smem layouts of A and of one B tile, and the TMA atoms + coordinate tensors of
+    A (T, K) and B (N, K, E)."""
+
+    def __init__(self, tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b):
+        self.tiled_mma = tiled_mma
+        self.a_smem_layout = a_smem_layout
+        self.b_smem_layout = b_smem_layout
+        self.tma_atom_a, self.tma_a = tma_atom_a, tma_a
+        self.tma_atom_b, self.tma_b = tma_atom_b, tma_b
+
+
+def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, stages: int,
+                           atom_layout_mnk: tuple[int, int, int]) -> MainloopOperands:
+    """Tiles (128, tile_n, 64); the tiled MMA covers (64 * atom_layout_mnk[0], tile_n) per call
+    (one m64 wgmma per consumer warpgroup and repeated over the tile's remaining rows)."""
+    tile_shape_mnk = (TILE_M, tile_n, TILE_K)
+    a_layout = utils.LayoutEnum.from_tensor(mA)
+    b_layout = utils.LayoutEnum.from_tensor(mB_nke)
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
+        BFloat16, BFloat16, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+        atom_layout_mnk, tiler_mn=(64, tile_n),
+    )
+    a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, BFloat16, stages)
+    b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, BFloat16, stages)
+    tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
+        (TILE_M, TILE_K),
+    )
+    tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
+        (tile_n, TILE_K),
+    )
+    return MainloopOperands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
+
+
+def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, stage_bytes: int):
+    """full[s]: armed by the producer with the slot's TMA bytes; empty[s]: one arrive per consumer
+    warp once its wgmmas reading slot s completed. Initializes the mbarriers and syncs the CTA."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barrier_ptr,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warpgroups * 4),
+        tx_count=stage_bytes,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+    )
+
+
+def a_tiles(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, first_row: Int32):
+    """(tAsA, tAgA): TMA partitions of the (128, 64) k-tiles of A from row ``first_row`` (an
+    expert's row, not tile-aligned): ((TMA), stages) and ((TMA), RestK)."""
+    gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
+    return cute.nvgpu.cpasync.tma_partition(
+        tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+
+
+def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n: int, row_offset=0):
+    """(tBsB, tBgB): TMA partitions of the (tile_n, 64) tiles of B (N, K, E) whose rows start at
+    ``row_offset`` + n_tile * tile_n: ((TMA), stages) and ((TMA), RestN, RestK, E)."""
+    if isinstance(row_offset, int) and row_offset == 0:
+        source = mB
+    else:
+        source = cute.domain_offset((row_offset, 0, 0), mB)
+    gB = cute.local_tile(source, (tile_n, TILE_K), (None, None, None))
+    return cute.nvgpu.cpasync.tma_partition(
+        tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+
+
+@cute.jit
+def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, tAgA: cute.Tensor,
+                    tAsA: cute.Tensor, tma_atom_b: cute.CopyAtom, b_loads: tuple):
+    """TMA loads of one work item's k-tiles: per slot, A's k-tile and every B tile of ``b_loads``
+    ((tBgB of the item: ((TMA), RestK), tBsB) pairs), all on the slot's full barrier. Returns the
+    advanced producer state."""
+    for k_tile in range(k_tiles):
+        mainloop.producer_acquire(state)
+        barrier = mainloop.producer_get_barrier(state)
+        cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+        for b in cutlass.range_constexpr(len(b_loads)):
+            cute.copy(tma_atom_b, b_loads[b][0][(None, k_tile)], b_loads[b][1][(None, state.index)],
+                      tma_bar_ptr=barrier)
+        mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
+        state.advance()
+    return state
+
+
+@cute.jit
+def consumer_fragments(tiled_mma: cute.TiledMma, warpgroup: Int32, sA: cute.Tensor, sBs: tuple):
+    """A/B smem descriptors of consumer warpgroup ``warpgroup`` (1, 2, ...): tCrA (MMA, MMA_M,
+    MMA_K, stages) and one tCrB per smem B tile of ``sBs``."""
+    thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
+    tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
+    return tCrA, tuple(tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB)) for sB in sBs)
+
+
+@cute.jit
+def mma_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, release_state, k_tiles: Int32, tCrA: cute.Tensor,
+                operands: tuple):
+    """One work item's mainloop: acc = sum over k-tiles of A_k B_k^T for every (acc, tCrB) of
+    ``operands`` (the first k-block overwrites). Keeps one k-tile of wgmmas in flight; a slot is
+    released once the wgmmas that read it are complete (wait_group(1) after committing the next
+    k-tile). Returns (tiled_mma, read_state, release_state): the caller rebinds all three, so the
+    tracer carries them (the MMA's ACCUMULATE field and the states) across its work-item loop."""
+    k_blocks = cute.size(tCrA, mode=[2])
+    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+    cute.nvgpu.warpgroup.fence()
+    mainloop.consumer_wait(read_state)
+    for k_block in cutlass.range_constexpr(k_blocks):
+        slot = (None, None, k_block, read_state.index)
+        for o in cutlass.range_constexpr(len(operands)):
+            cute.gemm(tiled_mma, operands[o][0], tCrA[slot], operands[o][1][slot], operands[o][0])
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    cute.nvgpu.warpgroup.commit_group()
+    read_state.advance()
+    for k_tile in range(1, k_tiles):
+        mainloop.consumer_wait(read_state)
+        for k_block in cutlass.range_constexpr(k_blocks):
+            slot = (None, None, k_block, read_state.index)
+            for o in cutlass.range_constexpr(len(operands)):
+                cute.gemm(tiled_mma, operands[o][0], tCrA[slot], operands[o][1][slot], operands[o][0])
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(1)
+        mainloop.consumer_release(release_state)
+        release_state.advance()
+        read_state.advance()
+    cute.nvgpu.warpgroup.wait_group(0)
+    mainloop.consumer_release(release_state)
+    release_state.advance()
+    return tiled_mma, read_state, release_state

@@ -1,0 +1,81 @@
+"""The persistent tile schedule over experts shared by the sm_90a kernels (grouped GEMM, FC1).
+
+The m-tiles are the 128-row tiles of ``gmlp.groups.DeviceGroups.tile_start``: m-tile ``j`` of the
+layer is local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j <
+tile_start[g+1]``, first row ``row_start[g] + 128 * local``. Work item ``w = j * n_tiles + n``
+(n fastest, so CTAs running together share A rows and B_g). A persistent CTA b walks items b,
+b + grid, ... below ``tile_start[E] * n_tiles`` (read on the device: no host sync); the grid is
+``grid_size``: min(#SMs, a host bound of the items). The expert of an item is a binary search over
+``tile_start`` (``SEARCH_STEPS`` dependent loads of a tiny cached array per item).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from gmlp import scale_layout
+from gmlp.scale_layout import SCALE_TILE_ROWS
+
+__all__ = ["TILE_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items", "grid_size",
+           "expert_count_reason", "sm_count"]
+
+TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
+SEARCH_STEPS = 12  # binary search over tile_start: up to 2**12 experts
+MAX_EXPERTS = 2**SEARCH_STEPS
+
+
+@cute.jit
+def expert_of_tile(mTileStart: cute.Tensor, m_tile: Int32, num_experts: Int32) -> Int32:
+    """The last g < E with tile_start[g] <= m_tile: the expert owning m-tile ``m_tile`` (empty
+    experts before it share its start and lose the search). Bits from the top, SEARCH_STEPS
+    probes; needs E <= 2**SEARCH_STEPS."""
+    g = Int32(0)
+    for step in cutlass.range_constexpr(SEARCH_STEPS):
+        probe = g + (1 << (SEARCH_STEPS - 1 - step))
+        if probe < num_experts:
+            if mTileStart[probe] <= m_tile:
+                g = probe
+    return g
+
+
+@cute.jit
+def work_tile(mRowStart: cute.Tensor, mTileStart: cute.Tensor, item: Int32, n_tiles: Int32, num_experts: Int32):
+    """(expert g, n-tile, first row, end row) of work item ``item``: the tile covers rows
+    [first_row, first_row + 128), of which those below end_row (the expert's end) are g's."""
+    m_tile = item // n_tiles
+    n_tile = item - m_tile * n_tiles
+    g = expert_of_tile(mTileStart, m_tile, num_experts)
+    first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
+    return g, n_tile, first_row, mRowStart[g + 1]
+
+
+def num_work_items(mTileStart: cute.Tensor, n_tiles: Int32) -> Int32:
+    """Work items of the launch, read on the device: tile_start[E] * n_tiles."""
+    return mTileStart[mTileStart.shape[0] - 1] * n_tiles
+
+
+def expert_count_reason(num_experts: int) -> str | None:
+    """None if the expert search covers E experts, else why not."""
+    if not 0 < num_experts <= MAX_EXPERTS:
+        return f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def grid_size(tokens: int, num_experts: int, n_tiles: int, device: torch.device) -> int:
+    """Persistent CTAs of a launch: min(#SMs, a host bound of the work items); 0: nothing to do
+    (a TMA descriptor needs T >= 1, so T = 0 launches nothing)."""
+    items = scale_layout.max_row_tiles(tokens, num_experts) * n_tiles
+    if items <= 0 or tokens <= 0:
+        return 0
+    return min(items, sm_count(device.index if device.index is not None else torch.cuda.current_device()))
