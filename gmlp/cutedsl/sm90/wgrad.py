@@ -1,0 +1,503 @@
+"""CuTeDSL sm_90a grouped weight gradient ``dW_g = A_g^T @ B_g`` over each expert's token rows.
+
+Twin of ``gmlp.triton_ref.wgrad.grouped_wgrad`` (same arguments, same result up to the fp32
+summation order): A (T, M) and B (T, N) bf16 row-major with rows grouped by expert (FC2: A = dy,
+B = a; FC1: A = dh, B = x); expert g owns rows ``row_start[g] <= r < row_start[g+1]`` (device
+prefix sums of ``gmlp.groups.device_groups``: no host sync, any sizes, 0 too). The result
+(E, M, N) is the fp32 sums stored as ``out_dtype`` (fp32 or bf16), or added to an fp32 ``out``
+(main_grad). The contraction dimension is the ragged one (a varlen-K GEMM).
+
+Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime values):
+
+- Work items: output tiles (expert g, m-tile, n-tile) of BM = 128 x BN (128 or 256), item
+  ``w = (g * m_tiles + m_tile) * n_tiles + n_tile`` (n fastest: CTAs running together share
+  expert g's A panel). The count E * ceil(M/BM) * ceil(N/BN) is host-known, so no tile search:
+  a persistent grid of min(#SMs, items) CTAs, CTA b walks items b, b + grid, ...
+- Contraction: k-steps of BK = 64 token rows from row_start[g]; ceil(m_g / 64) steps (none for an
+  empty expert, whose tile is zeros). Both operands are MN-major for wgmma: A's (BK, BM) box is
+  M-contiguous (A^T with A row-major), B's (BK, BN) box N-contiguous; 128B-swizzled MN-major smem
+  (``MN_SW128`` atoms, 64 elements x 8 rows), wgmma with both transpose bits set.
+- Ragged K tail without masking code: the last k-step of an expert must not read the next
+  expert's rows, and TMA zero-fills only outside the tensor, so A and B are given to TMA as
+  4-D tensors whose token extent ends where the expert ends (the varlen-K trick of QuACK's
+  ``copy_utils.create_ragged_tensor_for_tma``, 2-extra-dim form, reimplemented here): shape
+  (M, BIG, MAX, MAX), strides (1, s, 2**64 / BIG - s, s) in elements, s = the row stride. A box at
+  token coordinate ``BIG - m_g + r`` of mode 1 with modes 2, 3 at (BIG, row_start[g] + m_g)
+  addresses row ``row_start[g] + r`` (the mode-2 term wraps to 0 mod 2**64), and is in bounds
+  exactly for r < m_g: rows past the expert's end come back as zeros. The descriptor's base stays
+  the tensor's own pointer (QuACK found that TMA loads fault when the base is shifted outside
+  mapped memory: their ``AI/ragged_tma_ptr_shift_finding.md``), and T never enters it.
+  M and N tails are ordinary TMA zero fill (mode 0 has the true extent).
+- Warp-specialized, as ``gmlp.cutedsl.sm90.grouped_gemm``: warp 0 (of warpgroup 0, registers
+  lowered to 40) is the TMA producer; 1 (BN = 128) or 2 (BN = 256, a 64-column half of M each)
+  consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
+  ``stages`` slots of an A and a B tile, full/empty mbarriers (``PipelineTmaAsync``); the
+  producer runs ahead across items, so the next tile's loads overlap this tile's epilogue.
+- Epilogue from the accumulator registers, predicated at the M and N tails: a thread's adjacent
+  column pair is one 64-bit store (fp32) or 32-bit store (bf16); with ``accumulate`` the fp32 pair
+  of ``out`` is loaded, added and stored back (an empty expert's tile is skipped: nothing is
+  added). Not overlapped with the next mainloop (no ping-pong, no smem-staged TMA store yet).
+
+Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. See tests/test_sm90_wgrad.py for the
+PTX and ptxas facts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from gmlp.groups import DeviceGroups, device_groups
+
+__all__ = [
+    "WgradConfig",
+    "GroupedWgradSm90",
+    "CompiledWgrad",
+    "compile_wgrad",
+    "problem_support",
+    "grouped_wgrad",
+    "SUPPORTED_ARCHS",
+]
+
+SUPPORTED_ARCHS = ("sm_90a",)
+TILE_M = 128  # output rows (features of A) per tile
+TILE_K = 64  # token rows per k-step
+_ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
+_ELEMENT_ALIGN = _ALIGN // 2  # bf16 elements
+_SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment slack
+_THREADS_PER_WARPGROUP = 128
+_PRODUCER_REGISTERS = 40
+_CONSUMER_REGISTERS = 232
+_ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
+_OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
+# The ragged token mode (see the module docstring): its extent, the extra modes' extent, and the
+# wrap-around stride factor (BIG * _WRAP == 2**64).
+_BIG = 2**30
+_MAX = 2**31 - 1
+_WRAP = 2**64 // _BIG
+
+
+@dataclass(frozen=True)
+class WgradConfig:
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    out_dtype: torch.dtype = torch.float32  # of a new result (ignored, fp32, with accumulate)
+    accumulate: bool = False  # add into an fp32 out (main_grad) instead of storing
+    tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+
+    def __post_init__(self):
+        if self.tile_n not in (128, 256):
+            raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
+        if self.out_dtype not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
+        if self.accumulate and self.out_dtype != torch.float32:
+            raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
+        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
+            raise ValueError(f"stages must be in [2, {self.max_stages()}] for tile_n={self.tile_n}, got {self.stages}")
+
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline slot: an A tile and a B tile of bf16."""
+        return (TILE_M + self.tile_n) * TILE_K * 2
+
+    def max_stages(self) -> int:
+        return _SMEM_BYTES // self.stage_bytes()
+
+    def num_stages(self) -> int:
+        return self.stages if self.stages is not None else self.max_stages()
+
+
+def _ragged_tokens(tensor: cute.Tensor) -> cute.Tensor:
+    """The (features, BIG, MAX, MAX) view of a row-major (T, features) tensor that TMA reads with
+    per-expert zero fill (module docstring); same pointer, T dropped."""
+    row_stride = tensor.layout.stride[0]
+    layout = cute.make_layout((tensor.shape[1], _BIG, _MAX, _MAX), stride=(1, row_stride, _WRAP - row_stride, row_stride))
+    return cute.make_tensor(tensor.iterator, layout)
+
+
+def _expert_tokens(coords: cute.Tensor, first_row: Int32, rows: Int32) -> cute.Tensor:
+    """(features, BIG) TMA coordinates of an expert's rows [first_row, first_row + rows) of the
+    view of ``_ragged_tokens``: token r at mode-1 coordinate BIG - rows + r (out of bounds, so
+    zero-filled, from r = rows on)."""
+    return cute.domain_offset((None, _BIG - rows), coords[(None, None, _BIG, first_row + rows)])
+
+
+class GroupedWgradSm90:
+    """The jit code of the grouped weight gradient (see the module docstring); ``__call__`` is the
+    host side that builds TMA descriptors and launches, ``kernel`` the device side."""
+
+    def __init__(self, config: WgradConfig):
+        self.config = config
+        self.tile_n = config.tile_n
+        self.num_mma_warpgroups = config.tile_n // 128
+        self.stages = config.num_stages()
+        self.accumulate = config.accumulate
+        self.out_dtype = _OUT_DTYPES[config.out_dtype]
+        self.tile_shape_mnk = (TILE_M, config.tile_n, TILE_K)
+        # BN = 256: two consumer warpgroups, each 64 rows of M x 256 (128 fp32 accumulators a
+        # thread); BN = 128: one warpgroup, two m64 wgmmas per k-block (also 128 accumulators).
+        self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
+        self.add_chunk = _ADD_CHUNK
+        self.threads = (1 + self.num_mma_warpgroups) * _THREADS_PER_WARPGROUP
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (T, M) bf16, row-major
+        mB: cute.Tensor,  # (T, N) bf16, row-major
+        mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
+        mOut: cute.Tensor,  # (E, M, N) fp32 / bf16, row-major
+        num_ctas: Int32,  # persistent grid: min(#SMs, E * m_tiles * n_tiles)
+        stream,
+    ):
+        # Both operands MN-major: the contraction (token) dimension is their row dimension.
+        mn_major = utils.LayoutEnum.COL_MAJOR
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, mn_major.sm90_mma_major_mode(), mn_major.sm90_mma_major_mode(), Float32,
+            self.atom_layout_mnk, tiler_mn=(64, self.tile_n),
+        )
+        a_smem_layout = sm90_utils.make_smem_layout_a(mn_major, self.tile_shape_mnk, BFloat16, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(mn_major, self.tile_shape_mnk, BFloat16, self.stages)
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), _ragged_tokens(mA),
+            cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
+        )
+        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), _ragged_tokens(mB),
+            cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
+        )
+
+        @cute.struct
+        class SharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a_smem_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_smem_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tma_atom_a, tma_a, tma_atom_b, tma_b, mRowStart, mOut, tiled_mma, a_smem_layout, b_smem_layout,
+        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
+                 stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,  # TMA coordinates of A's ragged view (M, BIG, MAX, MAX)
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,  # TMA coordinates of B's ragged view (N, BIG, MAX, MAX)
+        mRowStart: cute.Tensor,
+        mOut: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WARPGROUP)
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
+        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+        # full[s]: armed by the producer with the slot's TMA bytes (zero-filled rows count too);
+        # empty[s]: one arrive per consumer warp once its wgmmas reading slot s completed.
+        stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
+                       + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.pipeline_barriers.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_warpgroups * 4),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )  # initializes the mbarriers and syncs the CTA
+
+        # Work items w = (g * m_tiles + m_tile) * n_tiles + n_tile (see the module doc).
+        num_experts, m, n = mOut.shape
+        m_tiles = (m + TILE_M - 1) // TILE_M
+        n_tiles = (n + self.tile_n - 1) // self.tile_n
+        tiles_per_expert = m_tiles * n_tiles
+        num_items = num_experts * tiles_per_expert
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(_PRODUCER_REGISTERS)
+        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-step of this CTA's items
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            item = bidx
+            while item < num_items:
+                g = item // tiles_per_expert
+                rest = item - g * tiles_per_expert
+                m_tile = rest // n_tiles
+                n_tile = rest - m_tile * n_tiles
+                first_row = mRowStart[g]
+                rows = mRowStart[g + 1] - first_row
+                # (BM, BK, RestK) / (BN, BK, RestK) tiles of the expert's rows, zero past its end
+                gA = cute.local_tile(_expert_tokens(mA, first_row, rows), (TILE_M, TILE_K), (m_tile, None))
+                gB = cute.local_tile(_expert_tokens(mB, first_row, rows), (self.tile_n, TILE_K), (n_tile, None))
+                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+                    tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+                for k_tile in range((rows + TILE_K - 1) // TILE_K):
+                    mainloop.producer_acquire(state)
+                    barrier = mainloop.producer_get_barrier(state)
+                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
+                    state.advance()
+                item += grid
+            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+
+        if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
+            mma_tidx = tidx - _THREADS_PER_WARPGROUP
+            # A/B smem descriptors are per warpgroup; C fragments are per thread.
+            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * _THREADS_PER_WARPGROUP)
+            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))  # (MMA, MMA_M, MMA_K, stages)
+            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
+            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+            k_blocks = cute.size(tCrA, mode=[2])
+            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+
+            item = bidx
+            while item < num_items:
+                g = item // tiles_per_expert
+                rest = item - g * tiles_per_expert
+                m_tile = rest // n_tiles
+                n_tile = rest - m_tile * n_tiles
+                rows = mRowStart[g + 1] - mRowStart[g]
+                k_tiles = (rows + TILE_K - 1) // TILE_K
+
+                # Mainloop: zeroed accumulators (an empty expert's tile stays zero); one k-step
+                # of wgmmas in flight, a slot released once the wgmmas that read it completed.
+                acc.fill(0.0)
+                for k_tile in range(k_tiles):
+                    mainloop.consumer_wait(read_state)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read_state.index)
+                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k_tile > 0:
+                        mainloop.consumer_release(release_state)
+                        release_state.advance()
+                    read_state.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    mainloop.consumer_release(release_state)
+                    release_state.advance()
+
+                # Epilogue: tile (m_tile, n_tile) of out[g]; only rows < M and columns < N.
+                # Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of one row (c even;
+                # N % 8 == 0, so both or neither are < N): one 64-bit (fp32) or 32-bit (bf16)
+                # access of the pair.
+                limits = (m - m_tile * TILE_M, n - n_tile * self.tile_n)
+                gOut = cute.local_tile(mOut[(g, None, None)], (TILE_M, self.tile_n), (m_tile, n_tile))
+                tCgOut = thr_mma.partition_C(gOut)
+                if const_expr(self.out_dtype == Float32):
+                    tCgPairs = cute.recast_tensor(tCgOut, Int64)
+                    acc_pairs = cute.recast_tensor(acc, Int64)
+                    if const_expr(self.accumulate):
+                        if k_tiles > 0:  # an empty expert adds nothing
+                            # chunks of pairs: a chunk's loads in flight together, then its
+                            # adds and stores (all loads first would spill the accumulators)
+                            previous = cute.make_rmem_tensor((2 * self.add_chunk,), Float32)
+                            previous_pairs = cute.recast_tensor(previous, Int64)
+                            for chunk in cutlass.range_constexpr(cute.size(acc_pairs) // self.add_chunk):
+                                for j in cutlass.range_constexpr(self.add_chunk):
+                                    i = chunk * self.add_chunk + j
+                                    if cute.elem_less(tCcD[2 * i], limits):
+                                        previous_pairs[j] = tCgPairs[i]
+                                for j in cutlass.range_constexpr(self.add_chunk):
+                                    i = chunk * self.add_chunk + j
+                                    if cute.elem_less(tCcD[2 * i], limits):
+                                        acc[2 * i] = acc[2 * i] + previous[2 * j]
+                                        acc[2 * i + 1] = acc[2 * i + 1] + previous[2 * j + 1]
+                                        tCgPairs[i] = acc_pairs[i]
+                    else:
+                        for i in cutlass.range_constexpr(cute.size(acc_pairs)):
+                            if cute.elem_less(tCcD[2 * i], limits):
+                                tCgPairs[i] = acc_pairs[i]
+                else:  # bf16: the fp32 sums rounded once, stored as pairs through Int32 views
+                    tCgPairs = cute.recast_tensor(tCgOut, Int32)
+                    pair = cute.make_rmem_tensor((2,), BFloat16)
+                    pair_bits = cute.recast_tensor(pair, Int32)
+                    for i in cutlass.range_constexpr(cute.size(tCgPairs)):
+                        if cute.elem_less(tCcD[2 * i], limits):
+                            pair[0] = acc[2 * i].to(BFloat16)
+                            pair[1] = acc[2 * i + 1].to(BFloat16)
+                            tCgPairs[i] = pair_bits[0]
+                item += grid
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation (cached per config and architecture)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_arguments(config: WgradConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments, in order: T, M, N, E are runtime values;
+    alignments are what the launcher guarantees (16-byte bases; M, N and strides multiples of 8)."""
+    rows = cute.sym_int()
+    m, n = cute.sym_int(divisibility=_ELEMENT_ALIGN), cute.sym_int(divisibility=_ELEMENT_ALIGN)
+    experts, starts = cute.sym_int(), cute.sym_int()  # E, E + 1
+
+    def stride():
+        return cute.sym_int64(divisibility=_ELEMENT_ALIGN)
+
+    a = make_fake_tensor(BFloat16, (rows, m), stride=(stride(), 1), assumed_align=_ALIGN)
+    b = make_fake_tensor(BFloat16, (rows, n), stride=(stride(), 1), assumed_align=_ALIGN)
+    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(stride(), stride(), 1),
+                           assumed_align=_ALIGN)
+    return (a, b, row_start, out, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+@dataclass(frozen=True)
+class CompiledWgrad:
+    """A kernel compiled ahead of time: the callable (runs on a matching GPU), its PTX and cubin."""
+
+    config: WgradConfig
+    arch: str
+    function: object
+    ptx: str
+    cubin: bytes  # b"" for the native (runtime) build
+
+
+def _artifact_text(value) -> str:
+    """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if len(value) < 4096 and "\n" not in value and os.path.isfile(value):
+        with open(value) as handle:
+            return handle.read()
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(config: WgradConfig, arch: str | None) -> CompiledWgrad:
+    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
+    options = "--enable-tvm-ffi"
+    kernel = GroupedWgradSm90(config)
+    if arch is None:
+        return CompiledWgrad(config, "native", cute.compile(kernel, *_fake_arguments(config), options=options),
+                             ptx="", cubin=b"")
+    with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
+        function = cute.compile(kernel, *_fake_arguments(config),
+                                options=f"{options} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
+        ptx = _artifact_text(function.__ptx__)
+        cubin = function.__cubin__
+        cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
+    return CompiledWgrad(config, arch, function, ptx, cubin)
+
+
+def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> str | None:
+    """None if the kernel runs a (T, M, N, E) problem, else why not (TMA alignment, coordinates)."""
+    if num_experts < 1:
+        return f"E={num_experts}: needs at least one expert"
+    if m % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
+        return f"M={m} and N={n} must be multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
+    if num_rows >= _BIG or max(m, n) * 2 >= 2**31 or num_experts * (m // 8 + 1) * (n // 8 + 1) >= 2**31:
+        return f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile coordinates"
+    return None
+
+
+def compile_wgrad(
+    arch: str = "sm_90a",
+    config: WgradConfig = WgradConfig(),
+    *,
+    shape: tuple[int, int, int, int] | None = None,
+) -> CompiledWgrad:
+    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
+    is shape-generic (T, M, N, E at run time), so one compile serves every shape of a config;
+    ``shape`` (T, M, N, E), when given, is checked against ``problem_support``."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
+    reason = None if shape is None else problem_support(*shape)
+    if reason is not None:
+        raise ValueError(f"the sm90 grouped wgrad cannot run this problem: {reason}")
+    return _compile(config, arch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def grouped_wgrad(
+    a: torch.Tensor,  # (T, M) bf16: dy (FC2) or dh (FC1), contiguous, rows grouped by expert
+    b: torch.Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
+    out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
+    tile_n: int = 256,
+) -> torch.Tensor:
+    """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
+    given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
+    multiples of 8 and 16-byte aligned bases (TMA)."""
+    # validate
+    if not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and a.is_contiguous()
+            and b.is_contiguous()):
+        raise TypeError(f"a and b must be contiguous bf16 (T, M) and (T, N) matrices, got a {a.dtype} "
+                        f"{tuple(a.shape)}, b {b.dtype} {tuple(b.shape)}")
+    (tokens, m), (b_tokens, n) = a.shape, b.shape
+    experts = split_sizes.numel()
+    if b_tokens != tokens:
+        raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
+    if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} {tuple(out.shape)}")
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
+    reason = problem_support(tokens, m, n, experts)
+    if reason is not None:
+        raise ValueError(f"the sm90 grouped wgrad cannot run this problem: {reason}")
+    if tokens > 0 and any(t.device.type != "cuda" or t.data_ptr() % _ALIGN for t in (a, b)):
+        raise ValueError("a and b must be 16-byte aligned CUDA tensors")
+    if out is not None and out.data_ptr() % _ALIGN:
+        raise ValueError("out must be 16-byte aligned")
+
+    # allocate; no tokens: zeros (nothing added to out), else launch over min(#SMs, tiles) CTAs
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(experts, m, n, dtype=out_dtype, device=a.device)
+        if tokens == 0:
+            return out.zero_()
+    items = experts * -(-m // TILE_M) * -(-n // tile_n)
+    if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
+        config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n)
+        groups = groups if groups is not None else device_groups(split_sizes, tokens)
+        with torch.cuda.device(a.device):
+            kernel = _compile(config, None).function
+            kernel(a, b, groups.row_start, out, min(items, _sm_count(a.device.index)))
+    return out

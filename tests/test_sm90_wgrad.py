@@ -1,0 +1,283 @@
+"""The CuTeDSL sm_90a grouped weight gradient (gmlp.cutedsl.sm90.wgrad) compiled without a GPU,
+with checks on its PTX, SASS and ptxas' resource report, and (marker ``gpu``, H100/H200 only) run
+against the reference and the Triton twin.
+
+The kernel is shape-generic (T, M, N, E are runtime values), so the design shapes share the
+compile of their config (about 2 s each, cached); each shape is still checked against the
+kernel's support. Skipped, with the import error, where cutlass-dsl is missing or broken.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gmlp.cutedsl import import_error
+
+_IMPORT_ERROR = import_error()
+pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
+
+# (E, T, H, F) design shapes: dW2 = dy^T a is M = H, N = F; dW1 = dh^T x is M = 2F, N = H.
+DESIGN_SHAPES = [(8, 16384, 4096, 14336), (32, 32768, 7168, 2048), (128, 65536, 2048, 768)]
+WGRADS = [(f"{name}-E{e}-H{h}-F{f}", (t, m, n, e))
+          for e, t, h, f in DESIGN_SHAPES
+          for name, m, n in (("dW2", h, f), ("dW1", 2 * f, h))]
+# Odd problems (T, M, N, E): one row, M and N not multiples of the tile, many experts.
+ODD_SHAPES = [(1, 8, 8, 1), (37 + 64 + 1 + 90, 40, 96, 5), (3, 264, 72, 4096), (300, 520, 136, 3)]
+OUTPUTS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "accumulate": dict(accumulate=True)}
+
+
+def _config(**kwargs):
+    from gmlp.cutedsl.sm90.wgrad import WgradConfig
+
+    return WgradConfig(**kwargs)
+
+
+def check_ptx(compiled) -> None:
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
+    wgmma with fp32 accumulators and both operands MN-major (transpose bits 1, 1), 4-D TMA loads
+    (the ragged token view), the epilogue's pair accesses, no local memory, no spills (ptxas -v
+    where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
+    from tests.test_sm90_compile import ptxas_report, sass
+
+    config, ptx = compiled.config, compiled.ptx
+    assert ".target sm_90a" in ptx
+    assert f".reqntid {128 * (1 + config.tile_n // 128)}, 1, 1" in ptx
+    # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
+    # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+                        r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(trans == ("1", "1") for trans in wgmmas), wgmmas[:2]
+    assert "wgmma.mma_async" not in re.sub(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_n}k16\.f32\.bf16\.bf16",
+                                           "", ptx)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warpgroup
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert loads and set(loads) == {"4"}, set(loads)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    stores = set(re.findall(r"st\.global\.(\w+)", ptx))
+    assert stores == ({"b32"} if config.out_dtype == torch.bfloat16 else {"b64"}), stores
+    pair_loads = re.search(r"ld\.global\.(v2\.b32|v2\.f32|b64)", ptx)
+    assert bool(pair_loads) == config.accumulate  # out's fp32 pairs, read back
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert f"HGMMA.64x{config.tile_n}x16.F32.BF16" in code
+        assert not re.search(r"@!?U?P\w+\s+R2UR", code)  # illegal on sm_90a near TMA issue
+        assert "LDL" not in code and "STL" not in code
+    report = ptxas_report(ptx, "sm_90a")
+    if report is not None:  # else the PTX check above is the spill check
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+        assert report["registers"] <= 232, report
+
+
+@pytest.mark.parametrize("output", list(OUTPUTS))
+@pytest.mark.parametrize("name,shape", WGRADS, ids=[w[0] for w in WGRADS])
+def test_design_shapes_compile(name, shape, output):
+    from gmlp.cutedsl.sm90.wgrad import compile_wgrad
+
+    check_ptx(compile_wgrad("sm_90a", _config(**OUTPUTS[output]), shape=shape))
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("output", list(OUTPUTS))
+def test_odd_shapes_compile(shape, tile_n, output):
+    from gmlp.cutedsl.sm90.wgrad import compile_wgrad
+
+    check_ptx(compile_wgrad("sm_90a", _config(tile_n=tile_n, stages=3, **OUTPUTS[output]), shape=shape))
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((64, 12, 64, 2), r"M=12 and N=64 must be multiples of 8"),
+    ((64, 16, 20, 2), r"M=16 and N=20"),
+    ((64, 16, 16, 0), r"E=0: needs at least one expert"),
+    ((2**30, 16, 16, 2), r"too large"),
+])
+def test_unsupported_shapes_are_refused(shape, match):
+    from gmlp.cutedsl.sm90.wgrad import compile_wgrad
+
+    with pytest.raises(ValueError, match=match):
+        compile_wgrad("sm_90a", shape=shape)
+
+
+def test_invalid_configs_are_refused():
+    from gmlp.cutedsl.sm90.wgrad import compile_wgrad
+
+    with pytest.raises(ValueError, match="tile_n must be 128 or 256"):
+        _config(tile_n=64)
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
+        _config(stages=5)
+    with pytest.raises(ValueError, match="out_dtype must be one of"):
+        _config(out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="accumulate adds into an fp32 out"):
+        _config(accumulate=True, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="arch must be one of"):
+        compile_wgrad("sm_100a")
+
+
+def test_ragged_view_addresses_only_the_experts_rows():
+    """The TMA view of ``_ragged_tokens`` / ``_expert_tokens``, emulated with Python integers:
+    token r of an expert at [first, first + rows) addresses row first + r (byte offsets mod 2**64,
+    as TMA computes them), in bounds exactly for 0 <= r < rows; the strides are ones TMA takes
+    (multiples of 16 bytes below 2**40) and the coordinates fit its int32s."""
+    from gmlp.cutedsl.sm90 import wgrad
+
+    assert wgrad._BIG * wgrad._WRAP == 2**64
+    for features in (8, 40, 4096, 28672):
+        stride = features * 2  # bytes of a bf16 row
+        strides = (stride, (wgrad._WRAP * 2 - stride), stride)  # modes 1, 2, 3 in bytes
+        assert all(s % 16 == 0 and 0 < s < 2**40 for s in strides)
+        for first, rows in ((0, 0), (0, 1), (5, 64), (1000, 37), (2**29, 2**29 - 1)):
+            extra = (wgrad._BIG, first + rows)  # modes 2, 3
+            assert all(0 <= c < wgrad._MAX for c in extra)
+            for r in {0, 1, max(rows - 1, 0), rows, rows + 63}:
+                token = wgrad._BIG - rows + r  # mode 1
+                offset = (token * strides[0] + extra[0] * strides[1] + extra[1] * strides[2]) % 2**64
+                assert offset == (first + r) * stride
+                assert (0 <= token < wgrad._BIG) == (0 <= r < rows)
+
+
+def test_no_tokens_gives_zeros_without_a_launch():
+    """T = 0 (no TMA descriptor can be built): zeros of out_dtype, or out left as it is."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+
+    a, b, splits = torch.zeros(0, 16, dtype=torch.bfloat16), torch.zeros(0, 24, dtype=torch.bfloat16), torch.zeros(3)
+    got = grouped_wgrad(a, b, splits, out_dtype=torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, torch.zeros(3, 16, 24, dtype=torch.bfloat16))
+    main_grad = torch.full((3, 16, 24), -0.0)
+    assert grouped_wgrad(a, b, splits, out=main_grad) is main_grad
+    assert torch.equal(main_grad.view(torch.int32), torch.full((3, 16, 24), -0.0).view(torch.int32))
+
+
+def test_launcher_refuses_bad_operands():
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+
+    a, b = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16)
+    splits = torch.tensor([4, 4])
+    with pytest.raises(ValueError, match="16-byte aligned CUDA tensors"):
+        grouped_wgrad(a, b, splits)
+    with pytest.raises(ValueError, match="same rows, got 8 and 7"):
+        grouped_wgrad(a, b[:7], splits)
+    with pytest.raises(TypeError, match="contiguous bf16"):
+        grouped_wgrad(a.float(), b, splits)
+    with pytest.raises(TypeError, match="contiguous bf16"):
+        grouped_wgrad(a.t(), b, splits)
+    with pytest.raises(ValueError, match=r"out must be a contiguous fp32 \(2, 64, 16\) tensor"):
+        grouped_wgrad(a, b, splits, out=torch.zeros(2, 64, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out_dtype must be"):
+        grouped_wgrad(a, b, splits, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="M=64 and N=12 must be multiples of 8"):
+        grouped_wgrad(a, b[:, :12].contiguous(), splits)
+
+
+# ---------------------------------------------------------------------------------------------
+# On an sm_90 GPU: against the reference and the Triton twin
+# ---------------------------------------------------------------------------------------------
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+SPLITS = {
+    "ragged-with-empty": [0, 37, 64, 1, 90],  # empty, below one k-step, one k-step, one row
+    "one-expert-gets-all": [0, 0, 300, 0],
+    "all-empty-but-last": [0, 0, 0, 5],
+    "k-step-multiples": [128, 256, 0, 64],
+    "many-tiny": [1, 2, 3, 0, 5, 8, 13, 0, 21, 34, 55, 0, 89, 1, 1, 1],
+    "long": [1000, 7, 2049],
+}
+
+
+def _bound(a: torch.Tensor, b: torch.Tensor) -> float:
+    """tests/test_triton_wgrad.py's delta: fp32 sums in another order move a result by at most
+    T * 2**-24 * max(|A|^T |B|)."""
+    return max(a.shape[0], 1) * 2.0**-24 * (a.float().abs().t() @ b.float().abs()).max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("m,n", [(64, 96), (40, 264), (264, 40), (136, 520), (512, 256)], ids=str)
+@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n):
+    """Every expert's whole (M, N) block is compared (an empty expert's is zeros): fp32 within
+    twice the reorder bound of the reference (torch, per expert) and of the Triton twin; bf16
+    out is within one bf16 step; out= adds the same sums (within one fp32 step of the add), and
+    an empty expert's block of out is left bit for bit as it was."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+    from gmlp.mlp_ref import grouped_wgrad_ref
+    from gmlp.triton_ref.wgrad import grouped_wgrad as triton_grouped_wgrad
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens = sum(splits)
+    a = torch.randn(tokens, m, device="cuda").bfloat16()
+    b = torch.randn(tokens, n, device="cuda").bfloat16()
+    delta = 2 * _bound(a, b) + 1e-30
+    got = grouped_wgrad(a, b, split_sizes, tile_n=tile_n)
+    want = grouped_wgrad_ref(a, b, split_sizes)
+    twin = triton_grouped_wgrad(a, b, split_sizes)
+    assert got.shape == want.shape == (len(splits), m, n) and got.dtype == torch.float32
+    for other in (want, twin):
+        assert bool(((got - other).abs() <= delta).all())
+    for g, rows in enumerate(splits):
+        if rows == 0:
+            assert torch.equal(got[g], torch.zeros_like(got[g]))
+
+    rounded = grouped_wgrad(a, b, split_sizes, out_dtype=torch.bfloat16, tile_n=tile_n)
+    assert rounded.dtype == torch.bfloat16
+    assert bool(((rounded.float() - want).abs() <= 2.0**-8 * want.abs() + delta).all())
+
+    main_grad = torch.randn(len(splits), m, n, device="cuda")
+    before = main_grad.clone()
+    assert grouped_wgrad(a, b, split_sizes, out=main_grad, tile_n=tile_n) is main_grad
+    expected = before + want
+    assert bool(((main_grad - expected).abs() <= delta + 2.0**-23 * expected.abs()).all())
+    for g, rows in enumerate(splits):
+        if rows == 0:
+            assert torch.equal(main_grad[g].view(torch.int32), before[g].view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_wgrad_design_like_problem():
+    """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
+    output modes."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+    from gmlp.mlp_ref import grouped_wgrad_ref
+
+    torch.manual_seed(0)
+    splits = [700, 0, 1300, 33, 2000, 63, 0, 4096 - 700 - 1300 - 33 - 2000 - 63]
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = torch.randn(4096, 1536, device="cuda").bfloat16()
+    b = torch.randn(4096, 2048, device="cuda").bfloat16()
+    want = grouped_wgrad_ref(a, b, split_sizes)
+    delta = 2 * _bound(a, b)
+    assert bool(((grouped_wgrad(a, b, split_sizes) - want).abs() <= delta).all())
+    main_grad = torch.ones_like(want)
+    grouped_wgrad(a, b, split_sizes, out=main_grad)
+    assert bool(((main_grad - 1 - want).abs() <= delta + 2.0**-23 * (want.abs() + 1)).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_wgrad_is_deterministic_and_syncless():
+    """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+    from gmlp.groups import device_groups
+
+    splits = torch.tensor([0, 300, 7, 129], device="cuda")
+    a = torch.randn(436, 256, device="cuda").bfloat16()
+    b = torch.randn(436, 512, device="cuda").bfloat16()
+    groups = device_groups(splits, 436)
+    first = grouped_wgrad(a, b, splits, groups=groups)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = grouped_wgrad(a, b, splits, groups=groups)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, second)
