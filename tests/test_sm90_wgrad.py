@@ -27,6 +27,7 @@ WGRADS = [(f"{name}-E{e}-H{h}-F{f}", (t, m, n, e))
 # Odd problems (T, M, N, E): one row, M and N not multiples of the tile, many experts.
 ODD_SHAPES = [(1, 8, 8, 1), (37 + 64 + 1 + 90, 40, 96, 5), (3, 264, 72, 4096), (300, 520, 136, 3)]
 OUTPUTS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "accumulate": dict(accumulate=True)}
+K_TAILS = {"ragged-tma": dict(), "smem-mask": dict(ragged_tma=False)}
 
 
 def _config(**kwargs):
@@ -38,7 +39,8 @@ def _config(**kwargs):
 def check_ptx(compiled) -> None:
     """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
     wgmma with fp32 accumulators and both operands MN-major (transpose bits 1, 1), 4-D TMA loads
-    (the ragged token view), the epilogue's pair accesses, no local memory, no spills (ptxas -v
+    (the ragged token view) or 2-D ones and the consumers' smem zeroing of the K tail (a proxy
+    fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local memory, no spills (ptxas -v
     where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
     from tests.test_sm90_compile import ptxas_report, sass
 
@@ -55,7 +57,10 @@ def check_ptx(compiled) -> None:
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warpgroup
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
     loads = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert loads and set(loads) == {"4"}, set(loads)
+    assert loads and set(loads) == {"4" if config.ragged_tma else "2"}, set(loads)
+    consumers = 128 * (config.tile_n // 128)
+    masks = re.search(rf"bar\.sync\s+1, {consumers};", ptx) and "fence.proxy.async.shared::cta;" in ptx
+    assert bool(masks) == (not config.ragged_tma) and ("st.shared" in ptx) == (not config.ragged_tma)
     assert "ld.local" not in ptx and "st.local" not in ptx
     stores = set(re.findall(r"st\.global\.(\w+)", ptx))
     assert stores == ({"b32"} if config.out_dtype == torch.bfloat16 else {"b64"}), stores
@@ -72,21 +77,24 @@ def check_ptx(compiled) -> None:
         assert report["registers"] <= 232, report
 
 
+@pytest.mark.parametrize("k_tail", list(K_TAILS))
 @pytest.mark.parametrize("output", list(OUTPUTS))
 @pytest.mark.parametrize("name,shape", WGRADS, ids=[w[0] for w in WGRADS])
-def test_design_shapes_compile(name, shape, output):
+def test_design_shapes_compile(name, shape, output, k_tail):
     from gmlp.cutedsl.sm90.wgrad import compile_wgrad
 
-    check_ptx(compile_wgrad("sm_90a", _config(**OUTPUTS[output]), shape=shape))
+    check_ptx(compile_wgrad("sm_90a", _config(**OUTPUTS[output], **K_TAILS[k_tail]), shape=shape))
 
 
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
 @pytest.mark.parametrize("tile_n", [128, 256])
 @pytest.mark.parametrize("output", list(OUTPUTS))
-def test_odd_shapes_compile(shape, tile_n, output):
+@pytest.mark.parametrize("k_tail", list(K_TAILS))
+def test_odd_shapes_compile(shape, tile_n, output, k_tail):
     from gmlp.cutedsl.sm90.wgrad import compile_wgrad
 
-    check_ptx(compile_wgrad("sm_90a", _config(tile_n=tile_n, stages=3, **OUTPUTS[output]), shape=shape))
+    config = _config(tile_n=tile_n, stages=3, **OUTPUTS[output], **K_TAILS[k_tail])
+    check_ptx(compile_wgrad("sm_90a", config, shape=shape))
 
 
 @pytest.mark.parametrize("shape,match", [
@@ -199,10 +207,11 @@ def _bound(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("ragged_tma", [True, False], ids=list(K_TAILS))
 @pytest.mark.parametrize("tile_n", [128, 256])
 @pytest.mark.parametrize("m,n", [(64, 96), (40, 264), (264, 40), (136, 520), (512, 256)], ids=str)
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
-def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n):
+def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n, ragged_tma):
     """Every expert's whole (M, N) block is compared (an empty expert's is zeros): fp32 within
     twice the reorder bound of the reference (torch, per expert) and of the Triton twin; bf16
     out is within one bf16 step; out= adds the same sums (within one fp32 step of the add), and
@@ -217,7 +226,8 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n):
     a = torch.randn(tokens, m, device="cuda").bfloat16()
     b = torch.randn(tokens, n, device="cuda").bfloat16()
     delta = 2 * _bound(a, b) + 1e-30
-    got = grouped_wgrad(a, b, split_sizes, tile_n=tile_n)
+    options = dict(tile_n=tile_n, ragged_tma=ragged_tma)
+    got = grouped_wgrad(a, b, split_sizes, **options)
     want = grouped_wgrad_ref(a, b, split_sizes)
     twin = triton_grouped_wgrad(a, b, split_sizes)
     assert got.shape == want.shape == (len(splits), m, n) and got.dtype == torch.float32
@@ -227,13 +237,13 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n):
         if rows == 0:
             assert torch.equal(got[g], torch.zeros_like(got[g]))
 
-    rounded = grouped_wgrad(a, b, split_sizes, out_dtype=torch.bfloat16, tile_n=tile_n)
+    rounded = grouped_wgrad(a, b, split_sizes, out_dtype=torch.bfloat16, **options)
     assert rounded.dtype == torch.bfloat16
     assert bool(((rounded.float() - want).abs() <= 2.0**-8 * want.abs() + delta).all())
 
     main_grad = torch.randn(len(splits), m, n, device="cuda")
     before = main_grad.clone()
-    assert grouped_wgrad(a, b, split_sizes, out=main_grad, tile_n=tile_n) is main_grad
+    assert grouped_wgrad(a, b, split_sizes, out=main_grad, **options) is main_grad
     expected = before + want
     assert bool(((main_grad - expected).abs() <= delta + 2.0**-23 * expected.abs()).all())
     for g, rows in enumerate(splits):
@@ -243,7 +253,8 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-def test_wgrad_design_like_problem():
+@pytest.mark.parametrize("ragged_tma", [True, False], ids=list(K_TAILS))
+def test_wgrad_design_like_problem(ragged_tma):
     """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
     output modes."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
@@ -256,9 +267,9 @@ def test_wgrad_design_like_problem():
     b = torch.randn(4096, 2048, device="cuda").bfloat16()
     want = grouped_wgrad_ref(a, b, split_sizes)
     delta = 2 * _bound(a, b)
-    assert bool(((grouped_wgrad(a, b, split_sizes) - want).abs() <= delta).all())
+    assert bool(((grouped_wgrad(a, b, split_sizes, ragged_tma=ragged_tma) - want).abs() <= delta).all())
     main_grad = torch.ones_like(want)
-    grouped_wgrad(a, b, split_sizes, out=main_grad)
+    grouped_wgrad(a, b, split_sizes, out=main_grad, ragged_tma=ragged_tma)
     assert bool(((main_grad - 1 - want).abs() <= delta + 2.0**-23 * (want.abs() + 1)).all())
 
 

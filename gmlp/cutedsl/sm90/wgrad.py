@@ -27,7 +27,10 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   exactly for r < m_g: rows past the expert's end come back as zeros. The descriptor's base stays
   the tensor's own pointer (QuACK found that TMA loads fault when the base is shifted outside
   mapped memory: their ``AI/ragged_tma_ptr_shift_finding.md``), and T never enters it.
-  M and N tails are ordinary TMA zero fill (mode 0 has the true extent).
+  M and N tails are ordinary TMA zero fill (mode 0 has the true extent). Fallback
+  (``ragged_tma=False``): plain (features, T) descriptors, and on an expert's last k-step the
+  consumer threads zero the slot's rows past the expert's end in smem (st.shared, then
+  fence.proxy.async and a named barrier of the consumers before the wgmmas).
 - Warp-specialized, as ``gmlp.cutedsl.sm90.grouped_gemm``: warp 0 (of warpgroup 0, registers
   lowered to 40) is the TMA producer; 1 (BN = 128) or 2 (BN = 256, a 64-column half of M each)
   consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
@@ -97,6 +100,9 @@ class WgradConfig:
     accumulate: bool = False  # add into an fp32 out (main_grad) instead of storing
     tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
+    # K tail: True, TMA zero-fills past the expert's end (the ragged 4-D view); False, the plain
+    # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
+    ragged_tma: bool = True
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -134,6 +140,12 @@ def _expert_tokens(coords: cute.Tensor, first_row: Int32, rows: Int32) -> cute.T
     return cute.domain_offset((None, _BIG - rows), coords[(None, None, _BIG, first_row + rows)])
 
 
+def _transposed(tensor: cute.Tensor) -> cute.Tensor:
+    """The (features, T) view of a row-major (T, features) tensor (the plain, ``ragged_tma=False``
+    TMA view: rows past an expert's end are the next expert's, zero only past T)."""
+    return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=[1, 0]))
+
+
 class GroupedWgradSm90:
     """The jit code of the grouped weight gradient (see the module docstring); ``__call__`` is the
     host side that builds TMA descriptors and launches, ``kernel`` the device side."""
@@ -150,6 +162,8 @@ class GroupedWgradSm90:
         # thread); BN = 128: one warpgroup, two m64 wgmmas per k-block (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
         self.add_chunk = _ADD_CHUNK
+        self.ragged_tma = config.ragged_tma
+        self.consumer_threads = self.num_mma_warpgroups * _THREADS_PER_WARPGROUP
         self.threads = (1 + self.num_mma_warpgroups) * _THREADS_PER_WARPGROUP
 
     @cute.jit
@@ -170,12 +184,13 @@ class GroupedWgradSm90:
         )
         a_smem_layout = sm90_utils.make_smem_layout_a(mn_major, self.tile_shape_mnk, BFloat16, self.stages)
         b_smem_layout = sm90_utils.make_smem_layout_b(mn_major, self.tile_shape_mnk, BFloat16, self.stages)
+        view = _ragged_tokens if const_expr(self.ragged_tma) else _transposed
         tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), _ragged_tokens(mA),
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mA),
             cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
         )
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), _ragged_tokens(mB),
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mB),
             cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
         )
 
@@ -191,13 +206,25 @@ class GroupedWgradSm90:
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
+    @cute.jit
+    def zero_rows(self, sA: cute.Tensor, sB: cute.Tensor, slot: Int32, first: Int32, tidx: Int32):
+        """Zero the token rows [first, BK) of slot ``slot`` of A and B (the next expert's rows of
+        an expert's last k-step), by all consumer threads; then make the generic-proxy stores
+        visible to wgmma (async proxy) and wait for every consumer thread before any wgmma."""
+        for rows, width in ((sA, TILE_M), (sB, self.tile_n)):
+            for index in range(tidx, (TILE_K - first) * width, self.consumer_threads):
+                row = first + index // width
+                rows[(index - (index // width) * width, row, slot)] = BFloat16(0.0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+
     @cute.kernel
     def kernel(
         self,
         tma_atom_a: cute.CopyAtom,
-        mA: cute.Tensor,  # TMA coordinates of A's ragged view (M, BIG, MAX, MAX)
+        mA: cute.Tensor,  # TMA coordinates of A's ragged view (M, BIG, MAX, MAX), or (M, T)
         tma_atom_b: cute.CopyAtom,
-        mB: cute.Tensor,  # TMA coordinates of B's ragged view (N, BIG, MAX, MAX)
+        mB: cute.Tensor,  # TMA coordinates of B's ragged view (N, BIG, MAX, MAX), or (N, T)
         mRowStart: cute.Tensor,
         mOut: cute.Tensor,
         tiled_mma: cute.TiledMma,
@@ -249,9 +276,16 @@ class GroupedWgradSm90:
                 n_tile = rest - m_tile * n_tiles
                 first_row = mRowStart[g]
                 rows = mRowStart[g + 1] - first_row
-                # (BM, BK, RestK) / (BN, BK, RestK) tiles of the expert's rows, zero past its end
-                gA = cute.local_tile(_expert_tokens(mA, first_row, rows), (TILE_M, TILE_K), (m_tile, None))
-                gB = cute.local_tile(_expert_tokens(mB, first_row, rows), (self.tile_n, TILE_K), (n_tile, None))
+                # (BM, BK, RestK) / (BN, BK, RestK) tiles of the expert's rows (zero past its end
+                # with the ragged view; else the consumers zero them)
+                if const_expr(self.ragged_tma):
+                    mA_g = _expert_tokens(mA, first_row, rows)
+                    mB_g = _expert_tokens(mB, first_row, rows)
+                else:
+                    mA_g = cute.domain_offset((0, first_row), mA)
+                    mB_g = cute.domain_offset((0, first_row), mB)
+                gA = cute.local_tile(mA_g, (TILE_M, TILE_K), (m_tile, None))
+                gB = cute.local_tile(mB_g, (self.tile_n, TILE_K), (n_tile, None))
                 tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                 tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
@@ -296,6 +330,10 @@ class GroupedWgradSm90:
                 acc.fill(0.0)
                 for k_tile in range(k_tiles):
                     mainloop.consumer_wait(read_state)
+                    if const_expr(not self.ragged_tma):
+                        tail = rows - k_tile * TILE_K  # the expert's rows left; < BK on its last step
+                        if tail < TILE_K:
+                            self.zero_rows(sA, sB, read_state.index, tail, mma_tidx)
                     cute.nvgpu.warpgroup.fence()
                     for k_block in cutlass.range_constexpr(k_blocks):
                         slot = (None, None, k_block, read_state.index)
@@ -462,6 +500,7 @@ def grouped_wgrad(
     out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int = 256,
+    ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -495,7 +534,7 @@ def grouped_wgrad(
             return out.zero_()
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
-        config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n)
+        config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma)
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
         with torch.cuda.device(a.device):
             kernel = _compile(config, None).function
