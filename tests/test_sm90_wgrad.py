@@ -40,8 +40,9 @@ def check_ptx(compiled) -> None:
     """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
     wgmma with fp32 accumulators and both operands MN-major (transpose bits 1, 1), 4-D TMA loads
     (the ragged token view) or 2-D ones and the consumers' smem zeroing of the K tail (a proxy
-    fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local memory, no spills (ptxas -v
-    where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
+    fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local
+    memory, no spills (ptxas -v where a ptxas reads the PTX, else the PTX's ld/st.local), no
+    predicated R2UR in the SASS."""
     from tests.test_sm90_compile import ptxas_report, sass
 
     config, ptx = compiled.config, compiled.ptx

@@ -48,8 +48,6 @@ PTX and ptxas facts.
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +60,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel
 from gmlp.groups import DeviceGroups, device_groups
 
 __all__ = [
@@ -74,7 +73,6 @@ __all__ = [
     "SUPPORTED_ARCHS",
 ]
 
-SUPPORTED_ARCHS = ("sm_90a",)
 TILE_M = 128  # output rows (features of A) per tile
 TILE_K = 64  # token rows per k-step
 _ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
@@ -129,7 +127,8 @@ def _ragged_tokens(tensor: cute.Tensor) -> cute.Tensor:
     """The (features, BIG, MAX, MAX) view of a row-major (T, features) tensor that TMA reads with
     per-expert zero fill (module docstring); same pointer, T dropped."""
     row_stride = tensor.layout.stride[0]
-    layout = cute.make_layout((tensor.shape[1], _BIG, _MAX, _MAX), stride=(1, row_stride, _WRAP - row_stride, row_stride))
+    layout = cute.make_layout((tensor.shape[1], _BIG, _MAX, _MAX),
+                              stride=(1, row_stride, _WRAP - row_stride, row_stride))
     return cute.make_tensor(tensor.iterator, layout)
 
 
@@ -415,42 +414,13 @@ def _fake_arguments(config: WgradConfig) -> tuple:
     return (a, b, row_start, out, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
-@dataclass(frozen=True)
-class CompiledWgrad:
-    """A kernel compiled ahead of time: the callable (runs on a matching GPU), its PTX and cubin."""
-
-    config: WgradConfig
-    arch: str
-    function: object
-    ptx: str
-    cubin: bytes  # b"" for the native (runtime) build
-
-
-def _artifact_text(value) -> str:
-    """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
-    if isinstance(value, bytes):
-        value = value.decode()
-    if len(value) < 4096 and "\n" not in value and os.path.isfile(value):
-        with open(value) as handle:
-            return handle.read()
-    return value
+CompiledWgrad = CompiledKernel  # the callable (runs on a matching GPU), its PTX and cubin
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(config: WgradConfig, arch: str | None) -> CompiledWgrad:
+def _compile(config: WgradConfig, arch: str | None) -> CompiledKernel:
     """Compile ``config``; arch None targets the current GPU (the runtime path)."""
-    options = "--enable-tvm-ffi"
-    kernel = GroupedWgradSm90(config)
-    if arch is None:
-        return CompiledWgrad(config, "native", cute.compile(kernel, *_fake_arguments(config), options=options),
-                             ptx="", cubin=b"")
-    with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
-        function = cute.compile(kernel, *_fake_arguments(config),
-                                options=f"{options} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
-        ptx = _artifact_text(function.__ptx__)
-        cubin = function.__cubin__
-        cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
-    return CompiledWgrad(config, arch, function, ptx, cubin)
+    return compile_kernel(GroupedWgradSm90(config), _fake_arguments(config), config, arch)
 
 
 def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> str | None:
@@ -514,8 +484,10 @@ def grouped_wgrad(
     experts = split_sizes.numel()
     if b_tokens != tokens:
         raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
-    if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} {tuple(out.shape)}")
+    if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} "
+                         f"{tuple(out.shape)}")
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
     reason = problem_support(tokens, m, n, experts)
