@@ -16,6 +16,8 @@ rows past N read zeros.
 
 from __future__ import annotations
 
+import torch
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -27,7 +29,7 @@ from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
            "CONSUMER_REGISTERS", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
-           "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "consumer_fragments"]
+           "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "consumer_fragments"]
 
 TILE_K = 64  # one 128-byte swizzle row of bf16
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
@@ -49,6 +51,18 @@ class MainloopOperands:
         self.b_smem_layout = b_smem_layout
         self.tma_atom_a, self.tma_a = tma_atom_a, tma_a
         self.tma_atom_b, self.tma_b = tma_atom_b, tma_b
+
+
+def b_is_k_major(name: str, b: torch.Tensor) -> bool:
+    """True for a K-major B (E, N, K), False for N-major; raises for layouts TMA cannot read."""
+    _, s_n, s_k = b.stride()
+    aligned = lambda *values: all(v % ELEMENT_ALIGN == 0 for v in values)  # noqa: E731
+    if s_k == 1 and aligned(b.stride(0), s_n):
+        return True
+    if s_n == 1 and aligned(b.stride(0), s_k):
+        return False
+    raise ValueError(f"{name} (E, N, K) must be K-major (strides (., K', 1)) or N-major (strides (., 1, N')) with "
+                     f"the other strides multiples of {ELEMENT_ALIGN}, got strides {b.stride()}")
 
 
 def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, stages: int,

@@ -61,6 +61,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
     TILE_K,
     a_tiles,
+    b_is_k_major,
     b_tiles,
     consumer_fragments,
     make_mainloop_operands,
@@ -325,16 +326,7 @@ def compile_grouped_gemm(
 # ---------------------------------------------------------------------------------------------
 
 
-def _b_layout(b: torch.Tensor) -> bool:
-    """True for K-major B (E, N, K), False for N-major; raises for layouts TMA cannot read."""
-    _, s_n, s_k = b.stride()
-    aligned = lambda *values: all(v % _ELEMENT_ALIGN == 0 for v in values)  # noqa: E731
-    if s_k == 1 and aligned(b.stride(0), s_n):
-        return True
-    if s_n == 1 and aligned(b.stride(0), s_k):
-        return False
-    raise ValueError(f"b (E, N, K) must be K-major (strides (., K', 1)) or N-major (strides (., 1, N')) with the "
-                     f"other strides multiples of {_ELEMENT_ALIGN}, got strides {b.stride()}")
+_b_layout = functools.partial(b_is_k_major, "b")  # True: K-major B (E, N, K); False: N-major
 
 
 def grouped_gemm(

@@ -1,0 +1,485 @@
+"""CuTeDSL sm_90a FC1 forward: grouped GEMM ``h = x @ W1_g^T (+ b1_g)`` with the fused epilogue
+``c = bf16(h)``, ``a = act(h) * probs`` (bf16).
+
+Twin of ``gmlp.triton_ref.fc1.fc1_forward`` (same arguments and outputs, same fp32 epilogue
+formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.activations``). Operands: x (T, H) bf16
+row-major with rows grouped by expert; W1 (E, N1, H) bf16 with N1 = 2F ([gate; up] rows) for the
+gated activations and F for srelu, K-major (stacked weights) or N-major (a transposed view);
+optional b1 (E, N1) bf16/fp32 and probs (T,) fp32/bf16. Outputs: c (T, N1) bf16, a (T, F) bf16.
+Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` (``gmlp.groups.device_groups``; no
+host sync, any sizes, 0 too).
+
+Kernel design (one compiled kernel per ``FC1Config``; T, H, F, E are runtime values):
+
+- Schedule and mainloop: the grouped GEMM's (``_schedule``, ``_pipeline``): persistent CTAs over
+  work items (128-row expert tile j, a-column tile n), a TMA producer warp and two consumer
+  warpgroups (64 rows each) issuing bf16 ``wgmma`` with fp32 accumulators.
+- Gated activations: **two B tiles per k-step**. The a-tile of columns [j, j+128) needs h's gate
+  columns [j, j+128) and up columns [F+j, F+j+128), i.e. W1_g rows [j, j+128) and [F+j, F+j+128):
+  each pipeline slot holds the A k-tile and both B k-tiles (two TMA loads through the same W1
+  descriptor, the second at row offset F; past 2F TMA reads zeros), and every k-block issues two
+  m64n128k16 wgmmas per warpgroup into two accumulators (gate, up: 64 + 64 fp32 a thread). So
+  the gate and up values of one (row, column) sit in the same thread at the same accumulator
+  index, and W1 is read in place in its stored [gate; up] order (no interleaved copy). srelu: one
+  B tile, one accumulator.
+- Slot: A 16 KB + 2 x 16 KB (gated) -> 4 stages; 32 KB (srelu) -> 7 stages.
+- Epilogue, from the accumulator registers, per thread pair of adjacent columns (c, c+1) of one
+  row: + b1 (fp32), c = bf16 pairs of gate and up (two 32-bit stores), act in fp32 (exp as
+  ``ex2.approx.f32(z * -log2 e)`` and ``1 / x`` as ``div.full.f32``, Triton's lowering of the
+  same formulas), times probs[row] (loaded once per item for the thread's rows), a = bf16 pair
+  (one 32-bit store). Only rows below the expert's end and columns below F are written.
+
+The MXFP8 epilogue (a as Q_row/Q_col with compact scales) is not written yet: ``recipe`` must be
+None.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.runtime import make_fake_tensor
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from gmlp import scale_layout
+from gmlp.activations import Activation, ActivationKind
+from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN,
+    CONSUMER_REGISTERS,
+    ELEMENT_ALIGN,
+    PRODUCER_REGISTERS,
+    SMEM_BYTES,
+    THREADS_PER_WARPGROUP,
+    TILE_K,
+    a_tiles,
+    b_is_k_major,
+    b_tiles,
+    consumer_fragments,
+    make_mainloop_operands,
+    make_mainloop_pipeline,
+    mma_k_tiles,
+    produce_k_tiles,
+)
+from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.groups import DeviceGroups, device_groups
+from gmlp.mlp_ref import FC1Output
+from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref.operands import expert_operand, rowwise_operand
+
+__all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1_forward", "SUPPORTED_ARCHS"]
+
+TILE_N = 128  # a columns per work item (gated: 2 x 128 h columns)
+_CONSUMER_WARPGROUPS = 2  # 64 rows each
+_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+_LOG2_E = 1.4426950408889634
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+
+@dataclass(frozen=True)
+class FC1Config:
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    activation: Activation
+    b_k_major: bool = True  # W1_g (N1, H) row-major (stacked weights); False: N-major (transposed view)
+    bias_dtype: torch.dtype | None = None  # None: no b1
+    probs_dtype: torch.dtype | None = None  # None: no probs
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+
+    def __post_init__(self):
+        if not isinstance(self.activation, Activation):
+            raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
+        for name in ("bias_dtype", "probs_dtype"):
+            dtype = getattr(self, name)
+            if dtype is not None and dtype not in _FLOAT_DTYPES:
+                raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
+        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
+            raise ValueError(f"stages must be in [2, {self.max_stages()}] for {self.activation.name}, got {self.stages}")
+
+    @property
+    def b_tiles(self) -> int:
+        """B tiles per k-step: gate and up for the gated activations, one for srelu."""
+        return 2 if self.activation.gated else 1
+
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline slot: an A tile and the B tiles, bf16."""
+        return (TILE_M + self.b_tiles * TILE_N) * TILE_K * 2
+
+    def max_stages(self) -> int:
+        return SMEM_BYTES // self.stage_bytes()
+
+    def num_stages(self) -> int:
+        return self.stages if self.stages is not None else self.max_stages()
+
+
+# ---------------------------------------------------------------------------------------------
+# The activations in fp32, as gmlp.triton_ref._activations computes them
+# ---------------------------------------------------------------------------------------------
+
+
+@dsl_user_op
+def _ptx_f32(op: str, *operands, loc=None, ip=None) -> Float32:
+    """One PTX f32 instruction (no side effects, so the compiler may schedule and CSE it)."""
+    args = ", ".join(f"${i + 1}" for i in range(len(operands)))
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip) for x in operands], f"{op} $0, {args};",
+        "=f" + ",f" * len(operands), has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+def _sigmoid(z):
+    """1 / (1 + exp(-z)): Triton lowers tl.exp(f32) to ex2.approx.f32 of z * log2(e) and the f32
+    division to div.full.f32."""
+    return _ptx_f32("div.full.f32", Float32(1.0), 1.0 + _ptx_f32("ex2.approx.f32", z * -_LOG2_E))
+
+
+def _activation(activation: Activation, gate, up):
+    """act in fp32 of one element: gated kinds of (gate, up); srelu of gate (h), up unused. Same
+    operation order as gmlp.triton_ref._activations."""
+    kind = activation.kind
+    if kind is ActivationKind.SWIGLU:
+        return gate * _sigmoid(gate) * up
+    if kind is ActivationKind.GEGLU:
+        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
+        tanh = 2.0 * _sigmoid(2.0 * inner) - 1.0
+        return 0.5 * gate * (1.0 + tanh) * up
+    if kind is ActivationKind.QGEGLU:
+        limit = activation.limit
+        clamped = cute.arch.fmin(gate, limit)
+        up_clamped = cute.arch.fmin(cute.arch.fmax(up, -limit), limit)
+        return clamped * _sigmoid(activation.alpha * clamped) * (up_clamped + activation.offset)
+    positive = cute.arch.fmax(gate, 0.0)  # srelu
+    return positive * positive
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------
+
+
+def _pair_fragment(shape):
+    """The accumulator fragment the epilogue's indexing assumes (checked at trace time):
+    ((2 columns, 2 rows, column groups), 1, 1), so pair i is row slot i % 2."""
+    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
+        raise ValueError(f"unexpected accumulator fragment {shape}")
+    return shape
+
+
+class FC1ForwardSm90:
+    """The jit code of FC1 (see the module docstring); ``__call__`` is the host side that builds
+    TMA descriptors and launches, ``kernel`` the device side."""
+
+    def __init__(self, config: FC1Config):
+        self.config = config
+        self.activation = config.activation
+        self.gated = config.activation.gated
+        self.num_b = config.b_tiles
+        self.stages = config.num_stages()
+        self.has_bias = config.bias_dtype is not None
+        self.has_probs = config.probs_dtype is not None
+        self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
+        self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,  # (T, H) bf16, row-major
+        mW: cute.Tensor,  # (E, N1, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, N1'))
+        mBias: cute.Tensor | None,  # (E, N1) bf16/fp32, row-major
+        mProbs: cute.Tensor | None,  # (T,) fp32/bf16
+        mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
+        mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mC: cute.Tensor,  # (T, N1) bf16, row-major
+        mAct: cute.Tensor,  # (T, F) bf16, row-major
+        num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
+        stream,
+    ):
+        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (N1, H, E)
+        ops = make_mainloop_operands(mX, mW_nke, TILE_N, self.stages, self.atom_layout_mnk)
+
+        a_elements, b_elements = cute.cosize(ops.a_smem_layout), cute.cosize(ops.b_smem_layout)
+
+        @cute.struct
+        class SharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # gate (h for srelu)
+
+        @cute.struct
+        class GatedSharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # gate
+            sU: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # up
+
+        self.shared_storage = GatedSharedStorage if self.gated else SharedStorage
+        self.kernel(
+            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart, mC, mAct,
+            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
+        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
+                 stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mX: cute.Tensor,  # TMA coordinates of x (T, H)
+        tma_atom_b: cute.CopyAtom,
+        mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E)
+        mBias: cute.Tensor | None,
+        mProbs: cute.Tensor | None,
+        mRowStart: cute.Tensor,
+        mTileStart: cute.Tensor,
+        mC: cute.Tensor,
+        mAct: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
+        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+        b_bytes = cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0)))
+        stage_bytes = cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0))) + self.num_b * b_bytes
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
+                                          stage_bytes)
+
+        num_rows, ffn = mAct.shape
+        num_experts = mTileStart.shape[0] - 1
+        n_tiles = (ffn + TILE_N - 1) // TILE_N
+        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        k_tiles = (mX.shape[1] + TILE_K - 1) // TILE_K
+        # B tiles of an item's n-tile: W1_g rows n_tile * 128 + [0, 128) (gate, or h for srelu)
+        # and, gated, F + n_tile * 128 + [0, 128) (up)
+        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)
+        smem_b = (sB,)
+        if const_expr(self.gated):
+            sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+            tUsU, tUgU = b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn)
+            smem_b = (sB, sU)
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+        if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
+            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
+            item = bidx
+            while item < num_items:
+                g, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                tAsA, tAgA = a_tiles(tma_atom_a, mX, sA, first_row)
+                if const_expr(self.gated):
+                    loads = ((tBgB[(None, n_tile, None, g)], tBsB), (tUgU[(None, n_tile, None, g)], tUsU))
+                else:
+                    loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
+                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
+                item += grid
+            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+
+        if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, smem_b)
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
+            # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+            fragment = _pair_fragment(tCcD.shape)
+            acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h)
+            acc_up = cute.make_rmem_tensor(fragment, Float32)
+            operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
+            pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
+            pair_bits = cute.recast_tensor(pair, Int32)
+            row_probs = cute.make_rmem_tensor((2,), Float32)
+            n1 = mC.shape[1]
+            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+
+            item = bidx
+            while item < num_items:
+                g, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                tiled_mma, read_state, release_state = mma_k_tiles(
+                    tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
+
+                # Epilogue at rows first_row + [0, 128), a columns col0 + [0, 128): only rows <
+                # end_row (this expert's) and columns < F are written. Accumulators 2i, 2i+1 of a
+                # thread are columns c, c+1 of one row (c even; F % 32 == 0: both or neither < F).
+                col0 = n_tile * TILE_N
+                limits = (end_row - first_row, ffn - col0)
+                if const_expr(self.has_probs):
+                    for slot in cutlass.range_constexpr(2):
+                        row = tCcD[2 * slot][0]
+                        row_probs[slot] = Float32(0.0)
+                        if row < limits[0]:
+                            row_probs[slot] = mProbs[first_row + row].to(Float32)
+                tile = (TILE_M, TILE_N)
+                gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
+                tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)
+                gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
+                tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
+                if const_expr(self.gated):
+                    gU = cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))
+                    tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
+                for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
+                    if cute.elem_less(tCcD[2 * i], limits):
+                        col = col0 + tCcD[2 * i][1]
+                        gate = (acc[2 * i], acc[2 * i + 1])
+                        up = (acc_up[2 * i], acc_up[2 * i + 1])
+                        if const_expr(self.has_bias):
+                            gate = (gate[0] + mBias[g, col].to(Float32), gate[1] + mBias[g, col + 1].to(Float32))
+                            if const_expr(self.gated):
+                                up = (up[0] + mBias[g, ffn + col].to(Float32),
+                                      up[1] + mBias[g, ffn + col + 1].to(Float32))
+                        pair[0], pair[1] = gate[0].to(BFloat16), gate[1].to(BFloat16)
+                        tCgC[i] = pair_bits[0]
+                        if const_expr(self.gated):
+                            pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
+                            tCgU[i] = pair_bits[0]
+                        act = (_activation(self.activation, gate[0], up[0]), _activation(self.activation, gate[1], up[1]))
+                        if const_expr(self.has_probs):
+                            p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
+                            act = (act[0] * p, act[1] * p)
+                        pair[0], pair[1] = act[0].to(BFloat16), act[1].to(BFloat16)
+                        tCgA[i] = pair_bits[0]
+                item += grid
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation (cached per config and architecture)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_arguments(config: FC1Config) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments, in order: T, H, F (N1 = 2F | F), E are
+    runtime values; alignments are what the launcher guarantees (16-byte bases, H and F multiples
+    of 32, strides of 8)."""
+    rows, hidden = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
+    ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
+    starts, experts = cute.sym_int(), cute.sym_int()
+    x = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
+    w = make_fake_tensor(BFloat16, (experts, n1, hidden), stride=w_strides, assumed_align=ALIGN)
+    bias = probs = None
+    if config.bias_dtype is not None:
+        bias = make_fake_tensor(_FLOAT_DTYPES[config.bias_dtype], (experts, n1), stride=(sym_stride(1), 1),
+                                assumed_align=4)
+    if config.probs_dtype is not None:
+        probs = make_fake_tensor(_FLOAT_DTYPES[config.probs_dtype], (rows,), stride=(1,), assumed_align=4)
+    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    a = make_fake_tensor(BFloat16, (rows, ffn), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    return (x, w, bias, probs, row_start, tile_start, c, a, Int32(1), fake_stream())
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(config: FC1Config, arch: str | None) -> CompiledKernel:
+    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
+    return compile_kernel(FC1ForwardSm90(config), _fake_arguments(config), config, arch)
+
+
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
+    """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
+    rule, TMA alignment, search depth, 32-bit coordinates)."""
+    reason = _schedule.expert_count_reason(num_experts)
+    if reason is not None:
+        return reason
+    if hidden <= 0 or ffn <= 0 or hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
+        return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
+    n1 = (2 if gated else 1) * ffn
+    if max(num_rows, n1, hidden) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n1 >= 2**31:
+        return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
+    return None
+
+
+def compile_fc1(
+    arch: str = "sm_90a",
+    config: FC1Config | None = None,
+    *,
+    shape: tuple[int, int, int, int] | None = None,
+) -> CompiledKernel:
+    """Compile the kernel for ``arch`` without a GPU (default config: swiglu, no bias, no probs);
+    returns it with its PTX and cubin. The code is shape-generic, so one compile serves every
+    shape of a config; ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
+    config = config if config is not None else FC1Config(Activation(ActivationKind.SWIGLU))
+    reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
+    if reason is not None:
+        raise ValueError(f"the sm90 fc1 kernel cannot run this problem: {reason}")
+    return _compile(config, arch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def fc1_forward(
+    x: torch.Tensor,  # (T, H) bf16
+    w1: torch.Tensor,  # W1_g (N1, H) per expert: bf16 (E, N1, H), K-major or N-major
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    ffn_hidden_size: int,
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+    b1: torch.Tensor | None = None,  # (E, N1) bf16 or fp32
+    probs: torch.Tensor | None = None,  # (T,) fp32 or bf16
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
+    tiling=None,  # the Triton launcher's GemmTiling; this kernel's tile is fixed (128 x 128), so unused
+) -> FC1Output:
+    """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
+    ``gmlp.triton_ref.fc1.fc1_forward`` for ``recipe=None`` (c and a in bf16); the MXFP8 epilogue
+    is not written yet."""
+    # validate
+    if recipe is not None:
+        raise NotImplementedError("the sm90 fc1 kernel writes a in bf16 only (recipe=None); the MXFP8 epilogue "
+                                  "(Q_row(a) and Q_col(a)) is not written yet: use gmlp.triton_ref.fc1")
+    if not isinstance(activation, Activation):
+        raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
+    experts, ffn = split_sizes.numel(), ffn_hidden_size
+    n1 = (2 if activation.gated else 1) * ffn
+    x_data, (tokens, hidden) = rowwise_operand("x", x)
+    w = expert_operand("w1", w1, experts)
+    if (w.n, w.k) != (n1, hidden):
+        raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")
+    reason = problem_support(tokens, hidden, ffn, experts, gated=activation.gated)
+    if reason is not None:
+        raise ValueError(f"the sm90 fc1 kernel cannot run this problem: {reason}")
+    b_k_major = b_is_k_major("w1", w1)  # a layout TMA reads, else ValueError
+    if any(t.device.type != "cuda" or t.data_ptr() % ALIGN for t in (x_data, w1)):
+        raise ValueError("x and w1 must be 16-byte aligned CUDA tensors")
+    if b1 is not None and (b1.shape != (experts, n1) or not b1.is_contiguous()):
+        raise ValueError(f"b1 must be a contiguous ({experts}, {n1}) tensor, got {tuple(b1.shape)}")
+    if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
+        raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
+    config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
+                       probs_dtype=None if probs is None else probs.dtype)
+
+    # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
+    c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=x_data.device)
+    a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=x_data.device)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, TILE_N), x_data.device)
+    if num_ctas > 0:
+        with torch.cuda.device(x_data.device):
+            kernel = _compile(config, None).function
+            kernel(x_data, w1, b1, probs, groups.row_start, groups.tile_start, c, a, num_ctas)
+    return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
