@@ -1,2 +1,15 @@
 """CuTeDSL kernels of the Hopper (sm_90a) production path: TMA + wgmma grouped GEMMs over expert
-rows given by device prefix sums (issue 12). Importing a kernel module imports cutlass-dsl."""
+rows given by device prefix sums (issue 12). Importing a kernel module imports cutlass-dsl.
+
+Each kernel is the twin of a Triton launcher (same arguments and outputs):
+
+- ``grouped_gemm``: ``A @ B_g^T (+ bias)`` per expert (FC2 forward, FC1 dgrad), bf16 out;
+- ``fc1``: FC1 + bias + activation + probs, c and a in bf16 (the MXFP8 epilogue is not written);
+- ``wgrad``: ``dW_g = A_g^T @ B_g`` over each expert's rows (a ragged K), stored or added into
+  an fp32 ``main_grad``.
+
+Shared machinery: ``_schedule`` (persistent work items over experts, found on the device),
+``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
+``_compile`` (ahead-of-time compilation without a GPU, for the tests). Compiled on the CPU only
+so far; nothing here has run on a GPU, and the dispatcher does not take these kernels yet.
+"""
