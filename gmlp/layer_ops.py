@@ -206,9 +206,9 @@ def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) ->
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
                                          "no biases)")
     if torch.cuda.get_device_capability(device)[0] != 10:
-        return Reason(ReasonKind.SYSTEM, f"gmlp's SM90 CuTeDSL {op.value} kernels (gmlp.cutedsl.sm90) are compiled "
-                                         "but not yet verified on a GPU, so the dispatcher does not take them "
-                                         "(cuDNN frontend's grouped GEMM kernels are SM100-only)")
+        return Reason(ReasonKind.SYSTEM, f"no verified CuTeDSL {op.value} kernel for SM90 yet: gmlp.cutedsl.sm90 holds "
+                                         "kernels compiled for sm_90a that have not run on a GPU (cuDNN frontend's "
+                                         "grouped GEMM kernels are SM100-only)")
     from gmlp.cutedsl.sm100.cudnn_kernels import import_error
 
     error = import_error()
