@@ -1,0 +1,514 @@
+"""CuTeDSL sm_90a FC2 dgrad with the fused activation backward (dataflow steps 5-6):
+``da = dy @ W2_g`` per expert, then ``dprobs``, ``dh = act'(c) (da * probs)`` (bf16) and ``db1``.
+
+Twin of ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad`` (same arguments and outputs, same fp32 epilogue
+formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.activations``). Operands: dy (T, H) bf16
+row-major with rows grouped by expert; w2t = W2_g^T (E, F, H) bf16, K-major (a stacked W2^T) or
+N-major (the transposed view of a stacked W2 (E, H, F), read in place); c (T, 2F | F) bf16 (the
+saved pre-activation: [gate | up] for the gated activations); optional probs (T,) fp32/bf16.
+Outputs (``FC2DgradOutput``): dh (T, 2F | F) bf16, dprobs (T,) fp32 if probs, db1 (E, 2F | F)
+fp32 if bias_grad. No host sync; deterministic.
+
+Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtime values):
+
+- Schedule and mainloop: the grouped GEMM's (``_schedule``, ``_pipeline``): persistent CTAs over
+  work items (128-row expert tile, 128-column tile of da), a TMA producer warp and two consumer
+  warpgroups (64 rows each) issuing bf16 m64n128k16 ``wgmma`` with fp32 accumulators; one B tile
+  (w2t rows [n, n+128), K = H) per k-step, 32 KB slots, 7 stages.
+- Epilogue from the accumulator registers, per thread pair of adjacent columns (f, f+1) of one
+  row (only rows below the expert's end and columns below F): the gate pair c[row, f:f+2] and,
+  gated, the up pair c[row, F+f:F+f+2] are loaded as 32-bit words; act(c) in fp32 (exp as
+  ``ex2.approx.f32``, division ``div.full.f32``: Triton's lowering, the FC1 kernel's helpers);
+  with probs, the thread's partial ``sum da * act`` of each of its two rows is reduced over the
+  4 threads of the row's quad (butterfly shuffles) and written to ``dprobs_partial[row, n_tile]``
+  (T, n_tiles) fp32: **deterministic partials**, summed over n_tiles by the launcher in a fixed
+  order (as the Triton twin); then ``da *= probs[row]``; ``dh = act'(c) da`` (d gate, d up;
+  srelu one output), bf16 pairs stored as 32-bit words.
+- bias_grad: per-warp column sums of the fp32 dh (the thread's two rows, then butterfly shuffles
+  over the warp's 8 quads: 16 rows) written by lanes 0-3 to ``dh_warp_sums[m_tile * 8 + warp, :]``
+  ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
+  expert's tiles in order (``segment_sum`` over ``tile_start``): deterministic, no atomics.
+
+The MXFP8 epilogue (dh as Q_row(dh) and Q_col(dh) in the gradient format) is not written yet:
+``recipe`` must be None.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass.cute.runtime import make_fake_tensor
+
+from gmlp import scale_layout
+from gmlp.activations import Activation, ActivationKind
+from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN,
+    CONSUMER_REGISTERS,
+    PRODUCER_REGISTERS,
+    SMEM_BYTES,
+    THREADS_PER_WARPGROUP,
+    TILE_K,
+    a_tiles,
+    b_is_k_major,
+    b_tiles,
+    consumer_fragments,
+    make_mainloop_operands,
+    make_mainloop_pipeline,
+    mma_k_tiles,
+    produce_k_tiles,
+)
+from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.cutedsl.sm90.fc1 import _activation, _sigmoid
+from gmlp.groups import DeviceGroups, device_groups
+from gmlp.mlp_ref import FC2DgradOutput
+from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.recipe import MXFP8Recipe
+from gmlp.triton_ref.operands import expert_operand, rowwise_operand
+
+__all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
+           "SUPPORTED_ARCHS", "WARPS_PER_TILE"]
+
+TILE_N = 128  # da (and dh gate / up) columns per work item
+_CONSUMER_WARPGROUPS = 2  # 64 rows each
+WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
+_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+
+@dataclass(frozen=True)
+class FC2DgradConfig:
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    activation: Activation
+    b_k_major: bool = True  # w2t_g (F, H) row-major; False: N-major (the transposed view of W2 (E, H, F))
+    probs_dtype: torch.dtype | None = None  # None: no probs (and no dprobs)
+    bias_grad: bool = False  # per-warp column sums of dh for db1
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+
+    def __post_init__(self):
+        if not isinstance(self.activation, Activation):
+            raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
+        if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
+        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
+            raise ValueError(f"stages must be in [2, {self.max_stages()}], got {self.stages}")
+
+    @staticmethod
+    def stage_bytes() -> int:
+        """Shared memory of one pipeline slot: a dy tile and a w2t tile, bf16."""
+        return (TILE_M + TILE_N) * TILE_K * 2
+
+    def max_stages(self) -> int:
+        return SMEM_BYTES // self.stage_bytes()
+
+    def num_stages(self) -> int:
+        return self.stages if self.stages is not None else self.max_stages()
+
+
+# ---------------------------------------------------------------------------------------------
+# The activation backward in fp32, as gmlp.triton_ref._activations computes it
+# ---------------------------------------------------------------------------------------------
+
+
+def _backward(activation: Activation, gate, up, grad):
+    """(d gate, d up) of act applied to grad (fp32; srelu: (d h, None)). Same operation order as
+    gmlp.triton_ref._activations.glu_backward / srelu_backward."""
+    kind = activation.kind
+    if kind is ActivationKind.SWIGLU:
+        s = _sigmoid(gate)
+        return grad * up * s * (1.0 + gate * (1.0 - s)), grad * gate * s
+    if kind is ActivationKind.GEGLU:
+        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
+        tanh = 2.0 * _sigmoid(2.0 * inner) - 1.0
+        d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * gate * gate)
+        d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh * tanh) * d_inner
+        return grad * up * d_gelu, grad * 0.5 * gate * (1.0 + tanh)
+    if kind is ActivationKind.QGEGLU:
+        limit, alpha = activation.limit, activation.alpha
+        clamped = cute.arch.fmin(gate, limit)
+        s = _sigmoid(alpha * clamped)
+        d_gate = cutlass.select_(gate > limit, Float32(0.0), s * (1.0 + alpha * clamped * (1.0 - s)))
+        up_clamped = cute.arch.fmin(cute.arch.fmax(up, -limit), limit)
+        d_up = cutlass.select_((up >= -limit) & (up <= limit), Float32(1.0), Float32(0.0))
+        return grad * (up_clamped + activation.offset) * d_gate, grad * clamped * s * d_up
+    return grad * 2.0 * cute.arch.fmax(gate, 0.0), None  # srelu
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------
+
+
+def _pair_fragment(shape):
+    """The accumulator fragment the epilogue's indexing assumes (checked at trace time):
+    ((2 columns, 2 rows, column groups), 1, 1): pair i is row slot i % 2 of column group i // 2."""
+    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
+        raise ValueError(f"unexpected accumulator fragment {shape}")
+    return shape
+
+
+class FC2DgradSm90:
+    """The jit code of FC2 dgrad (see the module docstring); ``__call__`` is the host side that
+    builds the TMA descriptors and launches, ``kernel`` the device side."""
+
+    def __init__(self, config: FC2DgradConfig):
+        self.config = config
+        self.activation = config.activation
+        self.gated = config.activation.gated
+        self.stages = config.num_stages()
+        self.has_probs = config.probs_dtype is not None
+        self.bias_grad = config.bias_grad
+        self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
+        self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+
+    @cute.jit
+    def __call__(
+        self,
+        mDy: cute.Tensor,  # (T, H) bf16, row-major
+        mW: cute.Tensor,  # (E, F, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, F'))
+        mC: cute.Tensor,  # (T, N1) bf16, row-major
+        mProbs: cute.Tensor | None,  # (T,) fp32/bf16
+        mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
+        mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mDprobsPartial: cute.Tensor | None,  # (T, n_tiles) fp32 (with probs)
+        mWarpSums: cute.Tensor | None,  # (max tiles * 8, N1) fp32, zero-filled (bias_grad)
+        mDh: cute.Tensor,  # (T, N1) bf16, row-major
+        num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
+        stream,
+    ):
+        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (F, H, E)
+        ops = make_mainloop_operands(mDy, mW_nke, TILE_N, self.stages, self.atom_layout_mnk)
+        a_elements, b_elements = cute.cosize(ops.a_smem_layout), cute.cosize(ops.b_smem_layout)
+
+        @cute.struct
+        class SharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart,
+            mDprobsPartial, mWarpSums, mDh, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
+        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
+                 stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
+        tma_atom_b: cute.CopyAtom,
+        mW: cute.Tensor,  # TMA coordinates of w2t (F, H, E)
+        mC: cute.Tensor,
+        mProbs: cute.Tensor | None,
+        mRowStart: cute.Tensor,
+        mTileStart: cute.Tensor,
+        mDprobsPartial: cute.Tensor | None,
+        mWarpSums: cute.Tensor | None,
+        mDh: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
+        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+        stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
+                       + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
+                                          stage_bytes)
+
+        ffn = mW.shape[0]
+        num_experts = mTileStart.shape[0] - 1
+        n_tiles = (ffn + TILE_N - 1) // TILE_N
+        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
+        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)  # w2t_g rows n_tile * 128 + [0, 128)
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+        if warp_idx == 0:  # producer: TMA loads of every (dy, w2t) k-tile of this CTA's items
+            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
+            item = bidx
+            while item < num_items:
+                g, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                tAsA, tAgA = a_tiles(tma_atom_a, mDy, sA, first_row)
+                loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
+                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
+                item += grid
+            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+
+        if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            lane = mma_tidx % 32
+            tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (row, column) of this thread's accumulators: ((2 columns, 2 rows, 16 column groups), 1, 1)
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+            fragment = _pair_fragment(tCcD.shape)
+            acc = cute.make_rmem_tensor(fragment, Float32)  # da, then d gate (bias_grad)
+            d_up = cute.make_rmem_tensor(fragment, Float32)  # d up (gated, bias_grad)
+            operands = ((acc, tCrBs[0]),)
+            pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
+            pair_bits = cute.recast_tensor(pair, Int32)
+            row_probs = cute.make_rmem_tensor((2,), Float32)
+            row_dprobs = cute.make_rmem_tensor((2,), Float32)
+            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+
+            item = bidx
+            while item < num_items:
+                g, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                tiled_mma, read_state, release_state = mma_k_tiles(
+                    tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
+
+                # Epilogue at rows first_row + [0, 128), columns col0 + [0, 128): only rows <
+                # end_row (this expert's) and columns < F are read and written. Accumulators 2i,
+                # 2i+1 are columns f, f+1 of one row (f even; F % 32 == 0: both or neither < F).
+                col0 = n_tile * TILE_N
+                limits = (end_row - first_row, ffn - col0)
+                if const_expr(self.has_probs):
+                    for slot in cutlass.range_constexpr(2):
+                        row = tCcD[2 * slot][0]
+                        row_probs[slot] = Float32(0.0)
+                        row_dprobs[slot] = Float32(0.0)
+                        if row < limits[0]:
+                            row_probs[slot] = mProbs[first_row + row].to(Float32)
+                tile = (TILE_M, TILE_N)
+                tCgG = cute.recast_tensor(thr_mma.partition_C(
+                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
+                tCgH = cute.recast_tensor(thr_mma.partition_C(
+                    cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
+                if const_expr(self.gated):
+                    tCgU = cute.recast_tensor(thr_mma.partition_C(
+                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
+                    tCgHU = cute.recast_tensor(thr_mma.partition_C(
+                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
+
+                # pass 1 (with probs): dprobs partials sum_f da * act(c) of the thread's two rows
+                if const_expr(self.has_probs):
+                    for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
+                        if cute.elem_less(tCcD[2 * i], limits):
+                            pair_bits[0] = tCgG[i]
+                            gate = (pair[0].to(Float32), pair[1].to(Float32))
+                            up = gate
+                            if const_expr(self.gated):
+                                pair_bits[0] = tCgU[i]
+                                up = (pair[0].to(Float32), pair[1].to(Float32))
+                            act0 = _activation(self.activation, gate[0], up[0])
+                            act1 = _activation(self.activation, gate[1], up[1])
+                            row_dprobs[i % 2] = row_dprobs[i % 2] + (acc[2 * i] * act0 + acc[2 * i + 1] * act1)
+                    for slot in cutlass.range_constexpr(2):  # the row's 4 threads: lanes 4q + [0, 4)
+                        total = row_dprobs[slot]
+                        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                        row = tCcD[2 * slot][0]
+                        if lane % 4 == 0 and row < limits[0]:
+                            mDprobsPartial[first_row + row, n_tile] = total
+
+                # pass 2: dh = act'(c) (da * probs), bf16 pairs
+                for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
+                    grad = (acc[2 * i], acc[2 * i + 1])  # read before the bias_grad path reuses acc
+                    if const_expr(self.bias_grad):
+                        acc[2 * i], acc[2 * i + 1] = Float32(0.0), Float32(0.0)  # masked elements add 0
+                        d_up[2 * i], d_up[2 * i + 1] = Float32(0.0), Float32(0.0)
+                    if cute.elem_less(tCcD[2 * i], limits):
+                        pair_bits[0] = tCgG[i]
+                        gate = (pair[0].to(Float32), pair[1].to(Float32))
+                        up = gate
+                        if const_expr(self.gated):
+                            pair_bits[0] = tCgU[i]
+                            up = (pair[0].to(Float32), pair[1].to(Float32))
+                        if const_expr(self.has_probs):
+                            p = row_probs[i % 2]
+                            grad = (grad[0] * p, grad[1] * p)
+                        d0 = _backward(self.activation, gate[0], up[0], grad[0])
+                        d1 = _backward(self.activation, gate[1], up[1], grad[1])
+                        pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
+                        tCgH[i] = pair_bits[0]
+                        if const_expr(self.gated):
+                            pair[0], pair[1] = d0[1].to(BFloat16), d1[1].to(BFloat16)
+                            tCgHU[i] = pair_bits[0]
+                        if const_expr(self.bias_grad):
+                            acc[2 * i], acc[2 * i + 1] = d0[0], d1[0]
+                            if const_expr(self.gated):
+                                d_up[2 * i], d_up[2 * i + 1] = d0[1], d1[1]
+
+                # bias_grad: column sums of the warp's 16 rows -> dh_warp_sums[m_tile * 8 + warp]
+                if const_expr(self.bias_grad):
+                    sums_row = (item // n_tiles) * WARPS_PER_TILE + tile_warp
+                    halves = ((acc, 0), (d_up, ffn)) if const_expr(self.gated) else ((acc, 0),)
+                    for h in cutlass.range_constexpr(len(halves)):
+                        values, offset = halves[h]
+                        for group in cutlass.range_constexpr(cute.size(tCcD) // 4):
+                            for c in cutlass.range_constexpr(2):  # pairs 2 group, 2 group + 1: rows r, r + 8
+                                total = values[4 * group + c] + values[4 * group + 2 + c]
+                                total = total + cute.arch.shuffle_sync_bfly(total, offset=4)
+                                total = total + cute.arch.shuffle_sync_bfly(total, offset=8)
+                                total = total + cute.arch.shuffle_sync_bfly(total, offset=16)
+                                col = tCcD[4 * group + c][1]
+                                if lane < 4 and col < limits[1]:
+                                    mWarpSums[sums_row, offset + col0 + col] = total
+                item += grid
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation (cached per config and architecture)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_arguments(config: FC2DgradConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments, in order: T, H, F (N1 = 2F | F), E are
+    runtime values; alignments are what the launcher guarantees (16-byte bases, H and F multiples
+    of 32, strides of 8)."""
+    rows, hidden = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
+    ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
+    starts, experts, n_tiles, sum_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    dy = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
+    w = make_fake_tensor(BFloat16, (experts, ffn, hidden), stride=w_strides, assumed_align=ALIGN)
+    c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    probs = dprobs_partial = warp_sums = None
+    if config.probs_dtype is not None:
+        probs = make_fake_tensor(_FLOAT_DTYPES[config.probs_dtype], (rows,), stride=(1,), assumed_align=4)
+        dprobs_partial = make_fake_tensor(Float32, (rows, n_tiles), stride=(sym_stride(1), 1), assumed_align=4)
+    if config.bias_grad:
+        warp_sums = make_fake_tensor(Float32, (sum_rows, n1), stride=(sym_stride(1), 1), assumed_align=4)
+    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+    dh = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    return (dy, w, c, probs, row_start, tile_start, dprobs_partial, warp_sums, dh, Int32(1), fake_stream())
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(config: FC2DgradConfig, arch: str | None) -> CompiledKernel:
+    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
+    return compile_kernel(FC2DgradSm90(config), _fake_arguments(config), config, arch)
+
+
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
+    """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
+    rule for F, TMA alignment of H, search depth, 32-bit coordinates)."""
+    reason = _schedule.expert_count_reason(num_experts)
+    if reason is not None:
+        return reason
+    if hidden <= 0 or ffn <= 0 or hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
+        return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
+    n1 = (2 if gated else 1) * ffn
+    tiles = scale_layout.max_row_tiles(num_rows, num_experts)
+    if max(num_rows, n1, hidden) * 2 >= 2**31 or tiles * max(n1, WARPS_PER_TILE) >= 2**31:
+        return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
+    return None
+
+
+def compile_fc2_dgrad(
+    arch: str = "sm_90a",
+    config: FC2DgradConfig | None = None,
+    *,
+    shape: tuple[int, int, int, int] | None = None,
+) -> CompiledKernel:
+    """Compile the kernel for ``arch`` without a GPU (default config: swiglu, no probs, no
+    bias_grad); returns it with its PTX and cubin. One compile serves every shape of a config;
+    ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
+    config = config if config is not None else FC2DgradConfig(Activation(ActivationKind.SWIGLU))
+    reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
+    if reason is not None:
+        raise ValueError(f"the sm90 fc2_dgrad kernel cannot run this problem: {reason}")
+    return _compile(config, arch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+def fc2_dgrad(
+    dy: torch.Tensor,  # (T, H) bf16
+    w2t: torch.Tensor,  # W2_g^T per expert: bf16 (E, F, H), K-major or N-major (a transposed view of W2)
+    c: torch.Tensor,  # (T, 2F | F) bf16
+    split_sizes: torch.Tensor,  # (E,) int, on the device
+    *,
+    activation: Activation,
+    recipe: MXFP8Recipe | None,
+    probs: torch.Tensor | None = None,  # (T,) fp32 or bf16
+    bias_grad: bool = False,
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
+    tiling=None,  # the Triton launcher's GemmTiling; this kernel's tile is fixed (128 x 128), so unused
+) -> FC2DgradOutput:
+    """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
+    ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad`` for ``recipe=None`` (dh in bf16, dprobs and db1
+    fp32); the MXFP8 epilogue is not written yet."""
+    # validate
+    if recipe is not None:
+        raise NotImplementedError("the sm90 fc2_dgrad kernel writes dh in bf16 only (recipe=None); the MXFP8 "
+                                  "epilogue (Q_row(dh) and Q_col(dh)) is not written yet: use gmlp.triton_ref.fc2_dgrad")
+    if not isinstance(activation, Activation):
+        raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
+    dy_data, (tokens, hidden) = rowwise_operand("dy", dy)
+    experts = split_sizes.numel()
+    w = expert_operand("w2t", w2t, experts)
+    ffn = w.n
+    n1 = (2 if activation.gated else 1) * ffn
+    if w.k != hidden:
+        raise ValueError(f"w2t must hold {experts} experts' (F, H={hidden}) matrices, got ({w.n}, {w.k}) each")
+    if tuple(c.shape) != (tokens, n1) or c.dtype != torch.bfloat16 or c.stride(1) != 1:
+        raise ValueError(f"c must be bf16 row-major ({tokens}, {n1}), got {c.dtype} {tuple(c.shape)} "
+                         f"strides {c.stride()}")
+    reason = problem_support(tokens, hidden, ffn, experts, gated=activation.gated)
+    if reason is not None:
+        raise ValueError(f"the sm90 fc2_dgrad kernel cannot run this problem: {reason}")
+    b_k_major = b_is_k_major("w2t", w2t)  # a layout TMA reads, else ValueError
+    if any(t.device.type != "cuda" or t.data_ptr() % ALIGN for t in (dy_data, w2t, c)) or c.stride(0) % 8:
+        raise ValueError("dy, w2t and c must be 16-byte aligned CUDA tensors")
+    if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
+        raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
+    config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
+                            bias_grad=bias_grad)
+
+    # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
+    device = dy_data.device
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
+    num_tiles = scale_layout.max_row_tiles(tokens, experts)
+    n_tiles = scale_layout.ceil_div(ffn, TILE_N)
+    dh = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
+    dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
+    warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
+                 if bias_grad else None)
+    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
+    if num_ctas > 0:
+        with torch.cuda.device(device):
+            kernel = _compile(config, None).function
+            kernel(dy_data, w2t, c, probs, groups.row_start, groups.tile_start, dprobs_partial, warp_sums, dh,
+                   num_ctas)
+    dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
+    db1 = None
+    if bias_grad:
+        from gmlp.triton_ref.segment_sum import segment_sum
+
+        tile_sums = warp_sums.view(-1, WARPS_PER_TILE, n1).sum(dim=1)  # fixed order
+        db1 = segment_sum(tile_sums, groups.tile_start)
+    return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)

@@ -1,0 +1,259 @@
+"""The CuTeDSL sm_90a FC2 dgrad (gmlp.cutedsl.sm90.fc2_dgrad) compiled without a GPU, with checks
+on its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py, imported),
+and (marker ``gpu``, H100/H200 only) run against the reference and the Triton twin with the
+tolerances of tests/test_triton_fc2_dgrad.py.
+
+The kernel is shape-generic (T, H, F, E are runtime values), so the design shapes share the
+compile of their config (about 1 s each, cached); each shape is still checked against the
+kernel's support. Skipped, with the import error, where cutlass-dsl is missing or broken.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gmlp.activations import Activation, ActivationKind, activation_from
+from gmlp.cutedsl import import_error
+from tests.test_sm90_compile import ptxas_report, sass
+
+_IMPORT_ERROR = import_error()
+pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
+
+# (E, T, H, F) design shapes
+DESIGN_SHAPES = [(8, 16384, 4096, 14336), (32, 32768, 7168, 2048), (128, 65536, 2048, 768)]
+# Odd problems (T, H, F, E): one token, tiny and empty experts, F not a multiple of the 128-column
+# tile, H below one 64-wide k-tile, many experts.
+ODD_SHAPES = [(1, 32, 32, 1), (37 + 64 + 1 + 90, 64, 96, 5), (3, 32, 160, 4096), (300, 96, 32, 4)]
+ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu"]
+
+
+def _config(activation="swiglu", **kwargs):
+    from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig
+
+    return FC2DgradConfig(activation_from(activation), **kwargs)
+
+
+def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False, bias_grad: bool = False) -> None:
+    """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
+    consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (one B tile, K-major or
+    N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly shuffles for the dprobs partials (quad)
+    and the db1 warp sums, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
+    ptx = compiled.ptx
+    assert ".target sm_90a" in ptx
+    assert ".reqntid 384, 1, 1" in ptx
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+                        r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
+    assert len(wgmmas) % 4 == 0, len(wgmmas)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
+    halves = 2 if compiled.config.activation.gated else 1
+    # dprobs: 2 rows x 2 quad steps; db1: 32 columns x 3 steps per half
+    assert shuffles == (4 if probs else 0) + (96 * halves if bias_grad else 0), shuffles
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert "HGMMA.64x128x16.F32.BF16" in code
+        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+    report = ptxas_report(ptx, "sm_90a")
+    if report is not None:
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+        assert report["registers"] <= 232, report
+
+
+def check_activation_math(ptx: str, activation: Activation, probs: bool) -> None:
+    """The epilogue's transcendental ops are Triton's (ex2.approx.f32, div.full.f32): per element
+    of a thread's 64 da values, one sigmoid for act(c) (dprobs, with probs) and one for act'(c);
+    none for srelu."""
+    expected = 0 if activation.kind is ActivationKind.SRELU else 64 * (2 if probs else 1)
+    assert len(re.findall(r"ex2\.approx\.f32", ptx)) == expected
+    assert len(re.findall(r"div\.full\.f32", ptx)) == expected
+    assert "ex2.approx.ftz" not in ptx
+
+
+@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_design_shapes_compile(shape, activation):
+    """The layer's FC2 dgrad: w2t the transposed view of the stacked W2 (N-major), fp32 probs,
+    db1."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
+
+    experts, tokens, hidden, ffn = shape
+    config = _config(activation, b_k_major=False, probs_dtype=torch.float32, bias_grad=True)
+    compiled = compile_fc2_dgrad("sm_90a", config, shape=(tokens, hidden, ffn, experts))
+    check_fc2_dgrad_ptx(compiled, b_k_major=False, probs=True, bias_grad=True)
+    check_activation_math(compiled.ptx, config.activation, probs=True)
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@pytest.mark.parametrize("variant", ["plain", "bf16-probs", "k-major-w2t-probs", "bias-grad-two-stages"])
+@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+def test_odd_shapes_compile(shape, variant, activation):
+    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
+
+    kwargs = {"plain": {}, "bf16-probs": dict(b_k_major=False, probs_dtype=torch.bfloat16),
+              "k-major-w2t-probs": dict(probs_dtype=torch.float32),
+              "bias-grad-two-stages": dict(b_k_major=False, bias_grad=True, stages=2)}[variant]
+    config = _config(activation, **kwargs)
+    compiled = compile_fc2_dgrad("sm_90a", config, shape=shape)
+    check_fc2_dgrad_ptx(compiled, b_k_major=config.b_k_major, probs=config.probs_dtype is not None,
+                        bias_grad=config.bias_grad)
+    check_activation_math(compiled.ptx, config.activation, probs=config.probs_dtype is not None)
+
+
+def test_stage_counts():
+    """A 32 KB slot (dy tile + w2t tile) gets 7 stages."""
+    assert _config("swiglu").num_stages() == 7
+    assert _config("srelu", bias_grad=True).num_stages() == 7
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 7\]"):
+        _config("swiglu", stages=8)
+    with pytest.raises(ValueError, match="probs_dtype must be one of"):
+        _config("swiglu", probs_dtype=torch.float16)
+    with pytest.raises(TypeError, match="activation must be"):
+        from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig
+
+        FC2DgradConfig("swiglu")
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((64, 48, 64, 2), r"H=48 and F=64 must be positive multiples of 32"),
+    ((64, 64, 0, 2), r"H=64 and F=0"),
+    ((64, 64, 64, 4097), r"E=4097 outside \[1, 4096\]"),
+])
+def test_unsupported_shapes_are_refused(shape, match):
+    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
+
+    with pytest.raises(ValueError, match=match):
+        compile_fc2_dgrad("sm_90a", shape=shape)
+
+
+def test_launcher_refuses_bad_operands():
+    from gmlp.activations import SWIGLU
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from gmlp.recipe import MXFP8Recipe
+
+    dy, w2t = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    c = torch.zeros(8, 64, dtype=torch.bfloat16)
+    splits = torch.tensor([4, 4])
+    kwargs = dict(activation=SWIGLU, recipe=None)
+    with pytest.raises(ValueError, match="16-byte aligned CUDA tensors"):
+        fc2_dgrad(dy, w2t, c, splits, **kwargs)
+    with pytest.raises(ValueError, match=r"w2t must hold 2 experts' \(F, H=64\) matrices, got \(32, 32\) each"):
+        fc2_dgrad(dy, w2t[:, :, :32], c, splits, **kwargs)
+    with pytest.raises(ValueError, match=r"c must be bf16 row-major \(8, 64\)"):
+        fc2_dgrad(dy, w2t, c[:, :32], splits, **kwargs)
+    with pytest.raises(ValueError, match="H=64 and F=48"):
+        fc2_dgrad(dy, torch.zeros(2, 48, 64, dtype=torch.bfloat16), torch.zeros(8, 96, dtype=torch.bfloat16), splits,
+                  **kwargs)
+    with pytest.raises(NotImplementedError, match="MXFP8 epilogue"):
+        fc2_dgrad(dy, w2t, c, splits, **{**kwargs, "recipe": MXFP8Recipe()})
+    with pytest.raises(ValueError, match=r"w2t \(E, N, K\) must be K-major"):
+        fc2_dgrad(dy, torch.zeros(2, 32, 128, dtype=torch.bfloat16)[:, :, ::2], c, splits, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# On an sm_90 GPU: against the reference and the Triton twin
+# ---------------------------------------------------------------------------------------------
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+SPLITS = {
+    "ragged-with-empty": [0, 37, 64, 1, 90],
+    "one-expert-gets-all": [0, 0, 300, 0],
+    "tile-multiples": [128, 256, 0, 128],
+    "many-tiny": [1, 2, 3, 0, 5, 8, 13, 0, 21, 34, 55, 0, 89, 1, 1, 1],
+}
+GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("with_probs,bias_grad", [(True, True), (False, False), (True, False)],
+                         ids=["probs-db1", "plain", "probs"])
+@pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+@pytest.mark.parametrize("transposed", [False, True], ids=["stacked-w2t", "transposed-w2"])
+def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_grad, hidden, ffn, splits, transposed):
+    """Tolerance of tests/test_triton_fc2_dgrad.py (bf16 recipe): delta_dh = H * 2**-24 * max sum_k
+    |dy_k w_k| * L with L = 2 max|c| + 2; dh within one bf16 step + delta_dh, dprobs within 2**-20
+    + F * delta_dh * L; db1 (fp32 sums of the fp32 dh over an expert's rows, not in the Triton
+    test) within 2**-20 + m_g-fold delta_dh plus the bf16 rounding the reference's dh carries
+    (2**-8 of the sum of |dh|); against the Triton kernel twice the bounds. Every element is
+    compared, so an unwritten (torch.empty) or misplaced one fails."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from gmlp.mlp_ref import fc2_dgrad_ref
+    from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
+    from tests.tolerances import within_steps
+
+    activation = activation_from(activation)
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens, experts = sum(splits), len(splits)
+    n1 = (2 if activation.gated else 1) * ffn
+    dy = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    if transposed:  # the stacked W2 (E, H, F) read as its (E, F, H) transpose
+        w2t = (torch.randn(experts, hidden, ffn, device="cuda") / 8).bfloat16().transpose(1, 2)
+    else:
+        w2t = (torch.randn(experts, ffn, hidden, device="cuda") / 8).bfloat16()
+    c = torch.randn(tokens, n1, device="cuda").bfloat16()
+    probs = torch.rand(tokens, device="cuda") if with_probs else None
+    kwargs = dict(activation=activation, recipe=None, probs=probs, bias_grad=bias_grad)
+    got = fc2_dgrad(dy, w2t, c, split_sizes, **kwargs)
+    want = fc2_dgrad_ref(dy, w2t, c, split_sizes, **kwargs)
+    twin = triton_fc2_dgrad(dy, w2t, c, split_sizes, **kwargs)
+    magnitude = max((dy.float().abs() @ w2t[g].float().abs().t()).max().item() for g in range(experts))
+    lipschitz = 2 * c.float().abs().max().item() + 2
+    delta_dh = hidden * 2.0**-24 * magnitude * lipschitz
+    assert got.dh.shape == (tokens, n1) and got.dh.dtype == torch.bfloat16
+    assert got.dh_rowwise is None and got.dh_columnwise is None
+    for other, factor in ((want, 1), (twin, 2)):
+        assert within_steps(got.dh, other.dh, 2.0**-7, factor * delta_dh)
+        if with_probs:
+            assert got.dprobs.dtype == torch.float32
+            assert within_steps(got.dprobs, other.dprobs, 2.0**-20, factor * ffn * delta_dh * lipschitz)
+        else:
+            assert got.dprobs is None and other.dprobs is None
+    if bias_grad:
+        assert got.db1.shape == (experts, n1) and got.db1.dtype == torch.float32
+        dh_abs = want.dh.float().abs()
+        bound = torch.stack([dh_abs[sum(splits[:g]):sum(splits[:g + 1])].sum(0) for g in range(experts)])
+        slack = 2.0**-7 * bound + max(splits) * delta_dh + 1e-6
+        assert ((got.db1 - want.db1.float()).abs() <= slack).all()
+        assert ((got.db1 - twin.db1).abs() <= 2 * slack).all()
+    else:
+        assert got.db1 is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_fc2_dgrad_is_deterministic_and_syncless():
+    """Same inputs, bitwise the same outputs; no host sync in the launch."""
+    from gmlp.activations import SWIGLU
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+
+    splits = torch.tensor([0, 300, 7, 129], device="cuda")
+    dy = torch.randn(436, 256, device="cuda").bfloat16()
+    w2t = (torch.randn(4, 256, 256, device="cuda") / 8).bfloat16()
+    c = torch.randn(436, 512, device="cuda").bfloat16()
+    probs = torch.rand(436, device="cuda")
+    kwargs = dict(activation=SWIGLU, recipe=None, probs=probs, bias_grad=True)
+    first = fc2_dgrad(dy, w2t, c, splits, **kwargs)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = fc2_dgrad(dy, w2t, c, splits, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first.dh, second.dh) and torch.equal(first.dprobs, second.dprobs)
+    assert torch.equal(first.db1, second.db1)
