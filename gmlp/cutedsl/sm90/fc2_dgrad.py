@@ -410,7 +410,8 @@ def _compile(config: FC2DgradConfig, arch: str | None) -> CompiledKernel:
 
 def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
     """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
-    rule for F, TMA alignment of H, search depth, 32-bit coordinates)."""
+    rule for F, TMA alignment of H, search depth, 32-bit coordinates, the db1 warp sums' rows
+    included)."""
     reason = _schedule.expert_count_reason(num_experts)
     if reason is not None:
         return reason
@@ -418,7 +419,7 @@ def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gate
         return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
     n1 = (2 if gated else 1) * ffn
     tiles = scale_layout.max_row_tiles(num_rows, num_experts)
-    if max(num_rows, n1, hidden) * 2 >= 2**31 or tiles * max(n1, WARPS_PER_TILE) >= 2**31:
+    if max(num_rows, n1, hidden) * 2 >= 2**31 or tiles * WARPS_PER_TILE * n1 >= 2**31:
         return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
     return None
 
