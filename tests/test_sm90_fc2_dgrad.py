@@ -40,7 +40,7 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
     """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
     consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (one B tile, K-major or
     N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly shuffles for the dprobs partials (quad)
-    and the db1 warp sums, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
+    and the db1 warp sums, the epilogue's global loads and stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
@@ -56,6 +56,11 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
     halves = 2 if compiled.config.activation.gated else 1
     # dprobs: 2 rows x 2 quad steps; db1: 32 columns x 3 steps per half
     assert shuffles == (4 if probs else 0) + (96 * halves if bias_grad else 0), shuffles
+    # one pass: each of the thread's 32 pairs of c (gate, and up) loaded once; dh pairs, db1 warp
+    # sums and dprobs partials stored as 32-bit words
+    assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == 32 * halves
+    stores = 32 * halves + (32 * halves if bias_grad else 0) + (2 if probs else 0)
+    assert len(re.findall(r"st\.global\.b32", ptx)) == stores
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:
@@ -68,10 +73,10 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
 
 
 def check_activation_math(ptx: str, activation: Activation, probs: bool) -> None:
-    """The epilogue's transcendental ops are Triton's (ex2.approx.f32, div.full.f32): per element
-    of a thread's 64 da values, one sigmoid for act(c) (dprobs, with probs) and one for act'(c);
+    """The epilogue's transcendental ops are Triton's (ex2.approx.f32, div.full.f32): one sigmoid
+    per element of a thread's 64 da values, shared by act(c) (dprobs, with probs) and act'(c);
     none for srelu."""
-    expected = 0 if activation.kind is ActivationKind.SRELU else 64 * (2 if probs else 1)
+    expected = 0 if activation.kind is ActivationKind.SRELU else 64
     assert len(re.findall(r"ex2\.approx\.f32", ptx)) == expected
     assert len(re.findall(r"div\.full\.f32", ptx)) == expected
     assert "ex2.approx.ftz" not in ptx

@@ -15,15 +15,17 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   work items (128-row expert tile, 128-column tile of da), a TMA producer warp and two consumer
   warpgroups (64 rows each) issuing bf16 m64n128k16 ``wgmma`` with fp32 accumulators; one B tile
   (w2t rows [n, n+128), K = H) per k-step, 32 KB slots, 7 stages.
-- Epilogue from the accumulator registers, per thread pair of adjacent columns (f, f+1) of one
-  row (only rows below the expert's end and columns below F): the gate pair c[row, f:f+2] and,
-  gated, the up pair c[row, F+f:F+f+2] are loaded as 32-bit words; act(c) in fp32 (exp as
-  ``ex2.approx.f32``, division ``div.full.f32``: Triton's lowering, the FC1 kernel's helpers);
-  with probs, the thread's partial ``sum da * act`` of each of its two rows is reduced over the
-  4 threads of the row's quad (butterfly shuffles) and written to ``dprobs_partial[row, n_tile]``
-  (T, n_tiles) fp32: **deterministic partials**, summed over n_tiles by the launcher in a fixed
-  order (as the Triton twin); then ``da *= probs[row]``; ``dh = act'(c) da`` (d gate, d up;
-  srelu one output), bf16 pairs stored as 32-bit words.
+- Epilogue from the accumulator registers in one pass, per thread pair of adjacent columns
+  (f, f+1) of one row (only rows below the expert's end and columns below F): the gate pair
+  c[row, f:f+2] and, gated, the up pair c[row, F+f:F+f+2] are loaded once (2 x b16 each); with
+  probs, act(c) in fp32 is added into the thread's partial ``sum da * act`` of the row, then
+  ``da *= probs[row]`` (probs loaded once per item); ``dh = act'(c) da`` (d gate, d up; srelu one
+  output), bf16 pairs stored as 32-bit words. exp is ``ex2.approx.f32``, division
+  ``div.full.f32`` (Triton's lowering, the FC1 kernel's helpers), and act and act' share their
+  sigmoid (CSE: one ex2 and one div per element). After the pass, each row's partial is reduced
+  over the 4 threads of its quad (butterfly shuffles) and written to ``dprobs_partial[row,
+  n_tile]`` (T, n_tiles) fp32: **deterministic partials**, summed over n_tiles by the launcher in
+  a fixed order (as the Triton twin).
 - bias_grad: per-warp column sums of the fp32 dh (the thread's two rows, then butterfly shuffles
   over the warp's 8 quads: 16 rows) written by lanes 0-3 to ``dh_warp_sums[m_tile * 8 + warp, :]``
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
@@ -307,28 +309,8 @@ class FC2DgradSm90:
                     tCgHU = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
 
-                # pass 1 (with probs): dprobs partials sum_f da * act(c) of the thread's two rows
-                if const_expr(self.has_probs):
-                    for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
-                        if cute.elem_less(tCcD[2 * i], limits):
-                            pair_bits[0] = tCgG[i]
-                            gate = (pair[0].to(Float32), pair[1].to(Float32))
-                            up = gate
-                            if const_expr(self.gated):
-                                pair_bits[0] = tCgU[i]
-                                up = (pair[0].to(Float32), pair[1].to(Float32))
-                            act0 = _activation(self.activation, gate[0], up[0])
-                            act1 = _activation(self.activation, gate[1], up[1])
-                            row_dprobs[i % 2] = row_dprobs[i % 2] + (acc[2 * i] * act0 + acc[2 * i + 1] * act1)
-                    for slot in cutlass.range_constexpr(2):  # the row's 4 threads: lanes 4q + [0, 4)
-                        total = row_dprobs[slot]
-                        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-                        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-                        row = tCcD[2 * slot][0]
-                        if lane % 4 == 0 and row < limits[0]:
-                            mDprobsPartial[first_row + row, n_tile] = total
-
-                # pass 2: dh = act'(c) (da * probs), bf16 pairs
+                # one pass over the thread's pairs: c loaded once; with probs, act(c) for the
+                # dprobs partials (of da before the probs scale) shares its sigmoid with act'(c)
                 for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
                     grad = (acc[2 * i], acc[2 * i + 1])  # read before the bias_grad path reuses acc
                     if const_expr(self.bias_grad):
@@ -342,7 +324,10 @@ class FC2DgradSm90:
                             pair_bits[0] = tCgU[i]
                             up = (pair[0].to(Float32), pair[1].to(Float32))
                         if const_expr(self.has_probs):
-                            p = row_probs[i % 2]
+                            act0 = _activation(self.activation, gate[0], up[0])
+                            act1 = _activation(self.activation, gate[1], up[1])
+                            row_dprobs[i % 2] = row_dprobs[i % 2] + (grad[0] * act0 + grad[1] * act1)
+                            p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
                             grad = (grad[0] * p, grad[1] * p)
                         d0 = _backward(self.activation, gate[0], up[0], grad[0])
                         d1 = _backward(self.activation, gate[1], up[1], grad[1])
@@ -355,6 +340,16 @@ class FC2DgradSm90:
                             acc[2 * i], acc[2 * i + 1] = d0[0], d1[0]
                             if const_expr(self.gated):
                                 d_up[2 * i], d_up[2 * i + 1] = d0[1], d1[1]
+
+                # dprobs partials: the row's 4 threads (lanes 4q + [0, 4)) -> dprobs_partial[row, n_tile]
+                if const_expr(self.has_probs):
+                    for slot in cutlass.range_constexpr(2):
+                        total = row_dprobs[slot]
+                        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                        row = tCcD[2 * slot][0]
+                        if lane % 4 == 0 and row < limits[0]:
+                            mDprobsPartial[first_row + row, n_tile] = total
 
                 # bias_grad: column sums of the warp's 16 rows -> dh_warp_sums[m_tile * 8 + warp]
                 if const_expr(self.bias_grad):
