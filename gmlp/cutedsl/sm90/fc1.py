@@ -43,18 +43,16 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     CONSUMER_REGISTERS,
-    ELEMENT_ALIGN,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     THREADS_PER_WARPGROUP,
@@ -80,9 +78,6 @@ __all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1
 TILE_N = 128  # a columns per work item (gated: 2 x 128 h columns)
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
-_LOG2_E = 1.4426950408889634
-_SQRT_2_OVER_PI = 0.7978845608028654
-_GELU_CUBIC = 0.044715
 
 
 @dataclass(frozen=True)
@@ -122,56 +117,8 @@ class FC1Config:
 
 
 # ---------------------------------------------------------------------------------------------
-# The activations in fp32, as gmlp.triton_ref._activations computes them
-# ---------------------------------------------------------------------------------------------
-
-
-@dsl_user_op
-def _ptx_f32(op: str, *operands, loc=None, ip=None) -> Float32:
-    """One PTX f32 instruction (no side effects, so the compiler may schedule and CSE it)."""
-    args = ", ".join(f"${i + 1}" for i in range(len(operands)))
-    return Float32(llvm.inline_asm(
-        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip) for x in operands], f"{op} $0, {args};",
-        "=f" + ",f" * len(operands), has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-
-def _sigmoid(z):
-    """1 / (1 + exp(-z)): Triton lowers tl.exp(f32) to ex2.approx.f32 of z * log2(e) and the f32
-    division to div.full.f32."""
-    return _ptx_f32("div.full.f32", Float32(1.0), 1.0 + _ptx_f32("ex2.approx.f32", z * -_LOG2_E))
-
-
-def _activation(activation: Activation, gate, up):
-    """act in fp32 of one element: gated kinds of (gate, up); srelu of gate (h), up unused. Same
-    operation order as gmlp.triton_ref._activations."""
-    kind = activation.kind
-    if kind is ActivationKind.SWIGLU:
-        return gate * _sigmoid(gate) * up
-    if kind is ActivationKind.GEGLU:
-        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
-        tanh = 2.0 * _sigmoid(2.0 * inner) - 1.0
-        return 0.5 * gate * (1.0 + tanh) * up
-    if kind is ActivationKind.QGEGLU:
-        limit = activation.limit
-        clamped = cute.arch.fmin(gate, limit)
-        up_clamped = cute.arch.fmin(cute.arch.fmax(up, -limit), limit)
-        return clamped * _sigmoid(activation.alpha * clamped) * (up_clamped + activation.offset)
-    positive = cute.arch.fmax(gate, 0.0)  # srelu
-    return positive * positive
-
-
-# ---------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------
-
-
-def _pair_fragment(shape):
-    """The accumulator fragment the epilogue's indexing assumes (checked at trace time):
-    ((2 columns, 2 rows, column groups), 1, 1), so pair i is row slot i % 2."""
-    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
-        raise ValueError(f"unexpected accumulator fragment {shape}")
-    return shape
 
 
 class FC1ForwardSm90:
@@ -301,14 +248,13 @@ class FC1ForwardSm90:
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
             # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            fragment = _pair_fragment(tCcD.shape)
+            fragment = pair_fragment(tCcD.shape)
             acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h)
             acc_up = cute.make_rmem_tensor(fragment, Float32)
             operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
-            n1 = mC.shape[1]
             read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
             release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
 
@@ -352,7 +298,7 @@ class FC1ForwardSm90:
                         if const_expr(self.gated):
                             pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
                             tCgU[i] = pair_bits[0]
-                        act = (_activation(self.activation, gate[0], up[0]), _activation(self.activation, gate[1], up[1]))
+                        act = (activation_forward(self.activation, gate[0], up[0]), activation_forward(self.activation, gate[1], up[1]))
                         if const_expr(self.has_probs):
                             p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
                             act = (act[0] * p, act[1] * p)

@@ -68,7 +68,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     produce_k_tiles,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
-from gmlp.cutedsl.sm90.fc1 import _activation, _sigmoid
+from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC2DgradOutput
 from gmlp.mxfp8 import BLOCK_SIZE
@@ -82,8 +82,6 @@ TILE_N = 128  # da (and dh gate / up) columns per work item
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
-_SQRT_2_OVER_PI = 0.7978845608028654
-_GELU_CUBIC = 0.044715
 
 
 @dataclass(frozen=True)
@@ -117,45 +115,8 @@ class FC2DgradConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# The activation backward in fp32, as gmlp.triton_ref._activations computes it
-# ---------------------------------------------------------------------------------------------
-
-
-def _backward(activation: Activation, gate, up, grad):
-    """(d gate, d up) of act applied to grad (fp32; srelu: (d h, None)). Same operation order as
-    gmlp.triton_ref._activations.glu_backward / srelu_backward."""
-    kind = activation.kind
-    if kind is ActivationKind.SWIGLU:
-        s = _sigmoid(gate)
-        return grad * up * s * (1.0 + gate * (1.0 - s)), grad * gate * s
-    if kind is ActivationKind.GEGLU:
-        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
-        tanh = 2.0 * _sigmoid(2.0 * inner) - 1.0
-        d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * gate * gate)
-        d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh * tanh) * d_inner
-        return grad * up * d_gelu, grad * 0.5 * gate * (1.0 + tanh)
-    if kind is ActivationKind.QGEGLU:
-        limit, alpha = activation.limit, activation.alpha
-        clamped = cute.arch.fmin(gate, limit)
-        s = _sigmoid(alpha * clamped)
-        d_gate = cutlass.select_(gate > limit, Float32(0.0), s * (1.0 + alpha * clamped * (1.0 - s)))
-        up_clamped = cute.arch.fmin(cute.arch.fmax(up, -limit), limit)
-        d_up = cutlass.select_((up >= -limit) & (up <= limit), Float32(1.0), Float32(0.0))
-        return grad * (up_clamped + activation.offset) * d_gate, grad * clamped * s * d_up
-    return grad * 2.0 * cute.arch.fmax(gate, 0.0), None  # srelu
-
-
-# ---------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------
-
-
-def _pair_fragment(shape):
-    """The accumulator fragment the epilogue's indexing assumes (checked at trace time):
-    ((2 columns, 2 rows, column groups), 1, 1): pair i is row slot i % 2 of column group i // 2."""
-    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
-        raise ValueError(f"unexpected accumulator fragment {shape}")
-    return shape
 
 
 class FC2DgradSm90:
@@ -269,7 +230,7 @@ class FC2DgradSm90:
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, 16 column groups), 1, 1)
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            fragment = _pair_fragment(tCcD.shape)
+            fragment = pair_fragment(tCcD.shape)
             acc = cute.make_rmem_tensor(fragment, Float32)  # da, then d gate (bias_grad)
             d_up = cute.make_rmem_tensor(fragment, Float32)  # d up (gated, bias_grad)
             operands = ((acc, tCrBs[0]),)
@@ -324,13 +285,13 @@ class FC2DgradSm90:
                             pair_bits[0] = tCgU[i]
                             up = (pair[0].to(Float32), pair[1].to(Float32))
                         if const_expr(self.has_probs):
-                            act0 = _activation(self.activation, gate[0], up[0])
-                            act1 = _activation(self.activation, gate[1], up[1])
+                            act0 = activation_forward(self.activation, gate[0], up[0])
+                            act1 = activation_forward(self.activation, gate[1], up[1])
                             row_dprobs[i % 2] = row_dprobs[i % 2] + (grad[0] * act0 + grad[1] * act1)
                             p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
                             grad = (grad[0] * p, grad[1] * p)
-                        d0 = _backward(self.activation, gate[0], up[0], grad[0])
-                        d1 = _backward(self.activation, gate[1], up[1], grad[1])
+                        d0 = activation_backward(self.activation, gate[0], up[0], grad[0])
+                        d1 = activation_backward(self.activation, gate[1], up[1], grad[1])
                         pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
                         tCgH[i] = pair_bits[0]
                         if const_expr(self.gated):

@@ -51,7 +51,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp import scale_layout
 from gmlp.cutedsl.sm90 import _schedule
-from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, artifact_text, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
     CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
@@ -69,7 +69,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     mma_k_tiles,
     produce_k_tiles,
 )
-from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, SEARCH_STEPS, TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
 
 __all__ = [
@@ -85,8 +85,6 @@ __all__ = [
 
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
-_artifact_text = artifact_text  # names of the shared helpers as this module had them
-_sm_count = _schedule.sm_count
 
 
 @dataclass(frozen=True)
@@ -162,11 +160,6 @@ class GroupedGemmSm90:
             ops.a_smem_layout, ops.b_smem_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
-
-    @cute.jit
-    def expert_of_tile(self, mTileStart: cute.Tensor, m_tile: Int32, num_experts: Int32) -> Int32:
-        """``_schedule.expert_of_tile`` (kept as a method for callers of the first version)."""
-        return _schedule.expert_of_tile(mTileStart, m_tile, num_experts)
 
     @cute.kernel
     def kernel(

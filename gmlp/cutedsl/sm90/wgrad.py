@@ -64,6 +64,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel
+from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.groups import DeviceGroups, device_groups
 
 __all__ = [
@@ -459,11 +460,6 @@ def compile_wgrad(
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def grouped_wgrad(
     a: torch.Tensor,  # (T, M) bf16: dy (FC2) or dh (FC1), contiguous, rows grouped by expert
     b: torch.Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous
@@ -513,5 +509,5 @@ def grouped_wgrad(
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
         with torch.cuda.device(a.device):
             kernel = _compile(config, None).function
-            kernel(a, b, groups.row_start, out, min(items, _sm_count(a.device.index)))
+            kernel(a, b, groups.row_start, out, min(items, sm_count(a.device.index)))
     return out

@@ -1,0 +1,102 @@
+"""The fp32 epilogue math of the SM90 kernels, written once: each activation forward and
+backward in the operation order of ``gmlp.triton_ref._activations`` (the formulas of
+``gmlp.activations``), with Triton's lowering of exp and division, so that the CuTeDSL and
+Triton epilogues can be compared tightly; and the accumulator fragment the epilogues index."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from gmlp.activations import Activation, ActivationKind
+
+__all__ = ["ptx_f32", "sigmoid", "activation_forward", "activation_backward", "pair_fragment"]
+
+_LOG2_E = 1.4426950408889634
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+
+# ---------------------------------------------------------------------------------------------
+# The activations in fp32, as gmlp.triton_ref._activations computes them
+# ---------------------------------------------------------------------------------------------
+
+
+@dsl_user_op
+def ptx_f32(op: str, *operands, loc=None, ip=None) -> Float32:
+    """One PTX f32 instruction (no side effects, so the compiler may schedule and CSE it)."""
+    args = ", ".join(f"${i + 1}" for i in range(len(operands)))
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip) for x in operands], f"{op} $0, {args};",
+        "=f" + ",f" * len(operands), has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+def sigmoid(z):
+    """1 / (1 + exp(-z)): Triton lowers tl.exp(f32) to ex2.approx.f32 of z * log2(e) and the f32
+    division to div.full.f32."""
+    return ptx_f32("div.full.f32", Float32(1.0), 1.0 + ptx_f32("ex2.approx.f32", z * -_LOG2_E))
+
+
+def activation_forward(activation: Activation, gate, up):
+    """act in fp32 of one element: gated kinds of (gate, up); srelu of gate (h), up unused. Same
+    operation order as gmlp.triton_ref._activations."""
+    kind = activation.kind
+    if kind is ActivationKind.SWIGLU:
+        return gate * sigmoid(gate) * up
+    if kind is ActivationKind.GEGLU:
+        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
+        tanh = 2.0 * sigmoid(2.0 * inner) - 1.0
+        return 0.5 * gate * (1.0 + tanh) * up
+    if kind is ActivationKind.QGEGLU:
+        limit = activation.limit
+        clamped = cute.arch.fmin(gate, limit)
+        up_clamped = cute.arch.fmin(cute.arch.fmax(up, -limit), limit)
+        return clamped * sigmoid(activation.alpha * clamped) * (up_clamped + activation.offset)
+    positive = cute.arch.fmax(gate, 0.0)  # srelu
+    return positive * positive
+
+
+# ---------------------------------------------------------------------------------------------
+# The activation backward in fp32, as gmlp.triton_ref._activations computes it
+# ---------------------------------------------------------------------------------------------
+
+
+def activation_backward(activation: Activation, gate, up, grad):
+    """(d gate, d up) of act applied to grad (fp32; srelu: (d h, None)). Same operation order as
+    gmlp.triton_ref._activations.glu_backward / srelu_backward."""
+    kind = activation.kind
+    if kind is ActivationKind.SWIGLU:
+        s = sigmoid(gate)
+        return grad * up * s * (1.0 + gate * (1.0 - s)), grad * gate * s
+    if kind is ActivationKind.GEGLU:
+        inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
+        tanh = 2.0 * sigmoid(2.0 * inner) - 1.0
+        d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * gate * gate)
+        d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh * tanh) * d_inner
+        return grad * up * d_gelu, grad * 0.5 * gate * (1.0 + tanh)
+    if kind is ActivationKind.QGEGLU:
+        limit, alpha = activation.limit, activation.alpha
+        clamped = cute.arch.fmin(gate, limit)
+        s = sigmoid(alpha * clamped)
+        d_gate = cutlass.select_(gate > limit, Float32(0.0), s * (1.0 + alpha * clamped * (1.0 - s)))
+        up_clamped = cute.arch.fmin(cute.arch.fmax(up, -limit), limit)
+        d_up = cutlass.select_((up >= -limit) & (up <= limit), Float32(1.0), Float32(0.0))
+        return grad * (up_clamped + activation.offset) * d_gate, grad * clamped * s * d_up
+    return grad * 2.0 * cute.arch.fmax(gate, 0.0), None  # srelu
+
+
+# ---------------------------------------------------------------------------------------------
+# The accumulator fragment the epilogues index
+# ---------------------------------------------------------------------------------------------
+
+
+def pair_fragment(shape):
+    """The accumulator fragment the epilogue's indexing assumes (checked at trace time):
+    ((2 columns, 2 rows, column groups), 1, 1): pair i is row slot i % 2 of column group i // 2."""
+    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
+        raise ValueError(f"unexpected accumulator fragment {shape}")
+    return shape
