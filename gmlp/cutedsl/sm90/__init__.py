@@ -5,11 +5,14 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
 
 - ``grouped_gemm``: ``A @ B_g^T (+ bias)`` per expert (FC2 forward, FC1 dgrad), bf16 out;
 - ``fc1``: FC1 + bias + activation + probs, c and a in bf16 (the MXFP8 epilogue is not written);
+- ``fc2_dgrad``: FC2 dgrad + activation backward + deterministic dprobs and db1 partials, dh in
+  bf16 (the MXFP8 epilogue is not written);
 - ``wgrad``: ``dW_g = A_g^T @ B_g`` over each expert's rows (a ragged K), stored or added into
   an fp32 ``main_grad``.
 
 Shared machinery: ``_schedule`` (persistent work items over experts, found on the device),
 ``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
-``_compile`` (ahead-of-time compilation without a GPU, for the tests). Compiled on the CPU only
+``_compile`` (ahead-of-time compilation without a GPU, for the tests), ``_epilogue_math`` (the
+activations forward and backward in the Triton epilogues' fp32 operation order). Compiled on the CPU only
 so far; nothing here has run on a GPU, and the dispatcher does not take these kernels yet.
 """
