@@ -36,7 +36,7 @@ from gmlp.quantize_args import check_split_values
 from gmlp.quantize_buffers import empty_quantize
 from gmlp.saved_tensors import Spec, flatten, unflatten
 
-__all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes"]
+__all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes", "allocating_quantize"]
 
 _SPECS: dict[tuple, Spec] = {}  # structure key -> spec of the forward's flattened state (a few per module)
 
@@ -129,7 +129,7 @@ def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
     experts, hidden, ffn = (int(size) for size in (w1.shape[0], w2.shape[1], w2.shape[2]))
     plan = cached_plan(layer, 1, experts, hidden, ffn, w1.dtype, x.dtype, x.device)
     if plan.sm100:  # the composition itself, its quantizes and kernels only allocating their outputs
-        y, saved = sm100_forward(_allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
+        y, saved = sm100_forward(allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
                                  layer.recipe, launch=_no_launch)
     else:
         saved = fake_layer_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
@@ -138,8 +138,9 @@ def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
     return [x.new_empty(x.shape), *state]
 
 
-def _allocating_quantize(site: str, x: Tensor, **quantize_args):
-    """The SM100 composition's runner when traced: every quantize allocates its outputs only."""
+def allocating_quantize(site: str, x: Tensor, **quantize_args):
+    """A layer runner (site, x, quantize arguments) whose quantizes only allocate their outputs:
+    the SM100 composition's runner when traced (and on meta tensors in the compile tests)."""
     del site
     return empty_quantize(x, **quantize_args)
 

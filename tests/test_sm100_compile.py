@@ -20,7 +20,8 @@ from gmlp.activations import activation_from
 from gmlp.bench.mlp import SHAPES
 from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
-from tests.blackwell import BLOCK_SCALED_MMA, CompilingLauncher, meta_quantize
+from gmlp.ops import allocating_quantize
+from tests.blackwell import BLOCK_SCALED_MMA, CompilingLauncher
 
 pytestmark = pytest.mark.skipif(cudnn_kernels.import_error() is not None,
                                 reason=f"cuDNN frontend's kernels do not import: {cudnn_kernels.import_error()}")
@@ -45,8 +46,8 @@ def _layer_on_meta(shape: str, activation: str, launcher: CompilingLauncher, pro
     split_sizes = torch.empty(experts, dtype=torch.int64, device="meta")
     prob = torch.empty(tokens, dtype=torch.float32, device="meta") if probs else None
     recipe = gmlp.MXFP8Recipe()
-    y, saved = sm100_forward(meta_quantize, x, split_sizes, prob, w1, None, w2, None, act, recipe, launch=launcher)
-    grads = sm100_backward(meta_quantize, torch.empty_like(y), saved, act, recipe, launch=launcher)
+    y, saved = sm100_forward(allocating_quantize, x, split_sizes, prob, w1, None, w2, None, act, recipe, launch=launcher)
+    grads = sm100_backward(allocating_quantize, torch.empty_like(y), saved, act, recipe, launch=launcher)
     assert y.shape == x.shape and grads.dx.shape == x.shape
     assert grads.dw1.shape == w1.shape and grads.dw2.shape == w2.shape
 

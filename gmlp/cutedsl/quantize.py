@@ -38,6 +38,7 @@ __all__ = [
     "CompiledQuantizeKernel",
     "compile_quantize_kernel",
     "SUPPORTED_ARCHS",
+    "artifact_text",
 ]
 
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
@@ -145,7 +146,7 @@ class CompiledQuantizeKernel:
     smem_bytes: int  # shared memory per CTA (with the driver's reserved 1 KB)
 
 
-def _artifact_text(value) -> str:
+def artifact_text(value) -> str:
     """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
     if isinstance(value, bytes):
         value = value.decode()
@@ -167,7 +168,7 @@ def _compile(config: KernelConfig, arch: str | None) -> CompiledQuantizeKernel:
     with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
         function = cute.compile(kernel, *_fake_arguments(config),
                                 options=f"{options} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
-        ptx = _artifact_text(function.__ptx__)
+        ptx = artifact_text(function.__ptx__)
         cubin = function.__cubin__
         cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
     return CompiledQuantizeKernel(config, arch, function, ptx, cubin, **resources)

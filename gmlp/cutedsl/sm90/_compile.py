@@ -3,16 +3,16 @@ symbolic stand-ins of the arguments, and the compile that keeps the PTX and cubi
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
 
+from gmlp.cutedsl.quantize import artifact_text  # the quantize kernel's compile reads its artifacts the same way
 from gmlp.cutedsl.sm90._pipeline import ELEMENT_ALIGN
 
-__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "artifact_text", "compile_kernel"]
+__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "compile_kernel"]
 
 SUPPORTED_ARCHS = ("sm_90a",)
 _OPTIONS = "--enable-tvm-ffi"
@@ -36,16 +36,6 @@ def sym_stride(divisibility: int = ELEMENT_ALIGN):
 
 def fake_stream():
     return make_fake_stream(use_tvm_ffi_env_stream=True)
-
-
-def artifact_text(value) -> str:
-    """cutlass-dsl returns either the artifact's text or the path of the dumped file."""
-    if isinstance(value, bytes):
-        value = value.decode()
-    if len(value) < 4096 and "\n" not in value and os.path.isfile(value):
-        with open(value) as handle:
-            return handle.read()
-    return value
 
 
 def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> CompiledKernel:
