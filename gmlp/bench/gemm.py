@@ -6,7 +6,9 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
 - ``torch._grouped_mm`` in bf16 of the same product (the baseline of the ratios);
 - the Triton kernel on bf16 operands (the bf16 layer), with each candidate tiling;
 - ``mxfp8``: the MXFP8 layer's step, the dequantize kernels of its quantized operands timed with
-  the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling.
+  the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling;
+- ``cutedsl``: the CuTeDSL SM90 kernel (``gmlp.cutedsl.sm90``) on bf16 operands, each of its
+  configurations (an H100/H200 with cutlass-dsl only).
 
 Dequantizing on load inside the GEMM's main loop measured 0.4-0.5x as fast as dequantizing once
 (``bench_results/gemm-h200-20261129T223229.json``) and was removed.
@@ -18,6 +20,7 @@ them live in ``gmlp.triton_ref.tuning``.
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Callable
 
 import torch
@@ -68,6 +71,18 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
     return t
 
 
+# The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
+SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]
+SM90_FIXED_TILE = [dict()]  # FC1 and FC2 dgrad: one 128 x 128 tile
+SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
+                      dict(tile_n=256, ragged_tma=False)]
+
+
+def _sm90(kernel: str):
+    """A module of gmlp.cutedsl.sm90, imported only when the cutedsl variant runs (it imports cutlass-dsl)."""
+    return importlib.import_module(f"gmlp.cutedsl.sm90.{kernel}")
+
+
 def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
     """The weight gradient A_g^T B_g over each expert's tokens (the ragged contraction)."""
     splits, deq = t["split_sizes"], dequantize_mxfp8
@@ -76,7 +91,9 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         baseline=lambda: torch._grouped_mm(t[a].t(), t[b], offs=t["offsets"]),
         bf16=lambda c: lambda: run(t[a], t[b], c),
         mxfp8=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
-        flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)))
+        cutedsl=lambda c: lambda: _sm90("wgrad").grouped_wgrad(t[a], t[b], splits, out_dtype=torch.bfloat16, **c),
+        flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
+        configs=SM90_WGRAD_CONFIGS)
 
 
 def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
@@ -91,29 +108,39 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                                recipe=None, tiling=c),
             mxfp8=lambda c: lambda: fc1_forward(deq(t["x_row"]), deq(t["w1_row"]).view(t["w1"].shape), splits,
                                                 ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, tiling=c),
+            cutedsl=lambda c: lambda: _sm90("fc1").fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn,
+                                                             activation=SWIGLU, recipe=None, **c),
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
-            tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True]))),
+            tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
+            configs=SM90_FIXED_TILE),
         "fc2": dict(
             baseline=lambda: torch._grouped_mm(t["a"], t["w2"].transpose(1, 2), offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
+            cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["a"], t["w2"], splits, **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
-            tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING))),
+            tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
+            configs=SM90_GEMM_CONFIGS),
         "fc1_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["dh_row"]), w1t_view(deq(t["w1_col"]).view(t["w1"].shape)),
                                                  splits, tiling=c),
+            cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
-            tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING))),
+            tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
+            configs=SM90_GEMM_CONFIGS),
         "fc2_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
             bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
                                              recipe=None, tiling=c),
             mxfp8=lambda c: lambda: fc2_dgrad(deq(t["dy_row"]), deq(t["w2_col"]).view(t["w2"].shape).transpose(1, 2),
                                               t["c"], splits, activation=SWIGLU, recipe=recipe, tiling=c),
+            cutedsl=lambda c: lambda: _sm90("fc2_dgrad").fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits,
+                                                           activation=SWIGLU, recipe=None, **c),
             flops=2 * t["dy"].shape[0] * hidden * ffn,
-            tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True]))),
+            tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
+            configs=SM90_FIXED_TILE),
         "fc2_wgrad": _wgrad(t, "dy", "a", 2 * t["dy"].shape[0] * hidden * ffn),
         "fc1_wgrad": _wgrad(t, "dh", "x", 2 * t["dh"].shape[0] * hidden * 2 * ffn),
     }
@@ -132,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shapes_argument(parser, "deepseek-v3-rank")
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
-    parser.add_argument("--variants", default="bf16,mxfp8", help="bf16 operands; MXFP8 operands dequantized first")
+    parser.add_argument("--variants", default="bf16,mxfp8",
+                        help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
+                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -148,10 +177,13 @@ def main(argv: list[str] | None = None) -> None:
                   + (f"{base_ms:.3f} ms {gemm['flops'] / base_ms / 1e9:.0f} TFLOP/s" if base_ms else base_error), flush=True)
             candidates, defaults = gemm["tilings"]
             for variant in args.variants.split(","):
-                for tiling in dict.fromkeys([defaults[variant], *candidates]):  # the layer's tiling first
+                # the layer's tiling first; the CuTeDSL kernels' default configuration first
+                tilings = gemm["configs"] if variant == "cutedsl" else dict.fromkeys([defaults[variant], *candidates])
+                for tiling in tilings:
                     ms, error = _time(gemm[variant](tiling))
                     ratio = base_ms / ms if (ms and base_ms) else None
-                    rows.append(dict(shape=shape_name, gemm=gemm_name, variant=variant, tiling=vars(tiling), ms=ms,
+                    rows.append(dict(shape=shape_name, gemm=gemm_name, variant=variant,
+                                     tiling=tiling if variant == "cutedsl" else vars(tiling), ms=ms,
                                      tflops=gemm["flops"] / ms / 1e9 if ms else None, ratio_to_torch_bf16=ratio,
                                      baseline_ms=base_ms, error=error))
                     print(f"  {variant:>8} {tiling}: " + (f"{ms:.3f} ms {gemm['flops'] / ms / 1e9:.0f} TFLOP/s, "
