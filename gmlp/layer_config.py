@@ -78,7 +78,7 @@ def layer_problem(config: LayerConfig, tokens: int, experts: int, hidden: int, f
     shapes = (tokens, experts, hidden, ffn, fc1_outputs, param_dtype, x_dtype, device)
     return LayerProblem(param_dtype, recipe is not None, config.bias, config.activation.name, e5m2_grads,
                         _quantize_problems(recipe, *shapes, sm100=False), experts, hidden, ffn, floor_scales,
-                        _quantize_problems(recipe, *shapes, sm100=True))
+                        _quantize_problems(recipe, *shapes, sm100=True), tokens)
 
 
 def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hidden: int, ffn: int,

@@ -136,6 +136,10 @@ def implementation(site: Site, path: Path) -> Callable:
         return _torch_implementation(site.op)
     if path is Path.TRITON:
         return _triton_implementation(site)
+    if site.op in GEMM_OPS:  # the SM90 kernels (the SM100 composition runs its steps itself)
+        from gmlp.cutedsl.sm90.support import launcher
+
+        return launcher(site.op.value)
     if site.op is not Op.QUANTIZE:
         raise ValueError(f"{site.op.value} has no {path.value} implementation")
     from gmlp.cutedsl.quantize import quantize_mxfp8
@@ -161,6 +165,7 @@ class LayerProblem:
     ffn: int  # F
     floor_scales: bool  # the recipe's scale mode is FLOOR (RCEIL otherwise)
     sm100_quantize_problems: dict[str, QuantizeProblem]  # site name -> its call in the SM100 composition
+    tokens: int  # T's bound: the plan's token class (gmlp.layer_config.token_class)
 
 
 GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
@@ -196,19 +201,30 @@ def sm100_reason(problem: LayerProblem) -> Reason | None:
     return None
 
 
-def _cutedsl_gemm_reason(op: Op, problem: LayerProblem, device: torch.device) -> Reason | None:
-    """Why an op other than the quantize does not take CuTeDSL, or None (the system check has
-    passed: an SM90 or SM100 GPU with cutlass-dsl)."""
+def _bf16_operands_reason(problem: LayerProblem, kernels: str) -> Reason | None:
+    """Why GEMM kernels on bf16 operands (Triton's, SM90's) cannot take the layer's parameters, or None."""
+    dtype = problem.param_dtype
+    if dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):
+        mode = "MXFP8" if problem.mxfp8 else "bf16 (recipe=None)"
+        return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the {kernels} GEMMs take bf16 operands, "
+                                         "which are the parameters themselves without a recipe, or their "
+                                         "dequantized MXFP8 values (bf16 or float32 parameters)")
+    return None
+
+
+def _cutedsl_gemm_reason(op: Op, site: str, problem: LayerProblem, device: torch.device) -> Reason | None:
+    """Why an op other than the quantize does not take CuTeDSL at ``site``, or None (the system
+    check has passed: an SM90 or SM100 GPU with cutlass-dsl)."""
     if op is Op.DEQUANTIZE:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL dequantize in gmlp: the SM100 steps read MXFP8 operands as "
-                                         "they are, and on SM90 the GEMMs run on Triton")
+                                         "they are, and on SM90 the operands are dequantized before the GEMMs")
     if op is Op.SEGMENT_SUM:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
                                          "no biases)")
-    if torch.cuda.get_device_capability(device)[0] != 10:
-        return Reason(ReasonKind.SYSTEM, f"no verified CuTeDSL {op.value} kernel for SM90 yet: gmlp.cutedsl.sm90 holds "
-                                         "kernels compiled for sm_90a that have not run on a GPU (cuDNN frontend's "
-                                         "grouped GEMM kernels are SM100-only)")
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        from gmlp.cutedsl.sm90.support import site_reason
+
+        return _bf16_operands_reason(problem, "SM90 CuTeDSL") or site_reason(site, op.value, problem)
     from gmlp.cutedsl.sm100.cudnn_kernels import import_error
 
     error = import_error()
@@ -241,14 +257,8 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
             from gmlp.triton_ref.quantize import problem_support
         return problem_support((problem.sm100_quantize_problems if sm100 else problem.quantize_problems)[site])
     if path is Path.CUTEDSL:
-        return _cutedsl_gemm_reason(op, problem, device)
-    dtype = problem.param_dtype
-    if op in GEMM_OPS and dtype != torch.bfloat16 and not (problem.mxfp8 and dtype == torch.float32):
-        mode = "MXFP8" if problem.mxfp8 else "bf16 (recipe=None)"
-        return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the Triton GEMMs take bf16 operands, "
-                                         "which are the parameters themselves without a recipe, or their "
-                                         "dequantized MXFP8 values (bf16 or float32 parameters)")
-    return _triton_shape_reason(op, problem)
+        return _cutedsl_gemm_reason(op, site, problem, device)
+    return (_bf16_operands_reason(problem, "Triton") if op in GEMM_OPS else None) or _triton_shape_reason(op, problem)
 
 
 @dataclass(frozen=True)
@@ -275,8 +285,9 @@ class LayerPlan:
 def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None) -> LayerPlan:
     """Choose the path of every site (``gmlp.dispatch.choose_path``: strict mode and forced
     backends apply per site; a fallback warning comes once per op, activation, path and reason,
-    naming the first site where it happened). The GEMM sites get the same CuTeDSL answer (the
-    SM100 composition, all or none); when they take it, nothing is dequantized."""
+    naming the first site where it happened). On SM100 the GEMM sites get the same CuTeDSL answer
+    (the SM100 composition, all or none); when they take it, nothing is dequantized. On SM90 each
+    GEMM site takes its SM90 kernel where that runs the site's problem."""
     decisions, references = {}, {}
     sm100 = _sm100_runs(problem, device)
     for name, site in SITES.items():
@@ -289,14 +300,14 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
         decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=problem.activation, where=name)
         decisions[name] = decision
         references[name] = next_path_down(decision.path, device, problem_reason)
-    gemm_paths = {decision.path is Path.CUTEDSL for name, decision in decisions.items() if SITES[name].op in GEMM_OPS}
-    if len(gemm_paths) != 1:
-        raise AssertionError(f"the GEMM sites must all take CuTeDSL (the SM100 composition) or none: {decisions}")
-    return LayerPlan(decisions, references, sm100=gemm_paths == {True})
+    if sm100 and any(decisions[name].path is not Path.CUTEDSL for name in decisions if SITES[name].op in GEMM_OPS):
+        raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
+    return LayerPlan(decisions, references, sm100=sm100)
 
 
 def _sm100_runs(problem: LayerProblem, device: torch.device) -> bool:
-    """Whether the GEMM sites will take the SM100 composition (their CuTeDSL answer, unforced or
-    forced to CuTeDSL)."""
+    """Whether the GEMM sites will take the SM100 composition (their CuTeDSL answer on an SM100
+    GPU, unforced or forced to CuTeDSL). On SM90 each GEMM site decides on its own."""
     return (forced_path() in (None, Path.CUTEDSL) and system_reason(Path.CUTEDSL, device) is None
-            and _cutedsl_gemm_reason(Op.FC1, problem, device) is None)
+            and torch.cuda.get_device_capability(device)[0] == 10
+            and _cutedsl_gemm_reason(Op.FC1, "fc1", problem, device) is None)

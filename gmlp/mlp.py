@@ -176,6 +176,10 @@ class GroupedMLP(nn.Module):
             raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the "
                                       "module, outside the graph; call the layer eagerly with weight_cache")
         config = self._encoded_config(weight_cache)
+        # the kernels read row-major x and contiguous probs (router outputs are often strided
+        # views, (T, k) score columns); no copy when they already are
+        x = x.contiguous()
+        probs = probs.contiguous() if probs is not None else None
         if weight_cache is None:
             return ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config)[0]
         plan = cached_plan(decode_config(config), x.shape[0], self.num_experts, self.hidden_size,

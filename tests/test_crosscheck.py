@@ -70,12 +70,19 @@ def _planted(output, where: list):
     return output
 
 
-@pytest.mark.parametrize("site", list(SITES))
-def test_one_planted_element_is_caught_and_located(monkeypatch, site):
+# every site of the MXFP8 layer, and the sites of the bf16 layer (on SM90 its FC1 and FC2 dgrad
+# run on CuTeDSL, checked against Triton)
+PLANTED = [(site, "mxfp8") for site in SITES] + [(site, "bf16") for site, s in SITES.items() if not s.mxfp8_only]
+
+
+@pytest.mark.parametrize("site,recipe_name", PLANTED, ids=[f"{site}-{recipe}" for site, recipe in PLANTED])
+def test_one_planted_element_is_caught_and_located(monkeypatch, site, recipe_name):
     """One wrong element in the output of the site's chosen path (CuTeDSL or Triton) is reported
     against the next path down, with its index."""
     _require_triton_layer()
-    plan = gmlp.GroupedMLP(4, 64, 64, bias=True, device=kernel_device()).plan(torch.zeros(100, 64, device=kernel_device()))
+    recipe = gmlp.MXFP8Recipe() if recipe_name == "mxfp8" else None
+    plan = gmlp.GroupedMLP(4, 64, 64, bias=True, recipe=recipe, device=kernel_device()).plan(
+        torch.zeros(100, 64, device=kernel_device()))
     chosen, reference = plan.path(site), plan.references[site]
     real = gmlp.layer.implementation
     where: list = []
@@ -88,7 +95,7 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site):
 
     monkeypatch.setattr(gmlp.layer, "implementation", implementation)
     with cross_check(action="raise"), pytest.raises(CrossCheckError) as error:
-        _layer_step(gmlp.MXFP8Recipe())
+        _layer_step(recipe)
     message = str(error.value)
     assert f"cross-check: {site} ({SITES[site].op.value}) on {chosen.value} differs from {reference.value}" in message
     index = where[0]

@@ -22,6 +22,7 @@ from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp import dispatch
 from gmlp.activations import activation_from
+from gmlp.cutedsl.sm90 import support as sm90_support
 from gmlp.dispatch import FallbackError, FallbackWarning, Path
 from gmlp.layer_ops import LayerProblem, plan_layer
 from gmlp.reasons import ReasonKind
@@ -33,16 +34,19 @@ RENAMED_API = ("cannot import name 'make_fake_compact_tensor' from 'cutlass.cute
 GEMM_SITES = ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")
 
 
+CACHED_ANSWERS = (dispatch._device_system_reason, gmlp.cutedsl.import_error, sm90_support.import_error)
+
+
 @pytest.fixture(autouse=True)
 def fresh_dispatch(monkeypatch):
     """Cached system answers and the warned set start empty and are cleared after each test."""
-    for cached in (dispatch._device_system_reason, gmlp.cutedsl.import_error):
+    for cached in CACHED_ANSWERS:
         cached.cache_clear()
     monkeypatch.setattr(dispatch, "_warned", set())
     for name in ("GMLP_WARN_FALLBACK", "GMLP_STRICT", "GMLP_BACKEND"):
         monkeypatch.delenv(name, raising=False)
     yield
-    for cached in (dispatch._device_system_reason, gmlp.cutedsl.import_error):
+    for cached in CACHED_ANSWERS:
         cached.cache_clear()
 
 
@@ -156,7 +160,7 @@ def test_forced_backends(monkeypatch):
     plan = gmlp.GroupedMLP(2, 64, 64).plan(torch.zeros(8, 64))
     assert {d.path for d in plan.decisions.values()} == {Path.TORCH}
     device = _gpu(monkeypatch, (9, 0))
-    monkeypatch.setenv("GMLP_BACKEND", "cutedsl")  # only the quantize has CuTeDSL kernels on SM90
+    monkeypatch.setenv("GMLP_BACKEND", "cutedsl")
     _broken_cutedsl(monkeypatch, ImportError(RENAMED_API))
     with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_mxfp8 \(swiglu\) at quantize x cannot "
                                              r"run on cutedsl: \[system\] gmlp.cutedsl.quantize failed to import"):
@@ -223,6 +227,68 @@ def test_triton_launcher_shape_rules_are_planned_around(monkeypatch):
     with pytest.raises(ValueError, match=re.escape(shape_reasons["fc2 dgrad"])):
         fc2_dgrad(x, torch.zeros(2, 100, 100).bfloat16(), torch.zeros(12, 200).bfloat16(), split_sizes,
                   activation=activation_from("swiglu"), recipe=None)
+
+
+def _with_cutedsl():
+    if gmlp.cutedsl.import_error() is not None:
+        pytest.skip(f"cutlass-dsl does not import here: {gmlp.cutedsl.import_error()}")
+
+
+def test_sm90_takes_its_kernels_site_by_site(monkeypatch):
+    """On SM90 with cutlass-dsl every GEMM site of a bf16 layer takes its SM90 kernel, checked
+    against Triton; with MXFP8, FC1 and FC2 dgrad (quantized outputs) stay on Triton with a recipe
+    reason, the other GEMM sites take CuTeDSL on dequantized operands."""
+    _with_cutedsl()
+    device = _gpu(monkeypatch, (9, 0))
+    for activation in ("swiglu", "geglu", "qgeglu", "srelu"):
+        bf16 = _plan(device, activation=activation, recipe=None, bias=True)
+        assert not bf16.sm100
+        for site in GEMM_SITES:
+            assert bf16.path(site) is Path.CUTEDSL and bf16.references[site] is Path.TRITON, (activation, site)
+        assert bf16.path("bias grad") is Path.TRITON
+    mxfp8 = _plan(device)
+    assert mxfp8.path("dequantize") is Path.TRITON and mxfp8.path("quantize x") is Path.CUTEDSL
+    for site in GEMM_SITES:
+        if site in ("fc1", "fc2 dgrad"):
+            reason = dict(mxfp8.decisions[site].skipped)[Path.CUTEDSL]
+            assert mxfp8.path(site) is Path.TRITON and reason.kind is ReasonKind.RECIPE, site
+            assert "does not yet quantize" in str(reason) and str(reason) in mxfp8.explain()
+        else:
+            assert mxfp8.path(site) is Path.CUTEDSL and mxfp8.references[site] is Path.TRITON, site
+    # parameters the bf16 GEMMs cannot take: a recipe reason for CuTeDSL as for Triton
+    fp32 = _plan(device, recipe=None, dtype=torch.float32)
+    for site in GEMM_SITES:
+        assert dict(fp32.decisions[site].skipped)[Path.CUTEDSL].kind is ReasonKind.RECIPE, site
+
+
+def test_sm90_shape_and_import_reasons(monkeypatch):
+    """A problem an SM90 kernel cannot take (too many experts for its tile search) falls back to
+    Triton with the kernel's shape reason; a kernel module that fails to import is a system reason
+    that names it, and the quantizes keep their CuTeDSL kernel."""
+    _with_cutedsl()
+    device = _gpu(monkeypatch, (9, 0))
+    many = dataclasses.replace(_problem(recipe=None), experts=5000)
+    plan = plan_layer(many, device, strict=None)
+    for site in ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad"):
+        reason = dict(plan.decisions[site].skipped)[Path.CUTEDSL]
+        assert plan.path(site) is Path.TRITON and reason.kind is ReasonKind.SHAPE and "E=5000" in str(reason), site
+    assert plan.path("fc1 wgrad") is Path.CUTEDSL  # output tiles per expert: no search
+
+    real = importlib.import_module
+
+    def import_module(name, *args):
+        if name == "gmlp.cutedsl.sm90.wgrad":
+            raise ImportError(RENAMED_API)
+        return real(name, *args)
+
+    monkeypatch.setattr(sm90_support.importlib, "import_module", import_module)
+    sm90_support.import_error.cache_clear()
+    plan = _plan(device, recipe=None)
+    for site in GEMM_SITES:
+        reason = dict(plan.decisions[site].skipped)[Path.CUTEDSL]
+        assert plan.path(site) is Path.TRITON and reason.kind is ReasonKind.SYSTEM, site
+        assert "gmlp.cutedsl.sm90.wgrad failed to import" in str(reason) and RENAMED_API in str(reason)
+    assert _plan(device).path("quantize x") is Path.CUTEDSL
 
 
 def _with_sm100_packages():

@@ -22,10 +22,10 @@ SPLITS = [0, 37, 64, 1, 90]
 
 
 def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: str, recipe, bias: bool,
-                         sm100: bool = False) -> None:
-    """Run the module on the Triton path (or, with ``sm100``, the SM100 composition, which must
-    be what the plan takes), forward and backward, and compare every output with the oracle
-    within the bounds of the module docstring."""
+                         sm100: bool = False, gemm_path: Path = Path.TRITON) -> None:
+    """Run the module on the path the plan takes (``gemm_path`` at FC2, else skipped; with
+    ``sm100`` the SM100 composition, which must be what the plan takes), forward and backward,
+    and compare every output with the oracle within the bounds of the module docstring."""
     device = kernel_device()
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(splits), hidden, ffn, activation=activation, bias=bias, recipe=recipe, device=device)
@@ -36,8 +36,8 @@ def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: s
     plan = mlp.plan(torch.zeros(1, device=device))
     if sm100:
         assert plan.sm100, plan.explain()
-    elif plan.path("fc1") is not Path.TRITON:
-        pytest.skip(f"the Triton path does not run here:\n{plan.explain()}")
+    elif plan.path("fc2") is not gemm_path:
+        pytest.skip(f"the {gemm_path.value} GEMMs do not run here:\n{plan.explain()}")
     split_sizes = torch.tensor(splits, device=device)
     x = torch.randn(sum(splits), hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(sum(splits), device=device, requires_grad=True)
@@ -71,15 +71,17 @@ def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: s
 @pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), gmlp.MXFP8Recipe(grad_format=ElementFormat.E5M2), None],
                          ids=["mxfp8", "mxfp8-e5m2-grads", "bf16"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_triton_path_matches_oracle(activation, recipe, bias):
+def test_triton_path_matches_oracle(monkeypatch, activation, recipe, bias):
+    monkeypatch.setenv("GMLP_BACKEND", "triton")  # on SM90 the CuTeDSL kernels would take the GEMMs
     check_against_oracle(SPLITS, 64, 96, activation, recipe, bias)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
-def test_triton_path_matches_oracle_at_layer_scale(recipe):
+def test_triton_path_matches_oracle_at_layer_scale(monkeypatch, recipe):
     """Shapes past every tile of the tuned tilings (gmlp.triton_ref.tuning): many K steps, partial
     N tiles (F = 736), skewed experts with an empty one and odd sizes."""
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
     check_against_oracle([1500, 0, 611, 37, 1024, 300, 129, 999], 1024, 736, "swiglu", recipe, bias=True)
 
 
@@ -94,7 +96,8 @@ def test_parameters_the_triton_kernels_cannot_take_fall_back_with_a_reason(dtype
         assert any(path is Path.TRITON and str(dtype) in str(reason) for path, reason in decision.skipped), plan.explain()
 
 
-def test_triton_path_is_deterministic():
+def test_triton_path_is_deterministic(monkeypatch):
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
     device = kernel_device()
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, device=device)
@@ -115,9 +118,10 @@ def test_triton_path_is_deterministic():
         assert torch.equal(first, second)
 
 
-def test_triton_path_adds_weight_gradients_into_main_grad():
+def test_triton_path_adds_weight_gradients_into_main_grad(monkeypatch):
     """With accumulate_main_grad, the weight-gradient kernel adds the fp32 sums straight into
     main_grad: two steps from zero give twice one step's fp32 gradient, bit for bit."""
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
     device = kernel_device()
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, bias=True, accumulate_main_grad=True, device=device)
@@ -142,8 +146,9 @@ def test_triton_path_adds_weight_gradients_into_main_grad():
 
 
 @pytest.mark.gpu
-def test_forward_and_backward_capture_in_a_cuda_graph():
+def test_forward_and_backward_capture_in_a_cuda_graph(monkeypatch):
     """No host sync anywhere: the whole step captures in a CUDA graph and replays correctly."""
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, device="cuda")
     assert mlp.plan(torch.zeros(1, device="cuda")).path("fc1") is Path.TRITON
@@ -164,3 +169,31 @@ def test_forward_and_backward_capture_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager_y) and torch.equal(x.grad, eager_dx)
+
+
+def test_strided_inputs_equal_their_contiguous_copies():
+    """Router outputs are often strided views (a column of (T, k) scores, a transposed x): the
+    layer gives the kernels contiguous tensors, so y and every gradient are those of the
+    contiguous inputs, bit for bit; the launchers refuse strided probs instead of misreading them."""
+    device = kernel_device()
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, recipe=None, device=device)
+    split_sizes, tokens = torch.tensor(SPLITS, device=device), sum(SPLITS)
+    scores = torch.rand(tokens, 2, device=device)
+    x_t = torch.randn(64, tokens, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(tokens, 64, device=device, dtype=torch.bfloat16)
+    results = []
+    for x_value, probs_value in ((x_t.t(), scores[:, 1]), (x_t.t().contiguous(), scores[:, 1].contiguous())):
+        x, probs = x_value.detach().requires_grad_(), probs_value.detach().requires_grad_()
+        mlp.zero_grad()
+        y = mlp(x, split_sizes, probs)
+        y.backward(dy)
+        results.append([y, x.grad, probs.grad, mlp.w1.grad.clone(), mlp.w2.grad.clone()])
+    for name, strided, contiguous in zip(("y", "dx", "dprobs", "dw1", "dw2"), *results):
+        assert torch.equal(strided, contiguous), name
+    from gmlp.activations import activation_from
+    from gmlp.triton_ref.fc1 import fc1_forward
+
+    with pytest.raises(ValueError, match=r"probs must be a contiguous float \(96,\) tensor, got .* \(not contiguous\)"):
+        fc1_forward(x_t.t().contiguous()[:96], mlp.w1.detach(), torch.tensor([96, 0, 0, 0, 0], device=device),
+                    ffn_hidden_size=64, activation=activation_from("swiglu"), recipe=None, probs=scores[:96, 0])

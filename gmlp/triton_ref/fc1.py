@@ -12,7 +12,7 @@ from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand
+from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.shapes import fc1_shape_reason
 from gmlp.triton_ref.tuning import FC1_TILING, GemmTiling
@@ -51,6 +51,7 @@ def fc1_forward(
     shape = fc1_shape_reason(hidden, ffn)
     if shape is not None:
         raise ValueError(shape.message)
+    token_scalars("probs", probs, tokens)
     tiling = tiling or FC1_TILING[quantized]
     device = x_data.device
 

@@ -14,7 +14,7 @@ from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand
+from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.segment_sum import segment_sum
 from gmlp.triton_ref.shapes import fc2_dgrad_shape_reason
@@ -53,6 +53,7 @@ def fc2_dgrad(
     shape = fc2_dgrad_shape_reason(ffn)
     if shape is not None:
         raise ValueError(shape.message)
+    token_scalars("probs", probs, tokens)
     tiling = tiling or FC2_DGRAD_TILING[quantized]
     device = dy_data.device
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["rowwise_operand", "token_operand", "ExpertOperand", "expert_operand"]
+__all__ = ["rowwise_operand", "token_operand", "token_scalars", "ExpertOperand", "expert_operand"]
 
 
 def _describe(value) -> str:
@@ -34,6 +34,16 @@ def token_operand(name: str, value, tokens: int | None) -> tuple[int, int]:
     if tokens is not None and value.shape[0] != tokens:
         raise ValueError(f"{name} must have {tokens} token rows, got {tuple(value.shape)}")
     return tuple(value.shape)
+
+
+def token_scalars(name: str, value, tokens: int) -> None:
+    """Check an optional per-token vector (probs): None, or a contiguous float (T,) tensor (the
+    kernels read element r at offset r)."""
+    if value is None:
+        return
+    if not (isinstance(value, torch.Tensor) and value.is_floating_point() and tuple(value.shape) == (tokens,)
+            and value.is_contiguous()):
+        raise ValueError(f"{name} must be a contiguous float ({tokens},) tensor, got {_describe(value)}")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,13 @@
 
 The m-tiles are the 128-row tiles of ``gmlp.groups.DeviceGroups.tile_start``: m-tile ``j`` of the
 layer is local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j <
-tile_start[g+1]``, first row ``row_start[g] + 128 * local``. Work item ``w = j * n_tiles + n``
-(n fastest, so CTAs running together share A rows and B_g). A persistent CTA b walks items b,
+tile_start[g+1]``, first row ``row_start[g] + 128 * local``. Work items are ordered in bands of
+``GROUP_M`` m-tiles, m fastest within a band: item ``w`` is in band ``w // (GROUP_M * n_tiles)``,
+whose ``rows`` m-tiles (GROUP_M, fewer in the last band) take local item ``l`` as m-tile
+``band * GROUP_M + l % rows`` and n-tile ``l // rows``. The CTAs running together then cover about
+GROUP_M m-tiles x (#SMs / GROUP_M) n-tiles, so each B_g n-tile they load serves GROUP_M m-tiles
+from L2 (in an n-fastest order every m-tile re-reads all of B_g: 235 MB at Mixtral's FC1,
+far past the 50 MB L2). A persistent CTA b walks items b,
 b + grid, ... below ``tile_start[E] * n_tiles`` (read on the device: no host sync); the grid is
 ``grid_size``: min(#SMs, a host bound of the items). The expert of an item is a binary search over
 ``tile_start`` (``SEARCH_STEPS`` dependent loads of a tiny cached array per item).
@@ -22,10 +27,11 @@ from cutlass import Int32
 from gmlp import scale_layout
 from gmlp.scale_layout import SCALE_TILE_ROWS
 
-__all__ = ["TILE_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items", "grid_size",
+__all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items", "grid_size",
            "expert_count_reason", "sm_count"]
 
 TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
+GROUP_M = 8  # m-tiles per band of the item order (L2 reuse of B tiles; see the module docstring)
 SEARCH_STEPS = 12  # binary search over tile_start: up to 2**12 experts
 MAX_EXPERTS = 2**SEARCH_STEPS
 
@@ -46,10 +52,16 @@ def expert_of_tile(mTileStart: cute.Tensor, m_tile: Int32, num_experts: Int32) -
 
 @cute.jit
 def work_tile(mRowStart: cute.Tensor, mTileStart: cute.Tensor, item: Int32, n_tiles: Int32, num_experts: Int32):
-    """(expert g, n-tile, first row, end row) of work item ``item``: the tile covers rows
-    [first_row, first_row + 128), of which those below end_row (the expert's end) are g's."""
-    m_tile = item // n_tiles
-    n_tile = item - m_tile * n_tiles
+    """(expert g, n-tile, first row, end row) of work item ``item`` (banded order, see the module
+    docstring): the tile covers rows [first_row, first_row + 128), of which those below end_row
+    (the expert's end) are g's."""
+    band_items = GROUP_M * n_tiles
+    band = item // band_items
+    first_m_tile = band * GROUP_M
+    rows = cutlass.min(GROUP_M, mTileStart[num_experts] - first_m_tile)
+    local = item - band * band_items
+    n_tile = local // rows
+    m_tile = first_m_tile + (local - n_tile * rows)
     g = expert_of_tile(mTileStart, m_tile, num_experts)
     first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
     return g, n_tile, first_row, mRowStart[g + 1]

@@ -13,8 +13,8 @@ schedule, the mainloop and the compile helper are the shared ``_schedule``, ``_p
 
 - Tiles: BM = 128 rows (one 128-row tile of ``groups.tile_start``: m-tile ``j`` of the layer is
   local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j < tile_start[g+1]``,
-  first row ``row_start[g] + 128 * local``), BN = 128 or 256 columns, BK = 64. Work item
-  ``w = j * n_tiles + n``: n fastest, so CTAs running together share A rows and B_g.
+  first row ``row_start[g] + 128 * local``), BN = 128 or 256 columns, BK = 64. Work items in
+  bands of ``_schedule.GROUP_M`` m-tiles, m fastest within a band (L2 reuse of B tiles).
 - Persistent: the grid is min(#SMs, a host bound of the tiles: ``max_row_tiles(T, E) * n_tiles``);
   CTA b walks items b, b + grid, ... below ``tile_start[E] * n_tiles`` (read on the device). The
   expert of an item is a binary search over ``tile_start`` (``SEARCH_STEPS`` dependent loads of a

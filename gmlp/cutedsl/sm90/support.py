@@ -1,0 +1,82 @@
+"""What the SM90 kernels run at each GEMM site of the layer, and their launchers (for
+``gmlp.layer_ops``, the dispatcher's per-op rules).
+
+Each site's problem is the kernel's own ``problem_support`` at the layer's sizes (T is the plan's
+token class, an upper bound of the call's rows). On SM90 the MXFP8 recipe's operands are
+dequantized to bf16 before the GEMMs (the same values the spec's GEMM reads), so every site
+takes bf16 operands; FC1 and FC2 dgrad also write the recipe's quantized outputs from their
+epilogue, which these kernels do not yet do.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from gmlp.reasons import Reason, ReasonKind
+from gmlp.versions import missing_package_hint, package_version
+
+if TYPE_CHECKING:
+    from gmlp.layer_ops import LayerProblem
+
+__all__ = ["KERNEL_MODULES", "import_error", "launcher", "site_reason"]
+
+# op name (gmlp.layer_ops.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
+KERNEL_MODULES = {
+    "fc1_forward": ("fc1", "fc1_forward"),
+    "grouped_gemm": ("grouped_gemm", "grouped_gemm"),
+    "fc2_dgrad": ("fc2_dgrad", "fc2_dgrad"),
+    "grouped_wgrad": ("wgrad", "grouped_wgrad"),
+}
+
+
+def _module(op: str):
+    return importlib.import_module(f"gmlp.cutedsl.sm90.{KERNEL_MODULES[op][0]}")
+
+
+@functools.lru_cache(maxsize=None)
+def import_error() -> str | None:
+    """None if every SM90 kernel module imports, else the first failure (module, package version,
+    error)."""
+    for op in KERNEL_MODULES:
+        try:
+            _module(op)
+        except Exception as error:  # any failure is a reason to fall back; it is reported, not hidden
+            name = f"gmlp.cutedsl.sm90.{KERNEL_MODULES[op][0]}"
+            reason = (f"{name} failed to import with nvidia-cutlass-dsl {package_version('nvidia-cutlass-dsl')}: "
+                      f"{type(error).__name__}: {error}")
+            hint = missing_package_hint(error)
+            return f"{reason}; {hint}" if hint else reason
+    return None
+
+
+def launcher(op: str) -> Callable:
+    """The SM90 launcher of ``op`` (the arguments of its Triton twin)."""
+    return getattr(_module(op), KERNEL_MODULES[op][1])
+
+
+def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
+    """Why the SM90 kernel of ``op`` cannot run ``site`` of the layer, or None (cutlass-dsl
+    imports: ``import_error`` is checked first)."""
+    error = import_error()
+    if error is not None:
+        return Reason(ReasonKind.SYSTEM, error)
+    if op not in KERNEL_MODULES:
+        raise ValueError(f"{op} has no SM90 kernel")
+    if problem.mxfp8 and op in ("fc1_forward", "fc2_dgrad"):
+        output = "Q_row(a) and Q_col(a)" if op == "fc1_forward" else "Q_row(dh) and Q_col(dh)"
+        return Reason(ReasonKind.RECIPE, f"MXFP8: the SM90 {op} kernel writes bf16 only; its epilogue does not yet "
+                                         f"quantize {output}")
+    gated = problem.activation != "srelu"
+    n1 = (2 if gated else 1) * problem.ffn
+    tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn
+    module = _module(op)
+    if op in ("fc1_forward", "fc2_dgrad"):
+        reason = module.problem_support(tokens, hidden, ffn, experts, gated=gated)
+    elif op == "grouped_gemm":  # fc2: N = H, K = F; fc1 dgrad: N = H, K = 2F | F
+        reason = module.problem_support(tokens, hidden, ffn if site == "fc2" else n1, experts)
+    else:  # fc2 wgrad: (H, F) per expert; fc1 wgrad: (2F | F, H)
+        m, n = (hidden, ffn) if site == "fc2 wgrad" else (n1, hidden)
+        reason = module.problem_support(tokens, m, n, experts)
+    return None if reason is None else Reason(ReasonKind.SHAPE, f"the SM90 {op} kernel: {reason}")
