@@ -1,4 +1,4 @@
-"""Test inputs for quantization: random distributions, adversarial blocks, split sizes."""
+"""Test inputs: random distributions and adversarial blocks for quantization, split sizes."""
 
 from __future__ import annotations
 
@@ -95,3 +95,7 @@ SPLIT_CASES = {
     "all_in_last": [0, 0, 0, 300],
     "tiny_experts": [1, 31, 33, 1, 0, 105, 129],
 }
+
+# 20 m-tiles of 128 rows with an empty expert: past one band (8 m-tiles) of the SM90 kernels' tile
+# schedule (gmlp.cutedsl.sm90._schedule.GROUP_M), with a partial last band
+BANDED_SPLITS = [700, 0, 129, 1, 300, 64, 256, 600]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from tests.cases import BANDED_SPLITS
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -232,6 +233,13 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
     assert got.shape == want.shape == (sum(splits), n) and got.dtype == torch.bfloat16
     for other in (want, twin):
         assert bool(((got.float() - other.float()).abs() <= 2.0**-7 * other.float().abs() + delta).all())
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_grouped_gemm_over_several_bands(tile_n):
+    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert."""
+    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 264, True, False, tile_n)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from tests.cases import BANDED_SPLITS
 from tests.test_sm90_compile import ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -212,6 +213,13 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     for other, factor in ((want, 1), (twin, 2)):  # the twin is itself within the bound of the reference
         assert within_steps(got.c, other.c, 2.0**-7, factor * delta_h)
         assert within_steps(got.a, other.a, 2.0**-7, factor * delta_a)
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+def test_fc1_over_several_bands(activation):
+    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert."""
+    test_fc1_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from tests.cases import BANDED_SPLITS
 from tests.test_sm90_compile import ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -238,6 +239,14 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
         assert ((got.db1 - twin.db1).abs() <= 2 * slack).all()
     else:
         assert got.db1 is None
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+def test_fc2_dgrad_over_several_bands(activation):
+    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert: the
+    per-tile db1 sums are indexed by m-tile, not by work item."""
+    test_fc2_dgrad_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False)
 
 
 @pytest.mark.gpu

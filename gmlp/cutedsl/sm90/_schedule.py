@@ -43,18 +43,19 @@ def expert_of_tile(mTileStart: cute.Tensor, m_tile: Int32, num_experts: Int32) -
     probes; needs E <= 2**SEARCH_STEPS."""
     g = Int32(0)
     for step in cutlass.range_constexpr(SEARCH_STEPS):
+        # branch-free: the load is unconditional (clamped to tile_start[E], which exists), so
+        # ptxas emits no predicated load + R2UR (an illegal instruction near TMA issue on sm_90a)
         probe = g + (1 << (SEARCH_STEPS - 1 - step))
-        if probe < num_experts:
-            if mTileStart[probe] <= m_tile:
-                g = probe
+        start = mTileStart[cutlass.min(probe, num_experts)]
+        g = cutlass.select_((probe < num_experts) & (start <= m_tile), probe, g)
     return g
 
 
 @cute.jit
 def work_tile(mRowStart: cute.Tensor, mTileStart: cute.Tensor, item: Int32, n_tiles: Int32, num_experts: Int32):
-    """(expert g, n-tile, first row, end row) of work item ``item`` (banded order, see the module
-    docstring): the tile covers rows [first_row, first_row + 128), of which those below end_row
-    (the expert's end) are g's."""
+    """(expert g, m-tile, n-tile, first row, end row) of work item ``item`` (banded order, see the
+    module docstring): the tile covers rows [first_row, first_row + 128), of which those below
+    end_row (the expert's end) are g's. Per-tile outputs must be indexed by m-tile, not by item."""
     band_items = GROUP_M * n_tiles
     band = item // band_items
     first_m_tile = band * GROUP_M
@@ -64,7 +65,7 @@ def work_tile(mRowStart: cute.Tensor, mTileStart: cute.Tensor, item: Int32, n_ti
     m_tile = first_m_tile + (local - n_tile * rows)
     g = expert_of_tile(mTileStart, m_tile, num_experts)
     first_row = mRowStart[g] + (m_tile - mTileStart[g]) * TILE_M
-    return g, n_tile, first_row, mRowStart[g + 1]
+    return g, m_tile, n_tile, first_row, mRowStart[g + 1]
 
 
 def num_work_items(mTileStart: cute.Tensor, n_tiles: Int32) -> Int32:

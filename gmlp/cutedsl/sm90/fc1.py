@@ -230,7 +230,7 @@ class FC1ForwardSm90:
             state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
             while item < num_items:
-                g, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tAsA, tAgA = a_tiles(tma_atom_a, mX, sA, first_row)
                 if const_expr(self.gated):
                     loads = ((tBgB[(None, n_tile, None, g)], tBsB), (tUgU[(None, n_tile, None, g)], tUsU))
@@ -260,7 +260,7 @@ class FC1ForwardSm90:
 
             item = bidx
             while item < num_items:
-                g, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tiled_mma, read_state, release_state = mma_k_tiles(
                     tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
 

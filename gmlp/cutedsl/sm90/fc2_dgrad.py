@@ -214,7 +214,7 @@ class FC2DgradSm90:
             state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
             while item < num_items:
-                g, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tAsA, tAgA = a_tiles(tma_atom_a, mDy, sA, first_row)
                 loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
                 state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
@@ -243,7 +243,7 @@ class FC2DgradSm90:
 
             item = bidx
             while item < num_items:
-                g, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tiled_mma, read_state, release_state = mma_k_tiles(
                     tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
 
@@ -314,7 +314,7 @@ class FC2DgradSm90:
 
                 # bias_grad: column sums of the warp's 16 rows -> dh_warp_sums[m_tile * 8 + warp]
                 if const_expr(self.bias_grad):
-                    sums_row = (item // n_tiles) * WARPS_PER_TILE + tile_warp
+                    sums_row = m_tile * WARPS_PER_TILE + tile_warp
                     halves = ((acc, 0), (d_up, ffn)) if const_expr(self.gated) else ((acc, 0),)
                     for h in cutlass.range_constexpr(len(halves)):
                         values, offset = halves[h]

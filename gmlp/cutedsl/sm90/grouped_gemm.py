@@ -194,7 +194,7 @@ class GroupedGemmSm90:
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
                                           self.num_mma_warpgroups, stage_bytes)
 
-        # Work items: w = m_tile * n_tiles + n_tile over m-tiles of tile_start (see _schedule).
+        # Work items over the m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule).
         num_rows, n = mD.shape
         num_experts = mTileStart.shape[0] - 1
         n_tiles = (n + self.tile_n - 1) // self.tile_n
@@ -208,7 +208,7 @@ class GroupedGemmSm90:
             state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
             while item < num_items:
-                g, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
                 state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b,
                                         ((tBgB[(None, n_tile, None, g)], tBsB),))
@@ -229,7 +229,7 @@ class GroupedGemmSm90:
 
             item = bidx
             while item < num_items:
-                g, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tiled_mma, read_state, release_state = mma_k_tiles(
                     tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
 
