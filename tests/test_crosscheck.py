@@ -75,6 +75,27 @@ def _planted(output, where: list):
 PLANTED = [(site, "mxfp8") for site in SITES] + [(site, "bf16") for site, s in SITES.items() if not s.mxfp8_only]
 
 
+def _plant_at(monkeypatch, site: str, chosen: Path, where: list) -> None:
+    """Make ``site``'s op on ``chosen`` (the path its plan takes; the cross-check's reference
+    runs unpatched) return one wrong element; ``where`` receives its index."""
+    real = gmlp.layer.implementation
+
+    def implementation(site_, path):
+        run = real(site_, path)
+        if site_.name != site or path is not chosen:
+            return run
+        return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
+
+    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+
+
+def _chosen(site: str, recipe=gmlp.MXFP8Recipe(), experts: int = 4) -> Path:
+    """The path the plan of a layer like _layer_step's takes at ``site``."""
+    plan = gmlp.GroupedMLP(experts, 64, 64, bias=True, recipe=recipe, device=kernel_device()).plan(
+        torch.zeros(100, 64, device=kernel_device()))
+    return plan.path(site)
+
+
 @pytest.mark.parametrize("site,recipe_name", PLANTED, ids=[f"{site}-{recipe}" for site, recipe in PLANTED])
 def test_one_planted_element_is_caught_and_located(monkeypatch, site, recipe_name):
     """One wrong element in the output of the site's chosen path (CuTeDSL or Triton) is reported
@@ -84,16 +105,8 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site, recipe_nam
     plan = gmlp.GroupedMLP(4, 64, 64, bias=True, recipe=recipe, device=kernel_device()).plan(
         torch.zeros(100, 64, device=kernel_device()))
     chosen, reference = plan.path(site), plan.references[site]
-    real = gmlp.layer.implementation
     where: list = []
-
-    def implementation(site_, path):
-        run = real(site_, path)
-        if site_.name != site or path is not chosen:
-            return run
-        return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
-
-    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    _plant_at(monkeypatch, site, chosen, where)
     with cross_check(action="raise"), pytest.raises(CrossCheckError) as error:
         _layer_step(recipe)
     message = str(error.value)
@@ -106,16 +119,8 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site, recipe_nam
 
 def test_warn_mode_keeps_going_and_names_the_values(monkeypatch):
     _require_triton_layer()
-    real = gmlp.layer.implementation
     where: list = []
-
-    def implementation(site_, path):
-        run = real(site_, path)
-        if site_.name != "fc2" or path is not Path.TRITON:
-            return run
-        return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
-
-    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    _plant_at(monkeypatch, "fc2", _chosen("fc2"), where)
     with cross_check(ops=["grouped_gemm"]), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mlp, x = _layer_step(gmlp.MXFP8Recipe())
@@ -176,15 +181,7 @@ def test_clean_runs_pass_on_other_shapes(hidden, ffn, splits):
 
 def test_tolerance_override_replaces_the_derived_bound(monkeypatch):
     _require_triton_layer()
-    real = gmlp.layer.implementation
-
-    def implementation(site_, path):
-        run = real(site_, path)
-        if site_.name != "fc2" or path is not Path.TRITON:
-            return run
-        return lambda *args, **kwargs: _planted(run(*args, **kwargs), [])
-
-    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    _plant_at(monkeypatch, "fc2", _chosen("fc2"), [])
     with cross_check(ops=["fc2"], action="raise", tolerance=(10.0, 10.0)):  # |3v + 1| <= 10 + 10 |v|
         _layer_step(gmlp.MXFP8Recipe())
     with cross_check(ops=["fc2"], action="raise", tolerance=(0.0, 1e-3)), pytest.raises(CrossCheckError):
@@ -232,15 +229,8 @@ def test_a_block_reaches_backward_threads_and_the_forwards_settings_its_backward
     assert seen == [settings] and gmlp.debug.active_settings() is None
 
     _require_triton_layer()
-    real = gmlp.layer.implementation
     where: list = []
-
-    def implementation(site_, path):
-        run = real(site_, path)
-        planted = site_.name == "fc1 dgrad" and path is Path.TRITON
-        return (lambda *args, **kwargs: _planted(run(*args, **kwargs), where)) if planted else run
-
-    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    _plant_at(monkeypatch, "fc1 dgrad", _chosen("fc1 dgrad", experts=2), where)
     device = kernel_device()
     mlp = gmlp.GroupedMLP(2, 64, 64, device=device)
     x = torch.randn(40, 64, device=device).bfloat16().requires_grad_()
