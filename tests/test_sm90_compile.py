@@ -88,13 +88,14 @@ def sass(cubin: bytes) -> str | None:
     return result.stdout
 
 
-def check_ptx(compiled, *, tile_n: int, b_k_major: bool) -> None:
-    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
+def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
+    consumer warpgroups with ping-pong), bf16
     wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills (ptxas
     -v where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx
-    assert f".reqntid {128 * (1 + tile_n // 128)}, 1, 1" in ptx
+    assert f".reqntid {128 * (1 + (2 if pingpong else tile_n // 128))}, 1, 1" in ptx
     # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
     # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b (1: B is N-major in smem)
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
@@ -126,13 +127,38 @@ def test_design_shapes_compile(name, shape, b_k_major):
     check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=config.tile_n, b_k_major=b_k_major)
 
 
+# (tile_n, pingpong): one or two consumer warpgroups per tile, or two on alternate tiles
+TILINGS = [(128, False), (256, False), (128, True)]
+TILING_IDS = ["128", "256", "128-pingpong"]
+
+
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-N{}-K{}-E{}".format(*s))
-@pytest.mark.parametrize("tile_n", [128, 256])
-def test_odd_shapes_compile(shape, tile_n):
+@pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
+def test_odd_shapes_compile(shape, tile_n, pingpong):
     from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
 
-    config = _config(tile_n=tile_n, bias_dtype=torch.float32, stages=3)
-    check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=tile_n, b_k_major=True)
+    config = _config(tile_n=tile_n, bias_dtype=torch.float32, stages=3, pingpong=pingpong)
+    check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=tile_n, b_k_major=True, pingpong=pingpong)
+
+
+@pytest.mark.parametrize("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
+def test_pingpong_compiles_with_its_turn_barriers(b_k_major):
+    """Ping-pong: the two consumer warpgroups' mainloops take turns through two mbarriers (every
+    thread of a warpgroup arrives), with the deepest pipeline of 128-wide tiles."""
+    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+
+    config = _config(tile_n=128, pingpong=True, b_k_major=b_k_major)
+    compiled = compile_grouped_gemm("sm_90a", config, shape=(192, 40, 96, 5))
+    check_ptx(compiled, tile_n=128, b_k_major=b_k_major, pingpong=True)
+    plain = compile_grouped_gemm("sm_90a", _config(tile_n=128, b_k_major=b_k_major)).ptx
+
+    def count(op: str, ptx: str) -> int:
+        return len(re.findall(rf"mbarrier\.{op}\.shared\.b64", ptx))
+
+    assert config.num_stages() == 7 and count("init", plain) == 2 * 7  # full and empty of each slot
+    assert count("init", compiled.ptx) == count("init", plain) + 2  # the two turn barriers
+    assert count("arrive", compiled.ptx) == count("arrive", plain) + 1  # a warpgroup's turn handed over
+    assert count("try_wait.parity", compiled.ptx) == count("try_wait.parity", plain) + 1  # its turn awaited
 
 
 @pytest.mark.parametrize("shape,match", [
@@ -152,6 +178,8 @@ def test_invalid_configs_are_refused():
         _config(tile_n=64)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
         _config(stages=5)
+    with pytest.raises(ValueError, match=r"pingpong needs tile_n=128"):
+        _config(pingpong=True)
 
 
 def test_b_layouts():
@@ -206,12 +234,12 @@ def expert_weights(experts: int, n: int, k: int, transposed: bool) -> torch.Tens
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (264, 64, False), (40, 520, True), (512, 2048, False)],
                          ids=["fc2-like", "dgrad-like", "odd-n-long-k", "wide"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
-def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n):
+def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n, pingpong):
     """Tolerance of tests/test_triton_grouped_gemm.py: fp32 accumulation orders differ by at most
     delta = K * 2**-24 * max sum_k |a_k b_k|, then one bf16 rounding step (2**-7 |v|). Every row
     is compared, so a row left unwritten (torch.empty) or overwritten by the previous expert's
@@ -225,7 +253,7 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
     a = torch.randn(sum(splits), k, device="cuda").bfloat16()
     b = expert_weights(len(splits), n, k, transposed)
     bias_values = (torch.randn(len(splits), n, device="cuda") * 0.1).bfloat16() if bias else None
-    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n)
+    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n, pingpong=pingpong)
     want = grouped_gemm_ref(a, b, split_sizes, bias=bias_values)
     twin = triton_grouped_gemm(a, b, split_sizes, bias=bias_values)
     magnitude = max((a.float().abs() @ b[g].float().abs().t()).max().item() for g in range(len(splits)))
@@ -236,10 +264,11 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("tile_n", [128, 256])
-def test_grouped_gemm_over_several_bands(tile_n):
-    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert."""
-    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 264, True, False, tile_n)
+@pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
+def test_grouped_gemm_over_several_bands(tile_n, pingpong):
+    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert; with
+    ping-pong both warpgroups get several items (k-tiles > stages, so the turns matter)."""
+    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 1032, True, False, tile_n, pingpong)
 
 
 @pytest.mark.gpu
@@ -251,11 +280,12 @@ def test_grouped_gemm_is_deterministic_and_syncless():
     splits = torch.tensor([0, 300, 7, 129], device="cuda")
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
-    first = grouped_gemm(a, b, splits)  # compiles
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        second = grouped_gemm(a, b, splits)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(first, second)
+    for options in (dict(), dict(tile_n=128, pingpong=True)):
+        first = grouped_gemm(a, b, splits, **options)  # compiles
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            second = grouped_gemm(a, b, splits, **options)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(first, second), options

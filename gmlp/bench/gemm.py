@@ -72,7 +72,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 
 
 # The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
-SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]
+SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
 SM90_FIXED_TILE = [dict()]  # FC1 and FC2 dgrad: one 128 x 128 tile
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
                       dict(tile_n=256, ragged_tma=False)]

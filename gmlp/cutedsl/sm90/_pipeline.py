@@ -29,7 +29,7 @@ from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
            "CONSUMER_REGISTERS", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
-           "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "consumer_fragments"]
+           "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
 
 TILE_K = 64  # one 128-byte swizzle row of bf16
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
@@ -183,3 +183,12 @@ def mma_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, release_state, k
     mainloop.consumer_release(release_state)
     release_state.advance()
     return tiled_mma, read_state, release_state
+
+
+@cute.jit
+def skip_k_tiles(state, k_tiles: Int32):
+    """``state`` advanced past ``k_tiles`` slots without waiting on them: the slots of an item
+    that another consumer warpgroup reads (ping-pong). Returns the state (the caller rebinds it)."""
+    for _ in range(k_tiles):
+        state.advance()
+    return state

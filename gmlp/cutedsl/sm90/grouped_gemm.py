@@ -30,8 +30,14 @@ schedule, the mainloop and the compile helper are the shared ``_schedule``, ``_p
   zero-filled by TMA. B_g is the expert coordinate of a 3-D (N, K, E) descriptor.
 - Epilogue, from the accumulator registers: + bias (fp32), round to bf16, predicated 32-bit
   stores (a thread's adjacent column pair) of the rows below the expert's end and the columns
-  below N (rows past the end belong to the next expert, so no full-tile TMA store). It is not
-  overlapped with the consumers' next mainloop (no ping-pong, no smem-staged TMA store yet).
+  below N (rows past the end belong to the next expert, so no full-tile TMA store).
+- Ping-pong (``KernelConfig.pingpong``, BN = 128): the two consumer warpgroups take alternate
+  work items of the CTA, each a whole 128 x 128 tile, so one's epilogue overlaps the other's
+  mainloop. They share the producer's slot ring in item order: each skips the other's k-tiles
+  in its pipeline state, and their mainloops take turns through two mbarriers
+  (``cutlass.pipeline.PipelineOrder``). The turns are required, not only fast: a warpgroup
+  waiting on a slot two fills ahead would take the parity of the older fill as its own. Without
+  ping-pong the epilogue is not overlapped with the next mainloop.
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.4, sm_90a): 168
 registers at launch (232 in consumers after setmaxnreg), no spills; see tests/test_sm90_compile.py.
@@ -46,6 +52,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
@@ -68,6 +75,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_pipeline,
     mma_k_tiles,
     produce_k_tiles,
+    skip_k_tiles,
 )
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
@@ -95,10 +103,13 @@ class KernelConfig:
     bias_dtype: torch.dtype | None = None  # None: no bias
     tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
+    pingpong: bool = False  # tile_n = 128 only: two consumer warpgroups on alternate work items
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
+        if self.pingpong and self.tile_n != 128:
+            raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), got {self.tile_n}")
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
         if self.stages is not None and not 2 <= self.stages <= self.max_stages():
@@ -123,14 +134,18 @@ class GroupedGemmSm90:
     def __init__(self, config: KernelConfig):
         self.config = config
         self.tile_n = config.tile_n
+        self.pingpong = config.pingpong
+        # warpgroups sharing one tile's wgmmas: 2 for BN = 256, else 1 (also with ping-pong,
+        # where each of the two consumer warpgroups owns a whole 128 x 128 tile)
         self.num_mma_warpgroups = config.tile_n // 128
+        self.num_consumers = 2 if config.pingpong else self.num_mma_warpgroups
         self.stages = config.num_stages()
         self.has_bias = config.bias_dtype is not None
         self.tile_shape_mnk = (TILE_M, config.tile_n, TILE_K)
         # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
         # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
-        self.threads = (1 + self.num_mma_warpgroups) * _THREADS_PER_WARPGROUP
+        self.threads = (1 + self.num_consumers) * _THREADS_PER_WARPGROUP
 
     @cute.jit
     def __call__(
@@ -151,6 +166,7 @@ class GroupedGemmSm90:
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
+            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # ping-pong: whose mainloop is next
             sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.a_smem_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024]
 
@@ -191,8 +207,18 @@ class GroupedGemmSm90:
         sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
         stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
                        + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+        # a slot is released by the warpgroups that read it: both halves of a BN = 256 tile, or
+        # with ping-pong the one warpgroup whose item it holds
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
                                           self.num_mma_warpgroups, stage_bytes)
+        if const_expr(self.pingpong):
+            # The consumers' mainloops take turns, in item order. Needed for correctness, not only
+            # speed: the warpgroups share the slot ring, and a warpgroup waiting on a slot more than
+            # one phase ahead of its last fill would see the phase parity of an older fill as done.
+            order = pipeline.PipelineOrder.create(
+                barrier_storage=storage.order_barriers.data_ptr(), depth=1, length=2,
+                group_id=warpgroup - 1, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                                                 _THREADS_PER_WARPGROUP))
 
         # Work items over the m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule).
         num_rows, n = mD.shape
@@ -217,8 +243,13 @@ class GroupedGemmSm90:
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
+            # the thread's index in the tiled MMA, which spans the consumer warpgroups of one tile:
+            # both for BN = 256; with ping-pong each warpgroup's own (so both are MMA warpgroup 1)
+            mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
             mma_tidx = tidx - _THREADS_PER_WARPGROUP
-            tCrA, (tCrB,) = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
+            if const_expr(self.pingpong):
+                mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
@@ -228,31 +259,52 @@ class GroupedGemmSm90:
             release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
 
             item = bidx
+            item_step = grid
+            if const_expr(self.pingpong):
+                # warpgroup 2 takes this CTA's odd items: skip the slots of the first one
+                item_step = 2 * grid
+                if warpgroup == 2:
+                    item = bidx + grid
+                    read_state = skip_k_tiles(read_state, k_tiles)
+                    release_state = skip_k_tiles(release_state, k_tiles)
+                order_state = order.state.clone()  # carried explicitly through the item loop
             while item < num_items:
                 g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                if const_expr(self.pingpong):
+                    order.wait(order_state)
                 tiled_mma, read_state, release_state = mma_k_tiles(
                     tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
+                if const_expr(self.pingpong):
+                    # the other warpgroup's mainloop may start; its item's slots are skipped here
+                    order_state = order.arrive(order_state)
+                    read_state = skip_k_tiles(read_state, k_tiles)
+                    release_state = skip_k_tiles(release_state, k_tiles)
+                self.store_tile(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row)
+                item += item_step
 
-                # Epilogue: the tile's D at (first_row, n_tile * BN); only rows < end_row (this
-                # expert's) and columns < N are written. Accumulators j = 2i, 2i+1 of a thread are
-                # columns c, c+1 of one row (c even; N % 8 == 0, so both or neither are < N): one
-                # 32-bit store of the bf16 pair through the Int32 views of out and D.
-                col0 = n_tile * self.tile_n
-                limits = (end_row - first_row, n - col0)
-                gD = cute.local_tile(cute.domain_offset((first_row, col0), mD), (TILE_M, self.tile_n), (0, 0))
-                tCgD_pairs = cute.recast_tensor(thr_mma.partition_C(gD), Int32)
-                out_pairs = cute.recast_tensor(out, Int32)
-                for i in cutlass.range_constexpr(cute.size(out_pairs)):
-                    if cute.elem_less(tCcD[2 * i], limits):
-                        low, high = acc[2 * i], acc[2 * i + 1]
-                        if const_expr(self.has_bias):
-                            col = col0 + tCcD[2 * i][1]
-                            low = low + mBias[g, col].to(Float32)
-                            high = high + mBias[g, col + 1].to(Float32)
-                        out[2 * i] = low.to(BFloat16)
-                        out[2 * i + 1] = high.to(BFloat16)
-                        tCgD_pairs[i] = out_pairs[i]
-                item += grid
+    @cute.jit
+    def store_tile(self, acc: cute.Tensor, out: cute.Tensor, thr_mma, tCcD: cute.Tensor, mD: cute.Tensor,
+                   mBias: cute.Tensor | None, g: Int32, n_tile: Int32, first_row: Int32, end_row: Int32):
+        """Epilogue: the tile's D at (first_row, n_tile * BN); only rows < end_row (this expert's)
+        and columns < N are written. Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of
+        one row (c even; N % 8 == 0, so both or neither are < N): one 32-bit store of the bf16 pair
+        through the Int32 views of out and D."""
+        n = mD.shape[1]
+        col0 = n_tile * self.tile_n
+        limits = (end_row - first_row, n - col0)
+        gD = cute.local_tile(cute.domain_offset((first_row, col0), mD), (TILE_M, self.tile_n), (0, 0))
+        tCgD_pairs = cute.recast_tensor(thr_mma.partition_C(gD), Int32)
+        out_pairs = cute.recast_tensor(out, Int32)
+        for i in cutlass.range_constexpr(cute.size(out_pairs)):
+            if cute.elem_less(tCcD[2 * i], limits):
+                low, high = acc[2 * i], acc[2 * i + 1]
+                if const_expr(self.has_bias):
+                    col = col0 + tCcD[2 * i][1]
+                    low = low + mBias[g, col].to(Float32)
+                    high = high + mBias[g, col + 1].to(Float32)
+                out[2 * i] = low.to(BFloat16)
+                out[2 * i + 1] = high.to(BFloat16)
+                tCgD_pairs[i] = out_pairs[i]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,6 +382,7 @@ def grouped_gemm(
     bias: torch.Tensor | None = None,  # (E, N) bf16 or fp32
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int = 256,
+    pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (KernelConfig)
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
@@ -348,7 +401,8 @@ def grouped_gemm(
         raise ValueError("a and b must be 16-byte aligned CUDA tensors")
     if bias is not None and (bias.shape != (experts, n) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous ({experts}, {n}) tensor, got {tuple(bias.shape)}")
-    config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n)
+    config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
+                          pingpong=pingpong)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
