@@ -28,6 +28,10 @@ WGRADS = [(f"{name}-E{e}-H{h}-F{f}", (t, m, n, e))
 ODD_SHAPES = [(1, 8, 8, 1), (37 + 64 + 1 + 90, 40, 96, 5), (3, 264, 72, 4096), (300, 520, 136, 3)]
 OUTPUTS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "accumulate": dict(accumulate=True)}
 K_TAILS = {"ragged-tma": dict(), "smem-mask": dict(ragged_tma=False)}
+# launcher options of the GPU tests: tile width x K-tail handling, and the ping-pong schedule
+VARIANTS = {f"{tail}-{tile_n}": dict(tile_n=tile_n, **options) for tail, options in K_TAILS.items()
+            for tile_n in (128, 256)}
+VARIANTS["pingpong-128"] = dict(tile_n=128, pingpong=True)
 
 
 def _config(**kwargs):
@@ -37,7 +41,8 @@ def _config(**kwargs):
 
 
 def check_ptx(compiled) -> None:
-    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
+    consumer warpgroups with ping-pong), bf16
     wgmma with fp32 accumulators and both operands MN-major (transpose bits 1, 1), 4-D TMA loads
     (the ragged token view) or 2-D ones and the consumers' smem zeroing of the K tail (a proxy
     fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local
@@ -47,7 +52,7 @@ def check_ptx(compiled) -> None:
 
     config, ptx = compiled.config, compiled.ptx
     assert ".target sm_90a" in ptx
-    assert f".reqntid {128 * (1 + config.tile_n // 128)}, 1, 1" in ptx
+    assert f".reqntid {128 * (1 + (2 if config.pingpong else config.tile_n // 128))}, 1, 1" in ptx
     # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
     # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
@@ -98,6 +103,15 @@ def test_odd_shapes_compile(shape, tile_n, output, k_tail):
     check_ptx(compile_wgrad("sm_90a", config, shape=shape))
 
 
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
+@pytest.mark.parametrize("output", list(OUTPUTS))
+def test_pingpong_compiles(shape, output):
+    """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only)."""
+    from gmlp.cutedsl.sm90.wgrad import compile_wgrad
+
+    check_ptx(compile_wgrad("sm_90a", _config(tile_n=128, pingpong=True, **OUTPUTS[output]), shape=shape))
+
+
 @pytest.mark.parametrize("shape,match", [
     ((64, 12, 64, 2), r"M=12 and N=64 must be multiples of 8"),
     ((64, 16, 20, 2), r"M=16 and N=20"),
@@ -116,6 +130,8 @@ def test_invalid_configs_are_refused():
 
     with pytest.raises(ValueError, match="tile_n must be 128 or 256"):
         _config(tile_n=64)
+    with pytest.raises(ValueError, match="pingpong needs tile_n=128 and ragged_tma=True"):
+        _config(tile_n=128, pingpong=True, ragged_tma=False)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
         _config(stages=5)
     with pytest.raises(ValueError, match="out_dtype must be one of"):
@@ -208,11 +224,10 @@ def _bound(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("ragged_tma", [True, False], ids=list(K_TAILS))
-@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("m,n", [(64, 96), (40, 264), (264, 40), (136, 520), (512, 256)], ids=str)
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
-def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n, ragged_tma):
+def test_wgrad_matches_reference_and_triton(splits, m, n, variant):
     """Every expert's whole (M, N) block is compared (an empty expert's is zeros): fp32 within
     twice the reorder bound of the reference (torch, per expert) and of the Triton twin; bf16
     out is within one bf16 step; out= adds the same sums (within one fp32 step of the add), and
@@ -227,7 +242,7 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n, ragged_tma):
     a = torch.randn(tokens, m, device="cuda").bfloat16()
     b = torch.randn(tokens, n, device="cuda").bfloat16()
     delta = 2 * _bound(a, b) + 1e-30
-    options = dict(tile_n=tile_n, ragged_tma=ragged_tma)
+    options = VARIANTS[variant]
     got = grouped_wgrad(a, b, split_sizes, **options)
     want = grouped_wgrad_ref(a, b, split_sizes)
     twin = triton_grouped_wgrad(a, b, split_sizes)
@@ -254,8 +269,8 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, tile_n, ragged_tma):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("ragged_tma", [True, False], ids=list(K_TAILS))
-def test_wgrad_design_like_problem(ragged_tma):
+@pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-256", "pingpong-128"])
+def test_wgrad_design_like_problem(variant):
     """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
     output modes."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
@@ -268,9 +283,10 @@ def test_wgrad_design_like_problem(ragged_tma):
     b = torch.randn(4096, 2048, device="cuda").bfloat16()
     want = grouped_wgrad_ref(a, b, split_sizes)
     delta = 2 * _bound(a, b)
-    assert bool(((grouped_wgrad(a, b, split_sizes, ragged_tma=ragged_tma) - want).abs() <= delta).all())
+    options = VARIANTS[variant]
+    assert bool(((grouped_wgrad(a, b, split_sizes, **options) - want).abs() <= delta).all())
     main_grad = torch.ones_like(want)
-    grouped_wgrad(a, b, split_sizes, out=main_grad, ragged_tma=ragged_tma)
+    grouped_wgrad(a, b, split_sizes, out=main_grad, **options)
     assert bool(((main_grad - 1 - want).abs() <= delta + 2.0**-23 * (want.abs() + 1)).all())
 
 
@@ -285,11 +301,12 @@ def test_wgrad_is_deterministic_and_syncless():
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = torch.randn(436, 512, device="cuda").bfloat16()
     groups = device_groups(splits, 436)
-    first = grouped_wgrad(a, b, splits, groups=groups)  # compiles
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        second = grouped_wgrad(a, b, splits, groups=groups)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(first, second)
+    for options in (dict(), VARIANTS["pingpong-128"]):
+        first = grouped_wgrad(a, b, splits, groups=groups, **options)  # compiles
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            second = grouped_wgrad(a, b, splits, groups=groups, **options)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(first, second), options

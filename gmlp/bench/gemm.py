@@ -75,7 +75,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
 SM90_FIXED_TILE = [dict()]  # FC1 and FC2 dgrad: one 128 x 128 tile
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
-                      dict(tile_n=256, ragged_tma=False)]
+                      dict(tile_n=256, ragged_tma=False), dict(tile_n=128, ragged_tma=True, pingpong=True)]
 
 
 def _sm90(kernel: str):

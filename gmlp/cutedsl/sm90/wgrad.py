@@ -39,13 +39,18 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 - Epilogue from the accumulator registers, predicated at the M and N tails: a thread's adjacent
   column pair is one 64-bit store (fp32) or 32-bit store (bf16); with ``accumulate`` the fp32 pair
   of ``out`` is loaded, added and stored back (an empty expert's tile is skipped: nothing is
-  added). Not overlapped with the next mainloop (no ping-pong, no smem-staged TMA store yet).
+  added). Without ping-pong it is not overlapped with the next mainloop.
+- Ping-pong (``WgradConfig.pingpong``, BN = 128, the ragged TMA view): the two consumer
+  warpgroups take alternate items, each a whole 128 x 128 tile, their mainloops in turns, each
+  skipping the other's k-steps (its expert's count) in the shared slot ring; the scheme and why
+  the turns are needed are those of ``gmlp.cutedsl.sm90.grouped_gemm``.
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.x, sm_90a), every
 config: 168 registers at launch for BN = 256 (232 for BN = 128; 232 in consumers after
 setmaxnreg), no stack, no spills; HGMMA.64x{BN}x16.F32.BF16 with both transpose bits; 4-D (2-D
-with ``ragged_tma=False``) TMA loads; see tests/test_sm90_wgrad.py. Compiled only: not yet run
-on a GPU (the ``gpu`` tests there are the first thing to run on an H100/H200).
+with ``ragged_tma=False``) TMA loads; see tests/test_sm90_wgrad.py. Verified on the H200
+(the ``gpu`` tests there), except ping-pong, which has only been compiled (168 registers at
+launch, none spilled).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel
+from gmlp.cutedsl.sm90._pipeline import skip_k_tiles
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.groups import DeviceGroups, device_groups
 
@@ -105,10 +111,14 @@ class WgradConfig:
     # K tail: True, TMA zero-fills past the expert's end (the ragged 4-D view); False, the plain
     # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
     ragged_tma: bool = True
+    pingpong: bool = False  # tile_n = 128, ragged_tma: two consumer warpgroups on alternate items
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
+        if self.pingpong and (self.tile_n != 128 or not self.ragged_tma):
+            raise ValueError(f"pingpong needs tile_n=128 and ragged_tma=True (the smem zeroing syncs all consumer "
+                             f"threads), got tile_n={self.tile_n}, ragged_tma={self.ragged_tma}")
         if self.out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
@@ -167,7 +177,8 @@ class GroupedWgradSm90:
         self.add_chunk = _ADD_CHUNK
         self.ragged_tma = config.ragged_tma
         self.consumer_threads = self.num_mma_warpgroups * _THREADS_PER_WARPGROUP
-        self.threads = (1 + self.num_mma_warpgroups) * _THREADS_PER_WARPGROUP
+        self.pingpong = config.pingpong
+        self.threads = (1 + (2 if config.pingpong else self.num_mma_warpgroups)) * _THREADS_PER_WARPGROUP
 
     @cute.jit
     def __call__(
@@ -200,6 +211,7 @@ class GroupedWgradSm90:
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
+            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # ping-pong: whose mainloop is next
             sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a_smem_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_smem_layout)], 1024]
 
@@ -259,6 +271,11 @@ class GroupedWgradSm90:
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )  # initializes the mbarriers and syncs the CTA
+        if const_expr(self.pingpong):  # the mainloops' turns (as in gmlp.cutedsl.sm90.grouped_gemm)
+            order = pipeline.PipelineOrder.create(
+                barrier_storage=storage.order_barriers.data_ptr(), depth=1, length=2,
+                group_id=warpgroup - 1, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                                                 _THREADS_PER_WARPGROUP))
 
         # Work items w = (g * m_tiles + m_tile) * n_tiles + n_tile (see the module doc).
         num_experts, m, n = mOut.shape
@@ -305,9 +322,14 @@ class GroupedWgradSm90:
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
+            # the thread's index in the tiled MMA, which spans the warpgroups of one tile (with
+            # ping-pong each warpgroup's own: both are its warpgroup 1)
+            mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
             mma_tidx = tidx - _THREADS_PER_WARPGROUP
+            if const_expr(self.pingpong):
+                mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
             # A/B smem descriptors are per warpgroup; C fragments are per thread.
-            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * _THREADS_PER_WARPGROUP)
+            thr_mma_wg = tiled_mma.get_slice((mma_warpgroup - 1) * _THREADS_PER_WARPGROUP)
             tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))  # (MMA, MMA_M, MMA_K, stages)
             tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
             thr_mma = tiled_mma.get_slice(mma_tidx)
@@ -320,6 +342,16 @@ class GroupedWgradSm90:
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
             item = bidx
+            item_step = grid
+            if const_expr(self.pingpong):
+                # warpgroup 2 takes this CTA's odd items: skip the slots of the first one
+                item_step = 2 * grid
+                if warpgroup == 2:
+                    skipped = self.k_tiles_of(mRowStart, bidx, tiles_per_expert)
+                    read_state = skip_k_tiles(read_state, skipped)
+                    release_state = skip_k_tiles(release_state, skipped)
+                    item = bidx + grid
+                order_state = order.state.clone()  # carried explicitly through the item loop
             while item < num_items:
                 g = item // tiles_per_expert
                 rest = item - g * tiles_per_expert
@@ -327,6 +359,8 @@ class GroupedWgradSm90:
                 n_tile = rest - m_tile * n_tiles
                 rows = mRowStart[g + 1] - mRowStart[g]
                 k_tiles = (rows + TILE_K - 1) // TILE_K
+                if const_expr(self.pingpong):
+                    order.wait(order_state)
 
                 # Mainloop: zeroed accumulators (an empty expert's tile stays zero); one k-step
                 # of wgmmas in flight, a slot released once the wgmmas that read it completed.
@@ -351,6 +385,13 @@ class GroupedWgradSm90:
                 if k_tiles > 0:
                     mainloop.consumer_release(release_state)
                     release_state.advance()
+                if const_expr(self.pingpong):
+                    # the other warpgroup's mainloop may start; its next item's slots are skipped here
+                    order_state = order.arrive(order_state)
+                    if item + grid < num_items:
+                        skipped = self.k_tiles_of(mRowStart, item + grid, tiles_per_expert)
+                        read_state = skip_k_tiles(read_state, skipped)
+                        release_state = skip_k_tiles(release_state, skipped)
 
                 # Epilogue: tile (m_tile, n_tile) of out[g]; only rows < M and columns < N.
                 # Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of one row (c even;
@@ -392,7 +433,13 @@ class GroupedWgradSm90:
                             pair[0] = acc[2 * i].to(BFloat16)
                             pair[1] = acc[2 * i + 1].to(BFloat16)
                             tCgPairs[i] = pair_bits[0]
-                item += grid
+                item += item_step
+
+    @cute.jit
+    def k_tiles_of(self, mRowStart: cute.Tensor, item: Int32, tiles_per_expert: Int32) -> Int32:
+        """The k-steps of work item ``item``: ceil(m_g / BK) for its expert g."""
+        g = item // tiles_per_expert
+        return (mRowStart[g + 1] - mRowStart[g] + TILE_K - 1) // TILE_K
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +517,7 @@ def grouped_wgrad(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int = 256,
     ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
+    pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (WgradConfig)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -505,7 +553,8 @@ def grouped_wgrad(
             return out.zero_()
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
-        config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma)
+        config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
+                             pingpong=pingpong)
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
         with torch.cuda.device(a.device):
             kernel = _compile(config, None).function
