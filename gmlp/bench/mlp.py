@@ -21,7 +21,9 @@ activation's forward and backward there, gmlp's kernels compile on their first s
 time is reported as ``first_step_s``, outside the medians. Each row gives its forward and
 forward + backward time as a ratio of both baselines of the same run: ``*_ratio_to_eager``
 (``torch-grouped-mm-bf16`` over this side's time) and ``*_ratio_to_compiled_act``
-(``torch-bf16-compiled-act`` over it).
+(``torch-bf16-compiled-act`` over it). ``peak_step_mb`` is the device memory one training step
+allocates at its peak above what was resident before it (parameters, inputs, a kept weight
+cache), gradients included; ``peak_ratio_to_eager`` divides it by the eager baseline's.
 """
 
 from __future__ import annotations
@@ -140,15 +142,29 @@ def training_step(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor
     forward().backward(dy)
 
 
+def step_peak_mb(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor) -> float:
+    """MB a training step allocates at its peak above the memory resident before it (gradients
+    cleared first, so the last step's do not count)."""
+    for leaf in leaves:
+        leaf.grad = None
+    torch.cuda.synchronize()
+    resident = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    training_step(forward, leaves, dy)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - resident) / 2**20
+
+
 def time_side(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor) -> dict[str, float]:
     """A side's median forward and forward + backward device ms, after one untimed first step
-    (compilation included) whose wall time is reported apart as ``first_step_s``."""
+    (compilation included) whose wall time is reported apart as ``first_step_s``, and the peak
+    memory of a step (``step_peak_mb``)."""
     start = time.perf_counter()
     training_step(forward, leaves, dy)
     torch.cuda.synchronize()
     first_step_s = time.perf_counter() - start
     return dict(forward_ms=median_ms(forward), step_ms=median_ms(lambda: training_step(forward, leaves, dy)),
-                first_step_s=first_step_s)
+                first_step_s=first_step_s, peak_step_mb=step_peak_mb(forward, leaves, dy))
 
 
 def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn, device: torch.device) -> list[dict]:
@@ -166,13 +182,14 @@ def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn
             result = results[name] = time_side(forward, leaves, dy)
             print(f"  {shape_name} {routing:>8} {name:>25}: forward {result['forward_ms']:8.3f} ms "
                   f"({useful / result['forward_ms'] / 1e9:6.0f} TFLOP/s), forward+backward {result['step_ms']:8.3f} ms "
-                  f"({3 * useful / result['step_ms'] / 1e9:6.0f} TFLOP/s), first step {result['first_step_s']:6.2f} s",
-                  flush=True)
+                  f"({3 * useful / result['step_ms'] / 1e9:6.0f} TFLOP/s), first step {result['first_step_s']:6.2f} s, "
+                  f"peak {result['peak_step_mb']:8.0f} MB", flush=True)
         for name, result in results.items():
             ratios = {}
             for key, baseline in BASELINES.items():
                 ratios[f"forward_ratio_to_{key}"] = results[baseline]["forward_ms"] / result["forward_ms"]
                 ratios[f"step_ratio_to_{key}"] = results[baseline]["step_ms"] / result["step_ms"]
+            ratios["peak_ratio_to_eager"] = result["peak_step_mb"] / results[EAGER_ACT]["peak_step_mb"]
             rows.append(dict(shape=shape_name, experts=experts, tokens=tokens, hidden=hidden, ffn=ffn, routing=routing,
                              impl=name, **result, forward_tflops=useful / result["forward_ms"] / 1e9,
                              step_tflops=3 * useful / result["step_ms"] / 1e9, **ratios))
