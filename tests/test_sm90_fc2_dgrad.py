@@ -39,13 +39,14 @@ def _config(activation="swiglu", **kwargs):
 
 def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False, bias_grad: bool = False) -> None:
     """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
-    consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (one B tile, K-major or
+    consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with fp32 accumulators (one B tile, K-major or
     N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly shuffles for the dprobs partials (quad)
     and the db1 warp sums, the epilogue's global loads and stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
-    ptx = compiled.ptx
+    ptx, tile_n = compiled.ptx, compiled.config.tile_n
+    pairs = tile_n // 4  # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
-    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
                         r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
     assert len(wgmmas) % 4 == 0, len(wgmmas)
@@ -55,17 +56,17 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
     halves = 2 if compiled.config.activation.gated else 1
-    # dprobs: 2 rows x 2 quad steps; db1: 32 columns x 3 steps per half
-    assert shuffles == (4 if probs else 0) + (96 * halves if bias_grad else 0), shuffles
-    # one pass: each of the thread's 32 pairs of c (gate, and up) loaded once; dh pairs, db1 warp
+    # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half
+    assert shuffles == (4 if probs else 0) + (3 * pairs * halves if bias_grad else 0), shuffles
+    # one pass: each of the thread's pairs of c (gate, and up) loaded once; dh pairs, db1 warp
     # sums and dprobs partials stored as 32-bit words
-    assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == 32 * halves
-    stores = 32 * halves + (32 * halves if bias_grad else 0) + (2 if probs else 0)
+    assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == pairs * halves
+    stores = pairs * halves + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
     assert len(re.findall(r"st\.global\.b32", ptx)) == stores
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:
-        assert "HGMMA.64x128x16.F32.BF16" in code
+        assert f"HGMMA.64x{tile_n}x16.F32.BF16" in code
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
     report = ptxas_report(ptx, "sm_90a")
     if report is not None:
@@ -73,11 +74,11 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
         assert report["registers"] <= 232, report
 
 
-def check_activation_math(ptx: str, activation: Activation, probs: bool) -> None:
+def check_activation_math(ptx: str, activation: Activation, probs: bool, tile_n: int = 128) -> None:
     """The epilogue's transcendental ops are Triton's (ex2.approx.f32, div.full.f32): one sigmoid
-    per element of a thread's 64 da values, shared by act(c) (dprobs, with probs) and act'(c);
-    none for srelu."""
-    expected = 0 if activation.kind is ActivationKind.SRELU else 64
+    per element of a thread's tile_n / 2 da values, shared by act(c) (dprobs, with probs) and
+    act'(c); none for srelu."""
+    expected = 0 if activation.kind is ActivationKind.SRELU else tile_n // 2
     assert len(re.findall(r"ex2\.approx\.f32", ptx)) == expected
     assert len(re.findall(r"div\.full\.f32", ptx)) == expected
     assert "ex2.approx.ftz" not in ptx
@@ -85,16 +86,17 @@ def check_activation_math(ptx: str, activation: Activation, probs: bool) -> None
 
 @pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_design_shapes_compile(shape, activation):
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_design_shapes_compile(shape, activation, tile_n):
     """The layer's FC2 dgrad: w2t the transposed view of the stacked W2 (N-major), fp32 probs,
-    db1."""
+    db1; both tile widths (the db1 sums written over the accumulators: no spills at 256)."""
     from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
 
     experts, tokens, hidden, ffn = shape
-    config = _config(activation, b_k_major=False, probs_dtype=torch.float32, bias_grad=True)
+    config = _config(activation, b_k_major=False, probs_dtype=torch.float32, bias_grad=True, tile_n=tile_n)
     compiled = compile_fc2_dgrad("sm_90a", config, shape=(tokens, hidden, ffn, experts))
     check_fc2_dgrad_ptx(compiled, b_k_major=False, probs=True, bias_grad=True)
-    check_activation_math(compiled.ptx, config.activation, probs=True)
+    check_activation_math(compiled.ptx, config.activation, probs=True, tile_n=tile_n)
 
 
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
@@ -115,9 +117,12 @@ def test_odd_shapes_compile(shape, variant, activation):
 
 
 def test_stage_counts():
-    """A 32 KB slot (dy tile + w2t tile) gets 7 stages."""
+    """A 32 KB slot (dy tile + w2t tile) gets 7 stages; with 256-wide tiles, 48 KB, 4."""
     assert _config("swiglu").num_stages() == 7
     assert _config("srelu", bias_grad=True).num_stages() == 7
+    assert _config("swiglu", tile_n=256).num_stages() == 4
+    with pytest.raises(ValueError, match=r"tile_n must be one of \(128, 256\)"):
+        _config("swiglu", tile_n=64)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 7\]"):
         _config("swiglu", stages=8)
     with pytest.raises(ValueError, match="probs_dtype must be one of"):
@@ -190,7 +195,8 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked-w2t", "transposed-w2"])
-def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_grad, hidden, ffn, splits, transposed):
+def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_grad, hidden, ffn, splits, transposed,
+                                                tile_n=128):
     """Tolerance of tests/test_triton_fc2_dgrad.py (bf16 recipe): delta_dh = H * 2**-24 * max sum_k
     |dy_k w_k| * L with L = 2 max|c| + 2; dh within one bf16 step + delta_dh, dprobs within 2**-20
     + F * delta_dh * L; db1 (fp32 sums of the fp32 dh over an expert's rows, not in the Triton
@@ -215,7 +221,7 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
     c = torch.randn(tokens, n1, device="cuda").bfloat16()
     probs = torch.rand(tokens, device="cuda") if with_probs else None
     kwargs = dict(activation=activation, recipe=None, probs=probs, bias_grad=bias_grad)
-    got = fc2_dgrad(dy, w2t, c, split_sizes, **kwargs)
+    got = fc2_dgrad(dy, w2t, c, split_sizes, tile_n=tile_n, **kwargs)
     want = fc2_dgrad_ref(dy, w2t, c, split_sizes, **kwargs)
     twin = triton_fc2_dgrad(dy, w2t, c, split_sizes, **kwargs)
     magnitude = max((dy.float().abs() @ w2t[g].float().abs().t()).max().item() for g in range(experts))
@@ -243,10 +249,23 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", ["swiglu", "srelu"])
-def test_fc2_dgrad_over_several_bands(activation):
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_fc2_dgrad_over_several_bands(activation, tile_n):
     """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert: the
     per-tile db1 sums are indexed by m-tile, not by work item."""
-    test_fc2_dgrad_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False)
+    test_fc2_dgrad_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False, tile_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("with_probs,bias_grad", [(True, True), (False, False)], ids=["probs-db1", "plain"])
+@pytest.mark.parametrize("hidden,ffn", [(96, 160), (512, 256)], ids=["H96-F160", "H512-F256"])
+@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]], ids=["ragged-with-empty",
+                                                                                               "many-tiny"])
+def test_fc2_dgrad_wide_tiles(activation, with_probs, bias_grad, hidden, ffn, splits):
+    """256-wide tiles (m64n256 wgmmas, partial n-tiles at F = 160): the same bounds."""
+    test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_grad, hidden, ffn, splits, True, 256)
 
 
 @pytest.mark.gpu

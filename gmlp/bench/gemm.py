@@ -73,7 +73,8 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 
 # The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
 SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
-SM90_FIXED_TILE = [dict()]  # FC1 and FC2 dgrad: one 128 x 128 tile
+SM90_FIXED_TILE = [dict()]  # FC1: one 128 x 128 a-tile (256 h columns)
+SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=128), dict(tile_n=256)]
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
                       dict(tile_n=256, ragged_tma=False), dict(tile_n=128, ragged_tma=True, pingpong=True)]
 
@@ -140,7 +141,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                                            activation=SWIGLU, recipe=None, **c),
             flops=2 * t["dy"].shape[0] * hidden * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
-            configs=SM90_FIXED_TILE),
+            configs=SM90_FC2_DGRAD_CONFIGS),
         "fc2_wgrad": _wgrad(t, "dy", "a", 2 * t["dy"].shape[0] * hidden * ffn),
         "fc1_wgrad": _wgrad(t, "dh", "x", 2 * t["dh"].shape[0] * hidden * 2 * ffn),
     }

@@ -12,9 +12,10 @@ fp32 if bias_grad. No host sync; deterministic.
 Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtime values):
 
 - Schedule and mainloop: the grouped GEMM's (``_schedule``, ``_pipeline``): persistent CTAs over
-  work items (128-row expert tile, 128-column tile of da), a TMA producer warp and two consumer
-  warpgroups (64 rows each) issuing bf16 m64n128k16 ``wgmma`` with fp32 accumulators; one B tile
-  (w2t rows [n, n+128), K = H) per k-step, 32 KB slots, 7 stages.
+  work items (128-row expert tile, BN-column tile of da, BN = ``FC2DgradConfig.tile_n``, 128 or
+  256), a TMA producer warp and two consumer warpgroups (64 rows each) issuing bf16 m64n{BN}k16
+  ``wgmma`` with fp32 accumulators; one B tile (w2t rows [n, n+BN), K = H) per k-step: 32 KB
+  slots and 7 stages (BN = 128), 48 KB and 4 (BN = 256).
 - Epilogue from the accumulator registers in one pass, per thread pair of adjacent columns
   (f, f+1) of one row (only rows below the expert's end and columns below F): the gate pair
   c[row, f:f+2] and, gated, the up pair c[row, F+f:F+f+2] are loaded once (2 x b16 each); with
@@ -26,8 +27,10 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   over the 4 threads of its quad (butterfly shuffles) and written to ``dprobs_partial[row,
   n_tile]`` (T, n_tiles) fp32: **deterministic partials**, summed over n_tiles by the launcher in
   a fixed order (as the Triton twin).
-- bias_grad: per-warp column sums of the fp32 dh (the thread's two rows, then butterfly shuffles
-  over the warp's 8 quads: 16 rows) written by lanes 0-3 to ``dh_warp_sums[m_tile * 8 + warp, :]``
+- bias_grad: per-warp column sums of the fp32 dh (the thread's two rows, added as soon as both
+  are computed and written over their da accumulators, so no second register array; then
+  butterfly shuffles over the warp's 8 quads: 16 rows) written by lanes 0-3 to
+  ``dh_warp_sums[m_tile * 8 + warp, :]``
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
   expert's tiles in order (``segment_sum`` over ``tile_start``): deterministic, no atomics.
 
@@ -78,7 +81,7 @@ from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
            "SUPPORTED_ARCHS", "WARPS_PER_TILE"]
 
-TILE_N = 128  # da (and dh gate / up) columns per work item
+TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
@@ -93,8 +96,11 @@ class FC2DgradConfig:
     probs_dtype: torch.dtype | None = None  # None: no probs (and no dprobs)
     bias_grad: bool = False  # per-warp column sums of dh for db1
     stages: int | None = None  # smem pipeline depth; None: as many as fit
+    tile_n: int = 128  # da columns per work item: 128 (m64n128 wgmmas) or 256 (m64n256)
 
     def __post_init__(self):
+        if self.tile_n not in TILE_NS:
+            raise ValueError(f"tile_n must be one of {TILE_NS}, got {self.tile_n}")
         if not isinstance(self.activation, Activation):
             raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
         if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
@@ -102,10 +108,9 @@ class FC2DgradConfig:
         if self.stages is not None and not 2 <= self.stages <= self.max_stages():
             raise ValueError(f"stages must be in [2, {self.max_stages()}], got {self.stages}")
 
-    @staticmethod
-    def stage_bytes() -> int:
+    def stage_bytes(self) -> int:
         """Shared memory of one pipeline slot: a dy tile and a w2t tile, bf16."""
-        return (TILE_M + TILE_N) * TILE_K * 2
+        return (TILE_M + self.tile_n) * TILE_K * 2
 
     def max_stages(self) -> int:
         return SMEM_BYTES // self.stage_bytes()
@@ -130,6 +135,7 @@ class FC2DgradSm90:
         self.stages = config.num_stages()
         self.has_probs = config.probs_dtype is not None
         self.bias_grad = config.bias_grad
+        self.tile_n = config.tile_n
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
 
@@ -149,7 +155,7 @@ class FC2DgradSm90:
         stream,
     ):
         mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (F, H, E)
-        ops = make_mainloop_operands(mDy, mW_nke, TILE_N, self.stages, self.atom_layout_mnk)
+        ops = make_mainloop_operands(mDy, mW_nke, self.tile_n, self.stages, self.atom_layout_mnk)
         a_elements, b_elements = cute.cosize(ops.a_smem_layout), cute.cosize(ops.b_smem_layout)
 
         @cute.struct
@@ -203,10 +209,10 @@ class FC2DgradSm90:
 
         ffn = mW.shape[0]
         num_experts = mTileStart.shape[0] - 1
-        n_tiles = (ffn + TILE_N - 1) // TILE_N
+        n_tiles = (ffn + self.tile_n - 1) // self.tile_n
         num_items = _schedule.num_work_items(mTileStart, n_tiles)
         k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
-        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)  # w2t_g rows n_tile * 128 + [0, 128)
+        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, self.tile_n)  # w2t_g rows n_tile * BN + [0, BN)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
@@ -228,12 +234,12 @@ class FC2DgradSm90:
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
             tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (row, column) of this thread's accumulators: ((2 columns, 2 rows, 16 column groups), 1, 1)
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            fragment = pair_fragment(tCcD.shape)
-            acc = cute.make_rmem_tensor(fragment, Float32)  # da, then d gate (bias_grad)
-            d_up = cute.make_rmem_tensor(fragment, Float32)  # d up (gated, bias_grad)
+            # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
+            # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
+            acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # da, then the db1 sums
             operands = ((acc, tCrBs[0]),)
+            group_sums = cute.make_rmem_tensor((4,), Float32)  # bias_grad: a group's d gate, d up column sums
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
@@ -247,10 +253,10 @@ class FC2DgradSm90:
                 tiled_mma, read_state, release_state = mma_k_tiles(
                     tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
 
-                # Epilogue at rows first_row + [0, 128), columns col0 + [0, 128): only rows <
+                # Epilogue at rows first_row + [0, 128), columns col0 + [0, BN): only rows <
                 # end_row (this expert's) and columns < F are read and written. Accumulators 2i,
                 # 2i+1 are columns f, f+1 of one row (f even; F % 32 == 0: both or neither < F).
-                col0 = n_tile * TILE_N
+                col0 = n_tile * self.tile_n
                 limits = (end_row - first_row, ffn - col0)
                 if const_expr(self.has_probs):
                     for slot in cutlass.range_constexpr(2):
@@ -259,7 +265,7 @@ class FC2DgradSm90:
                         row_dprobs[slot] = Float32(0.0)
                         if row < limits[0]:
                             row_probs[slot] = mProbs[first_row + row].to(Float32)
-                tile = (TILE_M, TILE_N)
+                tile = (TILE_M, self.tile_n)
                 tCgG = cute.recast_tensor(thr_mma.partition_C(
                     cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
                 tCgH = cute.recast_tensor(thr_mma.partition_C(
@@ -270,37 +276,46 @@ class FC2DgradSm90:
                     tCgHU = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
 
-                # one pass over the thread's pairs: c loaded once; with probs, act(c) for the
-                # dprobs partials (of da before the probs scale) shares its sigmoid with act'(c)
-                for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
-                    grad = (acc[2 * i], acc[2 * i + 1])  # read before the bias_grad path reuses acc
+                # one pass over the thread's column groups j (two rows r, r + 8 of a column pair
+                # f, f+1; pair i = 2j + row slot): c loaded once; with probs, act(c) for the
+                # dprobs partials (of da before the probs scale) shares its sigmoid with act'(c).
+                # bias_grad: the group's two rows are added at once and written over its da
+                # (read first): acc[4j + c] = d gate, acc[4j + 2 + c] = d up sums of column c.
+                for j in cutlass.range_constexpr(cute.size(tCcD) // 4):
                     if const_expr(self.bias_grad):
-                        acc[2 * i], acc[2 * i + 1] = Float32(0.0), Float32(0.0)  # masked elements add 0
-                        d_up[2 * i], d_up[2 * i + 1] = Float32(0.0), Float32(0.0)
-                    if cute.elem_less(tCcD[2 * i], limits):
-                        pair_bits[0] = tCgG[i]
-                        gate = (pair[0].to(Float32), pair[1].to(Float32))
-                        up = gate
-                        if const_expr(self.gated):
-                            pair_bits[0] = tCgU[i]
-                            up = (pair[0].to(Float32), pair[1].to(Float32))
-                        if const_expr(self.has_probs):
-                            act0 = activation_forward(self.activation, gate[0], up[0])
-                            act1 = activation_forward(self.activation, gate[1], up[1])
-                            row_dprobs[i % 2] = row_dprobs[i % 2] + (grad[0] * act0 + grad[1] * act1)
-                            p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
-                            grad = (grad[0] * p, grad[1] * p)
-                        d0 = activation_backward(self.activation, gate[0], up[0], grad[0])
-                        d1 = activation_backward(self.activation, gate[1], up[1], grad[1])
-                        pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
-                        tCgH[i] = pair_bits[0]
-                        if const_expr(self.gated):
-                            pair[0], pair[1] = d0[1].to(BFloat16), d1[1].to(BFloat16)
-                            tCgHU[i] = pair_bits[0]
-                        if const_expr(self.bias_grad):
-                            acc[2 * i], acc[2 * i + 1] = d0[0], d1[0]
+                        group_sums.fill(0.0)  # masked elements add 0
+                    for slot in cutlass.range_constexpr(2):
+                        i = 2 * j + slot
+                        if cute.elem_less(tCcD[2 * i], limits):
+                            grad = (acc[2 * i], acc[2 * i + 1])
+                            pair_bits[0] = tCgG[i]
+                            gate = (pair[0].to(Float32), pair[1].to(Float32))
+                            up = gate
                             if const_expr(self.gated):
-                                d_up[2 * i], d_up[2 * i + 1] = d0[1], d1[1]
+                                pair_bits[0] = tCgU[i]
+                                up = (pair[0].to(Float32), pair[1].to(Float32))
+                            if const_expr(self.has_probs):
+                                act0 = activation_forward(self.activation, gate[0], up[0])
+                                act1 = activation_forward(self.activation, gate[1], up[1])
+                                row_dprobs[slot] = row_dprobs[slot] + (grad[0] * act0 + grad[1] * act1)
+                                p = row_probs[slot]
+                                grad = (grad[0] * p, grad[1] * p)
+                            d0 = activation_backward(self.activation, gate[0], up[0], grad[0])
+                            d1 = activation_backward(self.activation, gate[1], up[1], grad[1])
+                            pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
+                            tCgH[i] = pair_bits[0]
+                            if const_expr(self.gated):
+                                pair[0], pair[1] = d0[1].to(BFloat16), d1[1].to(BFloat16)
+                                tCgHU[i] = pair_bits[0]
+                            if const_expr(self.bias_grad):
+                                group_sums[0] = group_sums[0] + d0[0]
+                                group_sums[1] = group_sums[1] + d1[0]
+                                if const_expr(self.gated):
+                                    group_sums[2] = group_sums[2] + d0[1]
+                                    group_sums[3] = group_sums[3] + d1[1]
+                    if const_expr(self.bias_grad):
+                        for k in cutlass.range_constexpr(4):
+                            acc[4 * j + k] = group_sums[k]
 
                 # dprobs partials: the row's 4 threads (lanes 4q + [0, 4)) -> dprobs_partial[row, n_tile]
                 if const_expr(self.has_probs):
@@ -313,18 +328,19 @@ class FC2DgradSm90:
                             mDprobsPartial[first_row + row, n_tile] = total
 
                 # bias_grad: column sums of the warp's 16 rows -> dh_warp_sums[m_tile * 8 + warp]
+                # (the thread's two rows were added above; the warp's 8 quads by shuffles)
                 if const_expr(self.bias_grad):
                     sums_row = m_tile * WARPS_PER_TILE + tile_warp
-                    halves = ((acc, 0), (d_up, ffn)) if const_expr(self.gated) else ((acc, 0),)
+                    halves = ((0, 0), (2, ffn)) if const_expr(self.gated) else ((0, 0),)
                     for h in cutlass.range_constexpr(len(halves)):
-                        values, offset = halves[h]
-                        for group in cutlass.range_constexpr(cute.size(tCcD) // 4):
-                            for c in cutlass.range_constexpr(2):  # pairs 2 group, 2 group + 1: rows r, r + 8
-                                total = values[4 * group + c] + values[4 * group + 2 + c]
+                        index, offset = halves[h]
+                        for j in cutlass.range_constexpr(cute.size(tCcD) // 4):
+                            for c in cutlass.range_constexpr(2):
+                                total = acc[4 * j + index + c]
                                 total = total + cute.arch.shuffle_sync_bfly(total, offset=4)
                                 total = total + cute.arch.shuffle_sync_bfly(total, offset=8)
                                 total = total + cute.arch.shuffle_sync_bfly(total, offset=16)
-                                col = tCcD[4 * group + c][1]
+                                col = tCcD[4 * j + c][1]
                                 if lane < 4 and col < limits[1]:
                                     mWarpSums[sums_row, offset + col0 + col] = total
                 item += grid
@@ -414,7 +430,8 @@ def fc2_dgrad(
     probs: torch.Tensor | None = None,  # (T,) fp32 or bf16
     bias_grad: bool = False,
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
-    tiling=None,  # the Triton launcher's GemmTiling; this kernel's tile is fixed (128 x 128), so unused
+    tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is tile_n)
+    tile_n: int = 128,  # da columns per work item (FC2DgradConfig.tile_n)
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad`` for ``recipe=None`` (dh in bf16, dprobs and db1
@@ -444,13 +461,13 @@ def fc2_dgrad(
     if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
         raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
-                            bias_grad=bias_grad)
+                            bias_grad=bias_grad, tile_n=tile_n)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     device = dy_data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
-    n_tiles = scale_layout.ceil_div(ffn, TILE_N)
+    n_tiles = scale_layout.ceil_div(ffn, tile_n)
     dh = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
     dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
