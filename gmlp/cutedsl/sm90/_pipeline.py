@@ -28,7 +28,8 @@ from cutlass import BFloat16, Float32, Int32
 from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
-           "CONSUMER_REGISTERS", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
+           "CONSUMER_REGISTERS", "StagedConfig", "cta_roles", "slot_tensors", "MainloopOperands",
+           "make_mainloop_operands", "make_mainloop_pipeline", "make_turns",
            "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
 
 TILE_K = 64  # one 128-byte swizzle row of bf16
@@ -38,6 +39,51 @@ SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment
 THREADS_PER_WARPGROUP = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
+
+
+class StagedConfig:
+    """The pipeline-depth rules of a kernel config (a frozen dataclass with a ``stages`` field and
+    a ``stage_bytes()`` of its slot): as many stages as fit in shared memory unless set."""
+
+    def max_stages(self) -> int:
+        return SMEM_BYTES // self.stage_bytes()
+
+    def num_stages(self) -> int:
+        return self.stages if self.stages is not None else self.max_stages()
+
+    def slot_name(self) -> str:
+        """What the slot size depends on, for the error message."""
+        return f"tile_n={self.tile_n}"
+
+    def check_stages(self) -> None:
+        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
+            raise ValueError(f"stages must be in [2, {self.max_stages()}] for {self.slot_name()}, got {self.stages}")
+
+
+@cute.jit
+def cta_roles(tma_atoms: tuple):
+    """(tidx, bidx, grid, warp_idx, warpgroup) of this thread, the last two warp-uniform; warp 0
+    prefetches the TMA descriptors of ``tma_atoms``."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    grid, _, _ = cute.arch.grid_dim()
+    warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+    if warp_idx == 0:
+        for atom in cutlass.range_constexpr(len(tma_atoms)):
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atoms[atom])
+    return tidx, bidx, grid, warp_idx, warpgroup
+
+
+def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
+                 b_tiles_per_slot: int = 1):
+    """(sA, sB, stage_bytes): the staged A and B tiles of ``storage`` (fields ``sA``, ``sB``) and
+    the TMA bytes that fill one slot (its A tile and ``b_tiles_per_slot`` B tiles)."""
+    sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
+    sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+    stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
+                   + b_tiles_per_slot * cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+    return sA, sB, stage_bytes
 
 
 class MainloopOperands:
@@ -100,6 +146,17 @@ def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, s
         tx_count=stage_bytes,
         cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
     )
+
+
+def make_turns(barrier_ptr, warpgroup):
+    """Ping-pong: the two consumer warpgroups' mainloops take turns, in their items' order, through
+    two mbarriers at ``barrier_ptr`` (every thread of a warpgroup arrives; warpgroup 1 goes first).
+    Required for correctness, not only speed: the warpgroups share the slot ring, and a warpgroup
+    waiting on a slot more than one phase ahead of its last fill would take the parity of an older
+    fill as its own. Syncs the CTA."""
+    return pipeline.PipelineOrder.create(
+        barrier_storage=barrier_ptr, depth=1, length=2, group_id=warpgroup - 1,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
 
 
 def a_tiles(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, first_row: Int32):

@@ -58,17 +58,19 @@ from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
-    SMEM_BYTES,
     THREADS_PER_WARPGROUP,
     TILE_K,
+    StagedConfig,
     a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    cta_roles,
     make_mainloop_operands,
     make_mainloop_pipeline,
     mma_k_tiles,
     produce_k_tiles,
+    slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
 from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
@@ -88,7 +90,7 @@ _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 
 
 @dataclass(frozen=True)
-class FC2DgradConfig:
+class FC2DgradConfig(StagedConfig):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     activation: Activation
@@ -105,18 +107,12 @@ class FC2DgradConfig:
             raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
         if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
             raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
-        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
-            raise ValueError(f"stages must be in [2, {self.max_stages()}], got {self.stages}")
+        self.check_stages()
 
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline slot: a dy tile and a w2t tile, bf16."""
         return (TILE_M + self.tile_n) * TILE_K * 2
 
-    def max_stages(self) -> int:
-        return SMEM_BYTES // self.stage_bytes()
-
-    def num_stages(self) -> int:
-        return self.stages if self.stages is not None else self.max_stages()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,21 +185,9 @@ class FC2DgradSm90:
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
     ):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
-
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
-        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-        stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
-                       + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 

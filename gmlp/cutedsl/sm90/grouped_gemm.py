@@ -52,7 +52,6 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
@@ -64,17 +63,20 @@ from gmlp.cutedsl.sm90._pipeline import (
     CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
     ELEMENT_ALIGN as _ELEMENT_ALIGN,
     PRODUCER_REGISTERS as _PRODUCER_REGISTERS,
-    SMEM_BYTES as _SMEM_BYTES,
     THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
     TILE_K,
+    StagedConfig,
     a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    cta_roles,
     make_mainloop_operands,
     make_mainloop_pipeline,
+    make_turns,
     mma_k_tiles,
     produce_k_tiles,
+    slot_tensors,
     skip_k_tiles,
 )
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
@@ -96,7 +98,7 @@ CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (conf
 
 
 @dataclass(frozen=True)
-class KernelConfig:
+class KernelConfig(StagedConfig):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     b_k_major: bool = True  # B_g (N, K) row-major (stacked weights); False: N-major (transposed view)
@@ -112,18 +114,12 @@ class KernelConfig:
             raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), got {self.tile_n}")
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
-        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
-            raise ValueError(f"stages must be in [2, {self.max_stages()}] for tile_n={self.tile_n}, got {self.stages}")
+        self.check_stages()
 
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline slot: an A tile and a B tile of bf16."""
         return (TILE_M + self.tile_n) * TILE_K * 2
 
-    def max_stages(self) -> int:
-        return _SMEM_BYTES // self.stage_bytes()
-
-    def num_stages(self) -> int:
-        return self.stages if self.stages is not None else self.max_stages()
 
 
 class GroupedGemmSm90:
@@ -192,33 +188,15 @@ class GroupedGemmSm90:
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
     ):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warpgroup = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WARPGROUP)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
-
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
-        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-        stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
-                       + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
         # a slot is released by the warpgroups that read it: both halves of a BN = 256 tile, or
         # with ping-pong the one warpgroup whose item it holds
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
                                           self.num_mma_warpgroups, stage_bytes)
         if const_expr(self.pingpong):
-            # The consumers' mainloops take turns, in item order. Needed for correctness, not only
-            # speed: the warpgroups share the slot ring, and a warpgroup waiting on a slot more than
-            # one phase ahead of its last fill would see the phase parity of an older fill as done.
-            order = pipeline.PipelineOrder.create(
-                barrier_storage=storage.order_barriers.data_ptr(), depth=1, length=2,
-                group_id=warpgroup - 1, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                                                 _THREADS_PER_WARPGROUP))
+            order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
 
         # Work items over the m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule).
         num_rows, n = mD.shape

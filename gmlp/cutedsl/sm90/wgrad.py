@@ -69,7 +69,20 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel
-from gmlp.cutedsl.sm90._pipeline import skip_k_tiles
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN as _ALIGN,
+    CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
+    ELEMENT_ALIGN as _ELEMENT_ALIGN,
+    PRODUCER_REGISTERS as _PRODUCER_REGISTERS,
+    THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
+    TILE_K,
+    StagedConfig,
+    cta_roles,
+    make_mainloop_pipeline,
+    make_turns,
+    skip_k_tiles,
+    slot_tensors,
+)
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.groups import DeviceGroups, device_groups
 
@@ -83,14 +96,7 @@ __all__ = [
     "SUPPORTED_ARCHS",
 ]
 
-TILE_M = 128  # output rows (features of A) per tile
-TILE_K = 64  # token rows per k-step
-_ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
-_ELEMENT_ALIGN = _ALIGN // 2  # bf16 elements
-_SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment slack
-_THREADS_PER_WARPGROUP = 128
-_PRODUCER_REGISTERS = 40
-_CONSUMER_REGISTERS = 232
+TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
 # The ragged token mode (see the module docstring): its extent, the extra modes' extent, and the
@@ -101,7 +107,7 @@ _WRAP = 2**64 // _BIG
 
 
 @dataclass(frozen=True)
-class WgradConfig:
+class WgradConfig(StagedConfig):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     out_dtype: torch.dtype = torch.float32  # of a new result (ignored, fp32, with accumulate)
@@ -123,18 +129,12 @@ class WgradConfig:
             raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
-        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
-            raise ValueError(f"stages must be in [2, {self.max_stages()}] for tile_n={self.tile_n}, got {self.stages}")
+        self.check_stages()
 
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline slot: an A tile and a B tile of bf16."""
         return (TILE_M + self.tile_n) * TILE_K * 2
 
-    def max_stages(self) -> int:
-        return _SMEM_BYTES // self.stage_bytes()
-
-    def num_stages(self) -> int:
-        return self.stages if self.stages is not None else self.max_stages()
 
 
 def _ragged_tokens(tensor: cute.Tensor) -> cute.Tensor:
@@ -246,36 +246,15 @@ class GroupedWgradSm90:
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
     ):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warpgroup = cute.arch.make_warp_uniform(tidx // _THREADS_PER_WARPGROUP)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
-
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
-        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # full[s]: armed by the producer with the slot's TMA bytes (zero-filled rows count too);
         # empty[s]: one arrive per consumer warp once its wgmmas reading slot s completed.
-        stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
-                       + cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.pipeline_barriers.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_warpgroups * 4),
-            tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )  # initializes the mbarriers and syncs the CTA
-        if const_expr(self.pingpong):  # the mainloops' turns (as in gmlp.cutedsl.sm90.grouped_gemm)
-            order = pipeline.PipelineOrder.create(
-                barrier_storage=storage.order_barriers.data_ptr(), depth=1, length=2,
-                group_id=warpgroup - 1, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                                                 _THREADS_PER_WARPGROUP))
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, self.num_mma_warpgroups,
+                                          stage_bytes)  # initializes the mbarriers and syncs the CTA
+        if const_expr(self.pingpong):  # the mainloops' turns
+            order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
 
         # Work items w = (g * m_tiles + m_tile) * n_tiles + n_tile (see the module doc).
         num_experts, m, n = mOut.shape
