@@ -54,3 +54,16 @@ def assert_outputs_bitwise_equal(first, second) -> None:
             assert torch.equal(a.scales, b.scales), field.name
         elif a is not None:
             assert torch.equal(a, b), field.name
+
+
+def twice_without_sync(run):
+    """(first, second) results of ``run()``: the first call compiles and may synchronize; the
+    second runs under ``torch.cuda.set_sync_debug_mode("error")``, so any host sync in it fails."""
+    first = run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return first, second

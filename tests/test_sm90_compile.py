@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from tests.backends import twice_without_sync
 from tests.cases import BANDED_SPLITS
 
 _IMPORT_ERROR = import_error()
@@ -281,11 +282,5 @@ def test_grouped_gemm_is_deterministic_and_syncless():
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
     for options in (dict(), dict(tile_n=128, pingpong=True)):
-        first = grouped_gemm(a, b, splits, **options)  # compiles
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            second = grouped_gemm(a, b, splits, **options)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        first, second = twice_without_sync(lambda: grouped_gemm(a, b, splits, **options))
         assert torch.equal(first, second), options

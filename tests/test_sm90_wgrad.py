@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from tests.backends import twice_without_sync
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -302,11 +303,5 @@ def test_wgrad_is_deterministic_and_syncless():
     b = torch.randn(436, 512, device="cuda").bfloat16()
     groups = device_groups(splits, 436)
     for options in (dict(), VARIANTS["pingpong-128"]):
-        first = grouped_wgrad(a, b, splits, groups=groups, **options)  # compiles
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            second = grouped_wgrad(a, b, splits, groups=groups, **options)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        first, second = twice_without_sync(lambda: grouped_wgrad(a, b, splits, groups=groups, **options))
         assert torch.equal(first, second), options
