@@ -13,8 +13,11 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
 Dequantizing on load inside the GEMM's main loop measured 0.4-0.5x as fast as dequantizing once
 (``bench_results/gemm-h200-20261129T223229.json``) and was removed.
 
-TFLOP/s count the useful work (2 x the multiply-adds). Results as JSON; the tilings chosen from
-them live in ``gmlp.triton_ref.tuning``.
+TFLOP/s count the useful work (2 x the multiply-adds). The baseline is timed again right after
+each candidate, and the candidate's ratio is to the mean of the two baseline times around it
+(``baseline_ms``, with ``baseline_spread`` = max / min - 1 of the two): clock drift during the
+run then moves both sides alike, and the spread says how much it moved. Results as JSON; the
+tilings chosen from them live in ``gmlp.triton_ref.tuning``.
 """
 
 from __future__ import annotations
@@ -182,11 +185,16 @@ def main(argv: list[str] | None = None) -> None:
                 tilings = gemm["configs"] if variant == "cutedsl" else dict.fromkeys([defaults[variant], *candidates])
                 for tiling in tilings:
                     ms, error = _time(gemm[variant](tiling))
-                    ratio = base_ms / ms if (ms and base_ms) else None
+                    base_after, _ = _time(gemm["baseline"])  # the baseline again, right after
+                    bracket = [t for t in (base_ms, base_after) if t]
+                    baseline = sum(bracket) / len(bracket) if bracket else None
+                    spread = max(bracket) / min(bracket) - 1 if len(bracket) == 2 else None
+                    ratio = baseline / ms if (ms and baseline) else None
                     rows.append(dict(shape=shape_name, gemm=gemm_name, variant=variant,
                                      tiling=tiling if variant == "cutedsl" else vars(tiling), ms=ms,
                                      tflops=gemm["flops"] / ms / 1e9 if ms else None, ratio_to_torch_bf16=ratio,
-                                     baseline_ms=base_ms, error=error))
+                                     baseline_ms=baseline, baseline_spread=spread, error=error))
+                    base_ms = base_after or base_ms
                     print(f"  {variant:>8} {tiling}: " + (f"{ms:.3f} ms {gemm['flops'] / ms / 1e9:.0f} TFLOP/s, "
                           f"{ratio:.2f} of torch" if ms and ratio else str(error or f'{ms:.3f} ms')), flush=True)
         del operands, gemms
