@@ -59,6 +59,9 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
     return 2 * num_bytes / ms / 1e6
 
 
+PEER_PACKAGES = ("quack-kernels",)  # other kernel packages a bench may time (bench gemm --variants quack)
+
+
 def _commit() -> str:
     if os.environ.get("GMLP_COMMIT"):
         return os.environ["GMLP_COMMIT"]
@@ -77,7 +80,7 @@ def environment() -> dict:
         "multiprocessors": props.multi_processor_count,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        **{name: package_version(name) for name in REPORTED_PACKAGES if name != "torch"},
+        **{name: package_version(name) for name in (*REPORTED_PACKAGES, *PEER_PACKAGES) if name != "torch"},
         "commit": _commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -8,7 +8,11 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
 - ``mxfp8``: the MXFP8 layer's step, the dequantize kernels of its quantized operands timed with
   the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling;
 - ``cutedsl``: the CuTeDSL SM90 kernel (``gmlp.cutedsl.sm90``) on bf16 operands, each of its
-  configurations (an H100/H200 with cutlass-dsl only).
+  configurations (an H100/H200 with cutlass-dsl only);
+- ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
+  beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
+  (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
+  the torch baseline (its fused epilogues are not compared).
 
 Dequantizing on load inside the GEMM's main loop measured 0.4-0.5x as fast as dequantizing once
 (``bench_results/gemm-h200-20261129T223229.json``) and was removed.
@@ -57,6 +61,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
     torch.manual_seed(0)
     split_sizes = split_sizes_for("balanced", experts, tokens, device)
     t = dict(split_sizes=split_sizes, offsets=torch.cumsum(split_sizes, 0, dtype=torch.int32))
+    t["cu_seqlens"] = torch.cat([t["offsets"].new_zeros(1), t["offsets"]])  # (E + 1,): QuACK's varlen bounds
     t["x"] = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
     t["a"] = torch.randn(tokens, ffn, device=device, dtype=torch.bfloat16)
     t["dy"] = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
@@ -82,6 +87,14 @@ SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged
                       dict(tile_n=256, ragged_tma=False), dict(tile_n=128, ragged_tma=True, pingpong=True)]
 
 
+QUACK_CONFIGS = [dict(tuned=False)]  # QuACK's default configuration (its autotuner: tuned=True)
+
+
+def _quack_gemm():
+    """QuACK's GEMM entry point, imported only when the quack variant runs."""
+    return importlib.import_module("quack.gemm_interface").gemm
+
+
 def _sm90(kernel: str):
     """A module of gmlp.cutedsl.sm90, imported only when the cutedsl variant runs (it imports cutlass-dsl)."""
     return importlib.import_module(f"gmlp.cutedsl.sm90.{kernel}")
@@ -96,6 +109,7 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         bf16=lambda c: lambda: run(t[a], t[b], c),
         mxfp8=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
         cutedsl=lambda c: lambda: _sm90("wgrad").grouped_wgrad(t[a], t[b], splits, out_dtype=torch.bfloat16, **c),
+        quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
         configs=SM90_WGRAD_CONFIGS)
 
@@ -112,6 +126,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                                recipe=None, tiling=c),
             mxfp8=lambda c: lambda: fc1_forward(deq(t["x_row"]), deq(t["w1_row"]).view(t["w1"].shape), splits,
                                                 ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, tiling=c),
+            quack=lambda c: lambda: _quack_gemm()(t["x"], t["w1"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             cutedsl=lambda c: lambda: _sm90("fc1").fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn,
                                                              activation=SWIGLU, recipe=None, **c),
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
@@ -122,6 +137,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["a"], t["w2"], splits, **c),
+            quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
             configs=SM90_GEMM_CONFIGS),
@@ -131,6 +147,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["dh_row"]), w1t_view(deq(t["w1_col"]).view(t["w1"].shape)),
                                                  splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, **c),
+            quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
             configs=SM90_GEMM_CONFIGS),
@@ -140,6 +157,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                              recipe=None, tiling=c),
             mxfp8=lambda c: lambda: fc2_dgrad(deq(t["dy_row"]), deq(t["w2_col"]).view(t["w2"].shape).transpose(1, 2),
                                               t["c"], splits, activation=SWIGLU, recipe=recipe, tiling=c),
+            quack=lambda c: lambda: _quack_gemm()(t["dy"], t["w2"], cu_seqlens_m=t["cu_seqlens"], **c),
             cutedsl=lambda c: lambda: _sm90("fc2_dgrad").fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits,
                                                            activation=SWIGLU, recipe=None, **c),
             flops=2 * t["dy"].shape[0] * hidden * ffn,
@@ -165,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
     parser.add_argument("--variants", default="bf16,mxfp8",
                         help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
-                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands")
+                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; quack: QuACK's varlen GEMM")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -182,7 +200,10 @@ def main(argv: list[str] | None = None) -> None:
             candidates, defaults = gemm["tilings"]
             for variant in args.variants.split(","):
                 # the layer's tiling first; the CuTeDSL kernels' default configuration first
-                tilings = gemm["configs"] if variant == "cutedsl" else dict.fromkeys([defaults[variant], *candidates])
+                if variant in ("cutedsl", "quack"):
+                    tilings = gemm["configs"] if variant == "cutedsl" else QUACK_CONFIGS
+                else:
+                    tilings = dict.fromkeys([defaults[variant], *candidates])
                 for tiling in tilings:
                     ms, error = _time(gemm[variant](tiling))
                     base_after, _ = _time(gemm["baseline"])  # the baseline again, right after
@@ -191,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                     spread = max(bracket) / min(bracket) - 1 if len(bracket) == 2 else None
                     ratio = baseline / ms if (ms and baseline) else None
                     rows.append(dict(shape=shape_name, gemm=gemm_name, variant=variant,
-                                     tiling=tiling if variant == "cutedsl" else vars(tiling), ms=ms,
+                                     tiling=tiling if isinstance(tiling, dict) else vars(tiling), ms=ms,
                                      tflops=gemm["flops"] / ms / 1e9 if ms else None, ratio_to_torch_bf16=ratio,
                                      baseline_ms=baseline, baseline_spread=spread, error=error))
                     base_ms = base_after or base_ms
