@@ -156,7 +156,7 @@ def kernel_model(x, split_sizes, *, rowwise, columnwise, swizzle, element_format
                         for b in range(4):
                             if 32 * b < valid:
                                 col_scales[col0 + k, block0 + b] = stage[kernel.stage_offset(k, b, False)]
-                for k in range(width if valid > 0 else 0):  # _store_transposed
+                for k in range(width if valid > 0 else 0):  # store_transposed
                     address = col_base + (col0 + k) * rows + row0  # G
                     d = address % 16
 

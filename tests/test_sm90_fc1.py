@@ -1,7 +1,12 @@
 """The CuTeDSL sm_90a FC1 forward (gmlp.cutedsl.sm90.fc1) compiled without a GPU, with checks on
 its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py), and (marker
 ``gpu``, H100/H200 only) run against the reference and the Triton twin with the tolerances of
-tests/test_triton_fc1.py.
+tests/test_triton_fc1.py (bf16 a) or bit for bit (MXFP8: Q_row(a), Q_col(a) and c).
+
+The MXFP8 epilogue (gmlp.cutedsl.sm90._quantize_epilogue) is also checked on the CPU by a model:
+its shuffle steps and index functions run on a simulated warp (torch), with the spec's block math,
+and the assembled tile must equal the spec's quantization of it (this checks the design and the
+index code the kernel traces; the GPU tests check the kernel).
 
 The kernel is shape-generic (T, H, F, E are runtime values), so the design shapes share the
 compile of their config (about 1 s each, cached); each shape is still checked against the
@@ -17,7 +22,10 @@ import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
-from tests.cases import BANDED_SPLITS
+from gmlp.mxfp8 import ElementFormat, ScaleMode, e8m0_from_amax, nan_ignoring_amax, quantize_multiplier
+from gmlp.recipe import MXFP8Recipe
+from gmlp.quantize_ref import quantize_columnwise_ref, quantize_rowwise_ref
+from tests.cases import BANDED_SPLITS, adversarial_matrix
 from tests.test_sm90_compile import ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -71,11 +79,18 @@ def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True) -> None:
 
 def check_activation_math(ptx: str, activation: Activation) -> None:
     """The epilogue's transcendental ops are Triton's (ex2.approx.f32, div.full.f32: see the
-    Triton FC1 PTX), one of each per element of a thread's 64 a values; none for srelu."""
+    Triton FC1 PTX), one of each per element of a thread's 64 a values; none for srelu. Its fused
+    multiply-adds are those of the Triton FC1 PTX (Triton 3.9, FP fusion on, its default): geglu's
+    two per element (x + c x^3 and 2 s - 1), none elsewhere; geglu's 2 x is one exact mul.rn
+    (LLVM would otherwise fuse x + x into a third fma, which Triton does not: its -2 x is a
+    multiply), so that the MXFP8 bytes can equal Triton's."""
     expected = 0 if activation.kind is ActivationKind.SRELU else 64  # geglu's tanh is 2 sigmoid(2x) - 1
     assert len(re.findall(r"ex2\.approx\.f32", ptx)) == expected
     assert len(re.findall(r"div\.full\.f32", ptx)) == expected
     assert "ex2.approx.ftz" not in ptx
+    geglu = activation.kind is ActivationKind.GEGLU
+    assert len(re.findall(r"\bfma\.rn\.f32", ptx)) == (128 if geglu else 0)
+    assert len(re.findall(r"\bmul\.rn\.f32", ptx)) == (64 if geglu else 0)
 
 
 @pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
@@ -105,10 +120,40 @@ def test_odd_shapes_compile(shape, variant, activation):
     check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
 
 
+def check_quantized_ptx(compiled, *, floor_scales: bool) -> None:
+    """What the MXFP8 epilogue adds (on top of check_fc1_ptx): 64 e4m3 pair conversions a thread
+    (32 column pairs of Q_row, 32 of Q_col) and no e5m2; the scale rule: RCEIL's multiply by
+    fp32(1/448) once per scale a thread computes (2 rowwise, 4 columnwise), FLOOR's exponent
+    without it; nothing flushes subnormals (the multiplier of scale 254 is 2**-127); the shuffles
+    (rowwise 2 x 3, columnwise 28 + 7 butterflies; 4 index shuffles gathering the quad's scales);
+    two 256-thread named barriers; 64 byte stores into the transposed tile, one 16-byte store of
+    the amax keys."""
+    ptx = compiled.ptx
+    assert len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)) == 64
+    assert "e5m2x2" not in ptx and ".ftz" not in ptx
+    reciprocal = len(re.findall(r"mul(\.rn)?\.f32\s+%r\d+, %r\d+, 0f3B124925;", ptx))
+    assert reciprocal == (0 if floor_scales else 6), reciprocal
+    if floor_scales:
+        assert re.search(r"shr\.u32\s+%r\d+, %r\d+, 23;", ptx)
+    assert len(re.findall(r"shfl\.sync\.bfly\.b32", ptx)) == 2 * 3 + 16 + 8 + 4 + 1 + 2 + 4
+    assert len(re.findall(r"shfl\.sync\.idx\.b32", ptx)) >= 4
+    assert len(re.findall(r"bar\.sync\s+1, 256;", ptx)) == 2
+    assert len(re.findall(r"st\.shared\.b8", ptx)) == 64
+    assert len(re.findall(r"st\.shared\.v4\.b32", ptx)) == 1
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) >= 4  # the transposed store's aligned chunks
+
+
 def test_stage_counts():
-    """A 48 KB slot (x tile + gate and up tiles) gets 4 stages; srelu's 32 KB slot 7."""
+    """A 48 KB slot (x tile + gate and up tiles) gets 4 stages; srelu's 32 KB slot 7. The MXFP8
+    epilogue's 20 KB (transposed fp8 tile, amax keys) still leaves 4 (gated), srelu 6."""
     assert _config("swiglu").num_stages() == 4
     assert _config("srelu").num_stages() == 7
+    assert _config("swiglu", quantized=True).num_stages() == 4
+    assert _config("srelu", quantized=True, floor_scales=True).num_stages() == 6
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 6\] for srelu \(quantized\)"):
+        _config("srelu", quantized=True, stages=7)
+    with pytest.raises(ValueError, match="floor_scales needs quantized=True"):
+        _config("swiglu", floor_scales=True)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for swiglu"):
         _config("swiglu", stages=5)
     with pytest.raises(ValueError, match="bias_dtype must be one of"):
@@ -117,6 +162,39 @@ def test_stage_counts():
         from gmlp.cutedsl.sm90.fc1 import FC1Config
 
         FC1Config("swiglu")
+
+
+@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_design_shapes_compile_mxfp8(shape, scale_mode, activation):
+    """The MXFP8 layer's FC1: a written as Q_row(a) and Q_col(a) from the epilogue."""
+    from gmlp.cutedsl.sm90.fc1 import compile_fc1
+
+    experts, tokens, hidden, ffn = shape
+    floor = scale_mode is ScaleMode.FLOOR
+    config = _config(activation, bias_dtype=torch.bfloat16, probs_dtype=torch.float32, quantized=True,
+                     floor_scales=floor)
+    compiled = compile_fc1("sm_90a", config, shape=(tokens, hidden, ffn, experts))
+    check_fc1_ptx(compiled, gated=config.activation.gated)
+    check_activation_math(compiled.ptx, config.activation)
+    check_quantized_ptx(compiled, floor_scales=floor)
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@pytest.mark.parametrize("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1-floor", "two-stages"])
+@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+def test_odd_shapes_compile_mxfp8(shape, variant, activation):
+    from gmlp.cutedsl.sm90.fc1 import compile_fc1
+
+    kwargs = {"plain": {}, "fp32-bias-bf16-probs": dict(bias_dtype=torch.float32, probs_dtype=torch.bfloat16),
+              "n-major-w1-floor": dict(b_k_major=False, probs_dtype=torch.float32, floor_scales=True),
+              "two-stages": dict(stages=2)}[variant]
+    config = _config(activation, quantized=True, **kwargs)
+    compiled = compile_fc1("sm_90a", config, shape=shape)
+    check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
+    check_quantized_ptx(compiled, floor_scales=config.floor_scales)
 
 
 @pytest.mark.parametrize("shape,match", [
@@ -134,7 +212,6 @@ def test_unsupported_shapes_are_refused(shape, match):
 def test_launcher_refuses_bad_operands():
     from gmlp.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
-    from gmlp.recipe import MXFP8Recipe
 
     x, w1 = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 64, dtype=torch.bfloat16)
     splits = torch.tensor([4, 4])
@@ -145,10 +222,159 @@ def test_launcher_refuses_bad_operands():
         fc1_forward(x, w1[:, :, :32], splits, **kwargs)
     with pytest.raises(ValueError, match="H=64 and F=48"):
         fc1_forward(x, torch.zeros(2, 96, 64, dtype=torch.bfloat16), splits, **{**kwargs, "ffn_hidden_size": 48})
-    with pytest.raises(NotImplementedError, match="MXFP8 epilogue"):
-        fc1_forward(x, w1, splits, **{**kwargs, "recipe": MXFP8Recipe()})
+    with pytest.raises(TypeError, match="recipe must be None or a gmlp.MXFP8Recipe"):
+        fc1_forward(x, w1, splits, **{**kwargs, "recipe": "mxfp8"})
+    with pytest.raises(ValueError, match="16-byte aligned CUDA tensors"):  # MXFP8 is taken: the same checks
+        fc1_forward(x, w1, splits, **{**kwargs, "recipe": MXFP8Recipe(ScaleMode.FLOOR)})
     with pytest.raises(ValueError, match=r"w1 \(E, N, K\) must be K-major"):
         fc1_forward(x, torch.zeros(2, 64, 128, dtype=torch.bfloat16)[:, :, ::2], splits, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU model of the MXFP8 epilogue: its shuffle steps and index functions on a simulated warp
+# ---------------------------------------------------------------------------------------------
+
+_THREADS = torch.arange(256)  # the consumer threads
+
+
+class _WarpOps:
+    """gmlp.cutedsl.sm90._quantize_epilogue's warp operations on (256,) int64 tensors holding
+    one value per consumer thread (a shuffle stays within the thread's warp)."""
+
+    @staticmethod
+    def lane_bit(lane, offset):
+        return (lane & offset) != 0
+
+    @staticmethod
+    def select(condition, if_value, else_value):
+        return torch.where(condition, if_value, else_value)
+
+    @staticmethod
+    def shuffle_xor(value, offset):
+        return value[_THREADS ^ offset]
+
+    @staticmethod
+    def maximum(a, b):
+        return torch.maximum(a, b)
+
+
+def _amax_keys(values: torch.Tensor) -> torch.Tensor:
+    """The quantize kernel's fp32 amax keys (_amax_keys): 2 x + 0xFFFFFF mod 2**32, NaN below 0."""
+    bits = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return (bits * 2 + 0xFFFFFF) & 0xFFFFFFFF
+
+
+def _amax_of_keys(keys: torch.Tensor) -> torch.Tensor:
+    return torch.where(keys >= 0xFFFFFF, (keys - 0xFFFFFF) >> 1, 0).to(torch.int32).view(torch.float32)
+
+
+def _cast(values: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
+    from gmlp.mxfp8 import cast_to_element
+
+    return cast_to_element(values * multiplier, ElementFormat.E4M3).view(torch.uint8).to(torch.int64)
+
+
+def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: ScaleMode):
+    """What quantize_tile_both_ways writes for a (128, 128) fp32 tile with (valid rows, valid
+    columns) ``limits``: (row data (128, 128), row scales (128, 4), col scales (128, 4), the
+    transposed tile read back from sQ (128 columns, 128 rows)); -1 where nothing is written."""
+    from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
+
+    lane, warp = _THREADS % 32, _THREADS // 32
+    valid_rows = min(limits[0], 128)
+    coordinates = torch.tensor([[epi._fragment_coordinate(t, v) for v in range(64)] for t in range(256)])
+    rows, cols = coordinates[..., 0], coordinates[..., 1]  # (256, 64)
+    inside = (rows < limits[0]) & (cols < limits[1])
+    values = torch.where(inside, tile[rows, cols], torch.zeros(()))  # the masked values
+    keys = _amax_keys(values)
+    scale = lambda key: e8m0_from_amax(_amax_of_keys(key), ElementFormat.E4M3, scale_mode).to(torch.int64)  # noqa: E731
+    multiplier = lambda e: quantize_multiplier(e)  # noqa: E731
+    v = epi._value
+
+    # Q_row: per row slot, block keys, reduce-scatter over the quad, scale of block lane % 4
+    row_data = torch.full((128, 128), -1, dtype=torch.int64)
+    row_scales = torch.full((128, 4), -1, dtype=torch.int64)
+    slot_scales = []
+    for s in range(2):
+        block_keys = [torch.stack([keys[:, v(s, j, h)] for j in range(4 * b, 4 * b + 4) for h in (0, 1)]).amax(0)
+                      for b in range(4)]
+        (key,) = epi._reduce_scatter(block_keys, lane, epi.row_block_offsets(), _WarpOps)
+        assert all(epi.owned_index(t % 32, epi.row_block_offsets(), 0, 4) == t % 4 for t in range(256))
+        slot_scales.append(scale(key))
+        row = rows[:, v(s, 0, 0)]
+        store = (row < limits[0]) & (32 * (lane % 4) < limits[1])
+        row_scales[row[store], (lane % 4)[store]] = slot_scales[s][store]
+    packed = slot_scales[0] | (slot_scales[1] << 8)
+    quad = [packed[(_THREADS & ~3) | b] for b in range(4)]  # the index shuffles of the quad
+    for s in range(2):
+        for j in range(16):
+            for h in (0, 1):
+                q = _cast(values[:, v(s, j, h)], multiplier((quad[j // 4] >> (8 * s)) & 0xFF))
+                i = v(s, j, h)
+                store = inside[:, i]
+                row_data[rows[store, i], cols[store, i]] = q[store]
+
+    # Q_col: per column its two slots, reduce-scatter over the column's lanes, the other warp's keys
+    column_keys = [torch.maximum(keys[:, v(0, k // 2, k % 2)], keys[:, v(1, k // 2, k % 2)]) for k in range(32)]
+    owned = epi._reduce_scatter(column_keys, lane, epi.column_offsets(), _WarpOps)
+    partner = (warp ^ 1) * 32 + lane  # sKeys[warp ^ 1, lane]
+    scales = [scale(torch.maximum(k, k[partner])) for k in owned]
+    col_scales = torch.full((128, 4), -1, dtype=torch.int64)
+    block = warp // 2
+    for r in range(4):
+        column = epi.owned_column(lane, r)
+        assert torch.equal(column, torch.tensor([cols[t, v(0, epi.owned_index(t % 32, epi.column_offsets(), r, 32) // 2,
+                                                        epi.owned_index(t % 32, epi.column_offsets(), r, 32) % 2)]
+                                                 for t in range(256)]))
+        store = (warp % 2 == 0) & (32 * block < valid_rows) & (column < limits[1])
+        col_scales[column[store], block[store]] = scales[r][store]
+    packed = scales[0] | (scales[1] << 8) | (scales[2] << 16) | (scales[3] << 24)
+    words = epi._all_gather([packed], lane, epi.column_offsets()[::-1], _WarpOps)
+    sq = torch.full((128 * 128,), -1, dtype=torch.int64)
+    for j in range(16):
+        for s in range(2):
+            for h in (0, 1):
+                k = 2 * j + h
+                q = _cast(values[:, v(s, j, h)], multiplier((words[k // 4] >> (8 * (k % 4))) & 0xFF))
+                address = torch.tensor([epi.sq_byte(8 * j + 2 * (t % 4) + h, t // 32, (t % 32) // 4 + 8 * s)
+                                        for t in range(256)])
+                assert bool((sq[address] == -1).all()), "a byte of sQ written twice"
+                sq[address] = q
+                for w in range(8):  # one st.shared.u8 of a warp: lanes sharing a bank share its word
+                    word = address[32 * w : 32 * w + 32] // 4
+                    for bank in range(32):
+                        assert len(set(word[word % 32 == bank].tolist())) <= 1, "bank conflict"
+    assert bool((sq >= 0).all())
+    transposed = torch.tensor([[int(sq[epi.sq_byte(c, r // 16, r % 16)]) for r in range(128)] for c in range(128)])
+    return row_data, row_scales, col_scales, transposed
+
+
+@pytest.mark.parametrize("limits", [(128, 128), (37, 96), (1, 32), (300, 64), (100, 128), (64, 160)],
+                         ids=lambda l: f"rows{l[0]}-cols{l[1]}")
+@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("kind", ["adversarial", "lognormal"])
+def test_epilogue_model_matches_spec(kind, scale_mode, limits):
+    """The epilogue's steps assemble the spec's Q_row and Q_col of the masked tile (zeros outside
+    the limits), write nothing outside them, and the transposed tile reads back through sQ."""
+    torch.manual_seed(0)
+    if kind == "adversarial":  # every special block (NaN, inf, ties, subnormal scales) along rows and columns
+        tile = adversarial_matrix(ElementFormat.E4M3, scale_mode, rows=128)[:, :128].contiguous()
+    else:
+        tile = torch.exp(torch.randn(128, 128) * 3) * torch.sign(torch.randn(128, 128))
+    row_data, row_scales, col_scales, transposed = epilogue_model(tile, limits, scale_mode)
+    rows, cols = min(limits[0], 128), min(limits[1], 128)
+    masked = torch.zeros(128, 128)
+    masked[:rows, :cols] = tile[:rows, :cols]
+    want_data, want_scales = quantize_rowwise_ref(masked, ElementFormat.E4M3, scale_mode)
+    assert torch.equal(row_data[:rows, :cols], want_data.view(torch.uint8)[:rows, :cols].long())
+    assert bool((row_data[rows:] == -1).all()) and bool((row_data[:, cols:] == -1).all())
+    assert torch.equal(row_scales[:rows, : cols // 32], want_scales[:rows, : cols // 32].long())
+    assert bool((row_scales[rows:] == -1).all()) and bool((row_scales[:, cols // 32 :] == -1).all())
+    want_data, want_scales = quantize_columnwise_ref(masked[:rows], None, ElementFormat.E4M3, scale_mode)
+    blocks = want_scales.shape[1]  # ceil(rows / 32)
+    assert torch.equal(transposed[:cols, :rows], want_data.view(torch.uint8)[:cols].long())
+    assert torch.equal(col_scales[:cols, :blocks], want_scales[:cols].long())
+    assert bool((col_scales[cols:] == -1).all()) and bool((col_scales[:, blocks:] == -1).all())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,3 +468,116 @@ def test_fc1_is_deterministic_and_syncless():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(first.c, second.c) and torch.equal(first.a, second.a)
+
+
+# ---------------------------------------------------------------------------------------------
+# On an sm_90 GPU, MXFP8: bit for bit the Triton twin
+# ---------------------------------------------------------------------------------------------
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """Bitwise equality of two tensors of the same shape and dtype (NaNs included), with where."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape, got.dtype, want.dtype)
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
+    differ = (got.contiguous().view(as_int) != want.contiguous().view(as_int)).nonzero()
+    assert differ.numel() == 0, f"{name}: {differ.shape[0]} elements differ, first at {differ[:5].tolist()}"
+
+
+def assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, **kwargs) -> None:
+    """The SM90 kernel and the Triton twin with the same recipe: c, and the data and scale bytes of
+    Q_row(a) and Q_col(a) (all of them: the unused columnwise scale columns are 0 in both)."""
+    from gmlp.cutedsl.sm90.fc1 import fc1_forward
+    from gmlp.quantized import QuantAxis
+    from gmlp.triton_ref.fc1 import fc1_forward as triton_fc1_forward
+
+    got = fc1_forward(x, w1, split_sizes, **kwargs)
+    twin = triton_fc1_forward(x, w1, split_sizes, **kwargs)
+    assert got.a is None and twin.a is None
+    assert_same_bits(got.c, twin.c, "c")
+    for name, mine, theirs, axis in (("Q_row(a)", got.a_rowwise, twin.a_rowwise, QuantAxis.ROWWISE),
+                                     ("Q_col(a)", got.a_columnwise, twin.a_columnwise, QuantAxis.COLUMNWISE)):
+        assert mine.axis is theirs.axis is axis and not mine.swizzled
+        assert mine.element_format is theirs.element_format is ElementFormat.E4M3
+        assert mine.scale_mode is theirs.scale_mode is kwargs["recipe"].scale_mode
+        assert mine.split_sizes is split_sizes
+        assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+        assert_same_bits(mine.data, theirs.data, f"{name} data")
+
+
+def _fc1_operands(splits, hidden, ffn, activation, bias, with_probs, transposed=False):
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens, experts = sum(splits), len(splits)
+    n1 = (2 if activation.gated else 1) * ffn
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    if transposed:  # W1^T stored (E, H, N1), read as the (E, N1, H) view
+        w1 = (torch.randn(experts, hidden, n1, device="cuda") / 8).bfloat16().transpose(1, 2)
+    else:
+        w1 = (torch.randn(experts, n1, hidden, device="cuda") / 8).bfloat16()
+    b1 = (torch.randn(experts, n1, device="cuda") * 0.1).bfloat16() if bias else None
+    probs = torch.rand(tokens, device="cuda") if with_probs else None
+    return x, w1, split_sizes, b1, probs
+
+
+MXFP8_SPLITS = {**SPLITS, "banded": BANDED_SPLITS}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False), (True, False), (False, True)],
+                         ids=["bias-probs", "plain", "bias", "probs"])
+@pytest.mark.parametrize("hidden,ffn", [(64, 96), (512, 256)], ids=["H64-F96", "H512-F256"])
+@pytest.mark.parametrize("splits", list(MXFP8_SPLITS.values()), ids=list(MXFP8_SPLITS))
+def test_fc1_mxfp8_matches_triton_bitwise(activation, scale_mode, bias, with_probs, hidden, ffn, splits):
+    """Both kernels accumulate h in fp32 with the same m64n128k16 wgmma sequence over K (Triton's
+    FC1 tiling for quantized a: 128 x 128 x 64, 8 warps) and run the same fp32 epilogue operations
+    (the module docstring of gmlp.cutedsl.sm90._epilogue_math), then the spec's block math: every
+    byte must agree. If c differs, the accumulation does (not the epilogue)."""
+    activation = activation_from(activation)
+    x, w1, split_sizes, b1, probs = _fc1_operands(splits, hidden, ffn, activation, bias, with_probs)
+    assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, ffn_hidden_size=ffn, activation=activation,
+                                    recipe=MXFP8Recipe(scale_mode), b1=b1, probs=probs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+def test_fc1_mxfp8_transposed_weight_and_special_values(activation, scale_mode):
+    """N-major W1, and x rows that make a NaN, +-inf, huge or zero (probs 0): NaN skipped by the
+    amax and written as 0x7F, saturation, scale bytes 0 and 254, as Triton writes them."""
+    activation = activation_from(activation)
+    x, w1, split_sizes, b1, probs = _fc1_operands([0, 37, 200, 63, 0], 128, 160, activation, True, True,
+                                                  transposed=True)
+    x[3] = float("nan")
+    x[40, :7] = float("inf")
+    x[41] = -float("inf")
+    x[100] = 3.0e38
+    x[150] *= 1e-30
+    probs[200:232] = 0.0  # an all-zero columnwise block
+    probs[250] = float("inf")
+    assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, ffn_hidden_size=160, activation=activation,
+                                    recipe=MXFP8Recipe(scale_mode), b1=b1, probs=probs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_fc1_mxfp8_is_deterministic_and_syncless():
+    from gmlp.activations import SWIGLU
+    from gmlp.cutedsl.sm90.fc1 import fc1_forward
+
+    x, w1, split_sizes, _, probs = _fc1_operands([0, 300, 7, 129], 256, 256, SWIGLU, False, True)
+    kwargs = dict(ffn_hidden_size=256, activation=SWIGLU, recipe=MXFP8Recipe(), probs=probs)
+    first = fc1_forward(x, w1, split_sizes, **kwargs)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = fc1_forward(x, w1, split_sizes, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_same_bits(first.c, second.c, "c")
+    for a, b in ((first.a_rowwise, second.a_rowwise), (first.a_columnwise, second.a_columnwise)):
+        assert_same_bits(a.data, b.data, "data")
+        assert_same_bits(a.scales, b.scales, "scales")

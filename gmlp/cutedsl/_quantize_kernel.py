@@ -543,7 +543,7 @@ class QuantizeMXFP8Kernel:
                         for bb in cutlass.range_constexpr(TILE_ROWS // BLOCK):
                             if bb * BLOCK < valid_rows:
                                 mColScale[col0 + k, block0 + bb] = sColScale[stage_offset(k, bb, False)]
-            self._store_transposed(sQ, mColData, tid, col0, row0, valid_rows, num_cols)
+            store_transposed(sQ, mColData, tid, col0, row0, valid_rows, num_cols)
 
     # -----------------------------------------------------------------------------------------
 
@@ -590,62 +590,70 @@ class QuantizeMXFP8Kernel:
         dst16 = cute.zipped_divide(cute.recast_tensor(dst, Uint32), (4,))
         cute.autovec_copy(src16[None, src_chunk], dst16[None, dst_chunk])
 
-    @cute.jit
-    def _store_transposed(self, sQ, mColData, tid, col0, row0, valid_rows, num_cols):
-        """sQ rows -> mColData[col0 + k, row0 : row0 + valid_rows] for the tile's K rows.
 
-        Chunk q (0..8) of K row k covers the 16 aligned global bytes [G - d + 16q, +16), G the
-        row's first byte, d = G % 16: tile bytes start = 16q - d .. start + 15, the tail of
-        logical chunk q - 1 and the head of chunk q (just chunk q when d == 0). Passes 0..3 write
-        chunks 0..7 of 32 rows each (8 lanes per row: 128 contiguous bytes per row); the last pass
-        writes chunk 8, which has bytes only when d > 0.
-        """
-        sQc = cute.zipped_divide(sQ, (4,))
-        rLo = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        rHi = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        rOut = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        # First byte of K row (tid // 8) of the tile; a pass moves 32 K rows down.
-        first_row_addr = _elem_address(mColData, col0 + tid // CHUNKS, row0)
-        pass_stride = Int64(ROWS_PER_STORE_PASS) * mColData.stride[0]
-        for it in cutlass.range_constexpr(TILE_COLS // ROWS_PER_STORE_PASS + 1):
+# ---------------------------------------------------------------------------------------------
+# The transposed store (module level: the SM90 GEMM epilogues reuse it)
+# ---------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def store_transposed(sQ, mColData, tid, col0, row0, valid_rows, num_cols):
+    """sQ rows -> mColData[col0 + k, row0 : row0 + valid_rows] for the tile's K rows (256 threads,
+    tid 0..255; K rows k with col0 + k >= num_cols are skipped). Also the store of the SM90
+    GEMM epilogues' columnwise data (``gmlp.cutedsl.sm90._quantize_epilogue``).
+
+    Chunk q (0..8) of K row k covers the 16 aligned global bytes [G - d + 16q, +16), G the
+    row's first byte, d = G % 16: tile bytes start = 16q - d .. start + 15, the tail of
+    logical chunk q - 1 and the head of chunk q (just chunk q when d == 0). Passes 0..3 write
+    chunks 0..7 of 32 rows each (8 lanes per row: 128 contiguous bytes per row); the last pass
+    writes chunk 8, which has bytes only when d > 0.
+    """
+    sQc = cute.zipped_divide(sQ, (4,))
+    rLo = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    rHi = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    rOut = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    # First byte of K row (tid // 8) of the tile; a pass moves 32 K rows down.
+    first_row_addr = _elem_address(mColData, col0 + tid // CHUNKS, row0)
+    pass_stride = Int64(ROWS_PER_STORE_PASS) * mColData.stride[0]
+    for it in cutlass.range_constexpr(TILE_COLS // ROWS_PER_STORE_PASS + 1):
+        if const_expr(it < TILE_COLS // ROWS_PER_STORE_PASS):
+            k = tid // CHUNKS + it * ROWS_PER_STORE_PASS
+            q = tid % CHUNKS
+            active = Boolean(True)
+        else:
+            k = tid
+            q = Int32(CHUNKS)
+            active = tid < TILE_COLS
+        if active and col0 + k < num_cols and valid_rows > 0:
             if const_expr(it < TILE_COLS // ROWS_PER_STORE_PASS):
-                k = tid // CHUNKS + it * ROWS_PER_STORE_PASS
-                q = tid % CHUNKS
-                active = Boolean(True)
+                row_addr = first_row_addr + Int64(it) * pass_stride  # G
             else:
-                k = tid
-                q = Int32(CHUNKS)
-                active = tid < TILE_COLS
-            if active and col0 + k < num_cols and valid_rows > 0:
-                if const_expr(it < TILE_COLS // ROWS_PER_STORE_PASS):
-                    row_addr = first_row_addr + Int64(it) * pass_stride  # G
+                row_addr = _elem_address(mColData, col0 + k, row0)
+            d = Int32(row_addr & Int64(15))
+            start = q * 16 - d
+            if start < valid_rows:  # else the chunk holds no byte of the tile
+                rLo.fill(0)
+                rHi.fill(0)
+                if q < CHUNKS:
+                    cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q)], rHi)
+                if d == 0:
+                    for w in cutlass.range_constexpr(4):
+                        rOut[w] = rHi[w]
                 else:
-                    row_addr = _elem_address(mColData, col0 + k, row0)
-                d = Int32(row_addr & Int64(15))
-                start = q * 16 - d
-                if start < valid_rows:  # else the chunk holds no byte of the tile
-                    rLo.fill(0)
-                    rHi.fill(0)
-                    if q < CHUNKS:
-                        cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q)], rHi)
-                    if d == 0:
-                        for w in cutlass.range_constexpr(4):
-                            rOut[w] = rHi[w]
-                    else:
-                        if q > 0:
-                            cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q - 1)], rLo)
-                        out = _funnel([rLo[w] for w in range(4)], [rHi[w] for w in range(4)], d)
-                        for w in cutlass.range_constexpr(4):
-                            rOut[w] = out[w]
-                    if start >= 0 and start + 16 <= valid_rows:
-                        chunk_addr = row_addr - Int64(d) + Int64(q * 16)  # 16-byte aligned
-                        dst = cute.make_tensor(
-                            cute.make_ptr(Uint32, chunk_addr, cute.AddressSpace.gmem, assumed_align=16),
-                            cute.make_layout(4),
-                        )
-                        cute.autovec_copy(rOut, dst)
-                    else:  # a partial head or tail chunk
-                        for i in cutlass.range_constexpr(16):
-                            if start + i >= 0 and start + i < valid_rows:
-                                byte = (rOut[i // 4] >> (8 * (i % 4))) & Uint32(0xFF)
-                                mColData[col0 + k, row0 + start + i] = Uint8(byte)
+                    if q > 0:
+                        cute.autovec_copy(sQc[None, k * CHUNKS + sq_position(k, q - 1)], rLo)
+                    out = _funnel([rLo[w] for w in range(4)], [rHi[w] for w in range(4)], d)
+                    for w in cutlass.range_constexpr(4):
+                        rOut[w] = out[w]
+                if start >= 0 and start + 16 <= valid_rows:
+                    chunk_addr = row_addr - Int64(d) + Int64(q * 16)  # 16-byte aligned
+                    dst = cute.make_tensor(
+                        cute.make_ptr(Uint32, chunk_addr, cute.AddressSpace.gmem, assumed_align=16),
+                        cute.make_layout(4),
+                    )
+                    cute.autovec_copy(rOut, dst)
+                else:  # a partial head or tail chunk
+                    for i in cutlass.range_constexpr(16):
+                        if start + i >= 0 and start + i < valid_rows:
+                            byte = (rOut[i // 4] >> (8 * (i % 4))) & Uint32(0xFF)
+                            mColData[col0 + k, row0 + start + i] = Uint8(byte)

@@ -4,7 +4,8 @@ rows given by device prefix sums (issue 12). Importing a kernel module imports c
 Each kernel is the twin of a Triton launcher (same arguments and outputs):
 
 - ``grouped_gemm``: ``A @ B_g^T (+ bias)`` per expert (FC2 forward, FC1 dgrad), bf16 out;
-- ``fc1``: FC1 + bias + activation + probs, c and a in bf16 (the MXFP8 epilogue is not written);
+- ``fc1``: FC1 + bias + activation + probs, c in bf16 and a in bf16 or (MXFP8) quantized both ways
+  (Q_row(a), Q_col(a), bit for bit the Triton kernel's; not yet dispatched: it has not run on a GPU);
 - ``fc2_dgrad``: FC2 dgrad + activation backward + deterministic dprobs and db1 partials, dh in
   bf16 (the MXFP8 epilogue is not written);
 - ``wgrad``: ``dW_g = A_g^T @ B_g`` over each expert's rows (a ragged K), stored or added into
@@ -13,8 +14,10 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
 Shared machinery: ``_schedule`` (persistent work items over experts, found on the device),
 ``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
 ``_compile`` (ahead-of-time compilation without a GPU, for the tests), ``_epilogue_math`` (the
-activations forward and backward in the Triton epilogues' fp32 operation order). ``support``
-says what each kernel runs at each GEMM site of the layer and gives the dispatcher the
-launchers (imported lazily: this package imports without cutlass-dsl). Verified on the H200
-against the oracle and the Triton twins; the dispatcher takes them on capability 9.0.
+activations forward and backward in the Triton epilogues' fp32 operation order),
+``_quantize_epilogue`` (MXFP8 Q_row and Q_col of a 128 x 128 accumulator tile with the quantize
+kernel's block math and transposed store). ``support`` says what each kernel runs at each GEMM
+site of the layer and gives the dispatcher the launchers (imported lazily: this package imports
+without cutlass-dsl). Verified on the H200 against the oracle and the Triton twins (the MXFP8
+FC1 epilogue not yet: compiled only); the dispatcher takes them on capability 9.0.
 """

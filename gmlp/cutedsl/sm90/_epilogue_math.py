@@ -1,7 +1,13 @@
 """The fp32 epilogue math of the SM90 kernels, written once: each activation forward and
 backward in the operation order of ``gmlp.triton_ref._activations`` (the formulas of
 ``gmlp.activations``), with Triton's lowering of exp and division, so that the CuTeDSL and
-Triton epilogues can be compared tightly; and the accumulator fragment the epilogues index."""
+Triton epilogues can be compared tightly; and the accumulator fragment the epilogues index.
+
+The forward is bitwise Triton's: the expression trees of FC1's ``a`` in the two PTX (Triton 3.9,
+FP fusion on, its default; sm_90a) have the same operations on the same operands, fma where
+Triton has fma (geglu's x + c x^3 and 2 s - 1), up to exact sign moves (Triton's -(2x) log2 e
+and -(alpha x) log2 e are our (2x)(-log2 e) and (alpha x)(-log2 e)). That is what lets the
+MXFP8 epilogue's bytes equal Triton's; ``_double`` keeps LLVM from fusing one more fma."""
 
 from __future__ import annotations
 
@@ -41,6 +47,13 @@ def sigmoid(z):
     return ptx_f32("div.full.f32", Float32(1.0), 1.0 + ptx_f32("ex2.approx.f32", z * -_LOG2_E))
 
 
+def _double(x):
+    """2 x as one mul.rn.f32 (exact), opaque to LLVM: written as ``2.0 * x``, LLVM rewrites it as
+    x + x and contracts that with the multiply defining x into an fma (a rounding Triton does not
+    do: it computes -2 x by a multiply, exact too), so geglu's values would differ from Triton's."""
+    return ptx_f32("mul.rn.f32", x, Float32(2.0))
+
+
 def activation_forward(activation: Activation, gate, up):
     """act in fp32 of one element: gated kinds of (gate, up); srelu of gate (h), up unused. Same
     operation order as gmlp.triton_ref._activations."""
@@ -49,7 +62,7 @@ def activation_forward(activation: Activation, gate, up):
         return gate * sigmoid(gate) * up
     if kind is ActivationKind.GEGLU:
         inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
-        tanh = 2.0 * sigmoid(2.0 * inner) - 1.0
+        tanh = 2.0 * sigmoid(_double(inner)) - 1.0
         return 0.5 * gate * (1.0 + tanh) * up
     if kind is ActivationKind.QGEGLU:
         limit = activation.limit
@@ -74,7 +87,7 @@ def activation_backward(activation: Activation, gate, up, grad):
         return grad * up * s * (1.0 + gate * (1.0 - s)), grad * gate * s
     if kind is ActivationKind.GEGLU:
         inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
-        tanh = 2.0 * sigmoid(2.0 * inner) - 1.0
+        tanh = 2.0 * sigmoid(_double(inner)) - 1.0  # as activation_forward's (shared by CSE)
         d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * gate * gate)
         d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh * tanh) * d_inner
         return grad * up * d_gelu, grad * 0.5 * gate * (1.0 + tanh)

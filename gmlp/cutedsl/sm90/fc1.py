@@ -1,11 +1,15 @@
 """CuTeDSL sm_90a FC1 forward: grouped GEMM ``h = x @ W1_g^T (+ b1_g)`` with the fused epilogue
-``c = bf16(h)``, ``a = act(h) * probs`` (bf16).
+``c = bf16(h)``, ``a = act(h) * probs``: bf16, or (MXFP8 recipe) quantized both ways, Q_row(a) and
+Q_col(a), from the same registers.
 
 Twin of ``gmlp.triton_ref.fc1.fc1_forward`` (same arguments and outputs, same fp32 epilogue
 formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.activations``). Operands: x (T, H) bf16
 row-major with rows grouped by expert; W1 (E, N1, H) bf16 with N1 = 2F ([gate; up] rows) for the
 gated activations and F for srelu, K-major (stacked weights) or N-major (a transposed view);
-optional b1 (E, N1) bf16/fp32 and probs (T,) fp32/bf16. Outputs: c (T, N1) bf16, a (T, F) bf16.
+optional b1 (E, N1) bf16/fp32 and probs (T,) fp32/bf16. Outputs: c (T, N1) bf16; a (T, F) bf16,
+or with an ``MXFP8Recipe`` Q_row(a) (T, F) e4m3 + compact scales (T, F/32) and Q_col(a) (F, T)
+e4m3 + compact grouped scales (F, (T + 31 E) // 32) (each expert's tokens in their own 32-row
+blocks from its first row, the unused columns 0), bit for bit the Triton kernel's.
 Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` (``gmlp.groups.device_groups``; no
 host sync, any sizes, 0 too).
 
@@ -22,15 +26,30 @@ Kernel design (one compiled kernel per ``FC1Config``; T, H, F, E are runtime val
   the gate and up values of one (row, column) sit in the same thread at the same accumulator
   index, and W1 is read in place in its stored [gate; up] order (no interleaved copy). srelu: one
   B tile, one accumulator.
-- Slot: A 16 KB + 2 x 16 KB (gated) -> 4 stages; 32 KB (srelu) -> 7 stages.
+- Slot: A 16 KB + 2 x 16 KB (gated) -> 4 stages; 32 KB (srelu) -> 7 stages. The MXFP8 epilogue
+  takes 20 KB more (below): gated still 4 stages, srelu 6 (one fewer).
 - Epilogue, from the accumulator registers, per thread pair of adjacent columns (c, c+1) of one
   row: + b1 (fp32), c = bf16 pairs of gate and up (two 32-bit stores), act in fp32 (exp as
   ``ex2.approx.f32(z * -log2 e)`` and ``1 / x`` as ``div.full.f32``, Triton's lowering of the
-  same formulas), times probs[row] (loaded once per item for the thread's rows), a = bf16 pair
-  (one 32-bit store). Only rows below the expert's end and columns below F are written.
-
-The MXFP8 epilogue (a as Q_row/Q_col with compact scales) is not written yet: ``recipe`` must be
-None.
+  same formulas; the same fp32 operations as Triton's PTX, ``_epilogue_math``), times probs[row]
+  (loaded once per item for the thread's rows). bf16: a = bf16 pair (one 32-bit store). Only
+  rows below the expert's end and columns below F are written.
+- MXFP8 epilogue (``_quantize_epilogue.quantize_tile_both_ways``, E4M3, RCEIL or FLOOR): the
+  fp32 a values (no bf16 rounding: Triton quantizes its fp32 registers too) overwrite the gate
+  accumulator; rows past the expert's end and columns past F count as zeros. Q_row: a row's
+  32-column block is 8 values in each lane of a quad: in-thread key max, a quad reduce-scatter
+  (one scale per lane and row), the quad's scale bytes gathered back; fp8 column pairs stored as
+  16-bit words (the bf16 a's store pattern), the scale bytes by the lane owning the block. Q_col:
+  a 32-row block spans two warps: per column the thread's 2 rows, a reduce-scatter over the
+  column's 8 lanes (28 shuffles: each lane keeps 4 columns), the warp's 16-row keys through
+  4 KB of smem (named barrier of the 256 consumer threads), the scale bytes of the lane's 4
+  columns (the even warp stores them, at block ``block_start[g] + 4 * local + warp // 2``),
+  gathered back over the 8 lanes (7 shuffles), then every value is quantized into a 16 KB smem
+  fp8 tile in the transposed orientation (64 byte stores a thread, bank-conflict free), and after
+  a second barrier the 256 threads write it with the quantize kernel's 16-byte aligned funnel
+  store (expert rows start anywhere in the (F, T) output). Registers: ptxas reports no spills
+  (the consumer warpgroups run at 232 after ``setmaxnreg``; a thread holds the 64 a values, 32
+  column keys and the gathered scale words).
 """
 
 from __future__ import annotations
@@ -42,13 +61,15 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.cutedsl.sm90 import _schedule
 from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
+from gmlp.cutedsl.sm90 import _quantize_epilogue
+from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
@@ -69,7 +90,8 @@ from gmlp.cutedsl.sm90._pipeline import (
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC1Output
-from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 
@@ -77,6 +99,8 @@ __all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1
 
 TILE_N = 128  # a columns per work item (gated: 2 x 128 h columns)
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
+_EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
+A_FORMAT = ElementFormat.E4M3  # MXFP8: a is quantized in E4M3 (the recipe's activation format)
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 
 
@@ -89,16 +113,21 @@ class FC1Config:
     bias_dtype: torch.dtype | None = None  # None: no b1
     probs_dtype: torch.dtype | None = None  # None: no probs
     stages: int | None = None  # smem pipeline depth; None: as many as fit
+    quantized: bool = False  # MXFP8: a written as Q_row(a) and Q_col(a) (E4M3, compact scales), not bf16
+    floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
 
     def __post_init__(self):
         if not isinstance(self.activation, Activation):
             raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
+        if self.floor_scales and not self.quantized:
+            raise ValueError("floor_scales needs quantized=True (a bf16 a has no scales)")
         for name in ("bias_dtype", "probs_dtype"):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in _FLOAT_DTYPES:
                 raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
         if self.stages is not None and not 2 <= self.stages <= self.max_stages():
-            raise ValueError(f"stages must be in [2, {self.max_stages()}] for {self.activation.name}, got {self.stages}")
+            raise ValueError(f"stages must be in [2, {self.max_stages()}] for {self.activation.name}"
+                             f"{' (quantized)' if self.quantized else ''}, got {self.stages}")
 
     @property
     def b_tiles(self) -> int:
@@ -109,8 +138,13 @@ class FC1Config:
         """Shared memory of one pipeline slot: an A tile and the B tiles, bf16."""
         return (TILE_M + self.b_tiles * TILE_N) * TILE_K * 2
 
+    def epilogue_bytes(self) -> int:
+        """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
+        (20 KB), none for bf16."""
+        return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
+
     def max_stages(self) -> int:
-        return SMEM_BYTES // self.stage_bytes()
+        return (SMEM_BYTES - self.epilogue_bytes()) // self.stage_bytes()
 
     def num_stages(self) -> int:
         return self.stages if self.stages is not None else self.max_stages()
@@ -133,6 +167,8 @@ class FC1ForwardSm90:
         self.stages = config.num_stages()
         self.has_bias = config.bias_dtype is not None
         self.has_probs = config.probs_dtype is not None
+        self.quantized = config.quantized
+        self.floor_scales = config.floor_scales
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
 
@@ -145,8 +181,13 @@ class FC1ForwardSm90:
         mProbs: cute.Tensor | None,  # (T,) fp32/bf16
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
         mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mBlockStart: cute.Tensor | None,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 32) (quantized)
         mC: cute.Tensor,  # (T, N1) bf16, row-major
-        mAct: cute.Tensor,  # (T, F) bf16, row-major
+        mAct: cute.Tensor | None,  # (T, F) bf16, row-major (bf16 a)
+        mRowData: cute.Tensor | None,  # (T, F) uint8: Q_row(a)'s e4m3 bytes (quantized)
+        mRowScale: cute.Tensor | None,  # (T, F / 32) uint8: its compact scales
+        mColData: cute.Tensor | None,  # (F, T) uint8: Q_col(a)'s e4m3 bytes, transposed
+        mColScale: cute.Tensor | None,  # (F, n_blocks) uint8: its compact grouped scales
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
@@ -168,9 +209,32 @@ class FC1ForwardSm90:
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # gate
             sU: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # up
 
-        self.shared_storage = GatedSharedStorage if self.gated else SharedStorage
+        # the quantizing epilogue's transposed fp8 tile and 16-row amax keys (_quantize_epilogue)
+        @cute.struct
+        class QuantizedSharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
+            sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
+
+        @cute.struct
+        class GatedQuantizedSharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
+            sU: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
+            sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
+
+        self.shared_storage = {(False, False): SharedStorage, (True, False): GatedSharedStorage,
+                               (False, True): QuantizedSharedStorage,
+                               (True, True): GatedQuantizedSharedStorage}[(self.gated, self.quantized)]
+        if const_expr(self.quantized):
+            check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         self.kernel(
-            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart, mC, mAct,
+            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart, mBlockStart,
+            mC, mAct, mRowData, mRowScale, mColData, mColScale,
             ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
@@ -186,8 +250,13 @@ class FC1ForwardSm90:
         mProbs: cute.Tensor | None,
         mRowStart: cute.Tensor,
         mTileStart: cute.Tensor,
+        mBlockStart: cute.Tensor | None,
         mC: cute.Tensor,
-        mAct: cute.Tensor,
+        mAct: cute.Tensor | None,
+        mRowData: cute.Tensor | None,
+        mRowScale: cute.Tensor | None,
+        mColData: cute.Tensor | None,
+        mColScale: cute.Tensor | None,
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
@@ -210,7 +279,7 @@ class FC1ForwardSm90:
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 
-        num_rows, ffn = mAct.shape
+        ffn = mRowData.shape[1] if const_expr(self.quantized) else mAct.shape[1]
         num_experts = mTileStart.shape[0] - 1
         n_tiles = (ffn + TILE_N - 1) // TILE_N
         num_items = _schedule.num_work_items(mTileStart, n_tiles)
@@ -252,6 +321,9 @@ class FC1ForwardSm90:
             acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h)
             acc_up = cute.make_rmem_tensor(fragment, Float32)
             operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
+            if const_expr(self.quantized):
+                smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
+                          storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
@@ -260,7 +332,7 @@ class FC1ForwardSm90:
 
             item = bidx
             while item < num_items:
-                g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+                g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 tiled_mma, read_state, release_state = mma_k_tiles(
                     tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
 
@@ -278,8 +350,9 @@ class FC1ForwardSm90:
                 tile = (TILE_M, TILE_N)
                 gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
                 tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)
-                gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
-                tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
+                if const_expr(not self.quantized):
+                    gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
+                    tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
                 if const_expr(self.gated):
                     gU = cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))
                     tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
@@ -302,8 +375,17 @@ class FC1ForwardSm90:
                         if const_expr(self.has_probs):
                             p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
                             act = (act[0] * p, act[1] * p)
-                        pair[0], pair[1] = act[0].to(BFloat16), act[1].to(BFloat16)
-                        tCgA[i] = pair_bits[0]
+                        if const_expr(self.quantized):  # the fp32 a, quantized below (as Triton: no bf16 step)
+                            acc[2 * i], acc[2 * i + 1] = act[0], act[1]
+                        else:
+                            pair[0], pair[1] = act[0].to(BFloat16), act[1].to(BFloat16)
+                            tCgA[i] = pair_bits[0]
+                if const_expr(self.quantized):
+                    # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
+                    col_block0 = mBlockStart[g] + (m_tile - mTileStart[g]) * (TILE_M // BLOCK_SIZE)
+                    quantize_tile_both_ways(
+                        acc, tCcD, thr_mma, mma_tidx, (mRowData, mRowScale, mColData, mColScale), smem_q,
+                        first_row, col0, limits, col_block0, False, self.floor_scales, _EPILOGUE_BARRIER)
                 item += grid
 
 
@@ -331,8 +413,17 @@ def _fake_arguments(config: FC1Config) -> tuple:
     row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    a = make_fake_tensor(BFloat16, (rows, ffn), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    return (x, w, bias, probs, row_start, tile_start, c, a, Int32(1), fake_stream())
+    block_start = a = row_data = row_scale = col_data = col_scale = None
+    if config.quantized:  # fp8 and scale bytes as uint8; a (F, T) transposed: T any (1-byte aligned rows)
+        block_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+        row_data = make_fake_tensor(Uint8, (rows, ffn), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
+        row_scale = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+        col_data = make_fake_tensor(Uint8, (ffn, rows), stride=(sym_stride(1), 1), assumed_align=ALIGN)
+        col_scale = make_fake_tensor(Uint8, (ffn, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+    else:
+        a = make_fake_tensor(BFloat16, (rows, ffn), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    return (x, w, bias, probs, row_start, tile_start, block_start, c, a, row_data, row_scale, col_data, col_scale,
+            Int32(1), fake_stream())
 
 
 @functools.lru_cache(maxsize=None)
@@ -392,12 +483,12 @@ def fc1_forward(
     tiling=None,  # the Triton launcher's GemmTiling; this kernel's tile is fixed (128 x 128), so unused
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
-    ``gmlp.triton_ref.fc1.fc1_forward`` for ``recipe=None`` (c and a in bf16); the MXFP8 epilogue
-    is not written yet."""
+    ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
+    ``MXFP8Recipe`` writes c and ``a`` as Q_row(a) and Q_col(a) (E4M3, the recipe's scale mode,
+    compact scales; ``FC1Output.a`` is None), bit for bit the Triton kernel's."""
     # validate
-    if recipe is not None:
-        raise NotImplementedError("the sm90 fc1 kernel writes a in bf16 only (recipe=None); the MXFP8 epilogue "
-                                  "(Q_row(a) and Q_col(a)) is not written yet: use gmlp.triton_ref.fc1")
+    if recipe is not None and not isinstance(recipe, MXFP8Recipe):
+        raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
     if not isinstance(activation, Activation):
         raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
     experts, ffn = split_sizes.numel(), ffn_hidden_size
@@ -416,16 +507,37 @@ def fc1_forward(
         raise ValueError(f"b1 must be a contiguous ({experts}, {n1}) tensor, got {tuple(b1.shape)}")
     if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
         raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
+    quantized = recipe is not None
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
-                       probs_dtype=None if probs is None else probs.dtype)
+                       probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
+                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR)
 
-    # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
+    # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
+    # min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
-    c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=x_data.device)
-    a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=x_data.device)
-    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, TILE_N), x_data.device)
+    device = x_data.device
+    c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
+    if quantized:
+        a = None
+        a_data = torch.empty(tokens, ffn, dtype=A_FORMAT.torch_dtype, device=device)
+        a_scales = torch.empty(tokens, ffn // BLOCK_SIZE, dtype=torch.uint8, device=device)
+        a_col = torch.empty(ffn, tokens, dtype=A_FORMAT.torch_dtype, device=device)
+        a_col_scales = torch.zeros(ffn, scale_layout.max_column_blocks(tokens, experts), dtype=torch.uint8,
+                                   device=device)
+        outputs = (None, a_data.view(torch.uint8), a_scales, a_col.view(torch.uint8), a_col_scales)
+        block_start = groups.block_start
+    else:
+        a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=device)
+        outputs = (a, None, None, None, None)
+        block_start = None
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, TILE_N), device)
     if num_ctas > 0:
-        with torch.cuda.device(x_data.device):
+        with torch.cuda.device(device):
             kernel = _compile(config, None).function
-            kernel(x_data, w1, b1, probs, groups.row_start, groups.tile_start, c, a, num_ctas)
-    return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
+            kernel(x_data, w1, b1, probs, groups.row_start, groups.tile_start, block_start, c, *outputs, num_ctas)
+    if not quantized:
+        return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
+    a_rowwise = MXFP8Tensor(a_data, a_scales, QuantAxis.ROWWISE, False, A_FORMAT, recipe.scale_mode, split_sizes)
+    a_columnwise = MXFP8Tensor(a_col, a_col_scales, QuantAxis.COLUMNWISE, False, A_FORMAT, recipe.scale_mode,
+                               split_sizes)
+    return FC1Output(c=c, a=None, a_rowwise=a_rowwise, a_columnwise=a_columnwise)

@@ -1,0 +1,294 @@
+"""MXFP8 quantization of a 128 x 128 fp32 tile held in wgmma accumulators, both ways (Q_row and
+Q_col), for the epilogues of the sm_90a GEMM kernels (FC1's ``a``; the same tile code serves FC2
+dgrad's ``dh``). The twin is ``gmlp.triton_ref._epilogue.store_quantized_both_ways``; the block
+math is the CuTeDSL quantize kernel's (``gmlp.cutedsl._quantize_kernel``: NaN-ignoring amax keys,
+E8M0 bytes with RCEIL or FLOOR, ``cvt.rn.satfinite.e4m3x2.f32``, the funnel-shift transposed
+store), imported, not restated.
+
+The fragment (checked at trace time, ``check_fragment_layout``): 256 consumer threads, warp w =
+0..7 (two warpgroups of 4) holds tile rows 16w .. 16w + 15; lane t holds rows 16w + t // 4 + 8s
+(row slot s = 0, 1) and columns 8j + 2 (t % 4) + h (column group j = 0..15, h = 0, 1), value
+index 4j + 2s + h of the thread's 64.
+
+- Q_row: a 1 x 32 block of one row is 8 values in each of the 4 lanes of a quad. Per row slot,
+  each lane reduces its 4 blocks' keys (8 values each), then a reduce-scatter over the quad
+  (xor 2: keep 2 blocks, send 2; xor 1: keep 1) leaves lane t % 4 with block t % 4: one E8M0
+  byte per lane and row (so only 2 scale computations per thread), which the lane stores; the 8
+  bytes are gathered back to every lane of the quad (one word of 2 bytes, 4 index shuffles).
+  Data: a column pair's two fp8 bytes (one ``cvt...e4m3x2``) as one 16-bit store, row- and
+  column-masked (the pattern of the bf16 ``a`` stores: a quad writes 8 contiguous bytes).
+- Q_col: a 32 x 1 block of one column is 32 rows: 16 in each of two warps (w = 2b, 2b + 1 hold
+  block b). Per column, a thread takes its 2 rows, then a reduce-scatter over the 8 lanes of the
+  column (xor 16, 8, 4: 16 + 8 + 4 shuffles) leaves lane (t // 4, t % 4) with the warp's 16-row
+  amax keys of 4 columns 16 (t // 4) + 8r + 2 (t % 4) + h (r, h = 0, 1), which depend on the lane
+  only: the lane writes them as one 16-byte word to ``sKeys[w, t]`` and, after a named barrier of
+  the 256 threads (A), reads the other warp's word at ``sKeys[w ^ 1, t]``: the 32-row amax of
+  its 4 columns, 4 E8M0 bytes, which the even warp stores. The bytes (one word) are gathered
+  back over the 8 lanes (xor 4, 8, 16: 1 + 2 + 4 shuffles of words), and each value is
+  quantized with its column's scale into ``sQ``, the transposed fp8 tile (128 columns x 128
+  rows; the quantize kernel's layout: column k's 16-byte chunk c at ``sq_position(k, c)``): warp
+  w's bytes of column k are chunk w, byte t // 4 + 8s (64 byte stores a thread, no bank
+  conflicts). After a second barrier (B) the 256 threads store ``sQ`` with the quantize kernel's
+  ``store_transposed`` (16-byte aligned stores, any token offset).
+- Masking, as the Triton twin: values of rows past the expert's end or columns past the valid
+  ones are zeros in both amaxes and are not written; a column block that starts past the expert's
+  end has no scale byte (the launcher zero-fills the unused ones).
+
+Shared memory: ``sQ`` 16 KB + ``sKeys`` 4 KB (``SMEM_BYTES``). Barriers A and B (one named
+barrier id) also order the reuse of both buffers across work items: a tile's writes of sKeys
+come after every thread passed the previous tile's B, its writes of sQ after every thread passed
+its A (so after the previous tile's transposed store).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, Uint8, Uint16, Uint32, const_expr
+
+from gmlp.cutedsl._quantize_kernel import (
+    _amax_keys,
+    _amax_of_keys,
+    _as_u32,
+    _fp8x4,
+    _multiplier,
+    _quantize,
+    _scale_byte,
+    _select,
+    sq_position,
+    store_transposed,
+)
+from gmlp.mxfp8 import BLOCK_SIZE
+
+__all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES",
+           "check_fragment_layout", "quantize_tile_both_ways"]
+
+TILE_ROWS = 128  # two consumer warpgroups of 64 rows
+TILE_COLS = 128  # one m64n128 accumulator per warpgroup
+CONSUMER_THREADS = 256
+WARPS = CONSUMER_THREADS // 32
+ROW_BLOCKS = TILE_COLS // BLOCK_SIZE  # 4 rowwise blocks per tile row
+COLUMN_GROUPS = TILE_COLS // 8  # 16: j
+SQ_WORDS = TILE_COLS * TILE_ROWS // 4  # the transposed fp8 tile, 32-bit words
+KEY_WORDS = WARPS * 32 * 4  # 16-row amax keys: 4 columns per lane and warp
+SMEM_BYTES = 4 * (SQ_WORDS + KEY_WORDS)  # 20 KB
+
+
+def _value(s: int, j: int, h: int) -> int:
+    """Index of (row slot s, column group j, column h) in the thread's 64 accumulator values."""
+    return 4 * j + 2 * s + h
+
+
+def _fragment_coordinate(t: int, v: int) -> tuple[int, int]:
+    """(row, column) of value v of consumer thread t: the layout the shuffles assume."""
+    lane, warp = t % 32, t // 32
+    return 16 * warp + lane // 4 + 8 * ((v // 2) % 2), 8 * (v // 4) + 2 * (lane % 4) + v % 2
+
+
+_CHECKED_LAYOUTS: set[str] = set()  # TV layouts already evaluated in this process
+
+
+def check_fragment_layout(tiled_mma: cute.TiledMma) -> None:
+    """Trace time: every (thread, value) of the tiled MMA's C partition of a 128 x 128 tile is at
+    ``_fragment_coordinate`` (evaluated once per distinct TV layout and process, about 1 s)."""
+    key = str(tiled_mma.tv_layout_C)
+    if key in _CHECKED_LAYOUTS:
+        return
+    identity = cute.make_identity_tensor((TILE_ROWS, TILE_COLS))
+    for t in range(CONSUMER_THREADS):
+        coordinates = tiled_mma.get_slice(t).partition_C(identity)
+        if cute.size(coordinates) != 64:
+            raise ValueError(f"unexpected accumulator fragment {coordinates.shape} of thread {t}")
+        for v in range(64):
+            if tuple(coordinates[v]) != _fragment_coordinate(t, v):
+                raise ValueError(f"accumulator value {v} of thread {t} is at {tuple(coordinates[v])}, the "
+                                 f"quantizing epilogue assumes {_fragment_coordinate(t, v)}")
+    _CHECKED_LAYOUTS.add(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace-time pieces (plain Python over DSL values: loops unroll, no control flow)
+# ---------------------------------------------------------------------------------------------
+
+
+class DeviceOps:
+    """The warp operations of the shuffle steps, on DSL values (``_reduce_scatter`` and
+    ``_all_gather`` take them as an argument so that the CPU test runs the same steps on a
+    simulated warp)."""
+
+    @staticmethod
+    def lane_bit(lane, offset: int):
+        return (lane & Int32(offset)) != Int32(0)
+
+    @staticmethod
+    def select(condition, if_value, else_value):
+        return _select(condition, if_value, else_value)
+
+    @staticmethod
+    def shuffle_xor(value, offset: int):
+        return Uint32(cute.arch.shuffle_sync_bfly(value, offset=offset))
+
+    @staticmethod
+    def maximum(a, b):
+        return cutlass.max(a, b)
+
+
+def _reduce_scatter(keys: list, lane, offsets: tuple[int, ...], ops=DeviceOps) -> list:
+    """Max-reduce the list ``keys`` (amax keys, the same length in every lane) over the lanes
+    that differ in the bits ``offsets``, halving the list at each bit: a lane with the bit set
+    keeps (and receives the partner's values of) the upper half, sends the lower half. Each lane
+    ends with len(keys) / 2**len(offsets) keys: those of indices ``owned_index(lane, offsets, r)``."""
+    for offset in offsets:
+        upper = ops.lane_bit(lane, offset)
+        half = len(keys) // 2
+        keys = [ops.maximum(ops.select(upper, keys[k + half], keys[k]),
+                            ops.shuffle_xor(ops.select(upper, keys[k], keys[k + half]), offset))
+                for k in range(half)]
+    return keys
+
+
+def owned_index(lane, offsets: tuple[int, ...], r: int, size: int):
+    """Index into the original list of key r that ``_reduce_scatter(keys of length size, lane,
+    offsets)`` leaves in ``lane``: bit i of offsets (first = most significant half) picks a half."""
+    index, half = 0, size
+    for offset in offsets:
+        half //= 2
+        index = index + half * ((lane // offset) % 2)
+    return index + r
+
+
+def _all_gather(words: list, lane, offsets: tuple[int, ...], ops=DeviceOps) -> list:
+    """Concatenate ``words`` over the lanes that differ in the bits ``offsets`` (``_reduce_scatter``'s
+    in reverse order), the lane with the bit set contributing the upper half: every lane ends with
+    the words of all the lanes, in the order of the indices ``_reduce_scatter`` assigned them."""
+    for offset in offsets:
+        upper = ops.lane_bit(lane, offset)
+        received = [ops.shuffle_xor(w, offset) for w in words]
+        words = ([ops.select(upper, r, w) for r, w in zip(received, words)]
+                 + [ops.select(upper, w, r) for r, w in zip(received, words)])
+    return words
+
+
+def row_block_offsets() -> tuple[int, ...]:
+    return (2, 1)  # Q_row: the quad's lanes; block quad_lane is left in lane quad_lane
+
+
+def column_offsets() -> tuple[int, ...]:
+    return (16, 8, 4)  # Q_col: the 8 lanes of a column
+
+
+def owned_column(lane, r: int):
+    """Tile column of key r (0..3) a lane owns after the column reduce-scatter: thread column
+    k = 4 (lane // 4) + r (``owned_index``), i.e. column group k // 2, column k % 2 of the pair."""
+    k = owned_index(lane, column_offsets(), r, 32)
+    return 8 * (k // 2) + 2 * (lane % 4) + k % 2
+
+
+def sq_byte(column, chunk, byte):
+    """Byte of ``sQ`` holding tile row 16 chunk + byte of tile column ``column`` (the quantize
+    kernel's layout: 16-byte chunk ``chunk`` of row ``column`` at ``sq_position``)."""
+    return column * TILE_ROWS + sq_position(column, chunk) * 16 + byte
+
+
+def _byte(word, i: int) -> Uint32:
+    return (word >> Uint32(8 * i)) & Uint32(0xFF)
+
+
+def _value_bits(values: list, s: int, js, hs=(0, 1)) -> list:
+    return [_as_u32(values[_value(s, j, h)]) for j in js for h in hs]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tile
+# ---------------------------------------------------------------------------------------------
+
+
+@cute.jit
+def quantize_tile_both_ways(
+    acc: cute.Tensor,  # (64,) fp32 accumulator fragment (any shape of 64): the values, unmasked
+    tCcD: cute.Tensor,  # the fragment's (row, column) tile coordinates (partition_C of an identity)
+    thr_mma,  # the thread's slice of the tiled MMA (partitions the row data like the accumulators)
+    tidx: Int32,  # consumer thread 0..255
+    outputs: tuple,  # (row data (T, N) u8, row scales (T, N/32) u8, col data (N, T) u8, col scales (N, n_blocks) u8)
+    smem: tuple,  # (sQ (SQ_WORDS,) u32, 16-byte aligned; sKeys (KEY_WORDS,) u32, 16-byte aligned)
+    first_row: Int32,  # the tile's first token row
+    col0: Int32,  # the tile's first column in the outputs (a multiple of 32)
+    limits: tuple,  # (valid rows (may exceed 128), valid columns (a multiple of 32, may exceed 128))
+    col_block0: Int32,  # the compact column-block index of the tile's first 32 rows
+    e5m2: bool,
+    floor_mode: bool,
+    barrier_id: int,
+):
+    """Q_row and Q_col of the tile (see the module docstring). Every consumer thread must call it
+    (shuffles and named barriers); values outside ``limits`` count as zeros and are not written."""
+    mRowData, mRowScale, mColData, mColScale = outputs
+    sQ, sKeys = smem
+    lane = tidx % 32
+    warp = cute.arch.make_warp_uniform(tidx // 32)
+    quad_lane = lane % 4
+    valid_rows = cutlass.min(limits[0], Int32(TILE_ROWS))
+
+    # the values, zero outside the limits (Triton: tl.where(mask, values, 0.0))
+    values = [cutlass.select_(cute.elem_less(tCcD[v], limits), acc[v], Float32(0.0)) for v in range(64)]
+
+    # ---- Q_row: blocks of 32 columns of one row, 8 values in each lane of a quad --------------
+    row_scales = [Uint32(0)] * 2  # this lane's block (quad_lane) of row slots 0, 1
+    for s in cutlass.range_constexpr(2):
+        keys = [_amax_keys(_value_bits(values, s, range(4 * b, 4 * b + 4)), False) for b in range(ROW_BLOCKS)]
+        key = _reduce_scatter(keys, lane, row_block_offsets())[0]  # block quad_lane
+        row_scales[s] = _scale_byte(_amax_of_keys(key, False), e5m2, floor_mode)
+    # every lane needs the 8 bytes (2 slots x 4 blocks): gather the quad's words of 2 bytes
+    packed = row_scales[0] | (row_scales[1] << Uint32(8))
+    quad = [Uint32(cute.arch.shuffle_sync(packed, offset=(lane & Int32(~3)) | Int32(b))) for b in range(ROW_BLOCKS)]
+    gRow = cute.local_tile(cute.domain_offset((first_row, col0), mRowData), (TILE_ROWS, TILE_COLS), (0, 0))
+    tCgRow = cute.recast_tensor(thr_mma.partition_C(gRow), Uint16)  # one 16-bit word per column pair
+    for s in cutlass.range_constexpr(2):
+        for j2 in cutlass.range_constexpr(COLUMN_GROUPS // 2):  # column groups 2 j2, 2 j2 + 1 (one block)
+            j = 2 * j2
+            multiplier = _multiplier(_byte(quad[j // 4], s))
+            word = _quantize([values[_value(s, jj, h)] for jj in (j, j + 1) for h in (0, 1)], multiplier, e5m2)[0]
+            for half in cutlass.range_constexpr(2):
+                pair = 2 * (j + half) + s  # the pair index of (slot s, group j + half)
+                if cute.elem_less(tCcD[2 * pair], limits):
+                    tCgRow[pair] = Uint16(word >> Uint32(16 * half))
+        row = tCcD[_value(s, 0, 0)][0]
+        if row < limits[0] and quad_lane * BLOCK_SIZE < limits[1]:
+            mRowScale[first_row + row, col0 // BLOCK_SIZE + quad_lane] = Uint8(row_scales[s])
+
+    # ---- Q_col: blocks of 32 rows of one column, 16 in each of two warps ----------------------
+    # column k = 2j + h of the thread; its two rows (slots) first, then the 8 lanes of the column
+    keys = [_amax_keys([_as_u32(values[_value(s, k // 2, k % 2)]) for s in range(2)], False) for k in range(32)]
+    keys = _reduce_scatter(keys, lane, column_offsets())  # columns owned_column(lane, r), r = 0..3
+    rKeys = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    for r in cutlass.range_constexpr(4):
+        rKeys[r] = keys[r]
+    sKeys4 = cute.zipped_divide(sKeys, (4,))
+    cute.autovec_copy(rKeys, sKeys4[None, warp * 32 + lane])
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # A: sKeys complete
+    rOther = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    cute.autovec_copy(sKeys4[None, (warp ^ Int32(1)) * 32 + lane], rOther)
+    block = warp // 2  # the tile's 32-row block of this warp
+    column_scales = [Uint32(0)] * 4
+    for r in cutlass.range_constexpr(4):
+        column_scales[r] = _scale_byte(_amax_of_keys(cutlass.max(rKeys[r], rOther[r]), False), e5m2, floor_mode)
+    if warp % 2 == 0 and block * BLOCK_SIZE < valid_rows:  # the block's first row is the expert's
+        for r in cutlass.range_constexpr(4):
+            column = owned_column(lane, r)
+            if column < limits[1]:
+                mColScale[col0 + column, col_block0 + block] = Uint8(column_scales[r])
+    packed = column_scales[0] | (column_scales[1] << Uint32(8)) | (column_scales[2] << Uint32(16)) \
+        | (column_scales[3] << Uint32(24))
+    words = _all_gather([packed], lane, column_offsets()[::-1])  # word q: bytes of columns k = 4q .. 4q + 3
+    multipliers = [_multiplier(_byte(words[k // 4], k % 4)) for k in range(32)]
+    # quantize into sQ: column c = 8j + 2 quad_lane + h, row 16 warp + lane // 4 + 8s: chunk warp of
+    # sQ row c, byte lane // 4 + 8s
+    sQ8 = cute.recast_tensor(sQ, Uint8)
+    for j in cutlass.range_constexpr(COLUMN_GROUPS):
+        scaled = [values[_value(s, j, h)] * multipliers[2 * j + h] for s in range(2) for h in range(2)]
+        word = _fp8x4(*scaled, e5m2)  # bytes (slot 0, h 0), (0, 1), (1, 0), (1, 1)
+        column = 8 * j + 2 * quad_lane
+        for byte in cutlass.range_constexpr(4):
+            s, h = byte // 2, byte % 2
+            sQ8[sq_byte(column + h, warp, lane // 4 + 8 * s)] = Uint8(_byte(word, byte))
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # B: sQ complete
+    store_transposed(sQ, mColData, tidx, col0, first_row, valid_rows, col0 + limits[1])
