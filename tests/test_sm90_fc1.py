@@ -22,7 +22,7 @@ import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
-from gmlp.mxfp8 import ElementFormat, ScaleMode, e8m0_from_amax, nan_ignoring_amax, quantize_multiplier
+from gmlp.mxfp8 import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 from gmlp.recipe import MXFP8Recipe
 from gmlp.quantize_ref import quantize_columnwise_ref, quantize_rowwise_ref
 from tests.cases import BANDED_SPLITS, adversarial_matrix

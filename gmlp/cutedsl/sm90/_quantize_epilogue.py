@@ -1,9 +1,10 @@
 """MXFP8 quantization of a 128 x 128 fp32 tile held in wgmma accumulators, both ways (Q_row and
-Q_col), for the epilogues of the sm_90a GEMM kernels (FC1's ``a``; the same tile code serves FC2
-dgrad's ``dh``). The twin is ``gmlp.triton_ref._epilogue.store_quantized_both_ways``; the block
-math is the CuTeDSL quantize kernel's (``gmlp.cutedsl._quantize_kernel``: NaN-ignoring amax keys,
-E8M0 bytes with RCEIL or FLOOR, ``cvt.rn.satfinite.e4m3x2.f32``, the funnel-shift transposed
-store), imported, not restated.
+Q_col), for the epilogues of the sm_90a GEMM kernels (FC1's ``a``; written to serve FC2 dgrad's
+``dh`` too: any column offset that is a multiple of 32, E5M2). The twin is
+``gmlp.triton_ref._epilogue.store_quantized_both_ways``; the block math is the CuTeDSL quantize
+kernel's (``gmlp.cutedsl._quantize_kernel``: NaN-ignoring amax keys, E8M0 bytes with RCEIL or
+FLOOR, ``cvt.rn.satfinite.e4m3x2.f32``, the funnel-shift transposed store), imported, not
+restated.
 
 The fragment (checked at trace time, ``check_fragment_layout``): 256 consumer threads, warp w =
 0..7 (two warpgroups of 4) holds tile rows 16w .. 16w + 15; lane t holds rows 16w + t // 4 + 8s
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32, Uint8, Uint16, Uint32, const_expr
+from cutlass import Float32, Int32, Uint8, Uint16, Uint32
 
 from gmlp.cutedsl._quantize_kernel import (
     _amax_keys,
