@@ -25,6 +25,7 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8 import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 from gmlp.recipe import MXFP8Recipe
 from gmlp.quantize_ref import quantize_columnwise_ref, quantize_rowwise_ref
+from tests.backends import twice_without_sync
 from tests.cases import BANDED_SPLITS, adversarial_matrix
 from tests.test_sm90_compile import ptxas_report, sass
 
@@ -45,23 +46,27 @@ def _config(activation="swiglu", **kwargs):
     return FC1Config(activation_from(activation), **kwargs)
 
 
-def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True) -> None:
+def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: bool = False) -> None:
     """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
     consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (two per k-block and
-    warpgroup when gated: gate and up share the A descriptor), TMA loads, no local memory, no
-    spills (ptxas -v where a ptxas reads the PTX), no predicated R2UR in the SASS."""
+    warpgroup when gated: gate and up share the A descriptor; with fused_b one m64n256k16 on the
+    256-row [gate; up] tile), TMA loads, no local memory, no spills (ptxas -v where a ptxas reads
+    the PTX), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
+    n = 256 if fused_b else 128
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
-    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
                         r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
-    if gated:  # each A descriptor feeds two wgmmas (gate, up) with different B descriptors
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == len(wgmmas)  # no other shape
+    pairs = gated and not fused_b
+    if pairs:  # each A descriptor feeds two wgmmas (gate, up) with different B descriptors
         by_a = {}
         for a_desc, b_desc, *_ in wgmmas:
             by_a.setdefault(a_desc, set()).add(b_desc)
         assert all(len(b) == 2 for b in by_a.values()), by_a
-    assert len(wgmmas) % (8 if gated else 4) == 0, len(wgmmas)
+    assert len(wgmmas) % (8 if pairs else 4) == 0, len(wgmmas)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
@@ -69,7 +74,7 @@ def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True) -> None:
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:
-        assert "HGMMA.64x128x16.F32.BF16" in code
+        assert f"HGMMA.64x{n}x16.F32.BF16" in code
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
     report = ptxas_report(ptx, "sm_90a")
     if report is not None:
@@ -118,6 +123,38 @@ def test_odd_shapes_compile(shape, variant, activation):
     config = _config(activation, **kwargs)
     compiled = compile_fc1("sm_90a", config, shape=shape)
     check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
+
+
+@pytest.mark.parametrize("shape", [*DESIGN_SHAPES, (1, 32, 32, 1), (3, 32, 160, 4096)],
+                         ids=lambda s: "E{}-T{}-H{}-F{}".format(*s) if s[1] > 32 else "odd-T{}-H{}-F{}-E{}".format(*s))
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                         ids=["swiglu", "geglu", "qgeglu-clamped"])
+def test_fused_b_compiles(shape, activation):
+    """fused_b: gate and up rows as the halves of one 256-row B tile (two 128-row TMA boxes), one
+    m64n256 wgmma per k-block and warpgroup, the same epilogue math and stores."""
+    from gmlp.cutedsl.sm90.fc1 import compile_fc1
+
+    config = _config(activation, fused_b=True, bias_dtype=torch.bfloat16, probs_dtype=torch.float32)
+    if shape[1] > 32:
+        experts, tokens, hidden, ffn = shape
+        shape = (tokens, hidden, ffn, experts)
+    compiled = compile_fc1("sm_90a", config, shape=shape)
+    check_fc1_ptx(compiled, gated=True, fused_b=True)
+    check_activation_math(compiled.ptx, config.activation)
+    assert config.num_stages() == _config(activation).num_stages() == 4  # the same slot bytes
+    # two TMA loads of W1 per slot (gate rows, up rows), as without fused_b
+    plain = compile_fc1("sm_90a", _config(activation, bias_dtype=torch.bfloat16, probs_dtype=torch.float32))
+    tma = r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile"
+    assert len(re.findall(tma, compiled.ptx)) == len(re.findall(tma, plain.ptx))
+
+
+def test_fused_b_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match=r"fused_b needs a gated activation.*got srelu"):
+        _config("srelu", fused_b=True)
+    with pytest.raises(ValueError, match=r"fused_b needs.*b_k_major=False"):
+        _config("swiglu", fused_b=True, b_k_major=False)
+    with pytest.raises(ValueError, match=r"fused_b needs.*quantized=True"):
+        _config("swiglu", fused_b=True, quantized=True)
 
 
 def check_quantized_ptx(compiled, *, floor_scales: bool) -> None:
@@ -403,7 +440,8 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
-def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, transposed):
+def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, transposed,
+                                          fused_b=False):
     """Tolerance of tests/test_triton_fc1.py (bf16 recipe): c within one bf16 step (2**-7 |v|) +
     delta_h = H * 2**-24 * max sum_k |x_k w_k| of the fp64 reference, a within one bf16 step +
     delta_a = delta_h * (2 max|h| + 2); against the Triton kernel the same bound (both are fp32
@@ -427,7 +465,7 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     b1 = (torch.randn(experts, n1, device="cuda") * 0.1).bfloat16() if bias else None
     probs = torch.rand(tokens, device="cuda") if with_probs else None
     kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=None, b1=b1, probs=probs)
-    got = fc1_forward(x, w1, split_sizes, **kwargs)
+    got = fc1_forward(x, w1, split_sizes, fused_b=fused_b, **kwargs)
     want = fc1_forward_ref(x, w1, split_sizes, **kwargs)
     twin = triton_fc1_forward(x, w1, split_sizes, **kwargs)
     magnitude = max((x.float().abs() @ w1[g].float().abs().t()).max().item() for g in range(experts))
@@ -446,6 +484,22 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
 def test_fc1_over_several_bands(activation):
     """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert."""
     test_fc1_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False)
+    if activation != "srelu":
+        test_fc1_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                         ids=["swiglu", "geglu", "qgeglu", "qgeglu-clamped"])
+@pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
+@pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
+@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]],
+                         ids=["ragged-with-empty", "many-tiny"])
+def test_fc1_fused_b_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits):
+    """fused_b (m64n256 on the [gate; up] tile, c's up tile addressed 128 columns early): the
+    same bounds, partial n-tiles (F = 96, 160) included."""
+    test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, False, True)
 
 
 @pytest.mark.gpu
@@ -460,14 +514,9 @@ def test_fc1_is_deterministic_and_syncless():
     w1 = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
     probs = torch.rand(436, device="cuda")
     kwargs = dict(ffn_hidden_size=256, activation=SWIGLU, recipe=None, probs=probs)
-    first = fc1_forward(x, w1, splits, **kwargs)  # compiles
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        second = fc1_forward(x, w1, splits, **kwargs)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(first.c, second.c) and torch.equal(first.a, second.a)
+    for fused_b in (False, True):
+        first, second = twice_without_sync(lambda: fc1_forward(x, w1, splits, fused_b=fused_b, **kwargs))
+        assert torch.equal(first.c, second.c) and torch.equal(first.a, second.a), fused_b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,13 +619,7 @@ def test_fc1_mxfp8_is_deterministic_and_syncless():
 
     x, w1, split_sizes, _, probs = _fc1_operands([0, 300, 7, 129], 256, 256, SWIGLU, False, True)
     kwargs = dict(ffn_hidden_size=256, activation=SWIGLU, recipe=MXFP8Recipe(), probs=probs)
-    first = fc1_forward(x, w1, split_sizes, **kwargs)  # compiles
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        second = fc1_forward(x, w1, split_sizes, **kwargs)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    first, second = twice_without_sync(lambda: fc1_forward(x, w1, split_sizes, **kwargs))
     assert_same_bits(first.c, second.c, "c")
     for a, b in ((first.a_rowwise, second.a_rowwise), (first.a_columnwise, second.a_columnwise)):
         assert_same_bits(a.data, b.data, "data")

@@ -81,7 +81,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 
 # The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
 SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
-SM90_FIXED_TILE = [dict()]  # FC1: one 128 x 128 a-tile (256 h columns)
+SM90_FC1_CONFIGS = [dict(), dict(fused_b=True)]  # 128 a columns: two m64n128 wgmmas or one m64n256
 SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=128), dict(tile_n=256)]
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
                       dict(tile_n=256, ragged_tma=False), dict(tile_n=128, ragged_tma=True, pingpong=True)]
@@ -131,7 +131,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                                              activation=SWIGLU, recipe=None, **c),
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
-            configs=SM90_FIXED_TILE),
+            configs=SM90_FC1_CONFIGS),
         "fc2": dict(
             baseline=lambda: torch._grouped_mm(t["a"], t["w2"].transpose(1, 2), offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),

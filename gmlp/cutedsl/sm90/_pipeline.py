@@ -112,9 +112,12 @@ def b_is_k_major(name: str, b: torch.Tensor) -> bool:
 
 
 def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, stages: int,
-                           atom_layout_mnk: tuple[int, int, int]) -> MainloopOperands:
+                           atom_layout_mnk: tuple[int, int, int], b_box_rows: int | None = None) -> MainloopOperands:
     """Tiles (128, tile_n, 64); the tiled MMA covers (64 * atom_layout_mnk[0], tile_n) per call
-    (one m64 wgmma per consumer warpgroup and repeated over the tile's remaining rows)."""
+    (one m64 wgmma per consumer warpgroup and repeated over the tile's remaining rows). B's TMA
+    box is ``b_box_rows`` x 64 (default tile_n): a B tile of several boxes is filled by several
+    loads (FC1's gate and up rows into one 256-row tile; the boxes must then be stacked row
+    blocks of the smem tile, which holds for K-major B)."""
     tile_shape_mnk = (TILE_M, tile_n, TILE_K)
     a_layout = utils.LayoutEnum.from_tensor(mA)
     b_layout = utils.LayoutEnum.from_tensor(mB_nke)
@@ -128,9 +131,12 @@ def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, st
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
         (TILE_M, TILE_K),
     )
+    box_rows = tile_n if b_box_rows is None else b_box_rows
+    box_layout = b_smem_layout if box_rows == tile_n else sm90_utils.make_smem_layout_b(
+        b_layout, (TILE_M, box_rows, TILE_K), BFloat16, 1)
     tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
-        (tile_n, TILE_K),
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(box_layout, (None, None, 0)),
+        (box_rows, TILE_K),
     )
     return MainloopOperands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
 

@@ -26,6 +26,12 @@ Kernel design (one compiled kernel per ``FC1Config``; T, H, F, E are runtime val
   the gate and up values of one (row, column) sit in the same thread at the same accumulator
   index, and W1 is read in place in its stored [gate; up] order (no interleaved copy). srelu: one
   B tile, one accumulator.
+- ``FC1Config.fused_b`` (gated, K-major W1, bf16 a): the slot's gate and up rows are the two
+  halves of one 256-row B tile (the same two TMA loads, into stacked row blocks), and each
+  k-block is one m64n256k16 wgmma per warpgroup into one 128-value accumulator, gate values
+  first (``FUSED_UP_OFFSET``: value v + 64 is the up value of gate value v, checked at trace time
+  by ``check_fused_pairs``). An m64n256 wgmma reads the A fragment once where two m64n128 read it
+  twice. Not yet run on a GPU; not the default.
 - Slot: A 16 KB + 2 x 16 KB (gated) -> 4 stages; 32 KB (srelu) -> 7 stages. The MXFP8 epilogue
   takes 20 KB more (below): gated still 4 stages, srelu 6 (one fewer).
 - Epilogue, from the accumulator registers, per thread pair of adjacent columns (c, c+1) of one
@@ -82,10 +88,12 @@ from gmlp.cutedsl.sm90._pipeline import (
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    cta_roles,
     make_mainloop_operands,
     make_mainloop_pipeline,
     mma_k_tiles,
     produce_k_tiles,
+    slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
@@ -102,6 +110,30 @@ _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 A_FORMAT = ElementFormat.E4M3  # MXFP8: a is quantized in E4M3 (the recipe's activation format)
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+# fused_b: value v + 64 of a thread's 128 accumulators is the up value of gate value v (v < 64): the
+# m64n256 fragment's column groups 16..31 are groups 0..15 plus 128 columns (check_fused_pairs)
+FUSED_UP_OFFSET = 64
+_CHECKED_FUSED_LAYOUTS: set[str] = set()
+
+
+def check_fused_pairs(tiled_mma: cute.TiledMma) -> None:
+    """Trace time: for every consumer thread of the 256-wide tiled MMA, accumulator value
+    v + FUSED_UP_OFFSET sits in the same row as value v, 128 columns to its right (v < 64), so the
+    epilogue reads a gate value's up value from the same thread (evaluated once per layout)."""
+    key = str(tiled_mma.tv_layout_C)
+    if key in _CHECKED_FUSED_LAYOUTS:
+        return
+    identity = cute.make_identity_tensor((TILE_M, 2 * TILE_N))
+    for t in range(_CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP):
+        coordinates = tiled_mma.get_slice(t).partition_C(identity)
+        if cute.size(coordinates) != 2 * FUSED_UP_OFFSET:
+            raise ValueError(f"unexpected accumulator fragment {coordinates.shape} of thread {t}")
+        for v in range(FUSED_UP_OFFSET):
+            gate, up = tuple(coordinates[v]), tuple(coordinates[v + FUSED_UP_OFFSET])
+            if gate[1] >= TILE_N or up != (gate[0], gate[1] + TILE_N):
+                raise ValueError(f"thread {t}: accumulator {v} at {gate} and {v + FUSED_UP_OFFSET} at {up}; the "
+                                 "fused epilogue assumes the up value 128 columns right of its gate value")
+    _CHECKED_FUSED_LAYOUTS.add(key)
 
 
 @dataclass(frozen=True)
@@ -115,12 +147,20 @@ class FC1Config:
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     quantized: bool = False  # MXFP8: a written as Q_row(a) and Q_col(a) (E4M3, compact scales), not bf16
     floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
+    # gated, K-major W1, bf16 a: gate and up rows as the two halves of one 256-row B tile, one
+    # m64n256 wgmma per k-block and warpgroup instead of two m64n128 (see the module docstring)
+    fused_b: bool = False
 
     def __post_init__(self):
         if not isinstance(self.activation, Activation):
             raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
         if self.floor_scales and not self.quantized:
             raise ValueError("floor_scales needs quantized=True (a bf16 a has no scales)")
+        if self.fused_b and not (self.activation.gated and self.b_k_major and not self.quantized):
+            raise ValueError("fused_b needs a gated activation, a K-major W1 (its two row boxes are stacked row blocks "
+                             "of the smem tile only then) and the bf16 epilogue (the quantizing one reads 128-column "
+                             f"fragments), got {self.activation.name}, b_k_major={self.b_k_major}, "
+                             f"quantized={self.quantized}")
         for name in ("bias_dtype", "probs_dtype"):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in _FLOAT_DTYPES:
@@ -169,6 +209,8 @@ class FC1ForwardSm90:
         self.has_probs = config.probs_dtype is not None
         self.quantized = config.quantized
         self.floor_scales = config.floor_scales
+        self.fused_b = config.fused_b
+        self.mma_n = 2 * TILE_N if config.fused_b else TILE_N  # columns of the tiled MMA (and accumulator)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
 
@@ -192,7 +234,7 @@ class FC1ForwardSm90:
         stream,
     ):
         mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (N1, H, E)
-        ops = make_mainloop_operands(mX, mW_nke, TILE_N, self.stages, self.atom_layout_mnk)
+        ops = make_mainloop_operands(mX, mW_nke, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N)
 
         a_elements, b_elements = cute.cosize(ops.a_smem_layout), cute.cosize(ops.b_smem_layout)
 
@@ -227,11 +269,14 @@ class FC1ForwardSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
             sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
 
-        self.shared_storage = {(False, False): SharedStorage, (True, False): GatedSharedStorage,
+        self.shared_storage = SharedStorage if const_expr(self.fused_b) else {
+                               (False, False): SharedStorage, (True, False): GatedSharedStorage,
                                (False, True): QuantizedSharedStorage,
                                (True, True): GatedQuantizedSharedStorage}[(self.gated, self.quantized)]
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
+        if const_expr(self.fused_b):
+            check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
         self.kernel(
             ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart, mBlockStart,
             mC, mAct, mRowData, mRowScale, mColData, mColScale,
@@ -261,21 +306,11 @@ class FC1ForwardSm90:
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
     ):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warpgroup = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
-
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
-        sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-        b_bytes = cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0)))
-        stage_bytes = cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0))) + self.num_b * b_bytes
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        # a slot: A and the B tile(s): gate and up (gated), or the fused 256-row tile holding both
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout,
+                                           1 if const_expr(self.fused_b) else self.num_b)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 
@@ -286,12 +321,17 @@ class FC1ForwardSm90:
         k_tiles = (mX.shape[1] + TILE_K - 1) // TILE_K
         # B tiles of an item's n-tile: W1_g rows n_tile * 128 + [0, 128) (gate, or h for srelu)
         # and, gated, F + n_tile * 128 + [0, 128) (up)
-        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)
         smem_b = (sB,)
-        if const_expr(self.gated):
-            sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-            tUsU, tUgU = b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn)
-            smem_b = (sB, sU)
+        if const_expr(self.fused_b):  # rows [0, 128) of the 256-row tile: gate; [128, 256): up
+            tBsB, tBgB = b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N)
+            tUsU, tUgU = b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)), TILE_N,
+                                 row_offset=ffn)
+        else:
+            tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)
+            if const_expr(self.gated):
+                sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+                tUsU, tUgU = b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn)
+                smem_b = (sB, sU)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
@@ -315,12 +355,19 @@ class FC1ForwardSm90:
             tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
-            # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+            # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups; fused_b:
+            # 32 column groups of a 256-wide tile, up values FUSED_UP_OFFSET after their gate's
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.mma_n)))
             fragment = pair_fragment(tCcD.shape)
-            acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h)
-            acc_up = cute.make_rmem_tensor(fragment, Float32)
-            operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
+            acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h); fused_b: gate, then up
+            if const_expr(self.fused_b):
+                acc_up = acc
+                up_offset = FUSED_UP_OFFSET
+                operands = ((acc, tCrBs[0]),)
+            else:
+                acc_up = cute.make_rmem_tensor(fragment, Float32)
+                up_offset = 0
+                operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
             if const_expr(self.quantized):
                 smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
                           storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
@@ -347,20 +394,26 @@ class FC1ForwardSm90:
                         row_probs[slot] = Float32(0.0)
                         if row < limits[0]:
                             row_probs[slot] = mProbs[first_row + row].to(Float32)
-                tile = (TILE_M, TILE_N)
+                # the global tiles are partitioned like the accumulators (tile of the MMA's width);
+                # fused_b: pair i < 32 is a gate column, pair i + 32 its up column, so c's up
+                # tile is taken 128 columns early (its pairs i + 32 land on columns F + col0 +
+                # [0, 128); the pairs i < 32 of that view, which may point before the row, are
+                # never touched)
+                tile = (TILE_M, self.mma_n)
                 gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
                 tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)
                 if const_expr(not self.quantized):
                     gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
                     tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
                 if const_expr(self.gated):
-                    gU = cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))
+                    up_col = ffn + col0 - (TILE_N if const_expr(self.fused_b) else 0)
+                    gU = cute.local_tile(cute.domain_offset((first_row, up_col), mC), tile, (0, 0))
                     tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
-                for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
+                for i in cutlass.range_constexpr(cute.size(tCcD) // 2 - up_offset // 2):
                     if cute.elem_less(tCcD[2 * i], limits):
                         col = col0 + tCcD[2 * i][1]
                         gate = (acc[2 * i], acc[2 * i + 1])
-                        up = (acc_up[2 * i], acc_up[2 * i + 1])
+                        up = (acc_up[up_offset + 2 * i], acc_up[up_offset + 2 * i + 1])
                         if const_expr(self.has_bias):
                             gate = (gate[0] + mBias[g, col].to(Float32), gate[1] + mBias[g, col + 1].to(Float32))
                             if const_expr(self.gated):
@@ -370,7 +423,7 @@ class FC1ForwardSm90:
                         tCgC[i] = pair_bits[0]
                         if const_expr(self.gated):
                             pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
-                            tCgU[i] = pair_bits[0]
+                            tCgU[up_offset // 2 + i] = pair_bits[0]
                         act = (activation_forward(self.activation, gate[0], up[0]), activation_forward(self.activation, gate[1], up[1]))
                         if const_expr(self.has_probs):
                             p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
@@ -480,7 +533,8 @@ def fc1_forward(
     b1: torch.Tensor | None = None,  # (E, N1) bf16 or fp32
     probs: torch.Tensor | None = None,  # (T,) fp32 or bf16
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
-    tiling=None,  # the Triton launcher's GemmTiling; this kernel's tile is fixed (128 x 128), so unused
+    tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
+    fused_b: bool = False,  # one 256-row B tile and m64n256 wgmmas (FC1Config.fused_b)
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
@@ -510,7 +564,7 @@ def fc1_forward(
     quantized = recipe is not None
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
-                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR)
+                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
