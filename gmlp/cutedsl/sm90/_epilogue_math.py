@@ -7,7 +7,14 @@ The forward is bitwise Triton's: the expression trees of FC1's ``a`` in the two 
 FP fusion on, its default; sm_90a) have the same operations on the same operands, fma where
 Triton has fma (geglu's x + c x^3 and 2 s - 1), up to exact sign moves (Triton's -(2x) log2 e
 and -(alpha x) log2 e are our (2x)(-log2 e) and (alpha x)(-log2 e)). That is what lets the
-MXFP8 epilogue's bytes equal Triton's; ``_double`` keeps LLVM from fusing one more fma."""
+MXFP8 epilogue's bytes equal Triton's; ``_double`` keeps LLVM from fusing one more fma.
+
+The backward's dh trees are Triton's FC2 dgrad ones the same way (Triton 3.9, its quantized
+tiling, sm_90a; compared on the PTX of both kernels, gated with and without probs): swiglu's and
+qgeglu's as written; srelu's 2 (da p) is the fma(da, p, da p) both compilers make of it; geglu's
+1 - tanh^2 and 0.5 (1 + tanh) + (...) are the fmas Triton contracts, written explicitly
+(``_one_minus_square``, ``_fma``): left to LLVM, ours had a multiply and a subtract for the first
+and, without probs, contracted the other product of the second."""
 
 from __future__ import annotations
 
@@ -54,6 +61,17 @@ def _double(x):
     return ptx_f32("mul.rn.f32", x, Float32(2.0))
 
 
+def _fma(a, b, c):
+    """a b + c as one fma.rn.f32, opaque to LLVM (it picks the product to contract itself)."""
+    return ptx_f32("fma.rn.f32", a, b, c)
+
+
+def _one_minus_square(x):
+    """1 - x^2 as one fma.rn.f32(x, -x, 1): Triton's FC2 dgrad PTX contracts it so; LLVM leaves
+    ours as a multiply and a subtract (one more rounding), so geglu's d gate would differ."""
+    return _fma(x, -x, Float32(1.0))
+
+
 def activation_forward(activation: Activation, gate, up):
     """act in fp32 of one element: gated kinds of (gate, up); srelu of gate (h), up unused. Same
     operation order as gmlp.triton_ref._activations."""
@@ -89,7 +107,9 @@ def activation_backward(activation: Activation, gate, up, grad):
         inner = _SQRT_2_OVER_PI * (gate + _GELU_CUBIC * gate * gate * gate)
         tanh = 2.0 * sigmoid(_double(inner)) - 1.0  # as activation_forward's (shared by CSE)
         d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * gate * gate)
-        d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh * tanh) * d_inner
+        # 0.5 (1 + tanh) + (...): one fma with the first product, as Triton contracts it (LLVM
+        # alone may contract the other product when grad is a bare accumulator)
+        d_gelu = _fma(Float32(0.5), 1.0 + tanh, 0.5 * gate * _one_minus_square(tanh) * d_inner)
         return grad * up * d_gelu, grad * 0.5 * gate * (1.0 + tanh)
     if kind is ActivationKind.QGEGLU:
         limit, alpha = activation.limit, activation.alpha

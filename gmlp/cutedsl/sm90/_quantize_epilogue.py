@@ -1,6 +1,6 @@
 """MXFP8 quantization of a 128 x 128 fp32 tile held in wgmma accumulators, both ways (Q_row and
-Q_col), for the epilogues of the sm_90a GEMM kernels (FC1's ``a``; written to serve FC2 dgrad's
-``dh`` too: any column offset that is a multiple of 32, E5M2). The twin is
+Q_col), for the epilogues of the sm_90a GEMM kernels (FC1's ``a``; FC2 dgrad's ``dh``: any
+column offset that is a multiple of 32, E5M2, two 64-column output segments). The twin is
 ``gmlp.triton_ref._epilogue.store_quantized_both_ways``; the block math is the CuTeDSL quantize
 kernel's (``gmlp.cutedsl._quantize_kernel``: NaN-ignoring amax keys, E8M0 bytes with RCEIL or
 FLOOR, ``cvt.rn.satfinite.e4m3x2.f32``, the funnel-shift transposed store), imported, not
@@ -35,6 +35,14 @@ index 4j + 2s + h of the thread's 64.
   ones are zeros in both amaxes and are not written; a column block that starts past the expert's
   end has no scale byte (the launcher zero-fills the unused ones).
 
+- Options for FC2 dgrad (defaults: FC1's trace, its PTX byte-identical): ``column_first`` traces
+  Q_col's per-column keys, their reduce-scatter and the sKeys store before Q_row (ptxas otherwise
+  computes the 64 per-value keys during Q_row's stores); ``segments`` sends the tile's columns
+  [0, 64) and [64, 128) to two output column ranges with their own valid counts (dh's d gate and
+  d up columns of one 64-wide half of a da tile): only the masks, the addresses and the
+  transposed store (once per segment, the second from sQ row 64) change, each segment holding 2
+  whole blocks of a row and 64 whole transposed rows.
+
 Shared memory: ``sQ`` 16 KB + ``sKeys`` 4 KB (``SMEM_BYTES``). Barriers A and B (one named
 barrier id) also order the reuse of both buffers across work items: a tile's writes of sKeys
 come after every thread passed the previous tile's B, its writes of sQ after every thread passed
@@ -45,7 +53,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8, Uint16, Uint32
+from cutlass import Float32, Int32, Uint8, Uint16, Uint32, const_expr
 
 from gmlp.cutedsl._quantize_kernel import (
     _amax_keys,
@@ -61,7 +69,7 @@ from gmlp.cutedsl._quantize_kernel import (
 )
 from gmlp.mxfp8 import BLOCK_SIZE
 
-__all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES",
+__all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES", "SEGMENT_COLS",
            "check_fragment_layout", "quantize_tile_both_ways"]
 
 TILE_ROWS = 128  # two consumer warpgroups of 64 rows
@@ -72,6 +80,8 @@ ROW_BLOCKS = TILE_COLS // BLOCK_SIZE  # 4 rowwise blocks per tile row
 COLUMN_GROUPS = TILE_COLS // 8  # 16: j
 SQ_WORDS = TILE_COLS * TILE_ROWS // 4  # the transposed fp8 tile, 32-bit words
 KEY_WORDS = WARPS * 32 * 4  # 16-row amax keys: 4 columns per lane and warp
+SEGMENT_COLS = TILE_COLS // 2  # quantize_tile_both_ways(segments=...): two 64-column output segments
+SEGMENT_GROUPS = SEGMENT_COLS // 8  # column groups j of a segment
 SMEM_BYTES = 4 * (SQ_WORDS + KEY_WORDS)  # 20 KB
 
 
@@ -199,6 +209,37 @@ def _value_bits(values: list, s: int, js, hs=(0, 1)) -> list:
     return [_as_u32(values[_value(s, j, h)]) for j in js for h in hs]
 
 
+def _inside(tCcD, v, limits, segments):
+    """Whether value v of the fragment is inside the limits (rows; columns per segment)."""
+    if segments is None:
+        return cute.elem_less(tCcD[v], limits)
+    b = (v // 4) // SEGMENT_GROUPS  # the segment of column group v // 4 (the fragment layout)
+    return (tCcD[v][0] < limits[0]) & (tCcD[v][1] - Int32(SEGMENT_COLS * b) < segments[b][1])
+
+
+def _segment_column(column, segments):
+    """(output column, valid) of tile column ``column`` (a runtime value) with segments."""
+    upper = column >= Int32(SEGMENT_COLS)
+    local = column - _select(upper, SEGMENT_COLS, 0, Int32)
+    start = _select(upper, segments[1][0], segments[0][0], Int32)
+    return start + local, local < _select(upper, segments[1][1], segments[0][1], Int32)
+
+
+def _column_keys_to_smem(values: list, lane, warp, sKeys):
+    """Q_col's first step: per column k = 2j + h of the thread its two rows' amax keys, reduced
+    over the 8 lanes of the column, the lane's 4 keys stored at ``sKeys[warp, lane]``; returns
+    (the 4 keys in registers, sKeys as 16-byte words)."""
+    # column k = 2j + h of the thread; its two rows (slots) first, then the 8 lanes of the column
+    keys = [_amax_keys([_as_u32(values[_value(s, k // 2, k % 2)]) for s in range(2)], False) for k in range(32)]
+    keys = _reduce_scatter(keys, lane, column_offsets())  # columns owned_column(lane, r), r = 0..3
+    rKeys = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    for r in range(4):
+        rKeys[r] = keys[r]
+    sKeys4 = cute.zipped_divide(sKeys, (4,))
+    cute.autovec_copy(rKeys, sKeys4[None, warp * 32 + lane])
+    return rKeys, sKeys4
+
+
 # ---------------------------------------------------------------------------------------------
 # The tile
 # ---------------------------------------------------------------------------------------------
@@ -219,9 +260,23 @@ def quantize_tile_both_ways(
     e5m2: bool,
     floor_mode: bool,
     barrier_id: int,
+    column_first: bool = False,
+    segments: tuple | None = None,  # ((col0_a, valid_a), (col0_b, valid_b)): two 64-column outputs
 ):
     """Q_row and Q_col of the tile (see the module docstring). Every consumer thread must call it
-    (shuffles and named barriers); values outside ``limits`` count as zeros and are not written."""
+    (shuffles and named barriers); values outside ``limits`` count as zeros and are not written.
+
+    ``column_first``: trace Q_col's per-column amax keys, their reduce-scatter and the sKeys store
+    before Q_row instead of after it (the same operations and results). Left to itself ptxas
+    computes the 64 per-value column keys during Q_row's stores, 64 more live registers; first,
+    they are reduced to 4 before Q_row starts (FC2 dgrad, which holds a second 64-value half, needs
+    that; FC1 keeps the default order).
+
+    ``segments``: the tile's columns [0, 64) are output columns col0_a + c (valid while c <
+    valid_a) and its columns [64, 128) output columns col0_b + c - 64 (valid while c - 64 <
+    valid_b), e.g. 64 d gate and the 64 matching d up columns of FC2 dgrad's dh; ``col0`` and
+    ``limits[1]`` are then unused. Each segment holds 2 whole 32-column blocks and 64 whole
+    transposed rows, so the block math is the same; the transposed store runs once per segment."""
     mRowData, mRowScale, mColData, mColScale = outputs
     sQ, sKeys = smem
     lane = tidx % 32
@@ -230,7 +285,10 @@ def quantize_tile_both_ways(
     valid_rows = cutlass.min(limits[0], Int32(TILE_ROWS))
 
     # the values, zero outside the limits (Triton: tl.where(mask, values, 0.0))
-    values = [cutlass.select_(cute.elem_less(tCcD[v], limits), acc[v], Float32(0.0)) for v in range(64)]
+    values = [cutlass.select_(_inside(tCcD, v, limits, segments), acc[v], Float32(0.0)) for v in range(64)]
+
+    if const_expr(column_first):  # Q_col's warp keys first (see the parameter)
+        rKeys, sKeys4 = _column_keys_to_smem(values, lane, warp, sKeys)
 
     # ---- Q_row: blocks of 32 columns of one row, 8 values in each lane of a quad --------------
     row_scales = [Uint32(0)] * 2  # this lane's block (quad_lane) of row slots 0, 1
@@ -241,30 +299,36 @@ def quantize_tile_both_ways(
     # every lane needs the 8 bytes (2 slots x 4 blocks): gather the quad's words of 2 bytes
     packed = row_scales[0] | (row_scales[1] << Uint32(8))
     quad = [Uint32(cute.arch.shuffle_sync(packed, offset=(lane & Int32(~3)) | Int32(b))) for b in range(ROW_BLOCKS)]
-    gRow = cute.local_tile(cute.domain_offset((first_row, col0), mRowData), (TILE_ROWS, TILE_COLS), (0, 0))
-    tCgRow = cute.recast_tensor(thr_mma.partition_C(gRow), Uint16)  # one 16-bit word per column pair
+    if const_expr(segments is None):
+        gRow = cute.local_tile(cute.domain_offset((first_row, col0), mRowData), (TILE_ROWS, TILE_COLS), (0, 0))
+        tCgRow = cute.recast_tensor(thr_mma.partition_C(gRow), Uint16)  # one 16-bit word per column pair
+        tCgRows = (tCgRow, tCgRow)
+    else:  # tile column c of segment b at output column segments[b][0] + c - 64 b
+        tCgRows = tuple(cute.recast_tensor(thr_mma.partition_C(cute.local_tile(
+            cute.domain_offset((first_row, segments[b][0] - SEGMENT_COLS * b), mRowData), (TILE_ROWS, TILE_COLS),
+            (0, 0))), Uint16) for b in range(2))
     for s in cutlass.range_constexpr(2):
         for j2 in cutlass.range_constexpr(COLUMN_GROUPS // 2):  # column groups 2 j2, 2 j2 + 1 (one block)
             j = 2 * j2
+            tCgRow = tCgRows[j2 // (SEGMENT_GROUPS // 2)]  # segments: the one of groups j, j + 1
             multiplier = _multiplier(_byte(quad[j // 4], s))
             word = _quantize([values[_value(s, jj, h)] for jj in (j, j + 1) for h in (0, 1)], multiplier, e5m2)[0]
             for half in cutlass.range_constexpr(2):
                 pair = 2 * (j + half) + s  # the pair index of (slot s, group j + half)
-                if cute.elem_less(tCcD[2 * pair], limits):
+                if _inside(tCcD, 2 * pair, limits, segments):
                     tCgRow[pair] = Uint16(word >> Uint32(16 * half))
         row = tCcD[_value(s, 0, 0)][0]
-        if row < limits[0] and quad_lane * BLOCK_SIZE < limits[1]:
-            mRowScale[first_row + row, col0 // BLOCK_SIZE + quad_lane] = Uint8(row_scales[s])
+        if const_expr(segments is None):
+            if row < limits[0] and quad_lane * BLOCK_SIZE < limits[1]:
+                mRowScale[first_row + row, col0 // BLOCK_SIZE + quad_lane] = Uint8(row_scales[s])
+        else:
+            block_column, block_valid = _segment_column(quad_lane * BLOCK_SIZE, segments)
+            if row < limits[0] and block_valid:
+                mRowScale[first_row + row, block_column // BLOCK_SIZE] = Uint8(row_scales[s])
 
     # ---- Q_col: blocks of 32 rows of one column, 16 in each of two warps ----------------------
-    # column k = 2j + h of the thread; its two rows (slots) first, then the 8 lanes of the column
-    keys = [_amax_keys([_as_u32(values[_value(s, k // 2, k % 2)]) for s in range(2)], False) for k in range(32)]
-    keys = _reduce_scatter(keys, lane, column_offsets())  # columns owned_column(lane, r), r = 0..3
-    rKeys = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-    for r in cutlass.range_constexpr(4):
-        rKeys[r] = keys[r]
-    sKeys4 = cute.zipped_divide(sKeys, (4,))
-    cute.autovec_copy(rKeys, sKeys4[None, warp * 32 + lane])
+    if const_expr(not column_first):
+        rKeys, sKeys4 = _column_keys_to_smem(values, lane, warp, sKeys)
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # A: sKeys complete
     rOther = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
     cute.autovec_copy(sKeys4[None, (warp ^ Int32(1)) * 32 + lane], rOther)
@@ -275,8 +339,13 @@ def quantize_tile_both_ways(
     if warp % 2 == 0 and block * BLOCK_SIZE < valid_rows:  # the block's first row is the expert's
         for r in cutlass.range_constexpr(4):
             column = owned_column(lane, r)
-            if column < limits[1]:
-                mColScale[col0 + column, col_block0 + block] = Uint8(column_scales[r])
+            if const_expr(segments is None):
+                if column < limits[1]:
+                    mColScale[col0 + column, col_block0 + block] = Uint8(column_scales[r])
+            else:
+                out_column, column_valid = _segment_column(column, segments)
+                if column_valid:
+                    mColScale[out_column, col_block0 + block] = Uint8(column_scales[r])
     packed = column_scales[0] | (column_scales[1] << Uint32(8)) | (column_scales[2] << Uint32(16)) \
         | (column_scales[3] << Uint32(24))
     words = _all_gather([packed], lane, column_offsets()[::-1])  # word q: bytes of columns k = 4q .. 4q + 3
@@ -292,4 +361,13 @@ def quantize_tile_both_ways(
             s, h = byte // 2, byte % 2
             sQ8[sq_byte(column + h, warp, lane // 4 + 8 * s)] = Uint8(_byte(word, byte))
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # B: sQ complete
-    store_transposed(sQ, mColData, tidx, col0, first_row, valid_rows, col0 + limits[1])
+    if const_expr(segments is None):
+        store_transposed(sQ, mColData, tidx, col0, first_row, valid_rows, col0 + limits[1])
+    else:  # sQ rows [64 b, 64 b + 64) -> output rows segments[b][0] + [0, valid_b); the second from a
+        # view of sQ at row 64 (the same swizzle: sq_position depends on (k >> 1) & 7), whose rows
+        # past 64 are skipped, as the first call skips its rows past 64
+        for b in cutlass.range_constexpr(2):
+            sQb = cute.make_tensor(sQ.iterator + b * SEGMENT_COLS * TILE_ROWS // 4, cute.make_layout(SQ_WORDS))
+            start, valid = segments[b]
+            store_transposed(sQb, mColData, tidx, start, first_row, valid_rows,
+                             start + cutlass.min(valid, Int32(SEGMENT_COLS)))
