@@ -1,7 +1,8 @@
 """The CuTeDSL sm_90a FC2 dgrad (gmlp.cutedsl.sm90.fc2_dgrad) compiled without a GPU, with checks
 on its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py, imported),
 and (marker ``gpu``, H100/H200 only) run against the reference and the Triton twin with the
-tolerances of tests/test_triton_fc2_dgrad.py.
+tolerances of tests/test_triton_fc2_dgrad.py (bf16 dh) or bit for bit (MXFP8: the data and scale
+bytes of Q_row(dh) and Q_col(dh); dprobs and db1 within the bf16 tests' bounds).
 
 The kernel is shape-generic (T, H, F, E are runtime values), so the design shapes share the
 compile of their config (about 1 s each, cached); each shape is still checked against the
@@ -17,6 +18,8 @@ import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.recipe import MXFP8Recipe
 from tests.backends import twice_without_sync
 from tests.cases import BANDED_SPLITS
 from tests.test_sm90_compile import ptxas_report, sass
@@ -43,7 +46,7 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
     consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with fp32 accumulators (one B tile, K-major or
     N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly shuffles for the dprobs partials (quad)
     and the db1 warp sums, the epilogue's global loads and stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
-    ptx, tile_n = compiled.ptx, compiled.config.tile_n
+    ptx, tile_n, quantized = compiled.ptx, compiled.config.tile_n, compiled.config.quantized
     pairs = tile_n // 4  # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
@@ -51,18 +54,26 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
                         r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
     assert len(wgmmas) % 4 == 0, len(wgmmas)
-    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)
+    producer, consumer = (32, 240) if quantized else (40, 232)  # MXFP8: 8 more a consumer thread
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
     halves = 2 if compiled.config.activation.gated else 1
-    # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half
-    assert shuffles == (4 if probs else 0) + (3 * pairs * halves if bias_grad else 0), shuffles
-    # one pass: each of the thread's pairs of c (gate, and up) loaded once; dh pairs, db1 warp
-    # sums and dprobs partials stored as 32-bit words
-    assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == pairs * halves
-    stores = pairs * halves + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
+    # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half;
+    # MXFP8: each quantized tile's 41 (check_quantized_ptx)
+    quantizing = QUANTIZE_SHUFFLES * halves if quantized else 0
+    assert shuffles == quantizing + (4 if probs else 0) + (3 * pairs * halves if bias_grad else 0), shuffles
+    # one pass: each of the thread's pairs of c (gate, and up) loaded once (MXFP8: as 32-bit words,
+    # beside the schedule's 32-bit loads); bf16 dh pairs, db1 warp sums and dprobs partials stored
+    # as 32-bit words
+    if quantized:
+        assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == 0
+        assert len(re.findall(r"ld\.global\.b32", ptx)) >= pairs * halves
+    else:
+        assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == pairs * halves
+    stores = (0 if quantized else pairs * halves) + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
     assert len(re.findall(r"st\.global\.b32", ptx)) == stores
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
@@ -72,7 +83,39 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
     report = ptxas_report(ptx, "sm_90a")
     if report is not None:
         assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= 232, report
+        assert report["registers"] <= consumer, report
+
+
+# Butterfly shuffles of one quantized 128 x 128 tile: Q_row's quad reduce-scatter (2 row slots x
+# 3), Q_col's column reduce-scatter (16 + 8 + 4) and scale gather (1 + 2 + 4).
+QUANTIZE_SHUFFLES = 2 * 3 + 16 + 8 + 4 + 1 + 2 + 4
+
+
+def check_quantized_ptx(compiled) -> None:
+    """What the MXFP8 epilogue adds (on top of check_fc2_dgrad_ptx), per quantized 128 x 128 tile
+    (two gated: d gate and d up of each 64-column half of the da tile; one srelu): 64 pair
+    conversions in the gradient format and none in the other; the scale rule (RCEIL's multiply by
+    fp32(1 / max_normal) once per scale a thread computes, 2 rowwise + 4 columnwise; FLOOR's
+    exponent shift without it); nothing flushes subnormals; two 256-thread named barriers; 64 byte
+    stores into the transposed tile and one 16-byte store of the amax keys; 32 16-bit stores of
+    Q_row's column pairs; the quad's 4 index shuffles; the transposed store's 16-byte chunks (once
+    per 64-row segment gated)."""
+    ptx, config = compiled.ptx, compiled.config
+    tiles = 2 if config.activation.gated else 1
+    fmt, other = ("e5m2", "e4m3") if config.e5m2 else ("e4m3", "e5m2")
+    assert len(re.findall(rf"cvt\.rn\.satfinite\.{fmt}x2\.f32", ptx)) == 64 * tiles
+    assert f"{other}x2" not in ptx and ".ftz" not in ptx
+    reciprocal = "0f37924925" if config.e5m2 else "0f3B124925"  # fp32(1 / 57344), fp32(1 / 448)
+    count = len(re.findall(rf"mul(\.rn)?\.f32\s+%r\d+, %r\d+, {reciprocal};", ptx))
+    assert count == (0 if config.floor_scales else 6 * tiles), count
+    if config.floor_scales:
+        assert re.search(r"shr\.u32\s+%r\d+, %r\d+, 23;", ptx)
+    assert len(re.findall(r"bar\.sync\s+1, 256;", ptx)) == 2 * tiles
+    assert len(re.findall(r"st\.shared\.b8", ptx)) == 64 * tiles
+    assert len(re.findall(r"st\.shared\.v4\.b32", ptx)) == tiles
+    assert len(re.findall(r"st\.global\.b16", ptx)) == 32 * tiles
+    assert len(re.findall(r"shfl\.sync\.idx\.b32", ptx)) >= 4 * tiles
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) >= 4 * tiles * (2 if config.activation.gated else 1)
 
 
 def check_activation_math(ptx: str, activation: Activation, probs: bool, tile_n: int = 128) -> None:
@@ -117,11 +160,104 @@ def test_odd_shapes_compile(shape, variant, activation):
     check_activation_math(compiled.ptx, config.activation, probs=config.probs_dtype is not None)
 
 
+GRAD_RECIPES = {"e4m3-rceil": (ElementFormat.E4M3, ScaleMode.RCEIL),
+                "e5m2-floor": (ElementFormat.E5M2, ScaleMode.FLOOR),
+                "e5m2-rceil": (ElementFormat.E5M2, ScaleMode.RCEIL),
+                "e4m3-floor": (ElementFormat.E4M3, ScaleMode.FLOOR)}
+
+
+def _quantized(grad_recipe: str) -> dict:
+    fmt, mode = GRAD_RECIPES[grad_recipe]
+    return dict(quantized=True, e5m2=fmt is ElementFormat.E5M2, floor_scales=mode is ScaleMode.FLOOR)
+
+
+@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("grad_recipe", ["e4m3-rceil", "e5m2-floor"])
+def test_design_shapes_compile_mxfp8(shape, activation, grad_recipe):
+    """The MXFP8 layer's FC2 dgrad: the transposed view of W2, fp32 probs, db1, dh written as
+    Q_row(dh) and Q_col(dh) in the gradient format (no spills, ptxas -v)."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
+
+    experts, tokens, hidden, ffn = shape
+    config = _config(activation, b_k_major=False, probs_dtype=torch.float32, bias_grad=True, **_quantized(grad_recipe))
+    compiled = compile_fc2_dgrad("sm_90a", config, shape=(tokens, hidden, ffn, experts))
+    check_fc2_dgrad_ptx(compiled, b_k_major=False, probs=True, bias_grad=True)
+    check_activation_math(compiled.ptx, config.activation, probs=True)
+    check_quantized_ptx(compiled)
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@pytest.mark.parametrize("variant", ["plain", "bf16-probs-e5m2", "k-major-w2t-probs-floor",
+                                     "bias-grad-two-stages-e5m2-floor"])
+@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+def test_odd_shapes_compile_mxfp8(shape, variant, activation):
+    """Every gradient format and scale mode, probs and db1 on and off (plain: E4M3, RCEIL)."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
+
+    kwargs = {"plain": _quantized("e4m3-rceil"),
+              "bf16-probs-e5m2": dict(b_k_major=False, probs_dtype=torch.bfloat16, **_quantized("e5m2-rceil")),
+              "k-major-w2t-probs-floor": dict(probs_dtype=torch.float32, **_quantized("e4m3-floor")),
+              "bias-grad-two-stages-e5m2-floor": dict(b_k_major=False, bias_grad=True, stages=2,
+                                                     **_quantized("e5m2-floor"))}[variant]
+    config = _config(activation, **kwargs)
+    compiled = compile_fc2_dgrad("sm_90a", config, shape=shape)
+    check_fc2_dgrad_ptx(compiled, b_k_major=config.b_k_major, probs=config.probs_dtype is not None,
+                        bias_grad=config.bias_grad)
+    check_activation_math(compiled.ptx, config.activation, probs=config.probs_dtype is not None)
+    check_quantized_ptx(compiled)
+
+
+@pytest.mark.parametrize("ffn", [32, 64, 96, 128, 160, 192, 256, 352])
+def test_quantized_tiles_cover_dh_once(ffn):
+    """The gated MXFP8 epilogue's column map (fc2_dgrad.dh_segments, the segments given to the
+    quantization and the db1 sums): over the n-tiles and their two halves, every column of dh (T, 2F)
+    is written exactly once, d gate column f from da column f and d up column F + f from da column
+    f, each quantized tile's 32-column blocks inside one segment; columns past F are never valid."""
+    from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
+    from gmlp.cutedsl.sm90.fc2_dgrad import QUANTIZED_TILE_N, dh_segments
+
+    written = {}
+    for col0 in range(0, ffn, QUANTIZED_TILE_N):
+        valid = ffn - col0
+        for q in range(2):
+            if q == 1 and not valid > epi.SEGMENT_COLS:  # the kernel skips a half without valid columns
+                continue
+            segments = dh_segments(col0, ffn, valid, q)
+            for c in range(epi.TILE_COLS):  # the quantized tile's column
+                b = c // epi.SEGMENT_COLS
+                start, room = segments[b]
+                local = c - b * epi.SEGMENT_COLS
+                da_column = col0 + q * epi.SEGMENT_COLS + local  # the pass's pair column (kernel: 8 j + ...)
+                inside = local < room
+                assert inside == (da_column < ffn)
+                if inside:
+                    out = start + local
+                    assert out not in written, out
+                    written[out] = (b, da_column)
+            for block in range(epi.ROW_BLOCKS):  # a row block's 32 columns share the segment
+                assert len({(block * 32 + k) // epi.SEGMENT_COLS for k in range(32)}) == 1
+    assert sorted(written) == list(range(2 * ffn))
+    assert all(written[f] == (0, f) and written[ffn + f] == (1, f) for f in range(ffn))
+
+
 def test_stage_counts():
-    """A 32 KB slot (dy tile + w2t tile) gets 7 stages; with 256-wide tiles, 48 KB, 4."""
+    """A 32 KB slot (dy tile + w2t tile) gets 7 stages; with 256-wide tiles, 48 KB, 4. The MXFP8
+    epilogue's 20 KB (transposed fp8 tile, amax keys) leave 6; it needs 128-wide tiles."""
     assert _config("swiglu").num_stages() == 7
     assert _config("srelu", bias_grad=True).num_stages() == 7
     assert _config("swiglu", tile_n=256).num_stages() == 4
+    assert _config("swiglu", quantized=True).num_stages() == 6
+    assert _config("srelu", quantized=True, e5m2=True, floor_scales=True).num_stages() == 6
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 6\] for tile_n=128 \(quantized\)"):
+        _config("swiglu", quantized=True, stages=7)
+    with pytest.raises(ValueError, match=r"MXFP8 epilogue needs tile_n=128, got tile_n=256: a thread holds 128"):
+        _config("swiglu", quantized=True, tile_n=256)
+    with pytest.raises(ValueError, match="e5m2 and floor_scales need quantized=True"):
+        _config("swiglu", e5m2=True)
+    with pytest.raises(ValueError, match="e5m2 and floor_scales need quantized=True"):
+        _config("srelu", floor_scales=True)
     with pytest.raises(ValueError, match=r"tile_n must be one of \(128, 256\)"):
         _config("swiglu", tile_n=64)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 7\]"):
@@ -149,7 +285,6 @@ def test_unsupported_shapes_are_refused(shape, match):
 def test_launcher_refuses_bad_operands():
     from gmlp.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
-    from gmlp.recipe import MXFP8Recipe
 
     dy, w2t = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
     c = torch.zeros(8, 64, dtype=torch.bfloat16)
@@ -164,8 +299,12 @@ def test_launcher_refuses_bad_operands():
     with pytest.raises(ValueError, match="H=64 and F=48"):
         fc2_dgrad(dy, torch.zeros(2, 48, 64, dtype=torch.bfloat16), torch.zeros(8, 96, dtype=torch.bfloat16), splits,
                   **kwargs)
-    with pytest.raises(NotImplementedError, match="MXFP8 epilogue"):
-        fc2_dgrad(dy, w2t, c, splits, **{**kwargs, "recipe": MXFP8Recipe()})
+    with pytest.raises(TypeError, match="recipe must be None or a gmlp.MXFP8Recipe"):
+        fc2_dgrad(dy, w2t, c, splits, **{**kwargs, "recipe": "mxfp8"})
+    with pytest.raises(ValueError, match="16-byte aligned CUDA tensors"):  # MXFP8 is taken: the same checks
+        fc2_dgrad(dy, w2t, c, splits, **{**kwargs, "recipe": MXFP8Recipe(ScaleMode.FLOOR, ElementFormat.E5M2)})
+    with pytest.raises(ValueError, match=r"MXFP8 epilogue needs tile_n=128, got tile_n=256"):
+        fc2_dgrad(dy, w2t, c, splits, **{**kwargs, "recipe": MXFP8Recipe()}, tile_n=256)
     with pytest.raises(ValueError, match=r"w2t \(E, N, K\) must be K-major"):
         fc2_dgrad(dy, torch.zeros(2, 32, 128, dtype=torch.bfloat16)[:, :, ::2], c, splits, **kwargs)
 
@@ -286,3 +425,149 @@ def test_fc2_dgrad_is_deterministic_and_syncless():
         first, second = twice_without_sync(lambda: fc2_dgrad(dy, w2t, c, splits, tile_n=tile_n, **kwargs))
         assert torch.equal(first.dh, second.dh) and torch.equal(first.dprobs, second.dprobs), tile_n
         assert torch.equal(first.db1, second.db1), tile_n
+
+
+# ---------------------------------------------------------------------------------------------
+# On an sm_90 GPU, MXFP8: bit for bit the Triton twin
+# ---------------------------------------------------------------------------------------------
+
+MXFP8_SPLITS = {**SPLITS, "banded": BANDED_SPLITS}
+# (gradient recipe, probs, bias_grad): every format, scale mode, probs and db1 on and off
+MXFP8_VARIANTS = {"e4m3-rceil-probs-db1": ("e4m3-rceil", True, True), "e5m2-floor-plain": ("e5m2-floor", False, False),
+                  "e4m3-floor-probs": ("e4m3-floor", True, False), "e5m2-rceil-db1": ("e5m2-rceil", False, True)}
+
+
+def _fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs, transposed=False):
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens, experts = sum(splits), len(splits)
+    n1 = (2 if activation.gated else 1) * ffn
+    dy = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    if transposed:  # the stacked W2 (E, H, F) read as its (E, F, H) transpose
+        w2t = (torch.randn(experts, hidden, ffn, device="cuda") / 8).bfloat16().transpose(1, 2)
+    else:
+        w2t = (torch.randn(experts, ffn, hidden, device="cuda") / 8).bfloat16()
+    c = torch.randn(tokens, n1, device="cuda").bfloat16()
+    probs = torch.rand(tokens, device="cuda") if with_probs else None
+    return dy, w2t, c, split_sizes, probs
+
+
+def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation, recipe, probs, bias_grad,
+                                          finite: bool = True) -> None:
+    """The SM90 kernel and the Triton twin with the same recipe: the data and scale bytes of
+    Q_row(dh) and Q_col(dh), all of them (the unused columnwise scale columns are 0 in both);
+    dprobs and db1 within twice the bounds of test_fc2_dgrad_matches_reference_and_triton (the
+    twin's dprobs partials are 64 columns wide, ours 128; db1 sums in other orders), with dh's
+    magnitudes from the bf16 reference (``finite``: not with non-finite operands, whose bounds are
+    not finite; then only their shapes and dtypes)."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from gmlp.mlp_ref import fc2_dgrad_ref
+    from gmlp.quantized import QuantAxis
+    from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
+    from tests.test_sm90_fc1 import assert_same_bits
+    from tests.tolerances import within_steps
+
+    kwargs = dict(activation=activation, probs=probs, bias_grad=bias_grad)
+    got = fc2_dgrad(dy, w2t, c, split_sizes, recipe=recipe, **kwargs)
+    twin = triton_fc2_dgrad(dy, w2t, c, split_sizes, recipe=recipe, **kwargs)
+    assert got.dh is None and twin.dh is None
+    for name, mine, theirs, axis in (("Q_row(dh)", got.dh_rowwise, twin.dh_rowwise, QuantAxis.ROWWISE),
+                                     ("Q_col(dh)", got.dh_columnwise, twin.dh_columnwise, QuantAxis.COLUMNWISE)):
+        assert mine.axis is theirs.axis is axis and not mine.swizzled
+        assert mine.element_format is theirs.element_format is recipe.grad_format
+        assert mine.scale_mode is theirs.scale_mode is recipe.scale_mode
+        assert mine.split_sizes is split_sizes
+        assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+        assert_same_bits(mine.data, theirs.data, f"{name} data")
+
+    if not finite:
+        for mine, theirs in ((got.dprobs, twin.dprobs), (got.db1, twin.db1)):
+            assert (mine is None) == (theirs is None)
+            if mine is not None:  # sums in other orders: where they overflow may differ
+                assert mine.shape == theirs.shape and mine.dtype == theirs.dtype == torch.float32
+        return
+    tokens, hidden = dy.shape
+    experts, ffn = w2t.shape[0], w2t.shape[1]
+    splits = split_sizes.tolist()
+    magnitude = max((dy.float().abs() @ w2t[g].float().abs().t()).max().item() for g in range(experts))
+    lipschitz = 2 * c.float().abs().max().item() + 2
+    delta_dh = hidden * 2.0**-24 * magnitude * lipschitz
+    if probs is not None:
+        assert got.dprobs.dtype == torch.float32
+        assert within_steps(got.dprobs, twin.dprobs, 2.0**-20, 2 * ffn * delta_dh * lipschitz)
+    else:
+        assert got.dprobs is None and twin.dprobs is None
+    if bias_grad:
+        want = fc2_dgrad_ref(dy, w2t, c, split_sizes, recipe=None, **kwargs)
+        assert got.db1.shape == twin.db1.shape and got.db1.dtype == torch.float32
+        dh_abs = want.dh.float().abs()
+        bound = torch.stack([dh_abs[sum(splits[:g]):sum(splits[:g + 1])].sum(0) for g in range(experts)])
+        slack = 2.0**-7 * bound + max(splits) * delta_dh + 1e-6
+        assert ((got.db1 - twin.db1).abs() <= 2 * slack).all()
+    else:
+        assert got.db1 is None and twin.db1 is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("variant", list(MXFP8_VARIANTS))
+@pytest.mark.parametrize("hidden,ffn", [(64, 96), (512, 256)], ids=["H64-F96", "H512-F256"])
+@pytest.mark.parametrize("splits", list(MXFP8_SPLITS.values()), ids=list(MXFP8_SPLITS))
+def test_fc2_dgrad_mxfp8_matches_triton_bitwise(activation, variant, hidden, ffn, splits):
+    """Both kernels accumulate da in fp32 with bf16 wgmma k16 steps in K order (Triton's FC2 dgrad
+    tiling for quantized dh: 128 x 64 x 128, 8 warps, m64n64k16; ours m64n128k16) and compute the
+    same fp32 dh (the expression trees of gmlp.cutedsl.sm90._epilogue_math), then the spec's block
+    math: every byte must agree. If the bf16 dh of the two kernels (recipe=None) differs too, the
+    accumulation does (not the epilogue). The splits include an empty expert and 20 m-tiles over
+    several bands (the compact columnwise scale blocks indexed by m-tile)."""
+    activation = activation_from(activation)
+    grad_recipe, with_probs, bias_grad = MXFP8_VARIANTS[variant]
+    fmt, mode = GRAD_RECIPES[grad_recipe]
+    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs)
+    assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, activation=activation,
+                                          recipe=MXFP8Recipe(mode, fmt), probs=probs, bias_grad=bias_grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@pytest.mark.parametrize("grad_recipe", list(GRAD_RECIPES))
+def test_fc2_dgrad_mxfp8_transposed_weight_and_special_values(activation, grad_recipe):
+    """N-major w2t (the transposed view of W2), F = 160 (a partial n-tile with an empty second
+    half), and dy rows that make a NaN, +-inf, huge or tiny dh, probs 0 and inf: NaN skipped by
+    the amax and written as the format's NaN byte, saturation, scale bytes 0 and 254, as Triton
+    writes them."""
+    activation = activation_from(activation)
+    fmt, mode = GRAD_RECIPES[grad_recipe]
+    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands([0, 37, 200, 63, 0], 128, 160, activation, True,
+                                                         transposed=True)
+    dy[3] = float("nan")
+    dy[40, :7] = float("inf")
+    dy[41] = -float("inf")
+    dy[100] = 3.0e38
+    dy[150] *= 1e-30
+    probs[200:232] = 0.0  # an all-zero columnwise block
+    probs[250] = float("inf")
+    assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, activation=activation,
+                                          recipe=MXFP8Recipe(mode, fmt), probs=probs, bias_grad=True, finite=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("grad_recipe", ["e4m3-rceil", "e5m2-floor"])
+def test_fc2_dgrad_mxfp8_is_deterministic_and_syncless(grad_recipe):
+    """Same inputs, bitwise the same outputs (both orientations' data and scales, dprobs, db1);
+    no host sync in the launch."""
+    from gmlp.activations import SWIGLU
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from tests.test_sm90_fc1 import assert_same_bits
+
+    fmt, mode = GRAD_RECIPES[grad_recipe]
+    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands([0, 300, 7, 129], 256, 256, SWIGLU, True)
+    kwargs = dict(activation=SWIGLU, recipe=MXFP8Recipe(mode, fmt), probs=probs, bias_grad=True)
+    first, second = twice_without_sync(lambda: fc2_dgrad(dy, w2t, c, split_sizes, **kwargs))
+    for a, b in ((first.dh_rowwise, second.dh_rowwise), (first.dh_columnwise, second.dh_columnwise)):
+        assert_same_bits(a.data, b.data, "data")
+        assert_same_bits(a.scales, b.scales, "scales")
+    assert torch.equal(first.dprobs, second.dprobs) and torch.equal(first.db1, second.db1)

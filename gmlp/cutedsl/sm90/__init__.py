@@ -7,7 +7,8 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
 - ``fc1``: FC1 + bias + activation + probs, c in bf16 and a in bf16 or (MXFP8) quantized both ways
   (Q_row(a), Q_col(a), bit for bit the Triton kernel's; not yet dispatched: it has not run on a GPU);
 - ``fc2_dgrad``: FC2 dgrad + activation backward + deterministic dprobs and db1 partials, dh in
-  bf16 (the MXFP8 epilogue is not written);
+  bf16 or (MXFP8, tile_n 128) quantized both ways in the gradient format (Q_row(dh), Q_col(dh), bit
+  for bit the Triton kernel's; not yet dispatched: it has not run on a GPU);
 - ``wgrad``: ``dW_g = A_g^T @ B_g`` over each expert's rows (a ragged K), stored or added into
   an fp32 ``main_grad``.
 
@@ -19,5 +20,5 @@ activations forward and backward in the Triton epilogues' fp32 operation order),
 kernel's block math and transposed store). ``support`` says what each kernel runs at each GEMM
 site of the layer and gives the dispatcher the launchers (imported lazily: this package imports
 without cutlass-dsl). Verified on the H200 against the oracle and the Triton twins (the MXFP8
-FC1 epilogue not yet: compiled only); the dispatcher takes them on capability 9.0.
+FC1 and FC2 dgrad epilogues not yet: compiled only); the dispatcher takes them on capability 9.0.
 """

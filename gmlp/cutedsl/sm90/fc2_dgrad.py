@@ -1,13 +1,19 @@
 """CuTeDSL sm_90a FC2 dgrad with the fused activation backward (dataflow steps 5-6):
-``da = dy @ W2_g`` per expert, then ``dprobs``, ``dh = act'(c) (da * probs)`` (bf16) and ``db1``.
+``da = dy @ W2_g`` per expert, then ``dprobs``, ``dh = act'(c) (da * probs)`` (bf16, or with an
+MXFP8 recipe quantized both ways from the fp32 registers) and ``db1``.
 
 Twin of ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad`` (same arguments and outputs, same fp32 epilogue
 formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.activations``). Operands: dy (T, H) bf16
 row-major with rows grouped by expert; w2t = W2_g^T (E, F, H) bf16, K-major (a stacked W2^T) or
 N-major (the transposed view of a stacked W2 (E, H, F), read in place); c (T, 2F | F) bf16 (the
 saved pre-activation: [gate | up] for the gated activations); optional probs (T,) fp32/bf16.
-Outputs (``FC2DgradOutput``): dh (T, 2F | F) bf16, dprobs (T,) fp32 if probs, db1 (E, 2F | F)
-fp32 if bias_grad. No host sync; deterministic.
+Outputs (``FC2DgradOutput``): dh (T, 2F | F) bf16, or with an ``MXFP8Recipe`` (``dh`` None)
+Q_row(dh) (T, N1) + compact scales (T, N1/32) and Q_col(dh) (N1, T) + compact grouped scales
+(N1, (T + 31 E) // 32) (each expert's tokens in their own 32-row blocks; the unused columns 0) in
+``recipe.grad_format`` (E4M3 or E5M2) with ``recipe.scale_mode`` (RCEIL or FLOOR), bit for bit the
+Triton kernel's where the two accumulations of da agree (both are bf16 wgmma k16 steps in K
+order); dprobs (T,) fp32 if probs, db1 (E, 2F | F) fp32 if bias_grad. No host sync;
+deterministic.
 
 Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtime values):
 
@@ -34,8 +40,40 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
   expert's tiles in order (``segment_sum`` over ``tile_start``): deterministic, no atomics.
 
-The MXFP8 epilogue (dh as Q_row(dh) and Q_col(dh) in the gradient format) is not written yet:
-``recipe`` must be None.
+MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only;
+``_quantize_epilogue.quantize_tile_both_ways`` with ``segments`` and ``column_first``):
+
+- What is quantized is the fp32 dh, as Triton's ``store_quantized_both_ways(d_gate, ...)`` and
+  ``(d_up, ...)`` get it (no bf16 step); dprobs (of da before the probs scale) and db1 (of the
+  fp32 dh) as in the bf16 path. The dh expression trees are Triton's (``_epilogue_math``); c is
+  read as 32-bit words whose bf16 halves are widened by shifts (exact, the values of cvt.f32.bf16).
+- Registers decide the shape of the epilogue. Quantizing needs a tile's 64 values in a thread
+  (plus keys, scales, addresses); holding a thread's d gate and d up of the whole 128-wide tile
+  (64 + 64, one half over the accumulators) before quantizing them as two 128-column tiles was
+  tried: ptxas spills, even with the stale-value and key-order fixes below (swiglu: 36 bytes of
+  spill stores, 264 with probs and db1; at 240 registers 20 and 184). So gated, the da tile is
+  done in two 64-column halves q: a pass over half q's 32 da values writes its 32 d gate and 32 d
+  up values into one 64-value quantized tile (columns [0, 64) d gate, [64, 128) d up:
+  ``dh_segments``), which is quantized with the two output ranges as ``segments`` (its 32-column
+  blocks and transposed rows never straddle them), then the other half (skipped when it has no
+  valid column). Peak: the quantized tile's 64 values, the other half's 32 da values and the
+  quantization's temporaries. srelu: one pass over the 64 values, one quantized tile. Masked pairs
+  write 0 into the tile (else the previous half's or item's values stay live through the mainloop:
+  LLVM cannot see that the quantization masks them). The consumer warpgroups run at 240 registers,
+  the producer at 32 (``QUANTIZED_*_REGISTERS``; 128 x 32 + 256 x 240 = 64 K): at 232 / 40 a few
+  configurations (db1 without probs) spill one register. ptxas -v (sm_90a): 0 bytes stack, 0
+  spills in every configuration the tests compile (the highest register of the consumers' code
+  R237 gated, R209 srelu).
+- Q_col's per-column keys are reduced and stored before Q_row (``column_first``; ptxas otherwise
+  keeps the 64 per-value keys live through Q_row's stores).
+- db1: after each quantized tile, per column its two rows (masked), the warp's 8 quads by
+  butterflies, lanes 0-3 store to ``dh_warp_sums`` as in the bf16 path (same rows, columns).
+- Shared memory: the epilogue's 20 KB (16 KB transposed fp8 tile + 4 KB amax keys,
+  ``_quantize_epilogue.SMEM_BYTES``, reused by every quantized tile: its two named barriers order
+  the reuse) leave 6 stages of 32 KB (``FC2DgradConfig.max_stages``).
+- tile_n = 256 is refused with a recipe: a thread would hold 128 da values through the epilogue,
+  96 of them live beside a quantized tile's 64 values (about 64 registers more than the 128-wide
+  tile's peak, which is at the 240 limit already).
 """
 
 from __future__ import annotations
@@ -47,17 +85,19 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
-from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl._quantize_kernel import _as_f32
+from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
+    SMEM_BYTES,
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
@@ -74,9 +114,11 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
 from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
+from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC2DgradOutput
-from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 
@@ -86,7 +128,19 @@ __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_suppo
 TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
+_EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
+QUANTIZED_TILE_N = _quantize_epilogue.TILE_COLS  # the quantizing epilogue's tile width (128)
+# MXFP8: 8 more registers a consumer thread, 8 fewer a producer one (128 x 32 + 256 x 240 = 64 K)
+QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 32, 240
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+
+
+def _quantized_tile_n_reason(tile_n: int) -> str:
+    return (f"the sm90 fc2_dgrad MXFP8 epilogue needs tile_n={QUANTIZED_TILE_N}, got tile_n={tile_n}: a thread "
+            f"holds {tile_n // 2} fp32 da accumulators through the epilogue, and quantizing dh needs 64 more (the d "
+            f"gate and d up values of a 128-column quantized tile) while the rest stay live; at tile_n=128 that "
+            f"peaks at 238 of the {QUANTIZED_CONSUMER_REGISTERS} consumer registers, at 256 it would need about 64 "
+            f"more than exist")
 
 
 @dataclass(frozen=True)
@@ -99,6 +153,9 @@ class FC2DgradConfig(StagedConfig):
     bias_grad: bool = False  # per-warp column sums of dh for db1
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     tile_n: int = 128  # da columns per work item: 128 (m64n128 wgmmas) or 256 (m64n256)
+    quantized: bool = False  # MXFP8: dh written as Q_row(dh) and Q_col(dh) (compact scales), not bf16
+    e5m2: bool = False  # the gradient format E5M2 instead of E4M3 (quantized only)
+    floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
 
     def __post_init__(self):
         if self.tile_n not in TILE_NS:
@@ -107,11 +164,26 @@ class FC2DgradConfig(StagedConfig):
             raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
         if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
             raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
+        if (self.e5m2 or self.floor_scales) and not self.quantized:
+            raise ValueError("e5m2 and floor_scales need quantized=True (a bf16 dh has no scales)")
+        if self.quantized and self.tile_n != QUANTIZED_TILE_N:
+            raise ValueError(_quantized_tile_n_reason(self.tile_n))
         self.check_stages()
 
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline slot: a dy tile and a w2t tile, bf16."""
         return (TILE_M + self.tile_n) * TILE_K * 2
+
+    def epilogue_bytes(self) -> int:
+        """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
+        (20 KB, reused by the d gate and d up halves), none for bf16."""
+        return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
+
+    def max_stages(self) -> int:
+        return (SMEM_BYTES - self.epilogue_bytes()) // self.stage_bytes()
+
+    def slot_name(self) -> str:
+        return f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
 
 
 
@@ -132,6 +204,11 @@ class FC2DgradSm90:
         self.has_probs = config.probs_dtype is not None
         self.bias_grad = config.bias_grad
         self.tile_n = config.tile_n
+        self.quantized = config.quantized
+        self.e5m2 = config.e5m2
+        self.floor_scales = config.floor_scales
+        self.registers = (QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) if config.quantized else (
+            PRODUCER_REGISTERS, CONSUMER_REGISTERS)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
 
@@ -144,9 +221,14 @@ class FC2DgradSm90:
         mProbs: cute.Tensor | None,  # (T,) fp32/bf16
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
         mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mBlockStart: cute.Tensor | None,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 32) (quantized)
         mDprobsPartial: cute.Tensor | None,  # (T, n_tiles) fp32 (with probs)
         mWarpSums: cute.Tensor | None,  # (max tiles * 8, N1) fp32, zero-filled (bias_grad)
-        mDh: cute.Tensor,  # (T, N1) bf16, row-major
+        mDh: cute.Tensor | None,  # (T, N1) bf16, row-major (bf16 dh)
+        mRowData: cute.Tensor | None,  # (T, N1) uint8: Q_row(dh)'s fp8 bytes (quantized)
+        mRowScale: cute.Tensor | None,  # (T, N1 / 32) uint8: its compact scales
+        mColData: cute.Tensor | None,  # (N1, T) uint8: Q_col(dh)'s fp8 bytes, transposed
+        mColScale: cute.Tensor | None,  # (N1, n_blocks) uint8: its compact grouped scales
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
@@ -160,10 +242,22 @@ class FC2DgradSm90:
             sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
 
-        self.shared_storage = SharedStorage
+        # the quantizing epilogue's transposed fp8 tile and 16-row amax keys (_quantize_epilogue)
+        @cute.struct
+        class QuantizedSharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.SQ_WORDS], 128]
+            sKeys: cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.KEY_WORDS], 128]
+
+        self.shared_storage = QuantizedSharedStorage if const_expr(self.quantized) else SharedStorage
+        if const_expr(self.quantized):
+            check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         self.kernel(
-            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart,
-            mDprobsPartial, mWarpSums, mDh, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
+            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart, mBlockStart,
+            mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData, mColScale,
+            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
@@ -178,9 +272,14 @@ class FC2DgradSm90:
         mProbs: cute.Tensor | None,
         mRowStart: cute.Tensor,
         mTileStart: cute.Tensor,
+        mBlockStart: cute.Tensor | None,
         mDprobsPartial: cute.Tensor | None,
         mWarpSums: cute.Tensor | None,
-        mDh: cute.Tensor,
+        mDh: cute.Tensor | None,
+        mRowData: cute.Tensor | None,
+        mRowScale: cute.Tensor | None,
+        mColData: cute.Tensor | None,
+        mColScale: cute.Tensor | None,
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
@@ -199,7 +298,7 @@ class FC2DgradSm90:
         tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, self.tile_n)  # w2t_g rows n_tile * BN + [0, BN)
 
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (dy, w2t) k-tile of this CTA's items
             state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
@@ -212,7 +311,7 @@ class FC2DgradSm90:
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+            cute.arch.setmaxregister_increase(self.registers[1])
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
@@ -221,8 +320,12 @@ class FC2DgradSm90:
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
             # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
-            acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # da, then the db1 sums
+            acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # da, then the db1 sums (bf16 dh)
             operands = ((acc, tCrBs[0]),)
+            if const_expr(self.quantized):
+                values = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # a quantized tile's fp32 dh
+                smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
+                          storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
             group_sums = cute.make_rmem_tensor((4,), Float32)  # bias_grad: a group's d gate, d up column sums
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
@@ -252,20 +355,30 @@ class FC2DgradSm90:
                 tile = (TILE_M, self.tile_n)
                 tCgG = cute.recast_tensor(thr_mma.partition_C(
                     cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
-                tCgH = cute.recast_tensor(thr_mma.partition_C(
-                    cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
+                if const_expr(not self.quantized):
+                    tCgH = cute.recast_tensor(thr_mma.partition_C(
+                        cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
+                tCgU = None
                 if const_expr(self.gated):
                     tCgU = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
-                    tCgHU = cute.recast_tensor(thr_mma.partition_C(
-                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
+                    if const_expr(not self.quantized):
+                        tCgHU = cute.recast_tensor(thr_mma.partition_C(
+                            cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
+                if const_expr(self.quantized):
+                    # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
+                    col_block0 = mBlockStart[g] + (m_tile - mTileStart[g]) * (TILE_M // BLOCK_SIZE)
+                    self.quantized_epilogue(
+                        acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs,
+                        (mRowData, mRowScale, mColData, mColScale), smem_q, mWarpSums, first_row, col0, ffn, limits,
+                        col_block0, m_tile * WARPS_PER_TILE + tile_warp)
 
                 # one pass over the thread's column groups j (two rows r, r + 8 of a column pair
                 # f, f+1; pair i = 2j + row slot): c loaded once; with probs, act(c) for the
                 # dprobs partials (of da before the probs scale) shares its sigmoid with act'(c).
                 # bias_grad: the group's two rows are added at once and written over its da
                 # (read first): acc[4j + c] = d gate, acc[4j + 2 + c] = d up sums of column c.
-                for j in cutlass.range_constexpr(cute.size(tCcD) // 4):
+                for j in cutlass.range_constexpr(0 if const_expr(self.quantized) else cute.size(tCcD) // 4):
                     if const_expr(self.bias_grad):
                         group_sums.fill(0.0)  # masked elements add 0
                     for slot in cutlass.range_constexpr(2):
@@ -313,7 +426,7 @@ class FC2DgradSm90:
 
                 # bias_grad: column sums of the warp's 16 rows -> dh_warp_sums[m_tile * 8 + warp]
                 # (the thread's two rows were added above; the warp's 8 quads by shuffles)
-                if const_expr(self.bias_grad):
+                if const_expr(self.bias_grad and not self.quantized):
                     sums_row = m_tile * WARPS_PER_TILE + tile_warp
                     halves = ((0, 0), (2, ffn)) if const_expr(self.gated) else ((0, 0),)
                     for h in cutlass.range_constexpr(len(halves)):
@@ -328,6 +441,109 @@ class FC2DgradSm90:
                                 if lane < 4 and col < limits[1]:
                                     mWarpSums[sums_row, offset + col0 + col] = total
                 item += grid
+
+
+    @cute.jit
+    def quantized_epilogue(self, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
+                           smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
+        """The MXFP8 epilogue of one tile (module docstring): per 128-column tile of dh (gated: a
+        64-column half of the da tile gives its 64 d gate and 64 d up columns; srelu: the whole
+        tile), the fp32 dh of the thread's pairs into ``values``, Q_row and Q_col of it, its db1
+        warp sums; the dprobs partials accumulate in row_dprobs over the halves in column order."""
+        args = (acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs, smem_q, mWarpSums,
+                first_row, col0, ffn, limits, col_block0, sums_row)
+        self.quantized_half(0, *args)
+        if const_expr(self.gated):
+            if limits[1] > _quantize_epilogue.SEGMENT_COLS:  # the second half has valid columns
+                self.quantized_half(1, *args)
+
+    @cute.jit
+    def quantized_half(self, q: int, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
+                       smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
+        """Gated: half q of the da tile (its 64-column half q -> the d gate and d up columns of a
+        quantized tile); srelu: the whole tile (q = 0)."""
+        quads = _quantize_epilogue.SEGMENT_GROUPS if const_expr(self.gated) else cute.size(tCcD) // 4
+        offset = q * quads * 8  # the half's first da column in the tile
+        if const_expr(self.gated):
+            segments = dh_segments(col0, ffn, limits[1], q)
+        for jl in cutlass.range_constexpr(quads):
+            j = q * quads + jl  # da column group
+            for slot in cutlass.range_constexpr(2):
+                i = 2 * j + slot
+                if cute.elem_less(tCcD[2 * i], limits):
+                    grad = (acc[2 * i], acc[2 * i + 1])
+                    gate = _bf16_pair(Uint32(tCgG[i]))
+                    up = _bf16_pair(Uint32(tCgU[i])) if const_expr(self.gated) else gate
+                    if const_expr(self.has_probs):
+                        act0 = activation_forward(self.activation, gate[0], up[0])
+                        act1 = activation_forward(self.activation, gate[1], up[1])
+                        row_dprobs[slot] = row_dprobs[slot] + (grad[0] * act0 + grad[1] * act1)
+                        p = row_probs[slot]
+                        grad = (grad[0] * p, grad[1] * p)
+                    d0 = activation_backward(self.activation, gate[0], up[0], grad[0])
+                    d1 = activation_backward(self.activation, gate[1], up[1], grad[1])
+                    # the fp32 dh (as Triton: no bf16 step); gated: d gate at tile column
+                    # group jl, d up at 8 + jl (pair 2 j + slot of the quantized tile)
+                    values[4 * jl + 2 * slot], values[4 * jl + 2 * slot + 1] = d0[0], d1[0]
+                    if const_expr(self.gated):
+                        up_pair = 4 * (quads + jl) + 2 * slot
+                        values[up_pair], values[up_pair + 1] = d0[1], d1[1]
+                else:  # masked: 0, not the previous half's or item's value (kept live across them)
+                    values[4 * jl + 2 * slot], values[4 * jl + 2 * slot + 1] = Float32(0.0), Float32(0.0)
+                    if const_expr(self.gated):
+                        up_pair = 4 * (quads + jl) + 2 * slot
+                        values[up_pair], values[up_pair + 1] = Float32(0.0), Float32(0.0)
+        if const_expr(self.gated):
+            quantize_tile_both_ways(
+                values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, col0, limits, col_block0,
+                self.e5m2, self.floor_scales, _EPILOGUE_BARRIER, column_first=True, segments=segments)
+        else:
+            quantize_tile_both_ways(
+                values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, col0, limits, col_block0,
+                self.e5m2, self.floor_scales, _EPILOGUE_BARRIER, column_first=True)
+        if const_expr(self.bias_grad):  # the quantized tile's column sums of the warp's 16 rows
+            self.warp_column_sums(values, tCcD, mma_tidx, mWarpSums, sums_row, col0 + offset, ffn, limits[0],
+                                  limits[1] - offset)
+
+    @cute.jit
+    def warp_column_sums(self, values, tCcD, mma_tidx, mWarpSums, sums_row, start, ffn, rows, room):
+        """db1 partials of a quantized tile: per column its two rows (masked) then the warp's 8
+        quads (butterflies), written by lanes 0-3 to mWarpSums[sums_row, dh column]. Gated: tile
+        columns [0, 64) are the d gate columns start + c, [64, 128) the d up columns F + start + c
+        - 64, valid while c (mod 64) < room; srelu: columns start + c, valid while c < room."""
+        lane = mma_tidx % 32
+        for j in cutlass.range_constexpr(_quantize_epilogue.COLUMN_GROUPS):
+            segment = self.segment_of_group(j)  # 0: d gate (srelu: dh), 1: d up
+            shift = segment * _quantize_epilogue.SEGMENT_COLS
+            for c in cutlass.range_constexpr(2):
+                col = tCcD[4 * j + c][1] - shift  # the column within its segment
+                total = Float32(0.0)
+                for slot in cutlass.range_constexpr(2):
+                    v = 4 * j + 2 * slot + c
+                    total = total + cutlass.select_((tCcD[v][0] < rows) & (col < room), values[v], Float32(0.0))
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=4)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=8)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=16)
+                if lane < 4 and col < room:
+                    mWarpSums[sums_row, segment * ffn + start + col] = total
+
+    def segment_of_group(self, j: int) -> int:
+        """The segment of column group j of a quantized tile (gated: 0 for d gate, 1 for d up)."""
+        return j // _quantize_epilogue.SEGMENT_GROUPS if self.gated else 0
+
+
+def dh_segments(col0, ffn, valid_cols, q: int):
+    """Gated, the quantized tile of half q of a da tile at column col0 (valid_cols = F - col0 valid
+    da columns): its columns [0, 64) are d gate columns col0 + 64 q + c, [64, 128) d up columns
+    F + col0 + 64 q + c - 64, each valid while c (mod 64) < valid_cols - 64 q
+    (``quantize_tile_both_ways``'s segments; Python ints or DSL values)."""
+    offset = q * _quantize_epilogue.SEGMENT_COLS
+    return (col0 + offset, valid_cols - offset), (ffn + col0 + offset, valid_cols - offset)
+
+
+def _bf16_pair(word):
+    """The two bf16 halves of a 32-bit word (low first) as fp32 (exact: cvt.f32.bf16's values)."""
+    return (_as_f32(word << Uint32(16)), _as_f32(word & Uint32(0xFFFF0000)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,8 +570,17 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
         warp_sums = make_fake_tensor(Float32, (sum_rows, n1), stride=(sym_stride(1), 1), assumed_align=4)
     row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    dh = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    return (dy, w, c, probs, row_start, tile_start, dprobs_partial, warp_sums, dh, Int32(1), fake_stream())
+    block_start = dh = row_data = row_scale = col_data = col_scale = None
+    if config.quantized:  # fp8 and scale bytes as uint8; dh (N1, T) transposed: T any (1-byte aligned rows)
+        block_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
+        row_data = make_fake_tensor(Uint8, (rows, n1), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
+        row_scale = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+        col_data = make_fake_tensor(Uint8, (n1, rows), stride=(sym_stride(1), 1), assumed_align=ALIGN)
+        col_scale = make_fake_tensor(Uint8, (n1, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+    else:
+        dh = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    return (dy, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, dh, row_data, row_scale,
+            col_data, col_scale, Int32(1), fake_stream())
 
 
 @functools.lru_cache(maxsize=None)
@@ -418,12 +643,15 @@ def fc2_dgrad(
     tile_n: int = 128,  # da columns per work item (FC2DgradConfig.tile_n)
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
-    ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad`` for ``recipe=None`` (dh in bf16, dprobs and db1
-    fp32); the MXFP8 epilogue is not written yet."""
+    ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
+    writes dh as Q_row(dh) and Q_col(dh) in ``recipe.grad_format`` with the recipe's scale mode
+    (compact scales; ``FC2DgradOutput.dh`` is None), bit for bit the Triton kernel's where the da
+    accumulations agree (tile_n must be 128); dprobs and db1 fp32 either way."""
     # validate
-    if recipe is not None:
-        raise NotImplementedError("the sm90 fc2_dgrad kernel writes dh in bf16 only (recipe=None); the MXFP8 "
-                                  "epilogue (Q_row(dh) and Q_col(dh)) is not written yet: use gmlp.triton_ref.fc2_dgrad")
+    if recipe is not None and not isinstance(recipe, MXFP8Recipe):
+        raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
+    if recipe is not None and tile_n != QUANTIZED_TILE_N:
+        raise ValueError(_quantized_tile_n_reason(tile_n))
     if not isinstance(activation, Activation):
         raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
     dy_data, (tokens, hidden) = rowwise_operand("dy", dy)
@@ -444,15 +672,32 @@ def fc2_dgrad(
         raise ValueError("dy, w2t and c must be 16-byte aligned CUDA tensors")
     if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
         raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
+    quantized = recipe is not None
+    fmt = recipe.grad_format if quantized else None
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
-                            bias_grad=bias_grad, tile_n=tile_n)
+                            bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
+                            e5m2=quantized and fmt is ElementFormat.E5M2,
+                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR)
 
-    # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
+    # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
+    # min(#SMs, bound of the work items) persistent CTAs
     device = dy_data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     n_tiles = scale_layout.ceil_div(ffn, tile_n)
-    dh = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
+    if quantized:
+        dh = None
+        dh_data = torch.empty(tokens, n1, dtype=fmt.torch_dtype, device=device)
+        dh_scales = torch.empty(tokens, n1 // BLOCK_SIZE, dtype=torch.uint8, device=device)
+        dh_col = torch.empty(n1, tokens, dtype=fmt.torch_dtype, device=device)
+        dh_col_scales = torch.zeros(n1, scale_layout.max_column_blocks(tokens, experts), dtype=torch.uint8,
+                                    device=device)
+        outputs = (None, dh_data.view(torch.uint8), dh_scales, dh_col.view(torch.uint8), dh_col_scales)
+        block_start = groups.block_start
+    else:
+        dh = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
+        outputs = (dh, None, None, None, None)
+        block_start = None
     dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
                  if bias_grad else None)
@@ -460,8 +705,8 @@ def fc2_dgrad(
     if num_ctas > 0:
         with torch.cuda.device(device):
             kernel = _compile(config, None).function
-            kernel(dy_data, w2t, c, probs, groups.row_start, groups.tile_start, dprobs_partial, warp_sums, dh,
-                   num_ctas)
+            kernel(dy_data, w2t, c, probs, groups.row_start, groups.tile_start, block_start, dprobs_partial, warp_sums,
+                   *outputs, num_ctas)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = None
     if bias_grad:
@@ -469,4 +714,11 @@ def fc2_dgrad(
 
         tile_sums = warp_sums.view(-1, WARPS_PER_TILE, n1).sum(dim=1)  # fixed order
         db1 = segment_sum(tile_sums, groups.tile_start)
-    return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)
+    if not quantized:
+        return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)
+    return FC2DgradOutput(
+        dprobs=dprobs, dh=None, db1=db1,
+        dh_rowwise=MXFP8Tensor(dh_data, dh_scales, QuantAxis.ROWWISE, False, fmt, recipe.scale_mode, split_sizes),
+        dh_columnwise=MXFP8Tensor(dh_col, dh_col_scales, QuantAxis.COLUMNWISE, False, fmt, recipe.scale_mode,
+                                  split_sizes),
+    )
