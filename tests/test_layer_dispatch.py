@@ -235,26 +235,21 @@ def _with_cutedsl():
 
 
 def test_sm90_takes_its_kernels_site_by_site(monkeypatch):
-    """On SM90 with cutlass-dsl every GEMM site of a bf16 layer takes its SM90 kernel, checked
-    against Triton; with MXFP8, FC1 and FC2 dgrad (quantized outputs) stay on Triton with a recipe
-    reason, the other GEMM sites take CuTeDSL on dequantized operands."""
+    """On SM90 with cutlass-dsl every GEMM site of a bf16 or MXFP8 layer takes its SM90 kernel,
+    checked against Triton (MXFP8: on dequantized operands, FC1 and FC2 dgrad quantizing their
+    outputs in the epilogue)."""
     _with_cutedsl()
     device = _gpu(monkeypatch, (9, 0))
     for activation in ("swiglu", "geglu", "qgeglu", "srelu"):
-        bf16 = _plan(device, activation=activation, recipe=None, bias=True)
-        assert not bf16.sm100
-        for site in GEMM_SITES:
-            assert bf16.path(site) is Path.CUTEDSL and bf16.references[site] is Path.TRITON, (activation, site)
-        assert bf16.path("bias grad") is Path.TRITON
+        for recipe in (None, gmlp.MXFP8Recipe(), gmlp.MXFP8Recipe(grad_format=gmlp.ElementFormat.E5M2,
+                                                                   scale_mode=gmlp.ScaleMode.FLOOR)):
+            plan = _plan(device, activation=activation, recipe=recipe, bias=True)
+            assert not plan.sm100
+            for site in GEMM_SITES:
+                assert plan.path(site) is Path.CUTEDSL and plan.references[site] is Path.TRITON, (activation, site)
+            assert plan.path("bias grad") is Path.TRITON
     mxfp8 = _plan(device)
     assert mxfp8.path("dequantize") is Path.TRITON and mxfp8.path("quantize x") is Path.CUTEDSL
-    for site in GEMM_SITES:
-        if site in ("fc1", "fc2 dgrad"):
-            reason = dict(mxfp8.decisions[site].skipped)[Path.CUTEDSL]
-            assert mxfp8.path(site) is Path.TRITON and reason.kind is ReasonKind.RECIPE, site
-            assert "does not yet quantize" in str(reason) and str(reason) in mxfp8.explain()
-        else:
-            assert mxfp8.path(site) is Path.CUTEDSL and mxfp8.references[site] is Path.TRITON, site
     # parameters the bf16 GEMMs cannot take: a recipe reason for CuTeDSL as for Triton
     fp32 = _plan(device, recipe=None, dtype=torch.float32)
     for site in GEMM_SITES:

@@ -4,8 +4,8 @@
 Each site's problem is the kernel's own ``problem_support`` at the layer's sizes (T is the plan's
 token class, an upper bound of the call's rows). On SM90 the MXFP8 recipe's operands are
 dequantized to bf16 before the GEMMs (the same values the spec's GEMM reads), so every site
-takes bf16 operands; FC1 and FC2 dgrad also write the recipe's quantized outputs from their
-epilogue, which these kernels do not yet do.
+takes bf16 operands; FC1 and FC2 dgrad also write the recipe's quantized outputs (Q_row and
+Q_col of a, of dh) from their epilogues, bit for bit those of their Triton twins.
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
         return Reason(ReasonKind.SYSTEM, error)
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
-    if problem.mxfp8 and op in ("fc1_forward", "fc2_dgrad"):
-        output = "Q_row(a) and Q_col(a)" if op == "fc1_forward" else "Q_row(dh) and Q_col(dh)"
-        return Reason(ReasonKind.RECIPE, f"MXFP8: the SM90 {op} kernel writes bf16 only; its epilogue does not yet "
-                                         f"quantize {output}")
     gated = problem.activation != "srelu"
     n1 = (2 if gated else 1) * problem.ffn
     tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn
