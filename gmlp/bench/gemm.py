@@ -9,6 +9,10 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
   the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling;
 - ``cutedsl``: the CuTeDSL SM90 kernel (``gmlp.cutedsl.sm90``) on bf16 operands, each of its
   configurations (an H100/H200 with cutlass-dsl only);
+- ``cutedsl-dequant`` and ``cutedsl-decode`` (FC2 and FC1 dgrad, the grouped GEMM of MXFP8 A
+  rows): the MXFP8 layer's A operand dequantized by the Triton pass then the SM90 kernel, against
+  the SM90 kernel decoding Q_row(A) itself (``gmlp.cutedsl.sm90._decode``); both read the weight
+  dequantized beforehand (once per step in the layer, not timed here);
 - ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
   beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
   (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
@@ -81,6 +85,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 
 # The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
 SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
+SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the decoded A: no ping-pong
 SM90_FC1_CONFIGS = [dict(), dict(fused_b=True)]  # 128 a columns: two m64n128 wgmmas or one m64n256
 SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=128), dict(tile_n=256)]
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
@@ -119,6 +124,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
     deq = dequantize_mxfp8
     splits, offsets, recipe = t["split_sizes"], t["offsets"], MXFP8Recipe()
     w1t_view = lambda w1: w1.transpose(1, 2)  # noqa: E731  B_g = W1_g^T
+    w2_deq = deq(t["w2_row"]).view(t["w2"].shape)  # the weights as the MXFP8 layer's GEMMs read them
+    w1t_deq = w1t_view(deq(t["w1_col"]).view(t["w1"].shape))
+    sm90_gemm = lambda *args, **kwargs: _sm90("grouped_gemm").grouped_gemm(*args, **kwargs)  # noqa: E731
     return {
         "fc1": dict(
             baseline=lambda: torch._grouped_mm(t["x"], t["w1"].transpose(1, 2), offs=offsets),
@@ -137,6 +145,8 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["a"], t["w2"], splits, **c),
+            **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["a_row"]), w2_deq, splits, **c),
+               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["a_row"], w2_deq, splits, **c)},
             quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
@@ -147,6 +157,8 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["dh_row"]), w1t_view(deq(t["w1_col"]).view(t["w1"].shape)),
                                                  splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, **c),
+            **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["dh_row"]), w1t_deq, splits, **c),
+               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["dh_row"], w1t_deq, splits, **c)},
             quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
@@ -183,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
     parser.add_argument("--variants", default="bf16,mxfp8",
                         help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
-                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; quack: QuACK's varlen GEMM")
+                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; cutedsl-dequant / cutedsl-decode: "
+                             "MXFP8 A dequantized first / decoded in the SM90 kernel (fc2, fc1_dgrad); "
+                             "quack: QuACK's varlen GEMM")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -199,9 +213,14 @@ def main(argv: list[str] | None = None) -> None:
                   + (f"{base_ms:.3f} ms {gemm['flops'] / base_ms / 1e9:.0f} TFLOP/s" if base_ms else base_error), flush=True)
             candidates, defaults = gemm["tilings"]
             for variant in args.variants.split(","):
+                if variant not in gemm:
+                    print(f"  {variant:>8}: not a variant of {gemm_name}", flush=True)
+                    continue
                 # the layer's tiling first; the CuTeDSL kernels' default configuration first
-                if variant in ("cutedsl", "quack"):
-                    tilings = gemm["configs"] if variant == "cutedsl" else QUACK_CONFIGS
+                if variant.startswith("cutedsl"):
+                    tilings = gemm["configs"] if variant == "cutedsl" else SM90_DECODE_CONFIGS
+                elif variant == "quack":
+                    tilings = QUACK_CONFIGS
                 else:
                     tilings = dict.fromkeys([defaults[variant], *candidates])
                 for tiling in tilings:

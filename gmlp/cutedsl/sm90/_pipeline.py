@@ -45,8 +45,12 @@ class StagedConfig:
     """The pipeline-depth rules of a kernel config (a frozen dataclass with a ``stages`` field and
     a ``stage_bytes()`` of its slot): as many stages as fit in shared memory unless set."""
 
+    def fixed_bytes(self) -> int:
+        """Shared memory outside the slot ring (none unless a config says otherwise)."""
+        return 0
+
     def max_stages(self) -> int:
-        return SMEM_BYTES // self.stage_bytes()
+        return (SMEM_BYTES - self.fixed_bytes()) // self.stage_bytes()
 
     def num_stages(self) -> int:
         return self.stages if self.stages is not None else self.max_stages()
@@ -76,12 +80,12 @@ def cta_roles(tma_atoms: tuple):
 
 
 def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
-                 b_tiles_per_slot: int = 1):
+                 b_tiles_per_slot: int = 1, a_dtype=BFloat16):
     """(sA, sB, stage_bytes): the staged A and B tiles of ``storage`` (fields ``sA``, ``sB``) and
-    the TMA bytes that fill one slot (its A tile and ``b_tiles_per_slot`` B tiles)."""
+    the TMA bytes that fill one slot (its A tile of ``a_dtype`` and ``b_tiles_per_slot`` B tiles)."""
     sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
     sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-    stage_bytes = (cute.size_in_bytes(BFloat16, cute.slice_(a_smem_layout, (None, None, 0)))
+    stage_bytes = (cute.size_in_bytes(a_dtype, cute.slice_(a_smem_layout, (None, None, 0)))
                    + b_tiles_per_slot * cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
     return sA, sB, stage_bytes
 
@@ -112,12 +116,15 @@ def b_is_k_major(name: str, b: torch.Tensor) -> bool:
 
 
 def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, stages: int,
-                           atom_layout_mnk: tuple[int, int, int], b_box_rows: int | None = None) -> MainloopOperands:
+                           atom_layout_mnk: tuple[int, int, int], b_box_rows: int | None = None,
+                           a_dtype=BFloat16) -> MainloopOperands:
     """Tiles (128, tile_n, 64); the tiled MMA covers (64 * atom_layout_mnk[0], tile_n) per call
     (one m64 wgmma per consumer warpgroup and repeated over the tile's remaining rows). B's TMA
     box is ``b_box_rows`` x 64 (default tile_n): a B tile of several boxes is filled by several
     loads (FC1's gate and up rows into one 256-row tile; the boxes must then be stacked row
-    blocks of the smem tile, which holds for K-major B)."""
+    blocks of the smem tile, which holds for K-major B). ``a_dtype`` Uint8: A's slots hold the
+    fp8 bytes of an MXFP8 A (64B-swizzled, decoded to bf16 by the consumers: ``_decode``); the
+    MMA stays bf16."""
     tile_shape_mnk = (TILE_M, tile_n, TILE_K)
     a_layout = utils.LayoutEnum.from_tensor(mA)
     b_layout = utils.LayoutEnum.from_tensor(mB_nke)
@@ -125,7 +132,7 @@ def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, st
         BFloat16, BFloat16, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
         atom_layout_mnk, tiler_mn=(64, tile_n),
     )
-    a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, BFloat16, stages)
+    a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, a_dtype, stages)
     b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, BFloat16, stages)
     tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),

@@ -52,11 +52,11 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp import scale_layout
-from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90 import _decode, _schedule
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
@@ -81,6 +81,8 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat
+from gmlp.quantized import MXFP8Tensor, QuantAxis
 
 __all__ = [
     "KernelConfig",
@@ -106,19 +108,27 @@ class KernelConfig(StagedConfig):
     tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     pingpong: bool = False  # tile_n = 128 only: two consumer warpgroups on alternate work items
+    # MXFP8 A (rowwise, compact scales) decoded to bf16 in the kernel (``_decode``); None: bf16 A
+    a_format: ElementFormat | None = None
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
         if self.pingpong and self.tile_n != 128:
             raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), got {self.tile_n}")
+        if self.a_format is not None and self.pingpong:
+            raise ValueError("a decoded MXFP8 A (a_format) needs pingpong=False (one warpgroup's bf16 buffers per tile)")
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: an A tile and a B tile of bf16."""
-        return (TILE_M + self.tile_n) * TILE_K * 2
+        """Shared memory of one pipeline slot: an A tile (bf16, or fp8 when decoded) and a bf16 B tile."""
+        return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.tile_n * TILE_K * 2
+
+    def fixed_bytes(self) -> int:
+        """The decoded A's bf16 buffers, outside the slot ring."""
+        return _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.a_format is not None else 0
 
 
 
@@ -142,11 +152,14 @@ class GroupedGemmSm90:
         # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
         self.threads = (1 + self.num_consumers) * _THREADS_PER_WARPGROUP
+        self.decoded = config.a_format is not None
+        self.a_dtype = Uint8 if self.decoded else BFloat16
 
     @cute.jit
     def __call__(
         self,
-        mA: cute.Tensor,  # (T, K) bf16, row-major
+        mA: cute.Tensor,  # (T, K) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
+        mScales: cute.Tensor | None,  # decoded: (T, K / 32) uint8 E8M0 bytes of A's rows, row-major
         mB: cute.Tensor,  # (E, N, K) bf16: K-major (strides (., K', 1)) or N-major (strides (., 1, N'))
         mBias: cute.Tensor | None,  # (E, N) bf16/fp32, row-major
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
@@ -157,19 +170,29 @@ class GroupedGemmSm90:
     ):
         # B as the (N, K, E) tensor that the dense Hopper GEMMs read (L = experts)
         mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
-        ops = make_mainloop_operands(mA, mB_nke, self.tile_n, self.stages, self.atom_layout_mnk)
+        ops = make_mainloop_operands(mA, mB_nke, self.tile_n, self.stages, self.atom_layout_mnk,
+                                     a_dtype=self.a_dtype)
+        a16_layout = _decode.buffer_layout(mA, self.tile_shape_mnk)  # decoded: the bf16 buffers of A
 
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
             order_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # ping-pong: whose mainloop is next
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.a_smem_layout)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class DecodedSharedStorage:
+            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024]
+            sA16: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+
+        self.shared_storage = DecodedSharedStorage if const_expr(self.decoded) else SharedStorage
         self.kernel(
-            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart, mD, ops.tiled_mma,
-            ops.a_smem_layout, ops.b_smem_layout,
+            ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart, mD,
+            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
@@ -178,6 +201,7 @@ class GroupedGemmSm90:
         self,
         tma_atom_a: cute.CopyAtom,
         mA: cute.Tensor,  # TMA coordinates of A (T, K)
+        mScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
         mBias: cute.Tensor | None,
@@ -185,12 +209,13 @@ class GroupedGemmSm90:
         mTileStart: cute.Tensor,
         mD: cute.Tensor,
         tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
         # a slot is released by the warpgroups that read it: both halves of a BN = 256 tile, or
         # with ping-pong the one warpgroup whose item it holds
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
@@ -227,7 +252,17 @@ class GroupedGemmSm90:
             mma_tidx = tidx - _THREADS_PER_WARPGROUP
             if const_expr(self.pingpong):
                 mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
-            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
+            if const_expr(self.decoded):
+                # wgmmas read the bf16 buffers; the fp8 slots and the buffers as 16-byte chunks of words
+                sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+                tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA16, (sB,))
+                split = _decode.DecodeSplit(self.num_mma_warpgroups, self.config.a_format is ElementFormat.E5M2)
+                row, first_chunk = split.thread_position(mma_warpgroup, tidx % _THREADS_PER_WARPGROUP)
+                decode_args = (_decode.chunks(storage.sA, cute.cosize(a_smem_layout)),
+                               _decode.chunks(storage.sA16, cute.cosize(a16_layout)), mScales, row, first_chunk)
+                decoded = Int32(0)
+            else:
+                tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
@@ -250,8 +285,13 @@ class GroupedGemmSm90:
                 g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
-                tiled_mma, read_state, release_state = mma_k_tiles(
-                    tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
+                if const_expr(self.decoded):
+                    tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
+                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),), split,
+                        decode_args, mma_warpgroup, first_row, decoded)
+                else:
+                    tiled_mma, read_state, release_state = mma_k_tiles(
+                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
                 if const_expr(self.pingpong):
                     # the other warpgroup's mainloop may start; its item's slots are skipped here
                     order_state = order.arrive(order_state)
@@ -297,6 +337,11 @@ def _fake_arguments(config: KernelConfig) -> tuple:
     starts = cute.sym_int()  # E + 1
     experts = cute.sym_int()
     a = make_fake_tensor(BFloat16, (rows, k), stride=(sym_stride(), 1), assumed_align=_ALIGN)
+    scales = None
+    if config.a_format is not None:  # the fp8 bytes (K a multiple of 32) and the compact scales
+        k = cute.sym_int(divisibility=BLOCK_SIZE)
+        a = make_fake_tensor(Uint8, (rows, k), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=_ALIGN)
+        scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
     b_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     b = make_fake_tensor(BFloat16, (experts, n, k), stride=b_strides, assumed_align=_ALIGN)
     bias = None
@@ -306,7 +351,7 @@ def _fake_arguments(config: KernelConfig) -> tuple:
     row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     d = make_fake_tensor(BFloat16, (rows, n), stride=(sym_stride(), 1), assumed_align=_ALIGN)
-    return (a, b, bias, row_start, tile_start, d, Int32(1), fake_stream())
+    return (a, scales, b, bias, row_start, tile_start, d, Int32(1), fake_stream())
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,8 +397,20 @@ def compile_grouped_gemm(
 _b_layout = functools.partial(b_is_k_major, "b")  # True: K-major B (E, N, K); False: N-major
 
 
+def _decoded_operands(a: MXFP8Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 bytes as uint8 (T, K), compact scales (T, K / 32)) of a rowwise MXFP8 A, checked."""
+    if a.axis is not QuantAxis.ROWWISE or a.swizzled:
+        raise ValueError(f"a decoded in the kernel must be a rowwise MXFP8Tensor with compact scales, got {a!r}")
+    data, scales = a.data, a.scales
+    tokens, k = data.shape
+    if not (data.is_contiguous() and scales.is_contiguous() and scales.shape == (tokens, k // BLOCK_SIZE)):
+        raise ValueError(f"a's data (T, K) and scales (T, K/32) must be contiguous, got {tuple(data.shape)} and "
+                         f"{tuple(scales.shape)}")
+    return data.view(torch.uint8), scales
+
+
 def grouped_gemm(
-    a: torch.Tensor,  # (T, K) bf16, contiguous, rows grouped by expert
+    a: torch.Tensor | MXFP8Tensor,  # (T, K) bf16, contiguous, rows grouped by expert; or Q_row(A)
     b: torch.Tensor,  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major (_b_layout)
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -364,10 +421,18 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
-    of 8 and 16-byte aligned bases (TMA)."""
+    of 8 and 16-byte aligned bases (TMA). ``a`` may be a rowwise ``MXFP8Tensor`` (compact
+    scales): decoded to bf16 in the kernel, the result is bit for bit that of its Triton-
+    dequantized bf16 values (``tile_n`` then without ``pingpong``)."""
     # validate
-    if not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 3 and a.is_contiguous()):
-        raise TypeError(f"a must be a contiguous bf16 (T, K) matrix and b a bf16 (E, N, K) tensor, got "
+    a_format, scales = None, None
+    if isinstance(a, MXFP8Tensor):
+        a_format = a.element_format
+        a, scales = _decoded_operands(a)
+    elif a.dtype != torch.bfloat16:
+        raise TypeError(f"a must be a bf16 (T, K) matrix or an MXFP8Tensor, got {a.dtype}")
+    if not (b.dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 3 and a.is_contiguous()):
+        raise TypeError(f"a must be a contiguous (T, K) matrix and b a bf16 (E, N, K) tensor, got "
                         f"a {a.dtype} {tuple(a.shape)}, b {b.dtype} {tuple(b.shape)}")
     (tokens, k), (experts, n, b_k) = a.shape, b.shape
     if experts != split_sizes.numel() or b_k != k:
@@ -380,7 +445,7 @@ def grouped_gemm(
     if bias is not None and (bias.shape != (experts, n) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous ({experts}, {n}) tensor, got {tuple(bias.shape)}")
     config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
-                          pingpong=pingpong)
+                          pingpong=pingpong, a_format=a_format)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
@@ -389,5 +454,5 @@ def grouped_gemm(
     if num_ctas > 0:
         with torch.cuda.device(a.device):
             kernel = _compile(config, None).function
-            kernel(a, b, bias, groups.row_start, groups.tile_start, out, num_ctas)
+            kernel(a, scales, b, bias, groups.row_start, groups.tile_start, out, num_ctas)
     return out

@@ -1,0 +1,218 @@
+"""In-kernel decode of an MXFP8 A operand for the sm_90a mainloop: the consumer warpgroups turn
+each TMA-loaded fp8 k-tile into the bf16 tile their ``wgmma`` reads, so no separate dequantize
+pass writes (and the GEMM rereads) a bf16 copy of A.
+
+The values are the Triton dequantize's (``gmlp.triton_ref._dequantize_kernel``), bit for bit:
+``bf16(float(q) * 2**(e - 127))`` with the fp32 multiply rounded to nearest, no flush to zero
+(``e8m0_to_float``: byte 0 is the subnormal 2**-127). fp8 -> f16 is exact for E4M3 and E5M2, and
+f16 -> fp32 is exact, so going through ``cvt.rn.f16x2.{e4m3,e5m2}x2`` changes nothing. The GEMM
+that reads the decoded tile therefore equals the bf16 GEMM of the dequantized operand bit for bit.
+
+Layouts (checked against cute's swizzled layouts in tests/test_sm90_decode.py):
+- fp8 slot (TMA, one per pipeline stage): 128 rows x 64 bytes, 64B-swizzled: row r's 16-byte
+  chunk c (bytes 16c .. 16c + 15) is chunk ``4 r + (c ^ ((r >> 1) & 3))`` of the slot;
+- bf16 buffer (the wgmma operand): 128 rows x 64 bf16, 128B-swizzled: row r's 16-byte chunk c
+  (elements 8c .. 8c + 7) is chunk ``8 r + (c ^ (r & 7))`` of the buffer.
+
+Work split: each consumer warpgroup decodes the rows its own wgmmas read (all 128 with one
+MMA warpgroup, its 64-row half with two): thread t of the warpgroup takes row ``t // P`` of
+them and ``4 / P`` consecutive fp8 chunks (P = 1 or 2 threads a row), so a thread's chunks lie
+in ``2 / P`` scale blocks. Every lane of a warp reads and writes distinct 16-byte bank groups
+per instruction (4 wavefronts per 512 bytes, the minimum).
+
+Ordering, per k-tile i (the slot's full barrier waited):
+1. decode slot i into bf16 buffer ``i mod 3`` (``DECODE_BUFFERS``);
+2. ``fence.proxy.async`` (generic-proxy stores made visible to the wgmma's async proxy) and a
+   named barrier of the warpgroup (every warp's rows written before any warp's wgmma);
+3. the wgmmas of k-tile i, then ``wait_group(1)``: those of k-tile i - 1 are complete.
+Three buffers make one barrier enough: buffer ``i mod 3`` was last read by k-tile i - 3's
+wgmmas, which every warp waited for (at k-tile i - 2) before it passed k-tile i - 1's barrier.
+The scale bytes of k-tile i + 1 are loaded while k-tile i is decoded (L1-resident after the
+first k-tile: a row's scales are contiguous bytes).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from gmlp.cutedsl._quantize_kernel import _select
+from gmlp.cutedsl.sm90._pipeline import THREADS_PER_WARPGROUP, TILE_K
+from gmlp.cutedsl.sm90._schedule import TILE_M
+
+__all__ = ["DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit",
+           "load_scales", "decode_k_tile",
+           "mma_decoded_k_tiles"]
+
+DECODE_BUFFERS = 3  # bf16 tiles in rotation (see the ordering argument above)
+BLOCK = 32  # MXFP8 block: one E8M0 scale byte per 32 values of a row
+FP8_SLOT_BYTES = TILE_M * TILE_K  # 8 KB
+BUFFER_BYTES = TILE_M * TILE_K * 2  # 16 KB
+_FP8_CHUNKS_PER_ROW = TILE_K // 16  # 4 chunks of 16 fp8 values
+_BF16_CHUNKS_PER_ROW = TILE_K // 8  # 8 chunks of 8 bf16 values
+_SUBNORMAL_2_POW_MINUS_127 = 0x00400000
+
+
+def buffer_layout(mA: cute.Tensor, tile_shape_mnk: tuple[int, int, int]) -> cute.ComposedLayout:
+    """The bf16 buffers' layout: A's wgmma operand layout (that of a bf16 A of ``mA``'s major
+    mode), ``DECODE_BUFFERS`` deep."""
+    return sm90_utils.make_smem_layout_a(utils.LayoutEnum.from_tensor(mA), tile_shape_mnk, BFloat16, DECODE_BUFFERS)
+
+
+def chunks(field, elements: int) -> cute.Tensor:
+    """A shared-memory struct field of ``elements`` values as (4, chunks) Uint32 words: one
+    16-byte chunk per column, unswizzled (the chunk positions above apply the swizzles)."""
+    words = cute.recast_tensor(field.get_tensor(cute.make_layout(elements)), Uint32)
+    return cute.zipped_divide(words, (4,))
+
+
+def fp8_chunk(row, chunk):
+    """Slot position (in 16-byte chunks) of fp8 chunk ``chunk`` (0..3) of tile row ``row``."""
+    return row * _FP8_CHUNKS_PER_ROW + (chunk ^ ((row >> 1) & 3))
+
+
+def bf16_chunk(row, chunk):
+    """Buffer position (in 16-byte chunks) of bf16 chunk ``chunk`` (0..7) of tile row ``row``."""
+    return row * _BF16_CHUNKS_PER_ROW + (chunk ^ (row & 7))
+
+
+def _e8m0_to_f32_bits(e: Uint32) -> Uint32:
+    """fp32 bits of 2**(e - 127) (as ``e8m0_to_float``: 0 gives the subnormal 2**-127)."""
+    return _select(e == Uint32(0), _SUBNORMAL_2_POW_MINUS_127, e << 23)
+
+
+@dsl_user_op
+def _decode_pair(word: Uint32, scale_bits: Uint32, high: bool, e5m2: bool, *, loc=None, ip=None) -> Uint32:
+    """bf16x2 of fp8 bytes 0, 1 (``high``: 2, 3) of ``word`` times the fp32 scale, the first byte
+    in the low half: cvt to f16x2 (exact), each half to fp32 (exact), mul.rn.f32, cvt.rn.bf16x2."""
+    fmt = "e5m2x2" if e5m2 else "e4m3x2"
+    half = "hi" if high else "lo"
+    asm = ("{ .reg .b16 lo, hi, a, b; .reg .b32 h2; .reg .f32 x, y, s;\n"
+           "mov.b32 {lo, hi}, $1;\n"
+           f"cvt.rn.f16x2.{fmt} h2, {half};\n"
+           "mov.b32 {a, b}, h2;\n"
+           "cvt.f32.f16 x, a; cvt.f32.f16 y, b;\n"
+           "mov.b32 s, $2;\n"
+           "mul.rn.f32 x, x, s; mul.rn.f32 y, y, s;\n"
+           "cvt.rn.bf16x2.f32 $0, y, x; }")
+    values = [Uint32(word).ir_value(loc=loc, ip=ip), Uint32(scale_bits).ir_value(loc=loc, ip=ip)]
+    return Uint32(llvm.inline_asm(T.i32(), values, asm, "=r,r,r", has_side_effects=False, is_align_stack=False,
+                                  asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+class DecodeSplit:
+    """The static part of a consumer warpgroup's share of a tile's decode (see the module
+    docstring): with ``num_mma_warpgroups`` (1, 2) each warpgroup decodes 128 / that rows, a
+    thread ``chunks`` (4 or 2) fp8 chunks of one row, spanning ``blocks`` (2 or 1) scale blocks."""
+
+    def __init__(self, num_mma_warpgroups: int, e5m2: bool):
+        self.rows = TILE_M // num_mma_warpgroups
+        self.threads_per_row = THREADS_PER_WARPGROUP // self.rows  # 1 or 2
+        self.chunks = _FP8_CHUNKS_PER_ROW // self.threads_per_row
+        self.blocks = self.chunks // 2
+        self.e5m2 = e5m2
+
+    def thread_position(self, mma_warpgroup, local_tid):
+        """(tile row, first fp8 chunk) of a thread of consumer warpgroup ``mma_warpgroup`` (1, 2)."""
+        row = (mma_warpgroup - 1) * self.rows + local_tid // self.threads_per_row
+        return row, (local_tid % self.threads_per_row) * self.chunks
+
+
+@cute.jit
+def load_scales(split: cutlass.Constexpr, mScales: cute.Tensor, row: Int32, first_chunk: Int32, first_row: Int32,
+                k_tile: Int32, scales: cute.Tensor):
+    """Write into ``scales`` (2 Uint32 registers) the fp32 scale bits of the thread's blocks of
+    ``k_tile`` (tile row ``row`` of the item whose tile starts at ``first_row``; ``mScales`` (T,
+    K / 32) E8M0 bytes); rows past T and blocks past K / 32 (TMA zero fill) get 1.0 (byte 127),
+    as the Triton dequantize's masked loads."""
+    num_rows, num_blocks = mScales.shape
+    global_row = first_row + row
+    for b in cutlass.range_constexpr(split.blocks):
+        block = k_tile * (TILE_K // BLOCK) + first_chunk // 2 + b
+        byte = Uint32(127)
+        if global_row < num_rows and block < num_blocks:
+            byte = Uint32(mScales[global_row, block])
+        scales[b] = _e8m0_to_f32_bits(byte)
+
+
+@cute.jit
+def decode_k_tile(split: cutlass.Constexpr, sA8: cute.Tensor, sA16: cute.Tensor, row: Int32, first_chunk: Int32,
+                  slot: Int32, buffer: Int32, scales: cute.Tensor, barrier_id: Int32):
+    """fp8 slot ``slot`` of ``sA8`` -> bf16 buffer ``buffer`` of ``sA16`` (both as 16-byte chunks,
+    ``chunks``) for the thread's chunks, then the fence and the warpgroup's named barrier: the
+    buffer is complete for its wgmmas."""
+    for j in cutlass.range_constexpr(split.chunks):
+        chunk = first_chunk + j
+        src = cute.make_rmem_tensor((4,), Uint32)
+        cute.autovec_copy(sA8[None, slot * (TILE_M * _FP8_CHUNKS_PER_ROW) + fp8_chunk(row, chunk)], src)
+        scale = scales[j // 2]
+        for half in cutlass.range_constexpr(2):  # fp8 words 2 half, 2 half + 1 -> bf16 chunk 2 chunk + half
+            dst = cute.make_rmem_tensor((4,), Uint32)
+            for w in cutlass.range_constexpr(2):
+                word = src[2 * half + w]
+                dst[2 * w] = _decode_pair(word, scale, False, split.e5m2)
+                dst[2 * w + 1] = _decode_pair(word, scale, True, split.e5m2)
+            position = buffer * (TILE_M * _BF16_CHUNKS_PER_ROW) + bf16_chunk(row, 2 * chunk + half)
+            cute.autovec_copy(dst, sA16[None, position])
+    cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=THREADS_PER_WARPGROUP)
+
+
+@cute.jit
+def _decoded_k_tile_mmas(tiled_mma: cute.TiledMma, tCrA: cute.Tensor, buffer: Int32, slot: Int32, operands: tuple):
+    """The wgmmas of one k-tile: A from bf16 buffer ``buffer``, B from pipeline slot ``slot``.
+    Returns the tiled MMA (its ACCUMULATE field set), for the caller to rebind."""
+    cute.nvgpu.warpgroup.fence()
+    for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        for o in cutlass.range_constexpr(len(operands)):
+            cute.gemm(tiled_mma, operands[o][0], tCrA[(None, None, k_block, buffer)],
+                      operands[o][1][(None, None, k_block, slot)], operands[o][0])
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    cute.nvgpu.warpgroup.commit_group()
+    return tiled_mma
+
+
+@cute.jit
+def mma_decoded_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, release_state, k_tiles: Int32,
+                        tCrA: cute.Tensor, operands: tuple, split: cutlass.Constexpr, decode_args: tuple,
+                        barrier_id: Int32, first_row: Int32, decoded: Int32):
+    """``_pipeline.mma_k_tiles`` with A decoded: per k-tile, wait for the slot, decode its fp8 A
+    into the next bf16 buffer (``decoded`` counts the buffers filled so far, across work items:
+    the rotation must continue over them), then its wgmmas (``tCrA``: (MMA, MMA_M, MMA_K,
+    buffers)). The scale bytes of the next k-tile are loaded before this one is decoded. Returns
+    (tiled_mma, read_state, release_state, decoded), to be rebound by the caller. ``decode_args``:
+    (sA8, sA16, mScales, row, first_chunk) of the thread (``DecodeSplit.thread_position``)."""
+    sA8, sA16, mScales, row, first_chunk = decode_args
+    scales = cute.make_rmem_tensor((2,), Uint32)
+    next_scales = cute.make_rmem_tensor((2,), Uint32)
+    load_scales(split, mScales, row, first_chunk, first_row, 0, scales)
+    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+    # k-tile 0: nothing in flight to wait for
+    mainloop.consumer_wait(read_state)
+    load_scales(split, mScales, row, first_chunk, first_row, 1, next_scales)
+    buffer = decoded % DECODE_BUFFERS
+    decode_k_tile(split, sA8, sA16, row, first_chunk, read_state.index, buffer, scales, barrier_id)
+    tiled_mma = _decoded_k_tile_mmas(tiled_mma, tCrA, buffer, read_state.index, operands)
+    read_state.advance()
+    decoded += 1
+    for k_tile in range(1, k_tiles):
+        scales.store(next_scales.load())
+        mainloop.consumer_wait(read_state)
+        load_scales(split, mScales, row, first_chunk, first_row, k_tile + 1, next_scales)
+        buffer = decoded % DECODE_BUFFERS
+        decode_k_tile(split, sA8, sA16, row, first_chunk, read_state.index, buffer, scales, barrier_id)
+        tiled_mma = _decoded_k_tile_mmas(tiled_mma, tCrA, buffer, read_state.index, operands)
+        cute.nvgpu.warpgroup.wait_group(1)  # k-tile - 1's wgmmas are complete: release its slot
+        mainloop.consumer_release(release_state)
+        release_state.advance()
+        read_state.advance()
+        decoded += 1
+    cute.nvgpu.warpgroup.wait_group(0)
+    mainloop.consumer_release(release_state)
+    release_state.advance()
+    return tiled_mma, read_state, release_state, decoded

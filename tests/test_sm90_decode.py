@@ -1,0 +1,172 @@
+"""The SM90 grouped GEMM decoding an MXFP8 A in the kernel (gmlp.cutedsl.sm90._decode): its smem
+chunk positions against cute's layouts and its PTX (CPU), and (marker ``gpu``, H100/H200) its
+result bit for bit against the same kernel on the Triton-dequantized bf16 A: decoding changes
+where the bf16 values are made, not which values, so the products are the same wgmmas on the
+same bits.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gmlp.cutedsl import import_error
+from tests.test_sm90_compile import SPLITS, _on_sm90, check_ptx, expert_weights
+
+_IMPORT_ERROR = import_error()
+pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
+
+FORMATS = ["e4m3", "e5m2"]
+TILE_NS = [256, 128]
+
+
+def test_chunk_positions_follow_the_smem_layouts():
+    """The decode addresses 16-byte chunks of unswizzled word views itself. Its positions must be
+    where cute's layouts put them: the fp8 slot (64B swizzle, S<2,4,3> on byte addresses) and the
+    bf16 buffer (128B swizzle, S<3,4,3> on byte addresses), both row-major (r, k) -> 64 r + k
+    before the swizzle, a stage / buffer every 128 x 64 elements."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90_utils
+
+    from gmlp.cutedsl.sm90._decode import bf16_chunk, fp8_chunk
+
+    found = {}
+
+    @cute.jit
+    def layouts():
+        for name, dtype in (("fp8", cutlass.Uint8), ("bf16", cutlass.BFloat16)):
+            layout = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, (128, 256, 64), dtype, 3)
+            found[name] = (str(layout.inner), [cute.crd2idx((r, k, s), layout.outer)
+                                               for s in range(3) for r in range(128) for k in range(0, 64, 8)])
+
+    layouts()
+    coords = [(s, r, k) for s in range(3) for r in range(128) for k in range(0, 64, 8)]
+    for name, swizzle in (("fp8", "S<2,4,3>"), ("bf16", "S<3,4,3>")):
+        inner, offsets = found[name]
+        assert inner == swizzle, (name, inner)
+        assert offsets == [s * 128 * 64 + 64 * r + k for s, r, k in coords], name
+
+    def swizzled_byte(byte: int, bits: int) -> int:  # Swizzle<bits, 4, 3> on a byte address
+        return byte ^ ((byte >> 3) & (((1 << bits) - 1) << 4))
+
+    for r in range(128):
+        for c in range(4):  # fp8: byte 16 c of row r
+            assert swizzled_byte(64 * r + 16 * c, 2) // 16 == fp8_chunk(r, c)
+        for c in range(8):  # bf16: element 8 c of row r, byte 2 (64 r + 8 c)
+            assert swizzled_byte(2 * (64 * r + 8 * c), 3) // 16 == bf16_chunk(r, c)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tile_n", TILE_NS)
+@pytest.mark.parametrize("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
+def test_decoded_configs_compile(fmt, tile_n, b_k_major):
+    """The grouped GEMM's PTX checks, plus the decode: 16-byte shared loads and stores of whole
+    chunks (a thread's 128 / tile_n * 2 chunks, in the peeled first k-tile and the loop), one cvt
+    per fp8 pair, one named barrier per k-tile, and the smem budget (bf16 buffers outside the
+    ring: 4 stages at 256, 7 at 128)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig, compile_grouped_gemm
+    from gmlp.mxfp8 import ElementFormat
+
+    config = KernelConfig(tile_n=tile_n, b_k_major=b_k_major, a_format=ElementFormat(fmt))
+    compiled = compile_grouped_gemm("sm_90a", config, shape=(32768, 7168, 2048, 32))
+    check_ptx(compiled, tile_n=tile_n, b_k_major=b_k_major)
+    ptx = compiled.ptx
+    chunks = 4 if tile_n == 128 else 2  # fp8 chunks a thread decodes per k-tile
+    assert len(re.findall(r"ld\.shared\.v4\.(?:b|u)32", ptx)) == 2 * chunks
+    assert len(re.findall(r"st\.shared\.v4\.(?:b|u)32", ptx)) == 2 * 2 * chunks
+    assert len(re.findall(rf"cvt\.rn\.f16x2\.{fmt}x2", ptx)) == 2 * 8 * chunks
+    assert len(re.findall(r"fence\.proxy\.async\.shared::cta", ptx)) >= 2
+    assert config.num_stages() == (4 if tile_n == 256 else 7)
+
+
+def test_decoded_config_rules():
+    from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig
+    from gmlp.mxfp8 import ElementFormat
+
+    with pytest.raises(ValueError, match=r"needs pingpong=False"):
+        KernelConfig(tile_n=128, pingpong=True, a_format=ElementFormat.E4M3)
+    with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
+        KernelConfig(a_format=ElementFormat.E4M3, stages=5)
+
+
+def test_launcher_refuses_a_columnwise_or_swizzled_a():
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+    from gmlp.mxfp8 import ElementFormat, ScaleMode
+    from gmlp.quantized import MXFP8Tensor, QuantAxis
+
+    data = torch.zeros(8, 64, dtype=torch.float8_e4m3fn)
+    b, splits = torch.zeros(2, 16, 64, dtype=torch.bfloat16), torch.tensor([4, 4])
+    columnwise = MXFP8Tensor(data.t(), torch.zeros(64, 1, dtype=torch.uint8), QuantAxis.COLUMNWISE, False,
+                             ElementFormat.E4M3, ScaleMode.RCEIL, splits)
+    with pytest.raises(ValueError, match="rowwise MXFP8Tensor with compact scales"):
+        grouped_gemm(columnwise, b, splits)
+    bad_scales = MXFP8Tensor(data, torch.zeros(8, 3, dtype=torch.uint8), QuantAxis.ROWWISE, False,
+                             ElementFormat.E4M3, ScaleMode.RCEIL, splits)
+    with pytest.raises(ValueError, match=r"scales \(T, K/32\) must be contiguous"):
+        grouped_gemm(bad_scales, b, splits)
+
+
+# ---------------------------------------------------------------------------------------------
+# On an sm_90 GPU: bit for bit the kernel on the dequantized A
+# ---------------------------------------------------------------------------------------------
+
+
+def _quantized_a(rows: int, k: int, fmt: str, special: bool):
+    """Q_row of a random (rows, K) matrix; ``special``: rows of large and tiny blocks (scale bytes
+    near 254 and 0, subnormal fp8), zeros and a NaN."""
+    from gmlp.mxfp8 import ElementFormat
+    from gmlp.triton_ref.quantize import quantize_mxfp8
+
+    a = torch.randn(rows, k, device="cuda")
+    if special and rows >= 4:
+        a[0] *= 2.0**100
+        a[1] *= 2.0**-120
+        a[2, : k // 2] = 0
+        a[3, 5] = float("nan")
+    return quantize_mxfp8(a.bfloat16(), swizzle=False, element_format=ElementFormat(fmt)).rowwise
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", TILE_NS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
+@pytest.mark.parametrize("n,k,bias", [(64, 96, True), (264, 64, False), (40, 544, True), (512, 2048, False)],
+                         ids=["k-tail", "one-k-tile", "odd-n-long-k", "wide"])
+@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"], SPLITS["tile-multiples"]],
+                         ids=["ragged-with-empty", "many-tiny", "tile-multiples"])
+def test_decoded_a_matches_the_dequantized_a_bitwise(splits, n, k, bias, transposed, fmt, tile_n):
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+    from gmlp.triton_ref.dequantize import dequantize_mxfp8
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    q = _quantized_a(sum(splits), k, fmt, special=True)
+    b = expert_weights(len(splits), n, k, transposed)
+    bias_values = (torch.randn(len(splits), n, device="cuda") * 0.1).bfloat16() if bias else None
+    got = grouped_gemm(q, b, split_sizes, bias=bias_values, tile_n=tile_n)
+    want = grouped_gemm(dequantize_mxfp8(q), b, split_sizes, bias=bias_values, tile_n=tile_n)
+    assert got.shape == want.shape
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", TILE_NS)
+def test_decoded_a_over_several_bands_and_items(tile_n):
+    """More work items than CTAs and k-tiles than stages: the bf16 buffers rotate across items."""
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+    from gmlp.triton_ref.dequantize import dequantize_mxfp8
+    from tests.cases import BANDED_SPLITS
+
+    torch.manual_seed(1)
+    split_sizes = torch.tensor(BANDED_SPLITS, device="cuda")
+    q = _quantized_a(sum(BANDED_SPLITS), 1056, "e4m3", special=False)
+    b = expert_weights(len(BANDED_SPLITS), 520, 1056, False)
+    got = grouped_gemm(q, b, split_sizes, tile_n=tile_n)
+    want = grouped_gemm(dequantize_mxfp8(q), b, split_sizes, tile_n=tile_n)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
