@@ -204,8 +204,10 @@ def test_launcher_refuses_bad_operands():
         grouped_gemm(a, b, splits)
     with pytest.raises(ValueError, match=r"b must hold 2 experts' \(N, K=64\) matrices, got shape \(2, 16, 32\)"):
         grouped_gemm(a, b[:, :, :32], splits)
-    with pytest.raises(TypeError, match="a must be a contiguous bf16"):
+    with pytest.raises(TypeError, match=r"a must be a bf16 \(T, K\) matrix or an MXFP8Tensor, got torch.float32"):
         grouped_gemm(a.float(), b, splits)
+    with pytest.raises(TypeError, match=r"a must be a contiguous \(T, K\) matrix"):
+        grouped_gemm(a.t(), b, splits)
 
 
 # ---------------------------------------------------------------------------------------------
