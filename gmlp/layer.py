@@ -130,6 +130,13 @@ def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups
     return run("dequantize", value, groups) if isinstance(value, MXFP8Tensor) else value
 
 
+def _a_operand(run: OpRunner, site: str, value: torch.Tensor | MXFP8Tensor) -> torch.Tensor | MXFP8Tensor:
+    """A of the grouped GEMM at ``site``: as it is where the site's kernel decodes an MXFP8 A
+    (``LayerPlan.decoded_a``), else its bf16 values."""
+    plan = getattr(run, "plan", None)  # a plain function runs no plan
+    return value if plan is not None and site in plan.decoded_a else _bf16(run, value)
+
+
 def _transposed_weight(run: OpRunner, w_col: torch.Tensor | MXFP8Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
     """W_g^T per expert, a (E, K, N) transposed view of the (E, N, K) weight's values (from Q_col)."""
     return _bf16(run, w_col).view(shape).transpose(1, 2)
@@ -158,7 +165,8 @@ def grouped_mlp_forward(
     fc1 = run("fc1", _bf16(run, x_row), _bf16(run, w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
               activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = run("fc2", _bf16(run, a_row), _bf16(run, w2_row).view(w2.shape), split_sizes, bias=b2, groups=groups)
+    y = run("fc2", _a_operand(run, "fc2", a_row), _bf16(run, w2_row).view(w2.shape), split_sizes, bias=b2,
+            groups=groups)
     saved = LayerSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
         w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
@@ -186,7 +194,7 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
     dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
     w1t = _transposed_weight(run, saved.w1_col, (split_sizes.numel(), -1, hidden))
-    dx = run("fc1 dgrad", _bf16(run, dh_row), w1t, split_sizes, groups=groups)
+    dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row), w1t, split_sizes, groups=groups)
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
     dw2 = run("fc2 wgrad", _bf16(run, dy_col, groups), _bf16(run, saved.a_col, groups), split_sizes, out=dw2_out,
               out_dtype=weight_grad_dtype, groups=groups)

@@ -19,6 +19,7 @@ import torch
 
 from gmlp.dispatch import Decision, Path, choose_path, forced_path, next_path_down, system_reason
 from gmlp.quantize_args import QuantizeProblem
+from gmlp.quantized import MXFP8Tensor
 from gmlp.reasons import Reason, ReasonKind
 
 __all__ = ["Op", "Site", "SITES", "GEMM_OPS", "LayerProblem", "LayerPlan", "plan_layer", "sm100_reason", "implementation"]
@@ -83,6 +84,21 @@ def _dequantize_ref(tensor, groups=None) -> torch.Tensor:
     return tensor.dequantize().to(torch.bfloat16)
 
 
+def operand_values(a: torch.Tensor | MXFP8Tensor) -> torch.Tensor:
+    """A GEMM operand's values: an MXFP8Tensor's (the spec's dequantize in bf16), or the tensor."""
+    return _dequantize_ref(a) if isinstance(a, MXFP8Tensor) else a
+
+
+def _dequantizing_a(function: Callable, dequantize: Callable) -> Callable:
+    """Wrap a grouped GEMM that reads bf16 A so that it also takes the MXFP8 A of a site whose
+    chosen kernel decodes it (``LayerPlan.decoded_a``): the cross-check's reference then runs on
+    the dequantized values, which the decoding kernel multiplies bit for bit."""
+    def twin(a, *args, **kwargs):
+        return function(dequantize(a) if isinstance(a, MXFP8Tensor) else a, *args, **kwargs)
+    twin.__name__ = twin.__qualname__ = function.__name__
+    return twin
+
+
 def _segment_sum_ref(values: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """(G, N) fp32 (fp64 for fp64 values) sums of the rows [starts[g], starts[g+1]) of values,
     accumulated in fp64."""
@@ -99,7 +115,7 @@ def _torch_implementation(op: Op) -> Callable:
         Op.QUANTIZE: quantize_mxfp8_ref,
         Op.DEQUANTIZE: _dequantize_ref,
         Op.FC1: _without("groups", "tiling")(mlp_ref.fc1_forward_ref),
-        Op.GROUPED_GEMM: _without("groups", "tiling")(mlp_ref.grouped_gemm_ref),
+        Op.GROUPED_GEMM: _dequantizing_a(_without("groups", "tiling")(mlp_ref.grouped_gemm_ref), _dequantize_ref),
         Op.FC2_DGRAD: _without("groups", "tiling")(mlp_ref.fc2_dgrad_ref),
         Op.WGRAD: _without("groups", "tiling")(mlp_ref.grouped_wgrad_ref),
         Op.SEGMENT_SUM: _segment_sum_ref,
@@ -118,7 +134,10 @@ def _triton_implementation(site: Site) -> Callable:
     elif op is Op.FC1:
         from gmlp.triton_ref.fc1 import fc1_forward as run
     elif op is Op.GROUPED_GEMM:
-        from gmlp.triton_ref.grouped_gemm import grouped_gemm as run
+        from gmlp.triton_ref.dequantize import dequantize_mxfp8
+        from gmlp.triton_ref.grouped_gemm import grouped_gemm
+
+        run = _dequantizing_a(grouped_gemm, dequantize_mxfp8)
     elif op is Op.FC2_DGRAD:
         from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as run
     elif op is Op.WGRAD:
@@ -268,6 +287,8 @@ class LayerPlan:
     decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
     references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
     sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100.layer)
+    # sites whose chosen kernel reads its MXFP8 A as it is, decoding it (no dequantize pass for A)
+    decoded_a: frozenset[str] = frozenset()
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path
@@ -277,7 +298,8 @@ class LayerPlan:
         lines = ["GEMM sites: the SM100 composition (cuDNN frontend's fused kernels, MXFP8 operands as they are)"
                  if self.sm100 else "GEMM sites: one op each (gmlp.layer)"]
         for name, decision in self.decisions.items():
-            lines.append(f"{name:<{width}}  {decision.op:<16} -> {decision.path.value}")
+            decoded = ", MXFP8 A decoded in the kernel" if name in self.decoded_a else ""
+            lines.append(f"{name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}")
             lines += [f"{'':<{width}}    not {path.value}: {reason}" for path, reason in decision.skipped]
         return "\n".join(lines)
 
@@ -302,7 +324,12 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
         references[name] = next_path_down(decision.path, device, problem_reason)
     if sm100 and any(decisions[name].path is not Path.CUTEDSL for name in decisions if SITES[name].op in GEMM_OPS):
         raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
-    return LayerPlan(decisions, references, sm100=sm100)
+    decoded_a = frozenset()
+    if problem.mxfp8 and not sm100:
+        from gmlp.cutedsl.sm90.support import DECODED_A_SITES
+
+        decoded_a = frozenset(name for name in DECODED_A_SITES if decisions[name].path is Path.CUTEDSL)
+    return LayerPlan(decisions, references, sm100=sm100, decoded_a=decoded_a)
 
 
 def _sm100_runs(problem: LayerProblem, device: torch.device) -> bool:

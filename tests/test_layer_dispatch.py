@@ -256,6 +256,23 @@ def test_sm90_takes_its_kernels_site_by_site(monkeypatch):
         assert dict(fp32.decisions[site].skipped)[Path.CUTEDSL].kind is ReasonKind.RECIPE, site
 
 
+def test_sm90_decoded_a_sites(monkeypatch):
+    """The sites listed in ``support.DECODED_A_SITES`` get their MXFP8 A as it is where they take
+    CuTeDSL (none by default); a bf16 layer, or a site on Triton, decodes nothing."""
+    from gmlp.cutedsl.sm90 import support
+
+    _with_cutedsl()
+    device = _gpu(monkeypatch, (9, 0))
+    assert _plan(device).decoded_a == frozenset()
+    monkeypatch.setattr(support, "DECODED_A_SITES", ("fc2", "fc1 dgrad"))
+    plan = _plan(device)
+    assert plan.decoded_a == {"fc2", "fc1 dgrad"}
+    assert "fc1 dgrad" in plan.explain() and plan.explain().count("MXFP8 A decoded in the kernel") == 2
+    assert _plan(device, recipe=None).decoded_a == frozenset()
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
+    assert _plan(device).decoded_a == frozenset()
+
+
 def test_sm90_shape_and_import_reasons(monkeypatch):
     """A problem an SM90 kernel cannot take (too many experts for its tile search) falls back to
     Triton with the kernel's shape reason; a kernel module that fails to import is a system reason

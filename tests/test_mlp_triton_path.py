@@ -197,3 +197,48 @@ def test_strided_inputs_equal_their_contiguous_copies():
     with pytest.raises(ValueError, match=r"probs must be a contiguous float \(96,\) tensor, got .* \(not contiguous\)"):
         fc1_forward(x_t.t().contiguous()[:96], mlp.w1.detach(), torch.tensor([96, 0, 0, 0, 0], device=device),
                     ffn_hidden_size=64, activation=activation_from("swiglu"), recipe=None, probs=scores[:96, 0])
+
+
+def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
+    """A site in ``LayerPlan.decoded_a`` gets its MXFP8 A as it is (no dequantize site for A):
+    with the kernels here (Triton / torch, which dequantize such an A themselves) the layer's
+    outputs are bit for bit those of the plan without it, and the cross-check compares those
+    sites on the MXFP8 A (its bounds from the dequantized values) and passes."""
+    import dataclasses
+
+    from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
+    from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
+
+    device = kernel_device()
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, bias=True, recipe=gmlp.MXFP8Recipe(), device=device)
+    split_sizes = torch.tensor(SPLITS, device=device)
+    x = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
+    probs = torch.rand(sum(SPLITS), device=device)
+    plan = mlp.plan(x, split_sizes)
+    decoded = dataclasses.replace(plan, decoded_a=frozenset({"fc2", "fc1 dgrad"}))
+    assert "fc2" in decoded.explain() and "MXFP8 A decoded in the kernel" in decoded.explain()
+    seen = []
+
+    def step(run):
+        params = (mlp.w1.detach(), mlp.b1.detach(), mlp.w2.detach(), mlp.b2.detach())
+        y, saved = grouped_mlp_forward(run, x, split_sizes, probs, params[0], params[1], params[2], params[3],
+                                       mlp.activation, mlp.recipe)
+        return y, grouped_mlp_backward(run, dy, saved, mlp.activation, mlp.recipe)
+
+    class Recording(OpRunner):
+        def __call__(self, site, *args, **kwargs):
+            seen.append((site, type(args[0]).__name__ if args else None))
+            return super().__call__(site, *args, **kwargs)
+
+    want_y, want = step(OpRunner(plan))
+    check = CrossCheck(decoded, CrossCheckSettings(action="raise"), split_sizes)
+    got_y, got = step(Recording(decoded, check))
+    assert ("fc2", "MXFP8Tensor") in seen and ("fc1 dgrad", "MXFP8Tensor") in seen
+    # 12 dequantized operands (x, W1, a, W2 forward; W2, dy, W1, dh, then dy, a, dh, x columnwise
+    # for the weight gradients), less Q_row(a) and Q_row(dh)
+    assert [s for s, _ in seen].count("dequantize") == 10
+    assert torch.equal(got_y, want_y)
+    for name in ("dx", "dprobs", "dw1", "db1", "dw2", "db2"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name

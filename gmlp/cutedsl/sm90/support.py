@@ -20,7 +20,7 @@ from gmlp.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.layer_ops import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "import_error", "launcher", "site_reason"]
+__all__ = ["KERNEL_MODULES", "DECODED_A_SITES", "import_error", "launcher", "site_reason"]
 
 # op name (gmlp.layer_ops.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
@@ -29,6 +29,13 @@ KERNEL_MODULES = {
     "fc2_dgrad": ("fc2_dgrad", "fc2_dgrad"),
     "grouped_wgrad": ("wgrad", "grouped_wgrad"),
 }
+
+
+# GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 A as it is and decodes it
+# (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16 copy. The grouped
+# GEMM (fc2, fc1 dgrad) can; none is listed until its GPU tests pass and ``bench gemm``'s
+# cutedsl-decode variant measures faster than cutedsl-dequant (docs/design.md, section 8).
+DECODED_A_SITES: tuple[str, ...] = ()
 
 
 def _module(op: str):
