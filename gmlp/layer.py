@@ -131,8 +131,8 @@ def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups
 
 
 def _a_operand(run: OpRunner, site: str, value: torch.Tensor | MXFP8Tensor) -> torch.Tensor | MXFP8Tensor:
-    """A of the grouped GEMM at ``site``: as it is where the site's kernel decodes an MXFP8 A
-    (``LayerPlan.decoded_a``), else its bf16 values."""
+    """The token-row operand A (x, a, dy, dh) of the GEMM at ``site``: as it is where the site's
+    kernel decodes an MXFP8 A (``LayerPlan.decoded_a``), else its bf16 values."""
     plan = getattr(run, "plan", None)  # a plain function runs no plan
     return value if plan is not None and site in plan.decoded_a else _bf16(run, value)
 
@@ -162,7 +162,8 @@ def grouped_mlp_forward(
                                      columnwise=True, swizzle=False, scale_mode=recipe.scale_mode)
                     for name, w in (("w1", w1), ("w2", w2)))
         w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
-    fc1 = run("fc1", _bf16(run, x_row), _bf16(run, w1_row).view(w1.shape), split_sizes, ffn_hidden_size=ffn,
+    fc1 = run("fc1", _a_operand(run, "fc1", x_row), _bf16(run, w1_row).view(w1.shape), split_sizes,
+              ffn_hidden_size=ffn,
               activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
     y = run("fc2", _a_operand(run, "fc2", a_row), _bf16(run, w2_row).view(w2.shape), split_sizes, bias=b2,
@@ -189,8 +190,8 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
     hidden = dy.shape[1]
     w2t = _transposed_weight(run, saved.w2_col, (split_sizes.numel(), hidden, -1))
-    dgrad = run("fc2 dgrad", _bf16(run, dy_row), w2t, saved.c, split_sizes, activation=activation, recipe=recipe,
-                probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
+    dgrad = run("fc2 dgrad", _a_operand(run, "fc2 dgrad", dy_row), w2t, saved.c, split_sizes, activation=activation,
+                recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
     dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
     dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
     w1t = _transposed_weight(run, saved.w1_col, (split_sizes.numel(), -1, hidden))

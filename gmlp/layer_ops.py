@@ -90,9 +90,10 @@ def operand_values(a: torch.Tensor | MXFP8Tensor) -> torch.Tensor:
 
 
 def _dequantizing_a(function: Callable, dequantize: Callable) -> Callable:
-    """Wrap a grouped GEMM that reads bf16 A so that it also takes the MXFP8 A of a site whose
-    chosen kernel decodes it (``LayerPlan.decoded_a``): the cross-check's reference then runs on
-    the dequantized values, which the decoding kernel multiplies bit for bit."""
+    """Wrap a token-row GEMM (grouped GEMM, FC1, FC2 dgrad) that reads a bf16 A (x, a, dy, dh) so
+    that it also takes the MXFP8 A of a site whose chosen kernel decodes it
+    (``LayerPlan.decoded_a``): the cross-check's reference then runs on the dequantized values,
+    which the decoding kernel multiplies bit for bit."""
     def twin(a, *args, **kwargs):
         return function(dequantize(a) if isinstance(a, MXFP8Tensor) else a, *args, **kwargs)
     twin.__name__ = twin.__qualname__ = function.__name__
@@ -114,9 +115,9 @@ def _torch_implementation(op: Op) -> Callable:
     return {
         Op.QUANTIZE: quantize_mxfp8_ref,
         Op.DEQUANTIZE: _dequantize_ref,
-        Op.FC1: _without("groups", "tiling")(mlp_ref.fc1_forward_ref),
+        Op.FC1: _dequantizing_a(_without("groups", "tiling")(mlp_ref.fc1_forward_ref), _dequantize_ref),
         Op.GROUPED_GEMM: _dequantizing_a(_without("groups", "tiling")(mlp_ref.grouped_gemm_ref), _dequantize_ref),
-        Op.FC2_DGRAD: _without("groups", "tiling")(mlp_ref.fc2_dgrad_ref),
+        Op.FC2_DGRAD: _dequantizing_a(_without("groups", "tiling")(mlp_ref.fc2_dgrad_ref), _dequantize_ref),
         Op.WGRAD: _without("groups", "tiling")(mlp_ref.grouped_wgrad_ref),
         Op.SEGMENT_SUM: _segment_sum_ref,
     }[op]
@@ -129,17 +130,22 @@ def _triton_implementation(site: Site) -> Callable:
 
         config = WEIGHT_QUANTIZE_CONFIG if site.weight_stack else DEFAULT_QUANTIZE_CONFIG
         return functools.partial(quantize_mxfp8, config=config)
+    from gmlp.triton_ref.dequantize import dequantize_mxfp8
+
     if op is Op.DEQUANTIZE:
-        from gmlp.triton_ref.dequantize import dequantize_mxfp8 as run
+        run = dequantize_mxfp8
     elif op is Op.FC1:
-        from gmlp.triton_ref.fc1 import fc1_forward as run
+        from gmlp.triton_ref.fc1 import fc1_forward
+
+        run = _dequantizing_a(fc1_forward, dequantize_mxfp8)
     elif op is Op.GROUPED_GEMM:
-        from gmlp.triton_ref.dequantize import dequantize_mxfp8
         from gmlp.triton_ref.grouped_gemm import grouped_gemm
 
         run = _dequantizing_a(grouped_gemm, dequantize_mxfp8)
     elif op is Op.FC2_DGRAD:
-        from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as run
+        from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
+
+        run = _dequantizing_a(fc2_dgrad, dequantize_mxfp8)
     elif op is Op.WGRAD:
         from gmlp.triton_ref.wgrad import grouped_wgrad as run
     else:

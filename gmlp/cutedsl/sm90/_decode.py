@@ -33,6 +33,8 @@ first k-tile: a row's scales are contiguous bytes).
 
 from __future__ import annotations
 
+import torch
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
@@ -42,10 +44,13 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from gmlp.cutedsl._quantize_kernel import _select
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.cutedsl.sm90._pipeline import THREADS_PER_WARPGROUP, TILE_K
 from gmlp.cutedsl.sm90._schedule import TILE_M
 
-__all__ = ["DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit",
+__all__ = ["DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "FIRST_BARRIER", "barrier_id", "decoded_operand",
+           "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit",
            "load_scales", "decode_k_tile",
            "mma_decoded_k_tiles"]
 
@@ -56,6 +61,29 @@ BUFFER_BYTES = TILE_M * TILE_K * 2  # 16 KB
 _FP8_CHUNKS_PER_ROW = TILE_K // 16  # 4 chunks of 16 fp8 values
 _BF16_CHUNKS_PER_ROW = TILE_K // 8  # 8 chunks of 8 bf16 values
 _SUBNORMAL_2_POW_MINUS_127 = 0x00400000
+# named barriers of the consumer warpgroups' decode: FIRST_BARRIER + 0, + 1 (0 is the CTA's, 1 the
+# quantizing epilogues' 256-thread barrier, which a warpgroup may still be using while the other
+# decodes the next item's first k-tile)
+FIRST_BARRIER = 2
+
+
+def barrier_id(mma_warpgroup):
+    """The decode barrier of consumer warpgroup ``mma_warpgroup`` (1, 2)."""
+    return FIRST_BARRIER - 1 + mma_warpgroup
+
+
+def decoded_operand(name: str, value: MXFP8Tensor) -> tuple[torch.Tensor, torch.Tensor, ElementFormat]:
+    """(fp8 bytes as uint8 (T, K), compact scales (T, K / 32), element format) of an MXFP8 A that
+    a kernel decodes: rowwise, compact scales, both contiguous; raises naming ``name`` otherwise."""
+    if value.axis is not QuantAxis.ROWWISE or value.swizzled:
+        raise ValueError(f"{name} decoded in the kernel must be a rowwise MXFP8Tensor with compact scales, "
+                         f"got {value!r}")
+    data, scales = value.data, value.scales
+    tokens, k = data.shape
+    if not (data.is_contiguous() and scales.is_contiguous() and scales.shape == (tokens, k // BLOCK)):
+        raise ValueError(f"{name}'s data (T, K) and scales (T, K/32) must be contiguous, got {tuple(data.shape)} "
+                         f"and {tuple(scales.shape)}")
+    return data.view(torch.uint8), scales, value.element_format
 
 
 def buffer_layout(mA: cute.Tensor, tile_shape_mnk: tuple[int, int, int]) -> cute.ComposedLayout:

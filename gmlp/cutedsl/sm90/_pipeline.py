@@ -29,7 +29,7 @@ from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
            "CONSUMER_REGISTERS", "StagedConfig", "cta_roles", "slot_tensors", "MainloopOperands",
-           "make_mainloop_operands", "make_mainloop_pipeline", "make_turns",
+           "make_mainloop_operands", "make_mainloop_pipeline", "make_turns", "shared_storage",
            "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
 
 TILE_K = 64  # one 128-byte swizzle row of bf16
@@ -88,6 +88,13 @@ def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cut
     stage_bytes = (cute.size_in_bytes(a_dtype, cute.slice_(a_smem_layout, (None, None, 0)))
                    + b_tiles_per_slot * cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
     return sA, sB, stage_bytes
+
+
+def shared_storage(fields: dict):
+    """A ``cute.struct`` of ``fields`` (name -> MemRange / Align annotation, in order): the shared
+    memory of a kernel whose optional parts (an epilogue's buffers, decode buffers) come and go
+    with its config."""
+    return cute.struct(type("SharedStorage", (), {"__annotations__": dict(fields)}))
 
 
 class MainloopOperands:

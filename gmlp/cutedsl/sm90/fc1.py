@@ -74,7 +74,7 @@ from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.cutedsl.sm90 import _schedule
 from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
-from gmlp.cutedsl.sm90 import _quantize_epilogue
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
@@ -93,6 +93,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_pipeline,
     mma_k_tiles,
     produce_k_tiles,
+    shared_storage,
     slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
@@ -150,6 +151,7 @@ class FC1Config:
     # gated, K-major W1, bf16 a: gate and up rows as the two halves of one 256-row B tile, one
     # m64n256 wgmma per k-block and warpgroup instead of two m64n128 (see the module docstring)
     fused_b: bool = False
+    a_format: ElementFormat | None = None  # an MXFP8 x (rowwise, compact scales) decoded in the kernel
 
     def __post_init__(self):
         if not isinstance(self.activation, Activation):
@@ -175,8 +177,8 @@ class FC1Config:
         return 2 if self.activation.gated else 1
 
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: an A tile and the B tiles, bf16."""
-        return (TILE_M + self.b_tiles * TILE_N) * TILE_K * 2
+        """Shared memory of one pipeline slot: an A tile (bf16, or fp8 when decoded) and the bf16 B tiles."""
+        return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.b_tiles * TILE_N * TILE_K * 2
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
@@ -184,7 +186,8 @@ class FC1Config:
         return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
 
     def max_stages(self) -> int:
-        return (SMEM_BYTES - self.epilogue_bytes()) // self.stage_bytes()
+        decode = _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.a_format is not None else 0
+        return (SMEM_BYTES - self.epilogue_bytes() - decode) // self.stage_bytes()
 
     def num_stages(self) -> int:
         return self.stages if self.stages is not None else self.max_stages()
@@ -213,11 +216,14 @@ class FC1ForwardSm90:
         self.mma_n = 2 * TILE_N if config.fused_b else TILE_N  # columns of the tiled MMA (and accumulator)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.decoded = config.a_format is not None
+        self.a_dtype = Uint8 if self.decoded else BFloat16
 
     @cute.jit
     def __call__(
         self,
-        mX: cute.Tensor,  # (T, H) bf16, row-major
+        mX: cute.Tensor,  # (T, H) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
+        mXScales: cute.Tensor | None,  # decoded: (T, H / 32) uint8 E8M0 bytes of x's rows
         mW: cute.Tensor,  # (E, N1, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, N1'))
         mBias: cute.Tensor | None,  # (E, N1) bf16/fp32, row-major
         mProbs: cute.Tensor | None,  # (T,) fp32/bf16
@@ -234,53 +240,31 @@ class FC1ForwardSm90:
         stream,
     ):
         mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (N1, H, E)
-        ops = make_mainloop_operands(mX, mW_nke, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N)
-
-        a_elements, b_elements = cute.cosize(ops.a_smem_layout), cute.cosize(ops.b_smem_layout)
-
-        @cute.struct
-        class SharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # gate (h for srelu)
-
-        @cute.struct
-        class GatedSharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # gate
-            sU: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # up
-
-        # the quantizing epilogue's transposed fp8 tile and 16-row amax keys (_quantize_epilogue)
-        @cute.struct
-        class QuantizedSharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
-
-        @cute.struct
-        class GatedQuantizedSharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
-            sU: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            sKeys: cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
-
-        self.shared_storage = SharedStorage if const_expr(self.fused_b) else {
-                               (False, False): SharedStorage, (True, False): GatedSharedStorage,
-                               (False, True): QuantizedSharedStorage,
-                               (True, True): GatedQuantizedSharedStorage}[(self.gated, self.quantized)]
+        ops = make_mainloop_operands(mX, mW_nke, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
+                                     a_dtype=self.a_dtype)
+        b_elements = cute.cosize(ops.b_smem_layout)
+        a16_layout = _decode.buffer_layout(mX, (TILE_M, self.mma_n, TILE_K))  # decoded: x's bf16 buffers
+        fields = dict(
+            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
+            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
+            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024],  # gate (h for srelu; fused: both)
+        )
+        if const_expr(self.gated and not self.fused_b):
+            fields["sU"] = cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # up
+        if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
+            fields["sQ"] = cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
+            fields["sKeys"] = cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
+        if const_expr(self.decoded):
+            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+        self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         if const_expr(self.fused_b):
             check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
         self.kernel(
-            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart, mBlockStart,
-            mC, mAct, mRowData, mRowScale, mColData, mColScale,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
+            ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart,
+            mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
+            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
@@ -289,6 +273,7 @@ class FC1ForwardSm90:
         self,
         tma_atom_a: cute.CopyAtom,
         mX: cute.Tensor,  # TMA coordinates of x (T, H)
+        mXScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
         mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E)
         mBias: cute.Tensor | None,
@@ -303,14 +288,15 @@ class FC1ForwardSm90:
         mColData: cute.Tensor | None,
         mColScale: cute.Tensor | None,
         tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # a slot: A and the B tile(s): gate and up (gated), or the fused 256-row tile holding both
         sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout,
-                                           1 if const_expr(self.fused_b) else self.num_b)
+                                           1 if const_expr(self.fused_b) else self.num_b, a_dtype=self.a_dtype)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 
@@ -352,7 +338,17 @@ class FC1ForwardSm90:
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             mma_tidx = tidx - THREADS_PER_WARPGROUP
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, smem_b)
+            if const_expr(self.decoded):  # wgmmas read x's bf16 buffers, decoded from the fp8 slots
+                sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA16, smem_b)
+                split = _decode.DecodeSplit(_CONSUMER_WARPGROUPS, self.config.a_format is ElementFormat.E5M2)
+                decode_row, decode_chunk = split.thread_position(warpgroup, mma_tidx % THREADS_PER_WARPGROUP)
+                decode_args = (_decode.chunks(storage.sA, cute.cosize(a_smem_layout)),
+                               _decode.chunks(storage.sA16, cute.cosize(a16_layout)), mXScales, decode_row,
+                               decode_chunk)
+                decoded = Int32(0)
+            else:
+                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
             # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups; fused_b:
@@ -380,8 +376,13 @@ class FC1ForwardSm90:
             item = bidx
             while item < num_items:
                 g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tiled_mma, read_state, release_state = mma_k_tiles(
-                    tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
+                if const_expr(self.decoded):
+                    tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
+                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, split, decode_args,
+                        _decode.barrier_id(warpgroup), first_row, decoded)
+                else:
+                    tiled_mma, read_state, release_state = mma_k_tiles(
+                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
 
                 # Epilogue at rows first_row + [0, 128), a columns col0 + [0, 128): only rows <
                 # end_row (this expert's) and columns < F are written. Accumulators 2i, 2i+1 of a
@@ -455,6 +456,10 @@ def _fake_arguments(config: FC1Config) -> tuple:
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts = cute.sym_int(), cute.sym_int()
     x = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    x_scales = None
+    if config.a_format is not None:  # x's fp8 bytes and compact scales
+        x = make_fake_tensor(Uint8, (rows, hidden), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
+        x_scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
     w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     w = make_fake_tensor(BFloat16, (experts, n1, hidden), stride=w_strides, assumed_align=ALIGN)
     bias = probs = None
@@ -475,7 +480,7 @@ def _fake_arguments(config: FC1Config) -> tuple:
         col_scale = make_fake_tensor(Uint8, (ffn, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
     else:
         a = make_fake_tensor(BFloat16, (rows, ffn), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    return (x, w, bias, probs, row_start, tile_start, block_start, c, a, row_data, row_scale, col_data, col_scale,
+    return (x, x_scales, w, bias, probs, row_start, tile_start, block_start, c, a, row_data, row_scale, col_data, col_scale,
             Int32(1), fake_stream())
 
 
@@ -523,7 +528,7 @@ def compile_fc1(
 
 
 def fc1_forward(
-    x: torch.Tensor,  # (T, H) bf16
+    x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x) (decoded in the kernel)
     w1: torch.Tensor,  # W1_g (N1, H) per expert: bf16 (E, N1, H), K-major or N-major
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -539,7 +544,9 @@ def fc1_forward(
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
     ``MXFP8Recipe`` writes c and ``a`` as Q_row(a) and Q_col(a) (E4M3, the recipe's scale mode,
-    compact scales; ``FC1Output.a`` is None), bit for bit the Triton kernel's."""
+    compact scales; ``FC1Output.a`` is None), bit for bit the Triton kernel's. ``x`` may be a
+    rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
+    as on its Triton-dequantized bf16 values."""
     # validate
     if recipe is not None and not isinstance(recipe, MXFP8Recipe):
         raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
@@ -547,7 +554,12 @@ def fc1_forward(
         raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     n1 = (2 if activation.gated else 1) * ffn
-    x_data, (tokens, hidden) = rowwise_operand("x", x)
+    x_scales, x_format = None, None
+    if isinstance(x, MXFP8Tensor):
+        x_data, x_scales, x_format = _decode.decoded_operand("x", x)
+        tokens, hidden = x_data.shape
+    else:
+        x_data, (tokens, hidden) = rowwise_operand("x", x)
     w = expert_operand("w1", w1, experts)
     if (w.n, w.k) != (n1, hidden):
         raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")
@@ -564,7 +576,8 @@ def fc1_forward(
     quantized = recipe is not None
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
-                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b)
+                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b,
+                       a_format=x_format)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
@@ -588,7 +601,7 @@ def fc1_forward(
     if num_ctas > 0:
         with torch.cuda.device(device):
             kernel = _compile(config, None).function
-            kernel(x_data, w1, b1, probs, groups.row_start, groups.tile_start, block_start, c, *outputs, num_ctas)
+            kernel(x_data, x_scales, w1, b1, probs, groups.row_start, groups.tile_start, block_start, c, *outputs, num_ctas)
     if not quantized:
         return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
     a_rowwise = MXFP8Tensor(a_data, a_scales, QuantAxis.ROWWISE, False, A_FORMAT, recipe.scale_mode, split_sizes)

@@ -91,7 +91,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.cutedsl._quantize_kernel import _as_f32
-from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
@@ -110,6 +110,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_pipeline,
     mma_k_tiles,
     produce_k_tiles,
+    shared_storage,
     slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
@@ -156,6 +157,7 @@ class FC2DgradConfig(StagedConfig):
     quantized: bool = False  # MXFP8: dh written as Q_row(dh) and Q_col(dh) (compact scales), not bf16
     e5m2: bool = False  # the gradient format E5M2 instead of E4M3 (quantized only)
     floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
+    a_format: ElementFormat | None = None  # an MXFP8 dy (rowwise, compact scales) decoded in the kernel
 
     def __post_init__(self):
         if self.tile_n not in TILE_NS:
@@ -171,19 +173,22 @@ class FC2DgradConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: a dy tile and a w2t tile, bf16."""
-        return (TILE_M + self.tile_n) * TILE_K * 2
+        """Shared memory of one pipeline slot: a dy tile (bf16, or fp8 when decoded) and a bf16 w2t tile."""
+        return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.tile_n * TILE_K * 2
+
+    def fixed_bytes(self) -> int:
+        """Outside the slot ring: the epilogue's and the decoded dy's bf16 buffers."""
+        decode = _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.a_format is not None else 0
+        return self.epilogue_bytes() + decode
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
         (20 KB, reused by the d gate and d up halves), none for bf16."""
         return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
 
-    def max_stages(self) -> int:
-        return (SMEM_BYTES - self.epilogue_bytes()) // self.stage_bytes()
-
     def slot_name(self) -> str:
-        return f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
+        return (f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
+                f"{' (decoded dy)' if self.a_format is not None else ''}")
 
 
 
@@ -211,11 +216,14 @@ class FC2DgradSm90:
             PRODUCER_REGISTERS, CONSUMER_REGISTERS)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.decoded = config.a_format is not None
+        self.a_dtype = Uint8 if self.decoded else BFloat16
 
     @cute.jit
     def __call__(
         self,
-        mDy: cute.Tensor,  # (T, H) bf16, row-major
+        mDy: cute.Tensor,  # (T, H) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
+        mDyScales: cute.Tensor | None,  # decoded: (T, H / 32) uint8 E8M0 bytes of dy's rows
         mW: cute.Tensor,  # (E, F, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, F'))
         mC: cute.Tensor,  # (T, N1) bf16, row-major
         mProbs: cute.Tensor | None,  # (T,) fp32/bf16
@@ -233,31 +241,27 @@ class FC2DgradSm90:
         stream,
     ):
         mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (F, H, E)
-        ops = make_mainloop_operands(mDy, mW_nke, self.tile_n, self.stages, self.atom_layout_mnk)
-        a_elements, b_elements = cute.cosize(ops.a_smem_layout), cute.cosize(ops.b_smem_layout)
-
-        @cute.struct
-        class SharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
-
-        # the quantizing epilogue's transposed fp8 tile and 16-row amax keys (_quantize_epilogue)
-        @cute.struct
-        class QuantizedSharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, a_elements], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            sKeys: cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.KEY_WORDS], 128]
-
-        self.shared_storage = QuantizedSharedStorage if const_expr(self.quantized) else SharedStorage
+        ops = make_mainloop_operands(mDy, mW_nke, self.tile_n, self.stages, self.atom_layout_mnk,
+                                     a_dtype=self.a_dtype)
+        a16_layout = _decode.buffer_layout(mDy, (TILE_M, self.tile_n, TILE_K))  # decoded: dy's bf16 buffers
+        fields = dict(
+            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
+            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
+            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024],
+        )
+        if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
+            fields["sQ"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.SQ_WORDS], 128]
+            fields["sKeys"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.KEY_WORDS],
+                                                128]
+        if const_expr(self.decoded):
+            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+        self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         self.kernel(
-            ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart, mBlockStart,
-            mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData, mColScale,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
+            ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart,
+            mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData, mColScale,
+            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
@@ -266,6 +270,7 @@ class FC2DgradSm90:
         self,
         tma_atom_a: cute.CopyAtom,
         mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
+        mDyScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
         mW: cute.Tensor,  # TMA coordinates of w2t (F, H, E)
         mC: cute.Tensor,
@@ -281,12 +286,13 @@ class FC2DgradSm90:
         mColData: cute.Tensor | None,
         mColScale: cute.Tensor | None,
         tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 
@@ -315,7 +321,17 @@ class FC2DgradSm90:
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
+            if const_expr(self.decoded):  # wgmmas read dy's bf16 buffers, decoded from the fp8 slots
+                sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA16, (sB,))
+                split = _decode.DecodeSplit(_CONSUMER_WARPGROUPS, self.config.a_format is ElementFormat.E5M2)
+                decode_row, decode_chunk = split.thread_position(warpgroup, mma_tidx % THREADS_PER_WARPGROUP)
+                decode_args = (_decode.chunks(storage.sA, cute.cosize(a_smem_layout)),
+                               _decode.chunks(storage.sA16, cute.cosize(a16_layout)), mDyScales, decode_row,
+                               decode_chunk)
+                decoded = Int32(0)
+            else:
+                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
             # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
@@ -337,8 +353,13 @@ class FC2DgradSm90:
             item = bidx
             while item < num_items:
                 g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tiled_mma, read_state, release_state = mma_k_tiles(
-                    tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
+                if const_expr(self.decoded):
+                    tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
+                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, split, decode_args,
+                        _decode.barrier_id(warpgroup), first_row, decoded)
+                else:
+                    tiled_mma, read_state, release_state = mma_k_tiles(
+                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
 
                 # Epilogue at rows first_row + [0, 128), columns col0 + [0, BN): only rows <
                 # end_row (this expert's) and columns < F are read and written. Accumulators 2i,
@@ -559,6 +580,10 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts, n_tiles, sum_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     dy = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    dy_scales = None
+    if config.a_format is not None:  # dy's fp8 bytes and compact scales
+        dy = make_fake_tensor(Uint8, (rows, hidden), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
+        dy_scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
     w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     w = make_fake_tensor(BFloat16, (experts, ffn, hidden), stride=w_strides, assumed_align=ALIGN)
     c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
@@ -579,7 +604,7 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
         col_scale = make_fake_tensor(Uint8, (n1, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
     else:
         dh = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    return (dy, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, dh, row_data, row_scale,
+    return (dy, dy_scales, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, dh, row_data, row_scale,
             col_data, col_scale, Int32(1), fake_stream())
 
 
@@ -629,7 +654,7 @@ def compile_fc2_dgrad(
 
 
 def fc2_dgrad(
-    dy: torch.Tensor,  # (T, H) bf16
+    dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) (decoded in the kernel)
     w2t: torch.Tensor,  # W2_g^T per expert: bf16 (E, F, H), K-major or N-major (a transposed view of W2)
     c: torch.Tensor,  # (T, 2F | F) bf16
     split_sizes: torch.Tensor,  # (E,) int, on the device
@@ -646,7 +671,9 @@ def fc2_dgrad(
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
     writes dh as Q_row(dh) and Q_col(dh) in ``recipe.grad_format`` with the recipe's scale mode
     (compact scales; ``FC2DgradOutput.dh`` is None), bit for bit the Triton kernel's where the da
-    accumulations agree (tile_n must be 128); dprobs and db1 fp32 either way."""
+    accumulations agree (tile_n must be 128); dprobs and db1 fp32 either way. ``dy`` may be a
+    rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
+    as on its Triton-dequantized bf16 values."""
     # validate
     if recipe is not None and not isinstance(recipe, MXFP8Recipe):
         raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
@@ -654,7 +681,12 @@ def fc2_dgrad(
         raise ValueError(_quantized_tile_n_reason(tile_n))
     if not isinstance(activation, Activation):
         raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
-    dy_data, (tokens, hidden) = rowwise_operand("dy", dy)
+    dy_scales, dy_format = None, None
+    if isinstance(dy, MXFP8Tensor):
+        dy_data, dy_scales, dy_format = _decode.decoded_operand("dy", dy)
+        tokens, hidden = dy_data.shape
+    else:
+        dy_data, (tokens, hidden) = rowwise_operand("dy", dy)
     experts = split_sizes.numel()
     w = expert_operand("w2t", w2t, experts)
     ffn = w.n
@@ -677,7 +709,7 @@ def fc2_dgrad(
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,
-                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR)
+                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, a_format=dy_format)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
@@ -705,7 +737,7 @@ def fc2_dgrad(
     if num_ctas > 0:
         with torch.cuda.device(device):
             kernel = _compile(config, None).function
-            kernel(dy_data, w2t, c, probs, groups.row_start, groups.tile_start, block_start, dprobs_partial, warp_sums,
+            kernel(dy_data, dy_scales, w2t, c, probs, groups.row_start, groups.tile_start, block_start, dprobs_partial, warp_sums,
                    *outputs, num_ctas)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = None

@@ -82,7 +82,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.quantized import MXFP8Tensor
 
 __all__ = [
     "KernelConfig",
@@ -288,7 +288,7 @@ class GroupedGemmSm90:
                 if const_expr(self.decoded):
                     tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
                         tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),), split,
-                        decode_args, mma_warpgroup, first_row, decoded)
+                        decode_args, _decode.barrier_id(mma_warpgroup), first_row, decoded)
                 else:
                     tiled_mma, read_state, release_state = mma_k_tiles(
                         tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
@@ -397,18 +397,6 @@ def compile_grouped_gemm(
 _b_layout = functools.partial(b_is_k_major, "b")  # True: K-major B (E, N, K); False: N-major
 
 
-def _decoded_operands(a: MXFP8Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 bytes as uint8 (T, K), compact scales (T, K / 32)) of a rowwise MXFP8 A, checked."""
-    if a.axis is not QuantAxis.ROWWISE or a.swizzled:
-        raise ValueError(f"a decoded in the kernel must be a rowwise MXFP8Tensor with compact scales, got {a!r}")
-    data, scales = a.data, a.scales
-    tokens, k = data.shape
-    if not (data.is_contiguous() and scales.is_contiguous() and scales.shape == (tokens, k // BLOCK_SIZE)):
-        raise ValueError(f"a's data (T, K) and scales (T, K/32) must be contiguous, got {tuple(data.shape)} and "
-                         f"{tuple(scales.shape)}")
-    return data.view(torch.uint8), scales
-
-
 def grouped_gemm(
     a: torch.Tensor | MXFP8Tensor,  # (T, K) bf16, contiguous, rows grouped by expert; or Q_row(A)
     b: torch.Tensor,  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major (_b_layout)
@@ -427,8 +415,7 @@ def grouped_gemm(
     # validate
     a_format, scales = None, None
     if isinstance(a, MXFP8Tensor):
-        a_format = a.element_format
-        a, scales = _decoded_operands(a)
+        a, scales, a_format = _decode.decoded_operand("a", a)
     elif a.dtype != torch.bfloat16:
         raise TypeError(f"a must be a bf16 (T, K) matrix or an MXFP8Tensor, got {a.dtype}")
     if not (b.dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 3 and a.is_contiguous()):

@@ -31,10 +31,11 @@ KERNEL_MODULES = {
 }
 
 
-# GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 A as it is and decodes it
-# (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16 copy. The grouped
-# GEMM (fc2, fc1 dgrad) can; none is listed until its GPU tests pass and ``bench gemm``'s
-# cutedsl-decode variant measures faster than cutedsl-dequant (docs/design.md, section 8).
+# GEMM sites of an MXFP8 layer whose SM90 kernel is given its token-row operand (x, a, dy, dh) as
+# the MXFP8 tensor it is and decodes it (``gmlp.cutedsl.sm90._decode``) instead of reading the
+# Triton dequantize's bf16 copy. The grouped GEMM (fc2, fc1 dgrad), FC1 and FC2 dgrad can; none
+# is listed until its GPU tests pass and ``bench gemm``'s cutedsl-decode variant measures faster
+# than cutedsl-dequant (docs/design.md, section 8).
 DECODED_A_SITES: tuple[str, ...] = ()
 
 
