@@ -1,8 +1,9 @@
-"""The SM90 grouped GEMM decoding an MXFP8 A in the kernel (gmlp.cutedsl.sm90._decode): its smem
-chunk positions against cute's layouts and its PTX (CPU), and (marker ``gpu``, H100/H200) its
-result bit for bit against the same kernel on the Triton-dequantized bf16 A: decoding changes
-where the bf16 values are made, not which values, so the products are the same wgmmas on the
-same bits.
+"""The SM90 kernels decoding their MXFP8 token-row operand in the kernel (gmlp.cutedsl.sm90._decode:
+the grouped GEMM's A, FC1's x, FC2 dgrad's dy): the smem chunk positions against cute's layouts
+and the PTX (CPU), and (marker ``gpu``, H100/H200) every output bit for bit against the same
+kernel on the Triton-dequantized bf16 operand: decoding changes where the bf16 values are made,
+not which values, so the products are the same wgmmas on the same bits and the epilogues see
+the same accumulators.
 """
 
 from __future__ import annotations
@@ -81,6 +82,49 @@ def test_decoded_configs_compile(fmt, tile_n, b_k_major):
     assert len(re.findall(rf"cvt\.rn\.f16x2\.{fmt}x2", ptx)) == 2 * 8 * chunks
     assert len(re.findall(r"fence\.proxy\.async\.shared::cta", ptx)) >= 2
     assert config.num_stages() == (4 if tile_n == 256 else 7)
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16-a", "mxfp8-a"])
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+def test_decoded_fc1_compiles(activation, quantized):
+    """FC1 decoding x: two consumer warpgroups, 2 fp8 chunks a thread; stages left beside the
+    decode buffers (and the quantizing epilogue's 20 KB)."""
+    from gmlp.activations import activation_from
+    from gmlp.cutedsl.sm90.fc1 import FC1Config, compile_fc1
+    from gmlp.mxfp8 import ElementFormat
+    from tests.test_sm90_fc1 import check_fc1_ptx
+
+    act = activation_from(activation)
+    config = FC1Config(act, quantized=quantized, probs_dtype=torch.float32, a_format=ElementFormat.E4M3)
+    compiled = compile_fc1("sm_90a", config, shape=(32768, 7168, 2048, 32))
+    check_fc1_ptx(compiled, gated=act.gated)
+    _check_decode_ptx(compiled.ptx, "e4m3", chunks=2)
+    assert config.num_stages() == {(True, False): 4, (True, True): 3, (False, False): 7, (False, True): 6}[
+        (act.gated, quantized)]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16-dh", "mxfp8-dh"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decoded_fc2_dgrad_compiles(fmt, quantized):
+    from gmlp.activations import SWIGLU
+    from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig, compile_fc2_dgrad
+    from gmlp.mxfp8 import ElementFormat
+    from tests.test_sm90_fc2_dgrad import check_fc2_dgrad_ptx
+
+    config = FC2DgradConfig(SWIGLU, probs_dtype=torch.float32, bias_grad=True, quantized=quantized,
+                            e5m2=quantized and fmt == "e5m2", a_format=ElementFormat(fmt))
+    compiled = compile_fc2_dgrad("sm_90a", config, shape=(32768, 7168, 2048, 32))
+    check_fc2_dgrad_ptx(compiled, probs=True, bias_grad=True)
+    _check_decode_ptx(compiled.ptx, fmt, chunks=2)
+    assert config.num_stages() == (6 if quantized else 7)
+
+
+def _check_decode_ptx(ptx: str, fmt: str, chunks: int) -> None:
+    """The decode's trace in a kernel's PTX: its cvts (8 a chunk, in the peeled first k-tile and
+    the loop), its fence, and its named barriers (2 or 3, 128 threads)."""
+    assert len(re.findall(rf"cvt\.rn\.f16x2\.{fmt}x2", ptx)) == 2 * 8 * chunks
+    assert len(re.findall(r"fence\.proxy\.async\.shared::cta", ptx)) >= 2
+    assert re.search(r"bar\.sync\s+%r\d+,\s*128;", ptx) or re.search(r"barrier\.sync(\.aligned)?\s+%r\d+,\s*128;", ptx)
 
 
 def test_decoded_config_rules():
@@ -170,3 +214,73 @@ def test_decoded_a_over_several_bands_and_items(tile_n):
     got = grouped_gemm(q, b, split_sizes, tile_n=tile_n)
     want = grouped_gemm(dequantize_mxfp8(q), b, split_sizes, tile_n=tile_n)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def _assert_outputs_bitwise(got, want, names: tuple[str, ...]) -> None:
+    """Every tensor of two FC1 / FC2 dgrad outputs (MXFP8Tensors: data and scales) bit for bit."""
+    from gmlp.quantized import MXFP8Tensor
+    from tests.test_sm90_fc1 import assert_same_bits
+
+    for name in names:
+        mine, theirs = getattr(got, name), getattr(want, name)
+        assert (mine is None) == (theirs is None), name
+        if isinstance(mine, MXFP8Tensor):
+            assert_same_bits(mine.data, theirs.data, f"{name} data")
+            assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+        elif mine is not None:
+            assert_same_bits(mine, theirs, name)
+
+
+RECIPES = {"bf16-out": None, "mxfp8": "rceil", "mxfp8-floor": "floor"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("recipe", list(RECIPES.values()), ids=list(RECIPES))
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@pytest.mark.parametrize("hidden,ffn", [(96, 96), (544, 256)], ids=["k-tail", "long-k"])
+@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]],
+                         ids=["ragged-with-empty", "many-tiny"])
+def test_decoded_x_in_fc1_matches_the_dequantized_x_bitwise(splits, hidden, ffn, activation, recipe):
+    from gmlp.activations import activation_from
+    from gmlp.cutedsl.sm90.fc1 import fc1_forward
+    from gmlp.mxfp8 import ScaleMode
+    from gmlp.recipe import MXFP8Recipe
+    from gmlp.triton_ref.dequantize import dequantize_mxfp8
+    from tests.test_sm90_fc1 import _fc1_operands
+
+    act = activation_from(activation)
+    _, w1, split_sizes, b1, probs = _fc1_operands(splits, hidden, ffn, act, True, True)
+    q = _quantized_a(sum(splits), hidden, "e4m3", special=True)
+    kwargs = dict(ffn_hidden_size=ffn, activation=act, b1=b1, probs=probs,
+                  recipe=None if recipe is None else MXFP8Recipe(scale_mode=ScaleMode(recipe)))
+    got = fc1_forward(q, w1, split_sizes, **kwargs)
+    want = fc1_forward(dequantize_mxfp8(q), w1, split_sizes, **kwargs)
+    _assert_outputs_bitwise(got, want, ("c", "a", "a_rowwise", "a_columnwise"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("recipe", ["bf16-out", "e4m3", "e5m2"])
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "srelu"])
+@pytest.mark.parametrize("hidden,ffn", [(96, 96), (544, 256)], ids=["k-tail", "long-k"])
+@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]],
+                         ids=["ragged-with-empty", "many-tiny"])
+def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidden, ffn, activation, recipe):
+    """dh (bf16 or both quantizations), dprobs and db1: the same accumulators, the same epilogue."""
+    from gmlp.activations import activation_from
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from gmlp.mxfp8 import ElementFormat
+    from gmlp.recipe import MXFP8Recipe
+    from gmlp.triton_ref.dequantize import dequantize_mxfp8
+    from tests.test_sm90_fc2_dgrad import _fc2_dgrad_operands
+
+    act = activation_from(activation)
+    _, w2t, c, split_sizes, probs = _fc2_dgrad_operands(splits, hidden, ffn, act, True)
+    fmt = "e4m3" if recipe == "bf16-out" else recipe
+    q = _quantized_a(sum(splits), hidden, fmt, special=False)
+    kwargs = dict(activation=act, probs=probs, bias_grad=True,
+                  recipe=None if recipe == "bf16-out" else MXFP8Recipe(grad_format=ElementFormat(fmt)))
+    got = fc2_dgrad(q, w2t, c, split_sizes, **kwargs)
+    want = fc2_dgrad(dequantize_mxfp8(q), w2t, c, split_sizes, **kwargs)
+    _assert_outputs_bitwise(got, want, ("dh", "dh_rowwise", "dh_columnwise", "dprobs", "db1"))

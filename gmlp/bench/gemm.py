@@ -9,10 +9,11 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
   the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling;
 - ``cutedsl``: the CuTeDSL SM90 kernel (``gmlp.cutedsl.sm90``) on bf16 operands, each of its
   configurations (an H100/H200 with cutlass-dsl only);
-- ``cutedsl-dequant`` and ``cutedsl-decode`` (FC2 and FC1 dgrad, the grouped GEMM of MXFP8 A
-  rows): the MXFP8 layer's A operand dequantized by the Triton pass then the SM90 kernel, against
-  the SM90 kernel decoding Q_row(A) itself (``gmlp.cutedsl.sm90._decode``); both read the weight
-  dequantized beforehand (once per step in the layer, not timed here);
+- ``cutedsl-dequant`` and ``cutedsl-decode`` (FC1, FC2, FC1 dgrad, FC2 dgrad: the GEMMs whose A
+  is a token-row MXFP8 operand, x, a, dh, dy): the MXFP8 layer's step with that operand
+  dequantized by the Triton pass then the SM90 kernel, against the SM90 kernel decoding its
+  Q_row itself (``gmlp.cutedsl.sm90._decode``); both read the weight dequantized beforehand (once
+  per step in the layer, not timed here) and write FC1's and FC2 dgrad's quantized outputs;
 - ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
   beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
   (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
@@ -85,7 +86,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 
 # The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
 SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
-SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the decoded A: no ping-pong
+SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM decoding A: no ping-pong
 SM90_FC1_CONFIGS = [dict(), dict(fused_b=True)]  # 128 a columns: two m64n128 wgmmas or one m64n256
 SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=128), dict(tile_n=256)]
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
@@ -124,9 +125,15 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
     deq = dequantize_mxfp8
     splits, offsets, recipe = t["split_sizes"], t["offsets"], MXFP8Recipe()
     w1t_view = lambda w1: w1.transpose(1, 2)  # noqa: E731  B_g = W1_g^T
-    w2_deq = deq(t["w2_row"]).view(t["w2"].shape)  # the weights as the MXFP8 layer's GEMMs read them
+    # the weights as the MXFP8 layer's GEMMs read them
+    w1_deq, w2_deq = deq(t["w1_row"]).view(t["w1"].shape), deq(t["w2_row"]).view(t["w2"].shape)
     w1t_deq = w1t_view(deq(t["w1_col"]).view(t["w1"].shape))
+    w2t_deq = deq(t["w2_col"]).view(t["w2"].shape).transpose(1, 2)
     sm90_gemm = lambda *args, **kwargs: _sm90("grouped_gemm").grouped_gemm(*args, **kwargs)  # noqa: E731
+    sm90_fc1 = lambda x, **c: _sm90("fc1").fc1_forward(  # noqa: E731
+        x, w1_deq, splits, ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, **c)
+    sm90_fc2_dgrad = lambda dy, **c: _sm90("fc2_dgrad").fc2_dgrad(  # noqa: E731
+        dy, w2t_deq, t["c"], splits, activation=SWIGLU, recipe=recipe, **c)
     return {
         "fc1": dict(
             baseline=lambda: torch._grouped_mm(t["x"], t["w1"].transpose(1, 2), offs=offsets),
@@ -137,6 +144,8 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             quack=lambda c: lambda: _quack_gemm()(t["x"], t["w1"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             cutedsl=lambda c: lambda: _sm90("fc1").fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn,
                                                              activation=SWIGLU, recipe=None, **c),
+            **{"cutedsl-dequant": lambda c: lambda: sm90_fc1(deq(t["x_row"]), **c),
+               "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c)},
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
             configs=SM90_FC1_CONFIGS),
@@ -150,7 +159,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=SM90_GEMM_CONFIGS),
+            configs=SM90_GEMM_CONFIGS, decode_configs=SM90_DECODE_CONFIGS),
         "fc1_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
@@ -162,7 +171,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=SM90_GEMM_CONFIGS),
+            configs=SM90_GEMM_CONFIGS, decode_configs=SM90_DECODE_CONFIGS),
         "fc2_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
             bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
@@ -172,6 +181,8 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             quack=lambda c: lambda: _quack_gemm()(t["dy"], t["w2"], cu_seqlens_m=t["cu_seqlens"], **c),
             cutedsl=lambda c: lambda: _sm90("fc2_dgrad").fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits,
                                                            activation=SWIGLU, recipe=None, **c),
+            **{"cutedsl-dequant": lambda c: lambda: sm90_fc2_dgrad(deq(t["dy_row"]), **c),
+               "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c)},
             flops=2 * t["dy"].shape[0] * hidden * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
             configs=SM90_FC2_DGRAD_CONFIGS),
@@ -196,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default="bf16,mxfp8",
                         help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
                              "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; cutedsl-dequant / cutedsl-decode: "
-                             "MXFP8 A dequantized first / decoded in the SM90 kernel (fc2, fc1_dgrad); "
+                             "MXFP8 A dequantized first / decoded in the SM90 kernel (fc1, fc2, fc1_dgrad, fc2_dgrad); "
                              "quack: QuACK's varlen GEMM")
     add_out_argument(parser)
     args = parser.parse_args(argv)
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 # the layer's tiling first; the CuTeDSL kernels' default configuration first
                 if variant.startswith("cutedsl"):
-                    tilings = gemm["configs"] if variant == "cutedsl" else SM90_DECODE_CONFIGS
+                    tilings = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
                 elif variant == "quack":
                     tilings = QUACK_CONFIGS
                 else:

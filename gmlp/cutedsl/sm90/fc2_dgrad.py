@@ -97,7 +97,6 @@ from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
-    SMEM_BYTES,
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
