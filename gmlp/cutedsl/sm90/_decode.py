@@ -39,18 +39,20 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Int32, Uint32
+from cutlass import BFloat16, Int32, Uint8, Uint32
 from cutlass._mlir.dialects import llvm
+from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from gmlp.cutedsl._quantize_kernel import _select
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantized import MXFP8Tensor, QuantAxis
-from gmlp.cutedsl.sm90._pipeline import THREADS_PER_WARPGROUP, TILE_K
+from gmlp.cutedsl.sm90._compile import sym_stride
+from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, TILE_K, mma_k_tiles
 from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = ["DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "FIRST_BARRIER", "barrier_id", "decoded_operand",
-           "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit",
+           "token_operand", "fake_operand", "Decoder", "make_decoder", "mainloop", "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit",
            "load_scales", "decode_k_tile",
            "mma_decoded_k_tiles"]
 
@@ -72,6 +74,20 @@ def barrier_id(mma_warpgroup):
     return FIRST_BARRIER - 1 + mma_warpgroup
 
 
+def token_operand(name: str, value) -> tuple[torch.Tensor, torch.Tensor | None, ElementFormat | None]:
+    """(matrix (T, K), scales or None, element format or None) of a launcher's token-row operand:
+    a contiguous bf16 matrix, or a rowwise MXFP8Tensor that the kernel decodes (its fp8 bytes as
+    uint8 and its compact scales)."""
+    if isinstance(value, MXFP8Tensor):
+        return decoded_operand(name, value)
+    if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() == 2
+            and value.is_contiguous()):
+        got = (f"{value.dtype} {tuple(value.shape)}{'' if value.is_contiguous() else ' (not contiguous)'}"
+               if isinstance(value, torch.Tensor) else type(value).__name__)
+        raise TypeError(f"{name} must be a contiguous bf16 (T, K) matrix or a rowwise MXFP8Tensor, got {got}")
+    return value, None, None
+
+
 def decoded_operand(name: str, value: MXFP8Tensor) -> tuple[torch.Tensor, torch.Tensor, ElementFormat]:
     """(fp8 bytes as uint8 (T, K), compact scales (T, K / 32), element format) of an MXFP8 A that
     a kernel decodes: rowwise, compact scales, both contiguous; raises naming ``name`` otherwise."""
@@ -84,6 +100,14 @@ def decoded_operand(name: str, value: MXFP8Tensor) -> tuple[torch.Tensor, torch.
         raise ValueError(f"{name}'s data (T, K) and scales (T, K/32) must be contiguous, got {tuple(data.shape)} "
                          f"and {tuple(scales.shape)}")
     return data.view(torch.uint8), scales, value.element_format
+
+
+def fake_operand(rows, k) -> tuple:
+    """Symbolic stand-ins of a decoded operand for ahead-of-time compiles: its fp8 bytes (T, K) as
+    uint8 (K a multiple of 32, 16-byte aligned rows) and its compact scales (T, K / 32)."""
+    data = make_fake_tensor(Uint8, (rows, k), stride=(sym_stride(BLOCK), 1), assumed_align=ALIGN)
+    scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+    return data, scales
 
 
 def buffer_layout(mA: cute.Tensor, tile_shape_mnk: tuple[int, int, int]) -> cute.ComposedLayout:
@@ -244,3 +268,36 @@ def mma_decoded_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, release_
     mainloop.consumer_release(release_state)
     release_state.advance()
     return tiled_mma, read_state, release_state, decoded
+
+
+class Decoder:
+    """What one consumer thread's decode needs through its work-item loop (``make_decoder``):
+    the static split, the smem views, the scales, its position, its barrier."""
+
+    def __init__(self, split: DecodeSplit, args: tuple, barrier):
+        self.split, self.args, self.barrier = split, args, barrier
+
+
+def make_decoder(storage, a_smem_layout, a16_layout, mScales: cute.Tensor, mma_warpgroup, num_mma_warpgroups: int,
+                 local_tid, a_format: ElementFormat):
+    """(the bf16 buffers as the wgmmas' A tensor, the ``Decoder``) of a consumer thread of warpgroup
+    ``mma_warpgroup``; ``storage`` has the fields ``sA`` (the fp8 slots) and ``sA16``."""
+    sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+    split = DecodeSplit(num_mma_warpgroups, a_format is ElementFormat.E5M2)
+    row, first_chunk = split.thread_position(mma_warpgroup, local_tid)
+    args = (chunks(storage.sA, cute.cosize(a_smem_layout)), chunks(storage.sA16, cute.cosize(a16_layout)), mScales,
+            row, first_chunk)
+    return sA16, Decoder(split, args, barrier_id(mma_warpgroup))
+
+
+def mainloop(decoder: Decoder | None, tiled_mma, pipeline, read_state, release_state, k_tiles, tCrA, operands,
+             first_row, decoded):
+    """One work item's mainloop, traced: ``_pipeline.mma_k_tiles``, or with a ``decoder`` (A
+    decoded) ``mma_decoded_k_tiles``. Returns (tiled_mma, read_state, release_state, decoded)
+    for the caller to rebind (``decoded`` passes through without a decoder)."""
+    if decoder is None:
+        tiled_mma, read_state, release_state = mma_k_tiles(tiled_mma, pipeline, read_state, release_state, k_tiles,
+                                                           tCrA, operands)
+        return tiled_mma, read_state, release_state, decoded
+    return mma_decoded_k_tiles(tiled_mma, pipeline, read_state, release_state, k_tiles, tCrA, operands, decoder.split,
+                               decoder.args, decoder.barrier, first_row, decoded)

@@ -91,7 +91,6 @@ from gmlp.cutedsl.sm90._pipeline import (
     cta_roles,
     make_mainloop_operands,
     make_mainloop_pipeline,
-    mma_k_tiles,
     produce_k_tiles,
     shared_storage,
     slot_tensors,
@@ -102,7 +101,7 @@ from gmlp.mlp_ref import FC1Output
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand
+from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1_forward", "SUPPORTED_ARCHS"]
 
@@ -338,17 +337,13 @@ class FC1ForwardSm90:
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             mma_tidx = tidx - THREADS_PER_WARPGROUP
-            if const_expr(self.decoded):  # wgmmas read x's bf16 buffers, decoded from the fp8 slots
-                sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA16, smem_b)
-                split = _decode.DecodeSplit(_CONSUMER_WARPGROUPS, self.config.a_format is ElementFormat.E5M2)
-                decode_row, decode_chunk = split.thread_position(warpgroup, mma_tidx % THREADS_PER_WARPGROUP)
-                decode_args = (_decode.chunks(storage.sA, cute.cosize(a_smem_layout)),
-                               _decode.chunks(storage.sA16, cute.cosize(a16_layout)), mXScales, decode_row,
-                               decode_chunk)
-                decoded = Int32(0)
-            else:
-                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, smem_b)
+            decoder, sA_mma = None, sA  # decoded: the wgmmas read x's bf16 buffers the decoder fills
+            if const_expr(self.decoded):
+                sA_mma, decoder = _decode.make_decoder(storage, a_smem_layout, a16_layout, mXScales, warpgroup,
+                                                       _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
+                                                       self.config.a_format)
+            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
             # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups; fused_b:
@@ -376,13 +371,9 @@ class FC1ForwardSm90:
             item = bidx
             while item < num_items:
                 g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                if const_expr(self.decoded):
-                    tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
-                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, split, decode_args,
-                        _decode.barrier_id(warpgroup), first_row, decoded)
-                else:
-                    tiled_mma, read_state, release_state = mma_k_tiles(
-                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
+                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
+                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
+                    decoded)
 
                 # Epilogue at rows first_row + [0, 128), a columns col0 + [0, 128): only rows <
                 # end_row (this expert's) and columns < F are written. Accumulators 2i, 2i+1 of a
@@ -458,8 +449,7 @@ def _fake_arguments(config: FC1Config) -> tuple:
     x = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
     x_scales = None
     if config.a_format is not None:  # x's fp8 bytes and compact scales
-        x = make_fake_tensor(Uint8, (rows, hidden), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
-        x_scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+        x, x_scales = _decode.fake_operand(rows, hidden)
     w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     w = make_fake_tensor(BFloat16, (experts, n1, hidden), stride=w_strides, assumed_align=ALIGN)
     bias = probs = None
@@ -554,12 +544,8 @@ def fc1_forward(
         raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     n1 = (2 if activation.gated else 1) * ffn
-    x_scales, x_format = None, None
-    if isinstance(x, MXFP8Tensor):
-        x_data, x_scales, x_format = _decode.decoded_operand("x", x)
-        tokens, hidden = x_data.shape
-    else:
-        x_data, (tokens, hidden) = rowwise_operand("x", x)
+    x_data, x_scales, x_format = _decode.token_operand("x", x)
+    tokens, hidden = x_data.shape
     w = expert_operand("w1", w1, experts)
     if (w.n, w.k) != (n1, hidden):
         raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")

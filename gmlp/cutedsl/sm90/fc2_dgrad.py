@@ -107,7 +107,6 @@ from gmlp.cutedsl.sm90._pipeline import (
     cta_roles,
     make_mainloop_operands,
     make_mainloop_pipeline,
-    mma_k_tiles,
     produce_k_tiles,
     shared_storage,
     slot_tensors,
@@ -120,7 +119,7 @@ from gmlp.mlp_ref import FC2DgradOutput
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand
+from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
            "SUPPORTED_ARCHS", "WARPS_PER_TILE"]
@@ -320,17 +319,13 @@ class FC2DgradSm90:
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
-            if const_expr(self.decoded):  # wgmmas read dy's bf16 buffers, decoded from the fp8 slots
-                sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA16, (sB,))
-                split = _decode.DecodeSplit(_CONSUMER_WARPGROUPS, self.config.a_format is ElementFormat.E5M2)
-                decode_row, decode_chunk = split.thread_position(warpgroup, mma_tidx % THREADS_PER_WARPGROUP)
-                decode_args = (_decode.chunks(storage.sA, cute.cosize(a_smem_layout)),
-                               _decode.chunks(storage.sA16, cute.cosize(a16_layout)), mDyScales, decode_row,
-                               decode_chunk)
-                decoded = Int32(0)
-            else:
-                tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
+            decoder, sA_mma = None, sA  # decoded: the wgmmas read dy's bf16 buffers the decoder fills
+            if const_expr(self.decoded):
+                sA_mma, decoder = _decode.make_decoder(storage, a_smem_layout, a16_layout, mDyScales, warpgroup,
+                                                       _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
+                                                       self.config.a_format)
+            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
             # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
@@ -352,13 +347,9 @@ class FC2DgradSm90:
             item = bidx
             while item < num_items:
                 g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                if const_expr(self.decoded):
-                    tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
-                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, split, decode_args,
-                        _decode.barrier_id(warpgroup), first_row, decoded)
-                else:
-                    tiled_mma, read_state, release_state = mma_k_tiles(
-                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands)
+                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
+                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
+                    decoded)
 
                 # Epilogue at rows first_row + [0, 128), columns col0 + [0, BN): only rows <
                 # end_row (this expert's) and columns < F are read and written. Accumulators 2i,
@@ -581,8 +572,7 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
     dy = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
     dy_scales = None
     if config.a_format is not None:  # dy's fp8 bytes and compact scales
-        dy = make_fake_tensor(Uint8, (rows, hidden), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
-        dy_scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+        dy, dy_scales = _decode.fake_operand(rows, hidden)
     w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     w = make_fake_tensor(BFloat16, (experts, ffn, hidden), stride=w_strides, assumed_align=ALIGN)
     c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
@@ -680,12 +670,8 @@ def fc2_dgrad(
         raise ValueError(_quantized_tile_n_reason(tile_n))
     if not isinstance(activation, Activation):
         raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
-    dy_scales, dy_format = None, None
-    if isinstance(dy, MXFP8Tensor):
-        dy_data, dy_scales, dy_format = _decode.decoded_operand("dy", dy)
-        tokens, hidden = dy_data.shape
-    else:
-        dy_data, (tokens, hidden) = rowwise_operand("dy", dy)
+    dy_data, dy_scales, dy_format = _decode.token_operand("dy", dy)
+    tokens, hidden = dy_data.shape
     experts = split_sizes.numel()
     w = expert_operand("w2t", w2t, experts)
     ffn = w.n

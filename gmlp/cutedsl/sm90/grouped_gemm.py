@@ -74,7 +74,6 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
-    mma_k_tiles,
     produce_k_tiles,
     slot_tensors,
     skip_k_tiles,
@@ -252,17 +251,13 @@ class GroupedGemmSm90:
             mma_tidx = tidx - _THREADS_PER_WARPGROUP
             if const_expr(self.pingpong):
                 mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
+            decoder, sA_mma = None, sA  # decoded: the wgmmas read the bf16 buffers the decoder fills
             if const_expr(self.decoded):
-                # wgmmas read the bf16 buffers; the fp8 slots and the buffers as 16-byte chunks of words
-                sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-                tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA16, (sB,))
-                split = _decode.DecodeSplit(self.num_mma_warpgroups, self.config.a_format is ElementFormat.E5M2)
-                row, first_chunk = split.thread_position(mma_warpgroup, tidx % _THREADS_PER_WARPGROUP)
-                decode_args = (_decode.chunks(storage.sA, cute.cosize(a_smem_layout)),
-                               _decode.chunks(storage.sA16, cute.cosize(a16_layout)), mScales, row, first_chunk)
-                decoded = Int32(0)
-            else:
-                tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
+                sA_mma, decoder = _decode.make_decoder(storage, a_smem_layout, a16_layout, mScales, mma_warpgroup,
+                                                       self.num_mma_warpgroups, tidx % _THREADS_PER_WARPGROUP,
+                                                       self.config.a_format)
+            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
@@ -285,13 +280,9 @@ class GroupedGemmSm90:
                 g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
-                if const_expr(self.decoded):
-                    tiled_mma, read_state, release_state, decoded = _decode.mma_decoded_k_tiles(
-                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),), split,
-                        decode_args, _decode.barrier_id(mma_warpgroup), first_row, decoded)
-                else:
-                    tiled_mma, read_state, release_state = mma_k_tiles(
-                        tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),))
+                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
+                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),),
+                    first_row, decoded)
                 if const_expr(self.pingpong):
                     # the other warpgroup's mainloop may start; its item's slots are skipped here
                     order_state = order.arrive(order_state)
@@ -340,8 +331,7 @@ def _fake_arguments(config: KernelConfig) -> tuple:
     scales = None
     if config.a_format is not None:  # the fp8 bytes (K a multiple of 32) and the compact scales
         k = cute.sym_int(divisibility=BLOCK_SIZE)
-        a = make_fake_tensor(Uint8, (rows, k), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=_ALIGN)
-        scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+        a, scales = _decode.fake_operand(rows, k)
     b_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
     b = make_fake_tensor(BFloat16, (experts, n, k), stride=b_strides, assumed_align=_ALIGN)
     bias = None
@@ -413,14 +403,9 @@ def grouped_gemm(
     scales): decoded to bf16 in the kernel, the result is bit for bit that of its Triton-
     dequantized bf16 values (``tile_n`` then without ``pingpong``)."""
     # validate
-    a_format, scales = None, None
-    if isinstance(a, MXFP8Tensor):
-        a, scales, a_format = _decode.decoded_operand("a", a)
-    elif a.dtype != torch.bfloat16:
-        raise TypeError(f"a must be a bf16 (T, K) matrix or an MXFP8Tensor, got {a.dtype}")
-    if not (b.dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 3 and a.is_contiguous()):
-        raise TypeError(f"a must be a contiguous (T, K) matrix and b a bf16 (E, N, K) tensor, got "
-                        f"a {a.dtype} {tuple(a.shape)}, b {b.dtype} {tuple(b.shape)}")
+    a, scales, a_format = _decode.token_operand("a", a)
+    if not (b.dtype == torch.bfloat16 and b.dim() == 3):
+        raise TypeError(f"b must be a bf16 (E, N, K) tensor, got {b.dtype} {tuple(b.shape)}")
     (tokens, k), (experts, n, b_k) = a.shape, b.shape
     if experts != split_sizes.numel() or b_k != k:
         raise ValueError(f"b must hold {split_sizes.numel()} experts' (N, K={k}) matrices, got shape {tuple(b.shape)}")
