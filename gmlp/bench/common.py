@@ -88,9 +88,19 @@ def environment() -> dict:
 
 def write_results(name: str, results: dict, out_dir: str | None) -> pathlib.Path:
     """Write results as JSON into out_dir (default: bench_results/), named after the bench and date."""
-    folder = pathlib.Path(out_dir or "bench_results")
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    path = folder / f"{name}-{stamp}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    return path
+    return PartialResults(name, out_dir).write(results, complete=True)
+
+
+class PartialResults:
+    """A bench's JSON file, rewritten after every step of a long run (``write``), so that a run cut
+    short (a timeout, a fault) leaves what it measured, marked ``"complete": false``."""
+
+    def __init__(self, name: str, out_dir: str | None):
+        folder = pathlib.Path(out_dir or "bench_results")
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        self.path = folder / f"{name}-{stamp}.json"
+
+    def write(self, results: dict, complete: bool) -> pathlib.Path:
+        self.path.write_text(json.dumps({**results, "complete": complete}, indent=2) + "\n")
+        return self.path

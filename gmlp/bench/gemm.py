@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from gmlp.activations import SWIGLU
-from gmlp.bench.common import add_out_argument, environment, median_ms, write_results
+from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
 from gmlp.bench.mlp import SHAPES, add_shapes_argument, split_sizes_for
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
-    rows = []
+    rows, results, env = [], PartialResults("gemm", args.out), environment()
     for shape_name in args.shapes.split(","):
         experts, tokens, hidden, ffn = SHAPES[shape_name]
         operands = _operands(experts, tokens, hidden, ffn, device)
@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> None:
                                      tflops=gemm["flops"] / ms / 1e9 if ms else None, ratio_to_torch_bf16=ratio,
                                      baseline_ms=baseline, baseline_spread=spread, error=error))
                     base_ms = base_after or base_ms
+                    results.write(dict(environment=env, results=rows), complete=False)  # kept if cut short
                     print(f"  {variant:>8} {tiling}: " + (f"{ms:.3f} ms {gemm['flops'] / ms / 1e9:.0f} TFLOP/s, "
                           f"{ratio:.2f} of torch" if ms and ratio else str(error or f'{ms:.3f} ms')), flush=True)
         del operands, gemms
         torch.cuda.empty_cache()
-    path = write_results("gemm", dict(environment=environment(), results=rows), args.out)
-    print(f"wrote {path}")
+    print(f"wrote {results.write(dict(environment=env, results=rows), complete=True)}")

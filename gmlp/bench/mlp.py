@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gmlp.bench.common import add_out_argument, environment, median_ms, write_results
+from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
 from gmlp.mlp import GroupedMLP
 from gmlp.recipe import MXFP8Recipe
 
@@ -209,9 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     env = environment()
     compiled_act = compiled_swiglu_probs()
-    rows = []
+    rows, results = [], PartialResults("mlp", args.out)
     for shape_name in args.shapes.split(","):
         rows += bench_shape(shape_name, args.routing.split(","), compiled_act, device)
+        results.write(dict(environment=env, results=rows), complete=False)  # each shape kept as it ends
         torch.cuda.empty_cache()  # the shape's tensors went with bench_shape's frame
-    path = write_results("mlp", dict(environment=env, results=rows), args.out)
-    print(f"wrote {path}")
+    print(f"wrote {results.write(dict(environment=env, results=rows), complete=True)}")
