@@ -12,7 +12,7 @@ from cutlass.cute.runtime import make_fake_stream
 from gmlp.cutedsl.quantize import artifact_text  # the quantize kernel's compile reads its artifacts the same way
 from gmlp.cutedsl.sm90._pipeline import ELEMENT_ALIGN
 
-__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "compile_kernel"]
+__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "compile_kernel", "compile_ahead"]
 
 SUPPORTED_ARCHS = ("sm_90a",)
 _OPTIONS = "--enable-tvm-ffi"
@@ -50,3 +50,14 @@ def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> Compil
         cubin = function.__cubin__
         cubin = cubin if isinstance(cubin, bytes) else open(cubin, "rb").read()  # bytes or a path
     return CompiledKernel(config, arch, function, ptx, cubin)
+
+
+def compile_ahead(kernel: str, compile_config, config, arch: str, shape_reason: str | None) -> CompiledKernel:
+    """The checks behind each kernel module's ``compile_*`` (ahead of time, no GPU): ``arch`` one
+    of ``SUPPORTED_ARCHS``, then no ``shape_reason`` (the module's ``problem_support`` of a shape
+    given), then ``compile_config(config, arch)`` (the module's cached compile)."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
+    if shape_reason is not None:
+        raise ValueError(f"the sm90 {kernel} cannot run this problem: {shape_reason}")
+    return compile_config(config, arch)

@@ -51,10 +51,12 @@ from gmlp.cutedsl.sm90._compile import sym_stride
 from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, TILE_K, mma_k_tiles
 from gmlp.cutedsl.sm90._schedule import TILE_M
 
-__all__ = ["DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "FIRST_BARRIER", "barrier_id", "decoded_operand",
-           "token_operand", "fake_operand", "Decoder", "make_decoder", "mainloop", "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit",
-           "load_scales", "decode_k_tile",
-           "mma_decoded_k_tiles"]
+__all__ = [
+    "DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "FIRST_BARRIER", "barrier_id",
+    "decoded_operand", "token_operand", "fake_operand", "Decoder", "make_decoder", "mainloop",
+    "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit", "load_scales", "decode_k_tile",
+    "mma_decoded_k_tiles"
+]
 
 DECODE_BUFFERS = 3  # bf16 tiles in rotation (see the ordering argument above)
 BLOCK = 32  # MXFP8 block: one E8M0 scale byte per 32 values of a row

@@ -76,7 +76,8 @@ from gmlp.cutedsl.sm90 import _schedule
 from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel,
+                                        fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     CONSUMER_REGISTERS,
@@ -503,13 +504,9 @@ def compile_fc1(
     """Compile the kernel for ``arch`` without a GPU (default config: swiglu, no bias, no probs);
     returns it with its PTX and cubin. The code is shape-generic, so one compile serves every
     shape of a config; ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
     config = config if config is not None else FC1Config(Activation(ActivationKind.SWIGLU))
     reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    if reason is not None:
-        raise ValueError(f"the sm90 fc1 kernel cannot run this problem: {reason}")
-    return _compile(config, arch)
+    return compile_ahead("fc1 kernel", _compile, config, arch, reason)
 
 
 # ---------------------------------------------------------------------------------------------

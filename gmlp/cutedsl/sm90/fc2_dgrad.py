@@ -92,7 +92,8 @@ from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
-from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel,
+                                        fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     CONSUMER_REGISTERS,
@@ -628,13 +629,9 @@ def compile_fc2_dgrad(
     """Compile the kernel for ``arch`` without a GPU (default config: swiglu, no probs, no
     bias_grad); returns it with its PTX and cubin. One compile serves every shape of a config;
     ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
     config = config if config is not None else FC2DgradConfig(Activation(ActivationKind.SWIGLU))
     reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    if reason is not None:
-        raise ValueError(f"the sm90 fc2_dgrad kernel cannot run this problem: {reason}")
-    return _compile(config, arch)
+    return compile_ahead("fc2_dgrad kernel", _compile, config, arch, reason)
 
 
 # ---------------------------------------------------------------------------------------------

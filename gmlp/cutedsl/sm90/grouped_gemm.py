@@ -57,7 +57,8 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp import scale_layout
 from gmlp.cutedsl.sm90 import _decode, _schedule
-from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel, fake_stream, sym_stride
+from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel,
+                                        fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
     CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
@@ -371,12 +372,7 @@ def compile_grouped_gemm(
     """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
     is shape-generic (T, N, K, E at run time), so one compile serves every shape of a config;
     ``shape`` (T, N, K, E), when given, is checked against ``problem_support``."""
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
-    reason = None if shape is None else problem_support(*shape)
-    if reason is not None:
-        raise ValueError(f"the sm90 grouped GEMM cannot run this problem: {reason}")
-    return _compile(config, arch)
+    return compile_ahead("grouped GEMM", _compile, config, arch, None if shape is None else problem_support(*shape))
 
 
 # ---------------------------------------------------------------------------------------------

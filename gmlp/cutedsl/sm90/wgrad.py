@@ -68,7 +68,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_kernel
+from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
     CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
@@ -473,12 +473,7 @@ def compile_wgrad(
     """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
     is shape-generic (T, M, N, E at run time), so one compile serves every shape of a config;
     ``shape`` (T, M, N, E), when given, is checked against ``problem_support``."""
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
-    reason = None if shape is None else problem_support(*shape)
-    if reason is not None:
-        raise ValueError(f"the sm90 grouped wgrad cannot run this problem: {reason}")
-    return _compile(config, arch)
+    return compile_ahead("grouped wgrad", _compile, config, arch, None if shape is None else problem_support(*shape))
 
 
 # ---------------------------------------------------------------------------------------------
