@@ -348,3 +348,43 @@ def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidd
     got = fc2_dgrad(q, w2t, c, split_sizes, **kwargs)
     want = fc2_dgrad(dequantize_mxfp8(q), w2t, c, split_sizes, **kwargs)
     _assert_outputs_bitwise(got, want, ("dh", "dh_rowwise", "dh_columnwise", "dprobs", "db1"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph():
+    """The three decoding kernels: bitwise the same output twice, no host sync in the launch (the
+    split sizes stay on the device), and a captured launch replayed over a new routing equal to
+    an eager launch on it (the work items come from the device prefix sums)."""
+    from gmlp.activations import SWIGLU
+    from gmlp.cutedsl.sm90.fc1 import fc1_forward
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+    from gmlp.recipe import MXFP8Recipe
+    from tests.backends import twice_without_sync
+
+    torch.manual_seed(2)
+    splits = torch.tensor([0, 300, 7, 129], device="cuda")
+    tokens, hidden, ffn = 436, 256, 256
+    q = _quantized_a(tokens, hidden, "e4m3", special=False)
+    w = (torch.randn(4, 2 * ffn, hidden, device="cuda") / 8).bfloat16()
+    w2t = (torch.randn(4, ffn, hidden, device="cuda") / 8).bfloat16()
+    c = torch.randn(tokens, 2 * ffn, device="cuda").bfloat16()
+    runs = {
+        "grouped GEMM": lambda: [grouped_gemm(q, w, splits)],
+        "FC1": lambda: (lambda o: [o.c, o.a_rowwise.data, o.a_columnwise.data])(
+            fc1_forward(q, w, splits, ffn_hidden_size=ffn, activation=SWIGLU, recipe=MXFP8Recipe())),
+        "FC2 dgrad": lambda: (lambda o: [o.dh_rowwise.data, o.dh_columnwise.data])(
+            fc2_dgrad(q, w2t, c, splits, activation=SWIGLU, recipe=MXFP8Recipe())),
+    }
+    for name, run in runs.items():
+        first, second = twice_without_sync(run)
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(first, second)), name
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run()
+        splits.copy_(torch.tensor([129, 0, 300, 7], device="cuda"))  # same T, new routing
+        graph.replay()
+        eager = run()
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(captured, eager)), name
+        splits.copy_(torch.tensor([0, 300, 7, 129], device="cuda"))
