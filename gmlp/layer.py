@@ -132,9 +132,23 @@ def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups
 
 def _a_operand(run: OpRunner, site: str, value: torch.Tensor | MXFP8Tensor) -> torch.Tensor | MXFP8Tensor:
     """The token-row operand A (x, a, dy, dh) of the GEMM at ``site``: as it is where the site's
-    kernel decodes an MXFP8 A (``LayerPlan.decoded_a``), else its bf16 values."""
+    kernel decodes an MXFP8 A (``LayerPlan.decoding_sites``), else its bf16 values."""
     plan = getattr(run, "plan", None)  # a plain function runs no plan
-    return value if plan is not None and site in plan.decoded_a else _bf16(run, value)
+    return value if plan is not None and site in plan.decoding_sites else _bf16(run, value)
+
+
+def _wgrad_operands(run: OpRunner, site: str, a: torch.Tensor | MXFP8Tensor, b: torch.Tensor | MXFP8Tensor,
+                    groups: DeviceGroups) -> tuple:
+    """The two operands of the weight gradient at ``site``: the columnwise MXFP8 tensors as they
+    are where the site's kernel decodes them (``LayerPlan.decoding_sites``) and can at this T (the
+    SM90 kernel's ``decoded_wgrad_reason``: T a multiple of 16), else their bf16 values."""
+    plan = getattr(run, "plan", None)
+    if plan is not None and site in plan.decoding_sites:
+        from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
+
+        if decoded_wgrad_reason(a, b) is None:
+            return a, b
+    return _bf16(run, a, groups), _bf16(run, b, groups)
 
 
 def _transposed_weight(run: OpRunner, w_col: torch.Tensor | MXFP8Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -197,9 +211,9 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     w1t = _transposed_weight(run, saved.w1_col, (split_sizes.numel(), -1, hidden))
     dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row), w1t, split_sizes, groups=groups)
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
-    dw2 = run("fc2 wgrad", _bf16(run, dy_col, groups), _bf16(run, saved.a_col, groups), split_sizes, out=dw2_out,
-              out_dtype=weight_grad_dtype, groups=groups)
-    dw1 = run("fc1 wgrad", _bf16(run, dh_col, groups), _bf16(run, saved.x_col, groups), split_sizes, out=dw1_out,
-              out_dtype=weight_grad_dtype, groups=groups)
+    dw2 = run("fc2 wgrad", *_wgrad_operands(run, "fc2 wgrad", dy_col, saved.a_col, groups), split_sizes,
+              out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
+    dw1 = run("fc1 wgrad", *_wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups), split_sizes,
+              out=dw1_out, out_dtype=weight_grad_dtype, groups=groups)
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)

@@ -89,13 +89,15 @@ def operand_values(a: torch.Tensor | MXFP8Tensor) -> torch.Tensor:
     return _dequantize_ref(a) if isinstance(a, MXFP8Tensor) else a
 
 
-def _dequantizing_a(function: Callable, dequantize: Callable) -> Callable:
-    """Wrap a token-row GEMM (grouped GEMM, FC1, FC2 dgrad) that reads a bf16 A (x, a, dy, dh) so
-    that it also takes the MXFP8 A of a site whose chosen kernel decodes it
-    (``LayerPlan.decoded_a``): the cross-check's reference then runs on the dequantized values,
-    which the decoding kernel multiplies bit for bit."""
-    def twin(a, *args, **kwargs):
-        return function(dequantize(a) if isinstance(a, MXFP8Tensor) else a, *args, **kwargs)
+def _dequantizing_a(function: Callable, dequantize: Callable, operands: int = 1) -> Callable:
+    """Wrap a GEMM that reads bf16 operands (the token-row GEMMs' A: x, a, dy, dh; the weight
+    gradients' two, ``operands=2``) so that it also takes the MXFP8 operands of a site whose chosen
+    kernel decodes them (``LayerPlan.decoding_sites``): the cross-check's reference then runs on the
+    dequantized values, which the decoding kernel multiplies bit for bit. ``dequantize`` gets the
+    call's ``groups`` (a columnwise quantization's experts)."""
+    def twin(*args, **kwargs):
+        values = [dequantize(v, kwargs.get("groups")) if isinstance(v, MXFP8Tensor) else v for v in args[:operands]]
+        return function(*values, *args[operands:], **kwargs)
     twin.__name__ = twin.__qualname__ = function.__name__
     return twin
 
@@ -118,7 +120,7 @@ def _torch_implementation(op: Op) -> Callable:
         Op.FC1: _dequantizing_a(_without("groups", "tiling")(mlp_ref.fc1_forward_ref), _dequantize_ref),
         Op.GROUPED_GEMM: _dequantizing_a(_without("groups", "tiling")(mlp_ref.grouped_gemm_ref), _dequantize_ref),
         Op.FC2_DGRAD: _dequantizing_a(_without("groups", "tiling")(mlp_ref.fc2_dgrad_ref), _dequantize_ref),
-        Op.WGRAD: _without("groups", "tiling")(mlp_ref.grouped_wgrad_ref),
+        Op.WGRAD: _dequantizing_a(_without("groups", "tiling")(mlp_ref.grouped_wgrad_ref), _dequantize_ref, 2),
         Op.SEGMENT_SUM: _segment_sum_ref,
     }[op]
 
@@ -147,7 +149,9 @@ def _triton_implementation(site: Site) -> Callable:
 
         run = _dequantizing_a(fc2_dgrad, dequantize_mxfp8)
     elif op is Op.WGRAD:
-        from gmlp.triton_ref.wgrad import grouped_wgrad as run
+        from gmlp.triton_ref.wgrad import grouped_wgrad
+
+        run = _dequantizing_a(grouped_wgrad, dequantize_mxfp8, 2)
     else:
         from gmlp.triton_ref.segment_sum import segment_sum as run
     return run
@@ -293,8 +297,9 @@ class LayerPlan:
     decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
     references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
     sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100.layer)
-    # sites whose chosen kernel reads its MXFP8 A as it is, decoding it (no dequantize pass for A)
-    decoded_a: frozenset[str] = frozenset()
+    # sites whose chosen kernel reads its MXFP8 operands as they are, decoding them (no dequantize
+    # pass for them; the weight gradients' only where decodable: ``layer._wgrad_operands``)
+    decoding_sites: frozenset[str] = frozenset()
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path
@@ -304,7 +309,7 @@ class LayerPlan:
         lines = ["GEMM sites: the SM100 composition (cuDNN frontend's fused kernels, MXFP8 operands as they are)"
                  if self.sm100 else "GEMM sites: one op each (gmlp.layer)"]
         for name, decision in self.decisions.items():
-            decoded = ", MXFP8 A decoded in the kernel" if name in self.decoded_a else ""
+            decoded = ", MXFP8 operands decoded in the kernel" if name in self.decoding_sites else ""
             lines.append(f"{name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}")
             lines += [f"{'':<{width}}    not {path.value}: {reason}" for path, reason in decision.skipped]
         return "\n".join(lines)
@@ -330,12 +335,12 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
         references[name] = next_path_down(decision.path, device, problem_reason)
     if sm100 and any(decisions[name].path is not Path.CUTEDSL for name in decisions if SITES[name].op in GEMM_OPS):
         raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
-    decoded_a = frozenset()
+    decoding_sites = frozenset()
     if problem.mxfp8 and not sm100:
-        from gmlp.cutedsl.sm90.support import DECODED_A_SITES
+        from gmlp.cutedsl.sm90.support import DECODING_SITES
 
-        decoded_a = frozenset(name for name in DECODED_A_SITES if decisions[name].path is Path.CUTEDSL)
-    return LayerPlan(decisions, references, sm100=sm100, decoded_a=decoded_a)
+        decoding_sites = frozenset(name for name in DECODING_SITES if decisions[name].path is Path.CUTEDSL)
+    return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites)
 
 
 def _sm100_runs(problem: LayerProblem, device: torch.device) -> bool:

@@ -200,7 +200,7 @@ def test_strided_inputs_equal_their_contiguous_copies():
 
 
 def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
-    """A site in ``LayerPlan.decoded_a`` gets its MXFP8 A as it is (no dequantize site for A):
+    """A site in ``LayerPlan.decoding_sites`` gets its MXFP8 A as it is (no dequantize site for A):
     with the kernels here (Triton / torch, which dequantize such an A themselves) the layer's
     outputs are bit for bit those of the plan without it, and the cross-check compares those
     sites on the MXFP8 A (its bounds from the dequantized values) and passes."""
@@ -217,8 +217,10 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
     probs = torch.rand(sum(SPLITS), device=device)
     plan = mlp.plan(x, split_sizes)
-    decoded = dataclasses.replace(plan, decoded_a=frozenset({"fc1", "fc2", "fc2 dgrad", "fc1 dgrad"}))
-    assert "fc2" in decoded.explain() and "MXFP8 A decoded in the kernel" in decoded.explain()
+    sites = ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")
+    decoded = dataclasses.replace(plan, decoding_sites=frozenset(sites))
+    assert decoded.explain().count("MXFP8 operands decoded in the kernel") == 6
+    assert sum(SPLITS) % 16 == 0  # the weight gradients' Q_col operands are decodable at this T
     seen = []
 
     def step(run):
@@ -235,11 +237,11 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     want_y, want = step(OpRunner(plan))
     check = CrossCheck(decoded, CrossCheckSettings(action="raise"), split_sizes)
     got_y, got = step(Recording(decoded, check))
-    for site in ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad"):
+    for site in sites:
         assert (site, "MXFP8Tensor") in seen, site
     # 12 dequantized operands (x, W1, a, W2 forward; W2, dy, W1, dh, then dy, a, dh, x columnwise
-    # for the weight gradients), less the four rowwise token operands
-    assert [s for s, _ in seen].count("dequantize") == 8
+    # for the weight gradients), less the eight the GEMMs decode: the weights' four are left
+    assert [s for s, _ in seen].count("dequantize") == 4
     assert torch.equal(got_y, want_y)
     for name in ("dx", "dprobs", "dw1", "db1", "dw2", "db2"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from tests.test_sm90_compile import SPLITS, _on_sm90, check_ptx, expert_weights
+from tests.test_sm90_compile import SPLITS, _on_sm90, check_ptx, expert_weights, ptxas_report
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -388,3 +388,97 @@ def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph(
         eager = run()
         assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(captured, eager)), name
         splits.copy_(torch.tensor([0, 300, 7, 129], device="cuda"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The weight gradient: both Q_col operands decoded
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["store", "main-grad"])
+@pytest.mark.parametrize("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=["e4m3-grads", "e5m2-grads"])
+def test_decoded_wgrad_compiles(formats, accumulate):
+    """Both operands decoded by the one consumer warpgroup (BN = 128): 4 fp8 chunks of A's row and
+    4 of B's a thread, masked past the expert's end, K-major bf16 buffers (wgmma without transpose
+    bits), 8 stages beside the six buffers."""
+    from gmlp.cutedsl.sm90.wgrad import WgradConfig, compile_wgrad
+    from gmlp.mxfp8 import ElementFormat
+
+    config = WgradConfig(tile_n=128, accumulate=accumulate, a_format=ElementFormat(formats[0]),
+                         b_format=ElementFormat(formats[1]))
+    ptx = compile_wgrad("sm_90a", config, shape=(32768, 7168, 2048, 32)).ptx
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+                        r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(w == ("0", "0") for w in wgmmas), wgmmas[:2]
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile", ptx)  # the plain views
+    cvts = sum(len(re.findall(rf"cvt\.rn\.f16x2\.{fmt}x2", ptx)) for fmt in set(formats))
+    assert cvts == 8 * 8 and len(re.findall(r"ld\.shared\.v4", ptx)) == 8
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert config.num_stages() == 8
+    report = ptxas_report(ptx, "sm_90a")
+    if report is not None:
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+
+
+def test_decoded_wgrad_rules():
+    from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
+    from gmlp.cutedsl.sm90.wgrad import WgradConfig
+    from gmlp.mxfp8 import ElementFormat, ScaleMode
+    from gmlp.quantized import MXFP8Tensor, QuantAxis
+
+    with pytest.raises(ValueError, match="both operands decoded, or neither"):
+        WgradConfig(tile_n=128, a_format=ElementFormat.E4M3)
+    with pytest.raises(ValueError, match="decoded operands need tile_n=128"):
+        WgradConfig(a_format=ElementFormat.E4M3, b_format=ElementFormat.E4M3)
+
+    def q_col(tokens: int) -> MXFP8Tensor:
+        return MXFP8Tensor(torch.zeros(64, tokens, dtype=torch.float8_e4m3fn), torch.zeros(64, 8, dtype=torch.uint8),
+                           QuantAxis.COLUMNWISE, False, ElementFormat.E4M3, ScaleMode.RCEIL, torch.tensor([tokens]))
+
+    assert decoded_wgrad_reason(q_col(192), q_col(192)) is None
+    assert "T=200: a decoded Q_col needs T a multiple of 16" in decoded_wgrad_reason(q_col(200), q_col(200))
+    assert "same tokens" in decoded_wgrad_reason(q_col(192), q_col(208))
+    assert "b must be a columnwise MXFP8Tensor" in decoded_wgrad_reason(q_col(192), torch.zeros(192, 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("out", ["fp32", "bf16", "main-grad"])
+@pytest.mark.parametrize("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=["e4m3-grads", "e5m2-grads"])
+@pytest.mark.parametrize("m,n", [(64, 96), (264, 520)], ids=["small", "several-tiles"])
+@pytest.mark.parametrize("splits", [[0, 37, 64, 1, 90, 0, 31], [1, 2, 3, 0, 5, 8, 13, 0, 21, 34, 55, 0, 89, 1, 1, 4],
+                                    [128, 256, 0, 128]], ids=["ragged-with-empty", "many-tiny", "tile-multiples"])
+def test_decoded_wgrad_matches_the_dequantized_operands_bitwise(splits, m, n, formats, out):
+    """Q_col(dy) and Q_col(a) as they are against the same kernel (BN = 128) on their Triton-
+    dequantized values: the decoder's zeros past each expert's end stand for the bf16 kernel's
+    zero fill (T a multiple of 16 in every case)."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+    from gmlp.mxfp8 import ElementFormat
+    from gmlp.groups import device_groups
+    from gmlp.triton_ref.dequantize import dequantize_mxfp8
+    from gmlp.triton_ref.quantize import quantize_mxfp8
+    from tests.test_sm90_fc1 import assert_same_bits
+
+    torch.manual_seed(3)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens = sum(splits)
+    assert tokens % 16 == 0
+    groups = device_groups(split_sizes, tokens)
+
+    def q_col(features: int, fmt: str):
+        value = torch.randn(tokens, features, device="cuda").bfloat16()
+        return quantize_mxfp8(value, rowwise=False, columnwise=True, swizzle=False, split_sizes=split_sizes,
+                              element_format=ElementFormat(fmt)).columnwise
+
+    a, b = q_col(m, formats[0]), q_col(n, formats[1])
+    kwargs = dict(out_dtype=torch.bfloat16 if out == "bf16" else torch.float32, groups=groups, tile_n=128)
+    if out == "main-grad":
+        start = torch.randn(len(splits), m, n, device="cuda")
+        got = grouped_wgrad(a, b, split_sizes, out=start.clone(), **kwargs)
+        want = grouped_wgrad(dequantize_mxfp8(a, groups), dequantize_mxfp8(b, groups), split_sizes, out=start.clone(),
+                             ragged_tma=False, **kwargs)
+    else:
+        got = grouped_wgrad(a, b, split_sizes, **kwargs)
+        want = grouped_wgrad(dequantize_mxfp8(a, groups), dequantize_mxfp8(b, groups), split_sizes, ragged_tma=False,
+                             **kwargs)
+    assert_same_bits(got, want, "dW")

@@ -9,11 +9,12 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
   the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling;
 - ``cutedsl``: the CuTeDSL SM90 kernel (``gmlp.cutedsl.sm90``) on bf16 operands, each of its
   configurations (an H100/H200 with cutlass-dsl only);
-- ``cutedsl-dequant`` and ``cutedsl-decode`` (FC1, FC2, FC1 dgrad, FC2 dgrad: the GEMMs whose A
-  is a token-row MXFP8 operand, x, a, dh, dy): the MXFP8 layer's step with that operand
-  dequantized by the Triton pass then the SM90 kernel, against the SM90 kernel decoding its
-  Q_row itself (``gmlp.cutedsl.sm90._decode``); both read the weight dequantized beforehand (once
-  per step in the layer, not timed here) and write FC1's and FC2 dgrad's quantized outputs;
+- ``cutedsl-dequant`` and ``cutedsl-decode``: the MXFP8 layer's step with its activation
+  operands (FC1, FC2, FC1 dgrad, FC2 dgrad: the token-row A, Q_row of x, a, dh, dy; the weight
+  gradients: both Q_col operands) dequantized by the Triton pass then the SM90 kernel, against
+  the SM90 kernel decoding them itself (``gmlp.cutedsl.sm90._decode``); the token-row GEMMs read
+  the weight dequantized beforehand (once per step in the layer, not timed here), FC1 and FC2
+  dgrad write their quantized outputs;
 - ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
   beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
   (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
@@ -115,9 +116,13 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         bf16=lambda c: lambda: run(t[a], t[b], c),
         mxfp8=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
         cutedsl=lambda c: lambda: _sm90("wgrad").grouped_wgrad(t[a], t[b], splits, out_dtype=torch.bfloat16, **c),
+        **{"cutedsl-dequant": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
+               deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), splits, out_dtype=torch.bfloat16, **c),
+           "cutedsl-decode": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
+               t[f"{a}_col"], t[f"{b}_col"], splits, out_dtype=torch.bfloat16, **c)},
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
-        configs=SM90_WGRAD_CONFIGS)
+        configs=SM90_WGRAD_CONFIGS, decode_configs=[dict(tile_n=128)])
 
 
 def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default="bf16,mxfp8",
                         help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
                              "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; cutedsl-dequant / cutedsl-decode: "
-                             "MXFP8 A dequantized first / decoded in the SM90 kernel (fc1, fc2, fc1_dgrad, fc2_dgrad); "
+                             "MXFP8 activation operands dequantized first / decoded in the SM90 kernel; "
                              "quack: QuACK's varlen GEMM")
     add_out_argument(parser)
     args = parser.parse_args(argv)

@@ -1,6 +1,8 @@
-"""In-kernel decode of an MXFP8 A operand for the sm_90a mainloop: the consumer warpgroups turn
-each TMA-loaded fp8 k-tile into the bf16 tile their ``wgmma`` reads, so no separate dequantize
-pass writes (and the GEMM rereads) a bf16 copy of A.
+"""In-kernel decode of MXFP8 operands for the sm_90a mainloops: the consumer warpgroups turn each
+TMA-loaded fp8 k-tile into the bf16 tile their ``wgmma`` reads, so no separate dequantize pass
+writes (and the GEMM rereads) a bf16 copy. The token-row kernels (grouped GEMM, FC1, FC2 dgrad)
+decode their A (``mma_decoded_k_tiles``); the weight gradient decodes both of its K-major Q_col
+operands with ``decode_rows`` and a k-tile mask (``gmlp.cutedsl.sm90.wgrad``).
 
 The values are the Triton dequantize's (``gmlp.triton_ref._dequantize_kernel``), bit for bit:
 ``bf16(float(q) * 2**(e - 127))`` with the fp32 multiply rounded to nearest, no flush to zero
@@ -39,7 +41,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Int32, Uint8, Uint32
+from cutlass import BFloat16, Int32, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -55,7 +57,7 @@ __all__ = [
     "DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "FIRST_BARRIER", "barrier_id",
     "decoded_operand", "token_operand", "fake_operand", "Decoder", "make_decoder", "mainloop",
     "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit", "load_scales", "decode_k_tile",
-    "mma_decoded_k_tiles"
+    "decode_rows", "publish", "mma_decoded_k_tiles"
 ]
 
 DECODE_BUFFERS = 3  # bf16 tiles in rotation (see the ordering argument above)
@@ -104,10 +106,12 @@ def decoded_operand(name: str, value: MXFP8Tensor) -> tuple[torch.Tensor, torch.
     return data.view(torch.uint8), scales, value.element_format
 
 
-def fake_operand(rows, k) -> tuple:
-    """Symbolic stand-ins of a decoded operand for ahead-of-time compiles: its fp8 bytes (T, K) as
-    uint8 (K a multiple of 32, 16-byte aligned rows) and its compact scales (T, K / 32)."""
-    data = make_fake_tensor(Uint8, (rows, k), stride=(sym_stride(BLOCK), 1), assumed_align=ALIGN)
+def fake_operand(rows, k, row_alignment: int = BLOCK) -> tuple:
+    """Symbolic stand-ins of a decoded operand for ahead-of-time compiles: its fp8 bytes (rows, K)
+    as uint8 (row stride a multiple of ``row_alignment``: K for a rowwise quantization, a multiple
+    of 32; T for a columnwise one, a multiple of 16 for TMA) and its compact scales (rows,
+    blocks)."""
+    data = make_fake_tensor(Uint8, (rows, k), stride=(sym_stride(row_alignment), 1), assumed_align=ALIGN)
     scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
     return data, scales
 
@@ -179,31 +183,64 @@ class DecodeSplit:
 
 @cute.jit
 def load_scales(split: cutlass.Constexpr, mScales: cute.Tensor, row: Int32, first_chunk: Int32, first_row: Int32,
-                k_tile: Int32, scales: cute.Tensor):
+                k_tile: Int32, scales: cute.Tensor, blocks: tuple | None = None):
     """Write into ``scales`` (2 Uint32 registers) the fp32 scale bits of the thread's blocks of
-    ``k_tile`` (tile row ``row`` of the item whose tile starts at ``first_row``; ``mScales`` (T,
-    K / 32) E8M0 bytes); rows past T and blocks past K / 32 (TMA zero fill) get 1.0 (byte 127),
-    as the Triton dequantize's masked loads."""
+    ``k_tile`` (tile row ``row`` of the item whose tile starts at ``first_row``; ``mScales`` (rows,
+    blocks) E8M0 bytes); rows past the tensor and blocks past its K / 32 (TMA zero fill) get 1.0
+    (byte 127), as the Triton dequantize's masked loads. ``blocks`` (first, end): the item's
+    blocks are columns first .. end - 1 of ``mScales`` (a columnwise quantization's expert)."""
     num_rows, num_blocks = mScales.shape
     global_row = first_row + row
     for b in cutlass.range_constexpr(split.blocks):
         block = k_tile * (TILE_K // BLOCK) + first_chunk // 2 + b
         byte = Uint32(127)
-        if global_row < num_rows and block < num_blocks:
-            byte = Uint32(mScales[global_row, block])
+        if const_expr(blocks is None):
+            if global_row < num_rows and block < num_blocks:
+                byte = Uint32(mScales[global_row, block])
+        else:
+            if global_row < num_rows and blocks[0] + block < blocks[1]:
+                byte = Uint32(mScales[global_row, blocks[0] + block])
         scales[b] = _e8m0_to_f32_bits(byte)
 
 
 @cute.jit
 def decode_k_tile(split: cutlass.Constexpr, sA8: cute.Tensor, sA16: cute.Tensor, row: Int32, first_chunk: Int32,
                   slot: Int32, buffer: Int32, scales: cute.Tensor, barrier_id: Int32):
+    """fp8 slot ``slot`` of ``sA8`` -> bf16 buffer ``buffer`` of ``sA16`` (``decode_rows``), then
+    ``publish``: the buffer is complete for the warpgroup's wgmmas."""
+    decode_rows(split, sA8, sA16, row, first_chunk, slot, buffer, scales)
+    publish(barrier_id, THREADS_PER_WARPGROUP)
+
+
+@cute.jit
+def publish(barrier_id: Int32, threads: cutlass.Constexpr):
+    """The decoded buffers' stores made visible to the wgmmas (async proxy), then the named
+    barrier of the ``threads`` that decoded them."""
+    cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+
+
+@cute.jit
+def _keep_bytes(word: Uint32, keep: Int32) -> Uint32:
+    """``word`` with its bytes from index ``keep`` on set to 0 (fp8 +0); keep <= 0: 0, >= 4: all."""
+    kept = cutlass.min(cutlass.max(keep, Int32(0)), Int32(4))
+    mask = _select(kept >= Int32(4), 0xFFFFFFFF, (Uint32(1) << (Uint32(kept) * Uint32(8))) - Uint32(1))
+    return word & mask
+
+
+@cute.jit
+def decode_rows(split: cutlass.Constexpr, sA8: cute.Tensor, sA16: cute.Tensor, row: Int32, first_chunk: Int32,
+                slot: Int32, buffer: Int32, scales: cute.Tensor, valid_k: Int32 | None = None):
     """fp8 slot ``slot`` of ``sA8`` -> bf16 buffer ``buffer`` of ``sA16`` (both as 16-byte chunks,
-    ``chunks``) for the thread's chunks, then the fence and the warpgroup's named barrier: the
-    buffer is complete for its wgmmas."""
+    ``chunks``) for the thread's chunks. ``valid_k``: the k-tile's values from column ``valid_k``
+    on are decoded as 0 (a weight gradient's tokens past the expert's end)."""
     for j in cutlass.range_constexpr(split.chunks):
         chunk = first_chunk + j
         src = cute.make_rmem_tensor((4,), Uint32)
         cute.autovec_copy(sA8[None, slot * (TILE_M * _FP8_CHUNKS_PER_ROW) + fp8_chunk(row, chunk)], src)
+        if const_expr(valid_k is not None):
+            for w in cutlass.range_constexpr(4):
+                src[w] = _keep_bytes(src[w], valid_k - chunk * 16 - 4 * w)
         scale = scales[j // 2]
         for half in cutlass.range_constexpr(2):  # fp8 words 2 half, 2 half + 1 -> bf16 chunk 2 chunk + half
             dst = cute.make_rmem_tensor((4,), Uint32)
@@ -213,8 +250,6 @@ def decode_k_tile(split: cutlass.Constexpr, sA8: cute.Tensor, sA16: cute.Tensor,
                 dst[2 * w + 1] = _decode_pair(word, scale, True, split.e5m2)
             position = buffer * (TILE_M * _BF16_CHUNKS_PER_ROW) + bf16_chunk(row, 2 * chunk + half)
             cute.autovec_copy(dst, sA16[None, position])
-    cute.arch.fence_proxy("async.shared", space="cta")
-    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=THREADS_PER_WARPGROUP)
 
 
 @cute.jit

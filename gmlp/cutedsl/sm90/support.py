@@ -14,13 +14,15 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Callable
 
+from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.reasons import Reason, ReasonKind
 from gmlp.versions import missing_package_hint, package_version
 
 if TYPE_CHECKING:
     from gmlp.layer_ops import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "DECODED_A_SITES", "import_error", "launcher", "site_reason"]
+__all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason", "import_error",
+           "launcher", "site_reason"]
 
 # op name (gmlp.layer_ops.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
@@ -31,12 +33,32 @@ KERNEL_MODULES = {
 }
 
 
-# GEMM sites of an MXFP8 layer whose SM90 kernel is given its token-row operand (x, a, dy, dh) as
-# the MXFP8 tensor it is and decodes it (``gmlp.cutedsl.sm90._decode``) instead of reading the
-# Triton dequantize's bf16 copy. The grouped GEMM (fc2, fc1 dgrad), FC1 and FC2 dgrad can; none
-# is listed until its GPU tests pass and ``bench gemm``'s cutedsl-decode variant measures faster
-# than cutedsl-dequant (docs/design.md, section 8).
-DECODED_A_SITES: tuple[str, ...] = ()
+# GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 operands as they are and
+# decodes them (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16
+# copies: the token-row operand (x, a, dy, dh) of FC1, FC2, FC2 dgrad and FC1 dgrad, both Q_col
+# operands of a weight gradient (where T is a multiple of 16). None is listed until its GPU tests
+# pass and ``bench gemm``'s cutedsl-decode variant measures faster than cutedsl-dequant
+# (docs/design.md, section 8).
+DECODING_SITES: tuple[str, ...] = ()
+
+
+DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
+
+
+def decoded_wgrad_reason(a, b) -> str | None:
+    """None if ``a`` and ``b`` are MXFP8 operands the kernel decodes (columnwise quantizations,
+    compact grouped scales, contiguous, T a multiple of 16), else why not."""
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, MXFP8Tensor) or value.axis is not QuantAxis.COLUMNWISE or value.swizzled:
+            return f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}"
+        if not (value.data.is_contiguous() and value.scales.is_contiguous()):
+            return f"{name}'s data and scales must be contiguous"
+        if value.data.shape[1] % DECODED_TOKEN_ALIGN:
+            return (f"T={value.data.shape[1]}: a decoded Q_col needs T a multiple of {DECODED_TOKEN_ALIGN} (its rows "
+                    f"are TMA strides)")
+    if a.data.shape[1] != b.data.shape[1]:
+        return f"a and b must have the same tokens, got {a.data.shape[1]} and {b.data.shape[1]}"
+    return None
 
 
 def _module(op: str):

@@ -40,6 +40,14 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   column pair is one 64-bit store (fp32) or 32-bit store (bf16); with ``accumulate`` the fp32 pair
   of ``out`` is loaded, added and stored back (an empty expert's tile is skipped: nothing is
   added). Without ping-pong it is not overlapped with the next mainloop.
+- Decoded operands (``WgradConfig.a_format`` / ``b_format``, BN = 128): A and B given as the
+  columnwise MXFP8 quantizations the layer keeps (Q_col data (features, T), K-major along the
+  tokens; compact scales, each expert's 32-token blocks from its first token at
+  ``block_start[g]``). Plain 2-D TMA boxes of fp8 bytes at the expert's token offset (the ragged
+  view cannot serve: its wrap stride would be odd in bytes), so T must be a multiple of 16 (the
+  rows are TMA strides). The consumer warpgroup decodes both tiles into K-major bf16 buffers
+  (``gmlp.cutedsl.sm90._decode``), writing the tokens past the expert's end as 0 (the plain view
+  reads the next expert's there), one barrier a k-step; the wgmmas then read the buffers.
 - Ping-pong (``WgradConfig.pingpong``, BN = 128, the ragged TMA view): the two consumer
   warpgroups take alternate items, each a whole 128 x 128 tile, their mainloops in turns, each
   skipping the other's k-steps (its expert's count) in the shared slot ring; the scheme and why
@@ -65,9 +73,10 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from gmlp.cutedsl.sm90 import _decode
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
@@ -81,10 +90,14 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_pipeline,
     make_turns,
     skip_k_tiles,
+    shared_storage,
     slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
+from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
 from gmlp.groups import DeviceGroups, device_groups
+from gmlp.mxfp8 import ElementFormat
+from gmlp.quantized import MXFP8Tensor
 
 __all__ = [
     "WgradConfig",
@@ -118,6 +131,10 @@ class WgradConfig(StagedConfig):
     # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
     ragged_tma: bool = True
     pingpong: bool = False  # tile_n = 128, ragged_tma: two consumer warpgroups on alternate items
+    # MXFP8 A and B given as their columnwise quantizations (Q_col data (features, T), K-major,
+    # compact grouped scales), decoded in the kernel (``_decode``); tile_n = 128, no ping-pong
+    a_format: ElementFormat | None = None
+    b_format: ElementFormat | None = None
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -125,15 +142,28 @@ class WgradConfig(StagedConfig):
         if self.pingpong and (self.tile_n != 128 or not self.ragged_tma):
             raise ValueError(f"pingpong needs tile_n=128 and ragged_tma=True (the smem zeroing syncs all consumer "
                              f"threads), got tile_n={self.tile_n}, ragged_tma={self.ragged_tma}")
+        if (self.a_format is None) != (self.b_format is None):
+            raise ValueError("a_format and b_format: both operands decoded, or neither")
+        if self.decoded and (self.tile_n != 128 or self.pingpong):
+            raise ValueError(f"decoded operands need tile_n=128 and pingpong=False (one warpgroup decodes both "
+                             f"tiles), got tile_n={self.tile_n}, pingpong={self.pingpong}")
         if self.out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
         self.check_stages()
 
+    @property
+    def decoded(self) -> bool:
+        return self.a_format is not None
+
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: an A tile and a B tile of bf16."""
-        return (TILE_M + self.tile_n) * TILE_K * 2
+        """Shared memory of one pipeline slot: an A tile and a B tile, bf16 (or fp8 when decoded)."""
+        return (TILE_M + self.tile_n) * TILE_K * (1 if self.decoded else 2)
+
+    def fixed_bytes(self) -> int:
+        """The decoded A's and B's bf16 buffers, outside the slot ring."""
+        return 2 * _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.decoded else 0
 
 
 
@@ -151,6 +181,11 @@ def _expert_tokens(coords: cute.Tensor, first_row: Int32, rows: Int32) -> cute.T
     view of ``_ragged_tokens``: token r at mode-1 coordinate BIG - rows + r (out of bounds, so
     zero-filled, from r = rows on)."""
     return cute.domain_offset((None, _BIG - rows), coords[(None, None, _BIG, first_row + rows)])
+
+
+def _identity(tensor: cute.Tensor) -> cute.Tensor:
+    """A decoded operand's (features, T) fp8 bytes, read as they are (plain TMA view)."""
+    return tensor
 
 
 def _transposed(tensor: cute.Tensor) -> cute.Tensor:
@@ -179,26 +214,37 @@ class GroupedWgradSm90:
         self.consumer_threads = self.num_mma_warpgroups * _THREADS_PER_WARPGROUP
         self.pingpong = config.pingpong
         self.threads = (1 + (2 if config.pingpong else self.num_mma_warpgroups)) * _THREADS_PER_WARPGROUP
+        self.decoded = config.decoded
+        self.operand_dtype = Uint8 if config.decoded else BFloat16
 
     @cute.jit
     def __call__(
         self,
-        mA: cute.Tensor,  # (T, M) bf16, row-major
-        mB: cute.Tensor,  # (T, N) bf16, row-major
+        mA: cute.Tensor,  # (T, M) bf16, row-major; decoded: Q_col(A)'s fp8 bytes (M, T) as uint8
+        mB: cute.Tensor,  # (T, N) bf16, row-major; decoded: Q_col(B)'s fp8 bytes (N, T) as uint8
+        mAScales: cute.Tensor | None,  # decoded: (M, blocks) uint8, each expert's 32-token blocks from its start
+        mBScales: cute.Tensor | None,  # decoded: (N, blocks) uint8
+        mBlockStart: cute.Tensor | None,  # decoded: (E + 1,) int32: sum_{h<g} ceil(m_h / 32)
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
         mOut: cute.Tensor,  # (E, M, N) fp32 / bf16, row-major
         num_ctas: Int32,  # persistent grid: min(#SMs, E * m_tiles * n_tiles)
         stream,
     ):
-        # Both operands MN-major: the contraction (token) dimension is their row dimension.
-        mn_major = utils.LayoutEnum.COL_MAJOR
+        # Both operands MN-major: the contraction (token) dimension is their row dimension. Decoded:
+        # K-major (Q_col's data is (features, T)), in the fp8 slots and in the bf16 buffers.
+        major = utils.LayoutEnum.ROW_MAJOR if const_expr(self.decoded) else utils.LayoutEnum.COL_MAJOR
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, mn_major.sm90_mma_major_mode(), mn_major.sm90_mma_major_mode(), Float32,
+            BFloat16, BFloat16, major.sm90_mma_major_mode(), major.sm90_mma_major_mode(), Float32,
             self.atom_layout_mnk, tiler_mn=(64, self.tile_n),
         )
-        a_smem_layout = sm90_utils.make_smem_layout_a(mn_major, self.tile_shape_mnk, BFloat16, self.stages)
-        b_smem_layout = sm90_utils.make_smem_layout_b(mn_major, self.tile_shape_mnk, BFloat16, self.stages)
-        view = _ragged_tokens if const_expr(self.ragged_tma) else _transposed
+        a_smem_layout = sm90_utils.make_smem_layout_a(major, self.tile_shape_mnk, self.operand_dtype, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(major, self.tile_shape_mnk, self.operand_dtype, self.stages)
+        a16_layout = sm90_utils.make_smem_layout_a(major, self.tile_shape_mnk, BFloat16, _decode.DECODE_BUFFERS)
+        b16_layout = sm90_utils.make_smem_layout_b(major, self.tile_shape_mnk, BFloat16, _decode.DECODE_BUFFERS)
+        if const_expr(self.decoded):
+            view = _identity
+        else:
+            view = _ragged_tokens if const_expr(self.ragged_tma) else _transposed
         tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mA),
             cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
@@ -208,16 +254,19 @@ class GroupedWgradSm90:
             cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
         )
 
-        @cute.struct
-        class SharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
-            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # ping-pong: whose mainloop is next
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a_smem_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_smem_layout)], 1024]
-
-        self.shared_storage = SharedStorage
+        fields = dict(
+            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
+            order_barriers=cute.struct.MemRange[cutlass.Int64, 2],  # ping-pong: whose mainloop is next
+            sA=cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(a_smem_layout)], 1024],
+            sB=cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(b_smem_layout)], 1024],
+        )
+        if const_expr(self.decoded):  # the wgmmas' bf16 A and B buffers
+            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sB16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b16_layout)], 1024]
+        self.shared_storage = shared_storage(fields)
         self.kernel(
-            tma_atom_a, tma_a, tma_atom_b, tma_b, mRowStart, mOut, tiled_mma, a_smem_layout, b_smem_layout,
+            tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut, tiled_mma,
+            a_smem_layout, b_smem_layout, a16_layout, b16_layout,
         ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
                  stream=stream)
 
@@ -240,17 +289,22 @@ class GroupedWgradSm90:
         mA: cute.Tensor,  # TMA coordinates of A's ragged view (M, BIG, MAX, MAX), or (M, T)
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B's ragged view (N, BIG, MAX, MAX), or (N, T)
+        mAScales: cute.Tensor | None,
+        mBScales: cute.Tensor | None,
+        mBlockStart: cute.Tensor | None,
         mRowStart: cute.Tensor,
         mOut: cute.Tensor,
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
+        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
+        b16_layout: cute.ComposedLayout,  # decoded: (BN, BK, DECODE_BUFFERS) bf16
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # full[s]: armed by the producer with the slot's TMA bytes (zero-filled rows count too);
         # empty[s]: one arrive per consumer warp once its wgmmas reading slot s completed.
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.operand_dtype)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, self.num_mma_warpgroups,
                                           stage_bytes)  # initializes the mbarriers and syncs the CTA
         if const_expr(self.pingpong):  # the mainloops' turns
@@ -277,7 +331,7 @@ class GroupedWgradSm90:
                 rows = mRowStart[g + 1] - first_row
                 # (BM, BK, RestK) / (BN, BK, RestK) tiles of the expert's rows (zero past its end
                 # with the ragged view; else the consumers zero them)
-                if const_expr(self.ragged_tma):
+                if const_expr(self.ragged_tma and not self.decoded):
                     mA_g = _expert_tokens(mA, first_row, rows)
                     mB_g = _expert_tokens(mB, first_row, rows)
                 else:
@@ -309,8 +363,22 @@ class GroupedWgradSm90:
                 mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
             # A/B smem descriptors are per warpgroup; C fragments are per thread.
             thr_mma_wg = tiled_mma.get_slice((mma_warpgroup - 1) * _THREADS_PER_WARPGROUP)
-            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))  # (MMA, MMA_M, MMA_K, stages)
-            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            sA_mma, sB_mma = sA, sB
+            if const_expr(self.decoded):  # the wgmmas read the bf16 buffers the consumer threads fill
+                sA_mma = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+                sB_mma = storage.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
+                split_a = _decode.DecodeSplit(1, self.config.a_format is ElementFormat.E5M2)
+                split_b = _decode.DecodeSplit(1, self.config.b_format is ElementFormat.E5M2)
+                decode_row, decode_chunk = split_a.thread_position(1, mma_tidx)
+                sA8w, sB8w = _decode.chunks(storage.sA, cute.cosize(a_smem_layout)), _decode.chunks(
+                    storage.sB, cute.cosize(b_smem_layout))
+                sA16w, sB16w = _decode.chunks(storage.sA16, cute.cosize(a16_layout)), _decode.chunks(
+                    storage.sB16, cute.cosize(b16_layout))
+                a_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
+                b_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
+            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
+            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA_mma))  # (MMA, MMA_M, MMA_K, stages | buffers)
+            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB_mma))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
@@ -344,15 +412,34 @@ class GroupedWgradSm90:
                 # Mainloop: zeroed accumulators (an empty expert's tile stays zero); one k-step
                 # of wgmmas in flight, a slot released once the wgmmas that read it completed.
                 acc.fill(0.0)
+                if const_expr(self.decoded):  # the expert's 32-token blocks in the scales' columns
+                    block0 = mBlockStart[g]
+                    blocks = (block0, block0 + (rows + _decode.BLOCK - 1) // _decode.BLOCK)
                 for k_tile in range(k_tiles):
                     mainloop.consumer_wait(read_state)
-                    if const_expr(not self.ragged_tma):
+                    operand_index = read_state.index
+                    if const_expr(self.decoded):
+                        # both tiles into the next bf16 buffers, tokens past the expert's end as 0
+                        # (the plain view reads the next expert's there); the rotation and its one
+                        # barrier are _decode's (wait_group(1) below comes after every k-tile)
+                        operand_index = decoded % _decode.DECODE_BUFFERS
+                        valid = rows - k_tile * TILE_K
+                        for sources, split, mScales, feature0, scales in (
+                                ((sA8w, sA16w), split_a, mAScales, m_tile * TILE_M, a_scales),
+                                ((sB8w, sB16w), split_b, mBScales, n_tile * self.tile_n, b_scales)):
+                            _decode.load_scales(split, mScales, decode_row, decode_chunk, feature0, k_tile, scales,
+                                                blocks)
+                            _decode.decode_rows(split, sources[0], sources[1], decode_row, decode_chunk,
+                                                read_state.index, operand_index, scales, valid)
+                        _decode.publish(_decode.barrier_id(1), _THREADS_PER_WARPGROUP)
+                        decoded += 1
+                    elif const_expr(not self.ragged_tma):
                         tail = rows - k_tile * TILE_K  # the expert's rows left; < BK on its last step
                         if tail < TILE_K:
                             self.zero_rows(sA, sB, read_state.index, tail, mma_tidx)
                     cute.nvgpu.warpgroup.fence()
                     for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read_state.index)
+                        slot = (None, None, k_block, operand_index)
                         cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
@@ -438,10 +525,17 @@ def _fake_arguments(config: WgradConfig) -> tuple:
 
     a = make_fake_tensor(BFloat16, (rows, m), stride=(stride(), 1), assumed_align=_ALIGN)
     b = make_fake_tensor(BFloat16, (rows, n), stride=(stride(), 1), assumed_align=_ALIGN)
+    a_scales = b_scales = block_start = None
+    if config.decoded:  # Q_col's fp8 bytes (features, T): T a multiple of 16 for TMA's row stride
+        tokens = cute.sym_int(divisibility=16)
+        a, a_scales = _decode.fake_operand(m, tokens, row_alignment=16)
+        b, b_scales = _decode.fake_operand(n, tokens, row_alignment=16)
+        block_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
     out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(stride(), stride(), 1),
                            assumed_align=_ALIGN)
-    return (a, b, row_start, out, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
+    return (a, b, a_scales, b_scales, block_start, row_start, out, Int32(1),
+            make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 CompiledWgrad = CompiledKernel  # the callable (runs on a matching GPU), its PTX and cubin
@@ -482,29 +576,43 @@ def compile_wgrad(
 
 
 def grouped_wgrad(
-    a: torch.Tensor,  # (T, M) bf16: dy (FC2) or dh (FC1), contiguous, rows grouped by expert
-    b: torch.Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous
+    a: torch.Tensor | MXFP8Tensor,  # (T, M) bf16: dy (FC2) or dh (FC1), contiguous; or Q_col of it
+    b: torch.Tensor | MXFP8Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous; or Q_col of it
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
     out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
-    tile_n: int = 256,
+    tile_n: int | None = None,  # 256 (bf16 operands) or 128 (decoded ones, the only width they take)
     ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (WgradConfig)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
-    multiples of 8 and 16-byte aligned bases (TMA)."""
+    multiples of 8 and 16-byte aligned bases (TMA). ``a`` and ``b`` may both be columnwise
+    ``MXFP8Tensor``s (``support.decoded_wgrad_reason``): decoded in the kernel, the same result bit for
+    bit as on their Triton-dequantized bf16 values (at tile_n 128)."""
     # validate
-    if not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and a.is_contiguous()
-            and b.is_contiguous()):
+    formats = None
+    if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
+        reason = decoded_wgrad_reason(a, b)
+        if reason is not None:
+            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason}")
+        formats = (a.element_format, b.element_format)
+        (m, tokens), (n, _) = a.data.shape, b.data.shape
+        scales = (a.scales, b.scales)
+        a, b = a.data.view(torch.uint8), b.data.view(torch.uint8)
+    elif not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and a.is_contiguous()
+              and b.is_contiguous()):
         raise TypeError(f"a and b must be contiguous bf16 (T, M) and (T, N) matrices, got a {a.dtype} "
                         f"{tuple(a.shape)}, b {b.dtype} {tuple(b.shape)}")
-    (tokens, m), (b_tokens, n) = a.shape, b.shape
+    else:
+        (tokens, m), (b_tokens, n) = a.shape, b.shape
+        scales = (None, None)
+        if b_tokens != tokens:
+            raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
+    tile_n = tile_n if tile_n is not None else (128 if formats is not None else 256)
     experts = split_sizes.numel()
-    if b_tokens != tokens:
-        raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
     if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} "
@@ -528,9 +636,11 @@ def grouped_wgrad(
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
-                             pingpong=pingpong)
+                             pingpong=pingpong, a_format=None if formats is None else formats[0],
+                             b_format=None if formats is None else formats[1])
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
+        block_start = groups.block_start if formats is not None else None
         with torch.cuda.device(a.device):
             kernel = _compile(config, None).function
-            kernel(a, b, groups.row_start, out, min(items, sm_count(a.device.index)))
+            kernel(a, b, *scales, block_start, groups.row_start, out, min(items, sm_count(a.device.index)))
     return out
