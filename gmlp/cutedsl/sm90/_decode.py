@@ -54,7 +54,7 @@ from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, TILE_K, mm
 from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = [
-    "DECODE_BUFFERS", "BLOCK", "FP8_SLOT_BYTES", "BUFFER_BYTES", "FIRST_BARRIER", "barrier_id",
+    "DECODE_BUFFERS", "BLOCK", "BUFFER_BYTES", "FIRST_BARRIER", "buffers_bytes", "barrier_id",
     "decoded_operand", "token_operand", "fake_operand", "Decoder", "make_decoder", "mainloop",
     "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit", "load_scales", "decode_k_tile",
     "decode_rows", "publish", "mma_decoded_k_tiles"
@@ -62,7 +62,6 @@ __all__ = [
 
 DECODE_BUFFERS = 3  # bf16 tiles in rotation (see the ordering argument above)
 BLOCK = 32  # MXFP8 block: one E8M0 scale byte per 32 values of a row
-FP8_SLOT_BYTES = TILE_M * TILE_K  # 8 KB
 BUFFER_BYTES = TILE_M * TILE_K * 2  # 16 KB
 _FP8_CHUNKS_PER_ROW = TILE_K // 16  # 4 chunks of 16 fp8 values
 _BF16_CHUNKS_PER_ROW = TILE_K // 8  # 8 chunks of 8 bf16 values
@@ -71,6 +70,11 @@ _SUBNORMAL_2_POW_MINUS_127 = 0x00400000
 # quantizing epilogues' 256-thread barrier, which a warpgroup may still be using while the other
 # decodes the next item's first k-tile)
 FIRST_BARRIER = 2
+
+
+def buffers_bytes(operands: int) -> int:
+    """Shared memory of the bf16 buffers of ``operands`` decoded 128 x 64 tiles (outside the ring)."""
+    return operands * DECODE_BUFFERS * BUFFER_BYTES
 
 
 def barrier_id(mma_warpgroup):

@@ -186,7 +186,7 @@ class FC1Config:
         return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
 
     def max_stages(self) -> int:
-        decode = _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.a_format is not None else 0
+        decode = _decode.buffers_bytes(1) if self.a_format is not None else 0
         return (SMEM_BYTES - self.epilogue_bytes() - decode) // self.stage_bytes()
 
     def num_stages(self) -> int:

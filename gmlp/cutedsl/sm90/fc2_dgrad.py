@@ -177,7 +177,7 @@ class FC2DgradConfig(StagedConfig):
 
     def fixed_bytes(self) -> int:
         """Outside the slot ring: the epilogue's and the decoded dy's bf16 buffers."""
-        decode = _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.a_format is not None else 0
+        decode = _decode.buffers_bytes(1) if self.a_format is not None else 0
         return self.epilogue_bytes() + decode
 
     def epilogue_bytes(self) -> int:

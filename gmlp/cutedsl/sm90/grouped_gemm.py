@@ -128,7 +128,7 @@ class KernelConfig(StagedConfig):
 
     def fixed_bytes(self) -> int:
         """The decoded A's bf16 buffers, outside the slot ring."""
-        return _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.a_format is not None else 0
+        return _decode.buffers_bytes(1) if self.a_format is not None else 0
 
 
 

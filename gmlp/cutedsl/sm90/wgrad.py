@@ -163,7 +163,7 @@ class WgradConfig(StagedConfig):
 
     def fixed_bytes(self) -> int:
         """The decoded A's and B's bf16 buffers, outside the slot ring."""
-        return 2 * _decode.DECODE_BUFFERS * _decode.BUFFER_BYTES if self.decoded else 0
+        return _decode.buffers_bytes(2) if self.decoded else 0
 
 
 
