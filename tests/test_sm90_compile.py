@@ -89,6 +89,20 @@ def sass(cubin: bytes) -> str | None:
     return result.stdout
 
 
+def check_register_split(ptx: str, report: dict[str, int] | None, producer: int = 40, consumer: int = 232) -> None:
+    """The PTX lowers the producer warpgroup to ``producer`` registers and raises each consumer
+    warpgroup to ``consumer``, and the split fits the CTA's launch allocation: ``setmaxnreg.inc``
+    draws on the CTA's pool (SASS ``USETMAXREG.TRY_ALLOC.CTAPOOL``, retried until it succeeds),
+    which holds threads x the launch count (ptxas -v's where a ptxas reads the PTX, else the most
+    a CTA of that size can get, 65536 / threads rounded down to 8): asking for more can hang."""
+    assert re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(producer)]
+    assert re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(consumer)]
+    threads = int(re.search(r"\.reqntid (\d+), 1, 1", ptx).group(1))
+    launch = report["registers"] if report is not None else 65536 // threads // 8 * 8
+    warpgroups = threads // 128
+    assert producer + (warpgroups - 1) * consumer <= warpgroups * launch, (producer, consumer, threads, launch)
+
+
 def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
     """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
     consumer warpgroups with ping-pong), bf16
@@ -102,8 +116,6 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
                         r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(trans == ("0", "0" if b_k_major else "1") for trans in wgmmas), wgmmas[:2]
-    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warpgroup
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert "ld.local" not in ptx and "st.local" not in ptx
@@ -114,6 +126,7 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
         # grouped_gemm example works around ptxas emitting one): none here.
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
     report = ptxas_report(ptx, "sm_90a")
+    check_register_split(ptx, report)
     if report is not None:  # else the PTX check above is the spill check
         assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
         assert report["registers"] <= 232, report
@@ -287,3 +300,20 @@ def test_grouped_gemm_is_deterministic_and_syncless():
     for options in (dict(), dict(tile_n=128, pingpong=True)):
         first, second = twice_without_sync(lambda: grouped_gemm(a, b, splits, **options))
         assert torch.equal(first, second), options
+
+
+def test_register_split_fits_the_launch_allocation():
+    """Every kernel's setmaxnreg counts go through ``register_split``: FC2 dgrad's MXFP8 split
+    (24 / 240) and the default (40 / 232) fit a 384-thread CTA's 168 registers a thread; the split
+    that hung on the H200 (32 / 240: 1024 registers over the pool) is refused, and the PTX check
+    of the tests catches it."""
+    from gmlp.cutedsl.sm90._pipeline import register_split
+
+    assert register_split(384) == (40, 232) and register_split(256) == (40, 232)
+    assert register_split(384, 24, 240) == (24, 240)
+    with pytest.raises(ValueError, match="384-thread CTA has 168 registers a thread.*ask for 512"):
+        register_split(384, 32, 240)
+    hung = ".reqntid 384, 1, 1\nsetmaxnreg.dec.sync.aligned.u32 \t32;\nsetmaxnreg.inc.sync.aligned.u32 \t240;\n"
+    with pytest.raises(AssertionError):
+        check_register_split(hung, dict(registers=168), 32, 240)
+    check_register_split(hung.replace("32;", "24;"), dict(registers=168), 24, 240)

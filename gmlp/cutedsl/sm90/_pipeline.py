@@ -28,7 +28,7 @@ from cutlass import BFloat16, Float32, Int32
 from gmlp.cutedsl.sm90._schedule import TILE_M
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
-           "CONSUMER_REGISTERS", "StagedConfig", "cta_roles", "slot_tensors", "MainloopOperands",
+           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "cta_roles", "slot_tensors", "MainloopOperands",
            "make_mainloop_operands", "make_mainloop_pipeline", "make_turns", "shared_storage",
            "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
 
@@ -39,6 +39,28 @@ SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment
 THREADS_PER_WARPGROUP = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
+REGISTER_FILE = 65536  # 32-bit registers of an sm_90 SM: the pool of a CTA that runs alone on it
+
+
+def register_split(threads: int, producer: int = PRODUCER_REGISTERS,
+                   consumer: int = CONSUMER_REGISTERS) -> tuple[int, int]:
+    """``(producer, consumer)``: the ``setmaxnreg`` counts of the producer warpgroup and of each
+    consumer warpgroup of a ``threads``-thread CTA, checked against its launch allocation.
+
+    A CTA is launched with at most ``REGISTER_FILE / threads`` registers a thread (ptxas rounds
+    down to a multiple of 8: 168 for 384 threads). ``setmaxnreg.dec`` returns registers to the
+    CTA's pool and ``setmaxnreg.inc`` takes them from it (SASS ``USETMAXREG.TRY_ALLOC.CTAPOOL``, a
+    loop until they are there): a split asking for more than the launch gave can wait forever.
+    FC2 dgrad's MXFP8 epilogue at 32 / 240 (1024 registers over 384 x 168) passed its tests at
+    small shapes and hung at the DeepSeek-V3 shape on the H200."""
+    warpgroups = threads // THREADS_PER_WARPGROUP
+    launch = min(255, REGISTER_FILE // threads // 8 * 8)
+    asked = producer + (warpgroups - 1) * consumer
+    if threads % THREADS_PER_WARPGROUP or warpgroups < 2 or asked > warpgroups * launch:
+        raise ValueError(f"a {threads}-thread CTA has {launch} registers a thread at launch ({warpgroups * launch} "
+                         f"over its {warpgroups} warpgroups); a producer warpgroup at {producer} and "
+                         f"{warpgroups - 1} consumer warpgroups at {consumer} ask for {asked}")
+    return producer, consumer
 
 
 class StagedConfig:

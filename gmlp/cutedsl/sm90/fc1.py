@@ -80,8 +80,6 @@ from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile
                                         fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
-    CONSUMER_REGISTERS,
-    PRODUCER_REGISTERS,
     SMEM_BYTES,
     THREADS_PER_WARPGROUP,
     TILE_K,
@@ -93,6 +91,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_operands,
     make_mainloop_pipeline,
     produce_k_tiles,
+    register_split,
     shared_storage,
     slot_tensors,
 )
@@ -216,6 +215,7 @@ class FC1ForwardSm90:
         self.mma_n = 2 * TILE_N if config.fused_b else TILE_N  # columns of the tiled MMA (and accumulator)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
 
@@ -320,7 +320,7 @@ class FC1ForwardSm90:
                 smem_b = (sB, sU)
 
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
             state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
@@ -336,7 +336,7 @@ class FC1ForwardSm90:
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+            cute.arch.setmaxregister_increase(self.registers[1])
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             decoder, sA_mma = None, sA  # decoded: the wgmmas read x's bf16 buffers the decoder fills
             if const_expr(self.decoded):

@@ -60,7 +60,8 @@ MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, 
   quantization's temporaries. srelu: one pass over the 64 values, one quantized tile. Masked pairs
   write 0 into the tile (else the previous half's or item's values stay live through the mainloop:
   LLVM cannot see that the quantization masks them). The consumer warpgroups run at 240 registers,
-  the producer at 32 (``QUANTIZED_*_REGISTERS``; 128 x 32 + 256 x 240 = 64 K): at 232 / 40 a few
+  the producer at 24 (``QUANTIZED_*_REGISTERS``; 128 x 24 + 256 x 240 = 384 x 168, the launch allocation:
+  ``_pipeline.register_split``): at 232 / 40 a few
   configurations (db1 without probs) spill one register. ptxas -v (sm_90a): 0 bytes stack, 0
   spills in every configuration the tests compile (the highest register of the consumers' code
   R237 gated, R209 srelu).
@@ -96,8 +97,6 @@ from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile
                                         fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
-    CONSUMER_REGISTERS,
-    PRODUCER_REGISTERS,
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
@@ -109,6 +108,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_operands,
     make_mainloop_pipeline,
     produce_k_tiles,
+    register_split,
     shared_storage,
     slot_tensors,
 )
@@ -123,15 +123,19 @@ from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
-           "SUPPORTED_ARCHS", "WARPS_PER_TILE"]
+           "SUPPORTED_ARCHS", "WARPS_PER_TILE", "DEFAULT_TILE_N"]
 
 TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 QUANTIZED_TILE_N = _quantize_epilogue.TILE_COLS  # the quantizing epilogue's tile width (128)
-# MXFP8: 8 more registers a consumer thread, 8 fewer a producer one (128 x 32 + 256 x 240 = 64 K)
-QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 32, 240
+# the launcher's tile_n: 256 for a bf16 dh from a bf16 dy (0.77 of torch's grouped GEMM against
+# 0.68 at 128, DeepSeek-V3 shape, bench_results/gemm-h200-sm90-decode-*); 128 with a recipe (the
+# quantizing epilogue's only width) or a decoded dy (the width its tests ran)
+DEFAULT_TILE_N = {"bf16": 256, "mxfp8": QUANTIZED_TILE_N}
+# MXFP8: 8 more registers a consumer thread, 16 fewer a producer one (128 x 24 + 256 x 240 = 384 x 168)
+QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 
 
@@ -211,10 +215,10 @@ class FC2DgradSm90:
         self.quantized = config.quantized
         self.e5m2 = config.e5m2
         self.floor_scales = config.floor_scales
-        self.registers = (QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) if config.quantized else (
-            PRODUCER_REGISTERS, CONSUMER_REGISTERS)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads, QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) \
+            if config.quantized else register_split(self.threads)
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
 
@@ -651,7 +655,7 @@ def fc2_dgrad(
     bias_grad: bool = False,
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is tile_n)
-    tile_n: int = 128,  # da columns per work item (FC2DgradConfig.tile_n)
+    tile_n: int | None = None,  # da columns per work item (FC2DgradConfig.tile_n); None: DEFAULT_TILE_N's
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
@@ -663,6 +667,8 @@ def fc2_dgrad(
     # validate
     if recipe is not None and not isinstance(recipe, MXFP8Recipe):
         raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
+    if tile_n is None:
+        tile_n = DEFAULT_TILE_N["bf16" if recipe is None and not isinstance(dy, MXFP8Tensor) else "mxfp8"]
     if recipe is not None and tile_n != QUANTIZED_TILE_N:
         raise ValueError(_quantized_tile_n_reason(tile_n))
     if not isinstance(activation, Activation):

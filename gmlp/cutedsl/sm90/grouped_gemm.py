@@ -61,9 +61,7 @@ from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile
                                         fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
-    CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
     ELEMENT_ALIGN as _ELEMENT_ALIGN,
-    PRODUCER_REGISTERS as _PRODUCER_REGISTERS,
     THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
@@ -72,6 +70,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     b_tiles,
     consumer_fragments,
     cta_roles,
+    register_split,
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
@@ -152,6 +151,7 @@ class GroupedGemmSm90:
         # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
         self.threads = (1 + self.num_consumers) * _THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
 
@@ -232,7 +232,7 @@ class GroupedGemmSm90:
         tBsB, tBgB = b_tiles(tma_atom_b, mB, sB, self.tile_n)
 
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(_PRODUCER_REGISTERS)
+            cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
             state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
@@ -245,7 +245,7 @@ class GroupedGemmSm90:
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
+            cute.arch.setmaxregister_increase(self.registers[1])
             # the thread's index in the tiled MMA, which spans the consumer warpgroups of one tile:
             # both for BN = 256; with ping-pong each warpgroup's own (so both are MMA warpgroup 1)
             mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup

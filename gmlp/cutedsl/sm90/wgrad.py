@@ -80,13 +80,12 @@ from gmlp.cutedsl.sm90 import _decode
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
-    CONSUMER_REGISTERS as _CONSUMER_REGISTERS,
     ELEMENT_ALIGN as _ELEMENT_ALIGN,
-    PRODUCER_REGISTERS as _PRODUCER_REGISTERS,
     THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
     cta_roles,
+    register_split,
     make_mainloop_pipeline,
     make_turns,
     skip_k_tiles,
@@ -214,6 +213,7 @@ class GroupedWgradSm90:
         self.consumer_threads = self.num_mma_warpgroups * _THREADS_PER_WARPGROUP
         self.pingpong = config.pingpong
         self.threads = (1 + (2 if config.pingpong else self.num_mma_warpgroups)) * _THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.decoded
         self.operand_dtype = Uint8 if config.decoded else BFloat16
 
@@ -318,7 +318,7 @@ class GroupedWgradSm90:
         num_items = num_experts * tiles_per_expert
 
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(_PRODUCER_REGISTERS)
+            cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-step of this CTA's items
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
@@ -354,7 +354,7 @@ class GroupedWgradSm90:
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(_CONSUMER_REGISTERS)
+            cute.arch.setmaxregister_increase(self.registers[1])
             # the thread's index in the tiled MMA, which spans the warpgroups of one tile (with
             # ping-pong each warpgroup's own: both are its warpgroup 1)
             mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
