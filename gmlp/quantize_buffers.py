@@ -13,7 +13,7 @@ from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
-__all__ = ["QuantizeBuffers", "allocate_buffers", "empty_quantize"]
+__all__ = ["QuantizeBuffers", "allocate_buffers", "compact_buffers", "empty_quantize"]
 
 
 @dataclass(frozen=True)
@@ -31,18 +31,43 @@ class QuantizeBuffers:
         for scales in (self.row_scales, self.col_scales):
             if scales is not None:
                 poison_scales_if_invalid(scales, groups)
-        recipe = (problem.swizzle, problem.element_format, problem.scale_mode, split_sizes)
+        return MXFP8Quantized(*self.tensors(problem.swizzle, problem.element_format, problem.scale_mode, split_sizes))
+
+    def tensors(self, swizzled: bool, element_format: ElementFormat, scale_mode: ScaleMode,
+                split_sizes: torch.Tensor | None) -> tuple[MXFP8Tensor | None, MXFP8Tensor | None]:
+        """(rowwise, columnwise) ``MXFP8Tensor`` views of the filled buffers (None for an axis not
+        allocated), as written by a kernel with this recipe."""
+        recipe = (swizzled, element_format, scale_mode, split_sizes)
         row = None if self.row_data is None else MXFP8Tensor(self.row_data, self.row_scales, QuantAxis.ROWWISE, *recipe)
         col = None if self.col_data is None else MXFP8Tensor(self.col_data, self.col_scales, QuantAxis.COLUMNWISE, *recipe)
-        return MXFP8Quantized(row, col)
+        return row, col
+
+
+def compact_buffers(rows: int, cols: int, experts: int, element_format: ElementFormat, device: torch.device, *,
+                    rowwise: bool = True, columnwise: bool = True) -> QuantizeBuffers:
+    """Data and compact scales of the requested axes for (rows, cols) values in ``experts`` groups,
+    sized from host-known bounds: rowwise (T, K) + (T, K / 32), columnwise (K, T) + (K, max
+    column blocks), the latter zero-filled (a split leaves trailing block columns unused). Also
+    the outputs of the GEMM epilogues that quantize both ways (FC1's a, FC2 dgrad's dh)."""
+    fp8, u8 = element_format.torch_dtype, dict(dtype=torch.uint8, device=device)
+    row_data = row_scales = col_data = col_scales = None
+    if rowwise:
+        row_data = torch.empty(rows, cols, dtype=fp8, device=device)
+        row_scales = torch.empty(rows, cols // BLOCK_SIZE, **u8)
+    if columnwise:
+        col_data = torch.empty(cols, rows, dtype=fp8, device=device)
+        col_scales = torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), **u8)
+    return QuantizeBuffers(row_data, row_scales, col_data, col_scales)
 
 
 def allocate_buffers(problem: QuantizeProblem) -> QuantizeBuffers:
-    """Buffers sized from host-known bounds (any split of T rows into E groups). A kernel writes
-    every byte of swizzled scales, padding included, so they start empty, or zeros (all padding)
-    when there is nothing to launch (T == 0 or K == 0); compact columnwise scales start at zero,
-    since a split leaves some trailing block columns unused."""
+    """Buffers sized from host-known bounds (any split of T rows into E groups): compact ones as
+    ``compact_buffers``; a kernel writes every byte of swizzled scales, padding included, so they
+    start empty, or zeros (all padding) when there is nothing to launch (T == 0 or K == 0)."""
     rows, cols, experts = problem.num_rows, problem.num_cols, problem.num_experts
+    if not problem.swizzle:
+        return compact_buffers(rows, cols, experts, problem.element_format, problem.device,
+                               rowwise=problem.rowwise, columnwise=problem.columnwise)
     fp8, device = problem.element_format.torch_dtype, problem.device
     scale_buffer = torch.empty if rows > 0 and cols > 0 else torch.zeros
     u8 = dict(dtype=torch.uint8, device=device)
@@ -50,12 +75,10 @@ def allocate_buffers(problem: QuantizeProblem) -> QuantizeBuffers:
     row_data = row_scales = col_data = col_scales = None
     if problem.rowwise:
         row_data = torch.empty(rows, cols, dtype=fp8, device=device)
-        row_scales = (scale_buffer(num_tiles * scale_layout.swizzled_size(128, cols // BLOCK_SIZE), **u8)
-                      if problem.swizzle else torch.empty(rows, cols // BLOCK_SIZE, **u8))
+        row_scales = scale_buffer(num_tiles * scale_layout.swizzled_size(128, cols // BLOCK_SIZE), **u8)
     if problem.columnwise:
         col_data = torch.empty(cols, rows, dtype=fp8, device=device)
-        col_scales = (scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), **u8)
-                      if problem.swizzle else torch.zeros(cols, scale_layout.max_column_blocks(rows, experts), **u8))
+        col_scales = scale_buffer(num_tiles * scale_layout.swizzled_size(cols, 4), **u8)
     return QuantizeBuffers(row_data, row_scales, col_data, col_scales)
 
 

@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     tilings = dict.fromkeys([defaults[variant], *candidates])
                 for tiling in tilings:
+                    print(f"  {variant:>8} {tiling}: ", end="", flush=True)  # a hang shows where it is
                     ms, error = _time(gemm[variant](tiling))
                     base_after, _ = _time(gemm["baseline"])  # the baseline again, right after
                     bracket = [t for t in (base_ms, base_after) if t]
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                                      baseline_ms=baseline, baseline_spread=spread, error=error))
                     base_ms = base_after or base_ms
                     results.write(dict(environment=env, results=rows), complete=False)  # kept if cut short
-                    print(f"  {variant:>8} {tiling}: " + (f"{ms:.3f} ms {gemm['flops'] / ms / 1e9:.0f} TFLOP/s, "
+                    print((f"{ms:.3f} ms {gemm['flops'] / ms / 1e9:.0f} TFLOP/s, "
                           f"{ratio:.2f} of torch" if ms and ratio else str(error or f'{ms:.3f} ms')), flush=True)
         del operands, gemms
         torch.cuda.empty_cache()

@@ -179,8 +179,9 @@ def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn
         split_sizes = split_sizes_for(routing, experts, tokens, device)
         results = {}
         for name, (forward, leaves) in layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act).items():
+            print(f"  {shape_name} {routing:>8} {name:>25}: ", end="", flush=True)  # a hang shows where it is
             result = results[name] = time_side(forward, leaves, dy)
-            print(f"  {shape_name} {routing:>8} {name:>25}: forward {result['forward_ms']:8.3f} ms "
+            print(f"forward {result['forward_ms']:8.3f} ms "
                   f"({useful / result['forward_ms'] / 1e9:6.0f} TFLOP/s), forward+backward {result['step_ms']:8.3f} ms "
                   f"({3 * useful / result['step_ms'] / 1e9:6.0f} TFLOP/s), first step {result['first_step_s']:6.2f} s, "
                   f"peak {result['peak_step_mb']:8.0f} MB", flush=True)

@@ -8,8 +8,8 @@ from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC1Output
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.quantize_buffers import compact_buffers
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
@@ -65,10 +65,9 @@ def fc1_forward(
     # allocate
     c = torch.empty(tokens, fc1_outputs, dtype=torch.bfloat16, device=device)
     if quantized:
-        a = torch.empty(tokens, ffn, dtype=fmt.torch_dtype, device=device)
-        a_scales = torch.empty(tokens, ffn // BLOCK_SIZE, dtype=torch.uint8, device=device)
-        a_col = torch.empty(ffn, tokens, dtype=fmt.torch_dtype, device=device)
-        a_col_scales = torch.zeros(ffn, num_col_blocks, dtype=torch.uint8, device=device)  # unused columns stay 0
+        quantized_a = compact_buffers(tokens, ffn, experts, fmt, device)
+        a, a_scales, a_col, a_col_scales = (quantized_a.row_data, quantized_a.row_scales, quantized_a.col_data,
+                                            quantized_a.col_scales)
     else:
         a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=device)
         a_scales = a_col = a_col_scales = a
@@ -93,6 +92,5 @@ def fc1_forward(
         )
     if not quantized:
         return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
-    a_rowwise = MXFP8Tensor(a, a_scales, QuantAxis.ROWWISE, False, fmt, scale_mode, split_sizes)
-    a_columnwise = MXFP8Tensor(a_col, a_col_scales, QuantAxis.COLUMNWISE, False, fmt, scale_mode, split_sizes)
+    a_rowwise, a_columnwise = quantized_a.tensors(False, fmt, scale_mode, split_sizes)
     return FC1Output(c=c, a=None, a_rowwise=a_rowwise, a_columnwise=a_columnwise)

@@ -9,8 +9,8 @@ from gmlp import scale_layout
 from gmlp.activations import Activation
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC2DgradOutput
-from gmlp.mxfp8 import BLOCK_SIZE, ScaleMode
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.mxfp8 import ScaleMode
+from gmlp.quantize_buffers import compact_buffers
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
@@ -69,10 +69,9 @@ def fc2_dgrad(
     dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device)
     dh_tile_sums = torch.zeros(num_tiles if bias_grad else 1, fc1_outputs, dtype=torch.float32, device=device)
     if quantized:
-        dh = torch.empty(tokens, fc1_outputs, dtype=fmt.torch_dtype, device=device)
-        dh_scales = torch.empty(tokens, fc1_outputs // BLOCK_SIZE, dtype=torch.uint8, device=device)
-        dh_col = torch.empty(fc1_outputs, tokens, dtype=fmt.torch_dtype, device=device)
-        dh_col_scales = torch.zeros(fc1_outputs, num_col_blocks, dtype=torch.uint8, device=device)
+        quantized_dh = compact_buffers(tokens, fc1_outputs, experts, fmt, device)
+        dh, dh_scales, dh_col, dh_col_scales = (quantized_dh.row_data, quantized_dh.row_scales, quantized_dh.col_data,
+                                                quantized_dh.col_scales)
     else:
         dh = torch.empty(tokens, fc1_outputs, dtype=torch.bfloat16, device=device)
         dh_scales = dh_col = dh_col_scales = dh
@@ -97,8 +96,5 @@ def fc2_dgrad(
     db1 = segment_sum(dh_tile_sums, groups.tile_start) if bias_grad else None
     if not quantized:
         return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)
-    return FC2DgradOutput(
-        dprobs=dprobs, dh=None, db1=db1,
-        dh_rowwise=MXFP8Tensor(dh, dh_scales, QuantAxis.ROWWISE, False, fmt, scale_mode, split_sizes),
-        dh_columnwise=MXFP8Tensor(dh_col, dh_col_scales, QuantAxis.COLUMNWISE, False, fmt, scale_mode, split_sizes),
-    )
+    dh_rowwise, dh_columnwise = quantized_dh.tensors(False, fmt, scale_mode, split_sizes)
+    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1, dh_rowwise=dh_rowwise, dh_columnwise=dh_columnwise)

@@ -99,7 +99,8 @@ from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC1Output
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.quantize_buffers import compact_buffers
+from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.operands import expert_operand
 
@@ -569,12 +570,9 @@ def fc1_forward(
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
     if quantized:
         a = None
-        a_data = torch.empty(tokens, ffn, dtype=A_FORMAT.torch_dtype, device=device)
-        a_scales = torch.empty(tokens, ffn // BLOCK_SIZE, dtype=torch.uint8, device=device)
-        a_col = torch.empty(ffn, tokens, dtype=A_FORMAT.torch_dtype, device=device)
-        a_col_scales = torch.zeros(ffn, scale_layout.max_column_blocks(tokens, experts), dtype=torch.uint8,
-                                   device=device)
-        outputs = (None, a_data.view(torch.uint8), a_scales, a_col.view(torch.uint8), a_col_scales)
+        quantized_a = compact_buffers(tokens, ffn, experts, A_FORMAT, device)
+        outputs = (None, quantized_a.row_data.view(torch.uint8), quantized_a.row_scales,
+                   quantized_a.col_data.view(torch.uint8), quantized_a.col_scales)
         block_start = groups.block_start
     else:
         a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=device)
@@ -587,7 +585,5 @@ def fc1_forward(
             kernel(x_data, x_scales, w1, b1, probs, groups.row_start, groups.tile_start, block_start, c, *outputs, num_ctas)
     if not quantized:
         return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
-    a_rowwise = MXFP8Tensor(a_data, a_scales, QuantAxis.ROWWISE, False, A_FORMAT, recipe.scale_mode, split_sizes)
-    a_columnwise = MXFP8Tensor(a_col, a_col_scales, QuantAxis.COLUMNWISE, False, A_FORMAT, recipe.scale_mode,
-                               split_sizes)
+    a_rowwise, a_columnwise = quantized_a.tensors(False, A_FORMAT, recipe.scale_mode, split_sizes)
     return FC1Output(c=c, a=None, a_rowwise=a_rowwise, a_columnwise=a_columnwise)

@@ -118,7 +118,8 @@ from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC2DgradOutput
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.quantize_buffers import compact_buffers
+from gmlp.quantized import MXFP8Tensor
 from gmlp.recipe import MXFP8Recipe
 from gmlp.triton_ref.operands import expert_operand
 
@@ -407,14 +408,7 @@ class FC2DgradSm90:
                             if const_expr(self.gated):
                                 pair_bits[0] = tCgU[i]
                                 up = (pair[0].to(Float32), pair[1].to(Float32))
-                            if const_expr(self.has_probs):
-                                act0 = activation_forward(self.activation, gate[0], up[0])
-                                act1 = activation_forward(self.activation, gate[1], up[1])
-                                row_dprobs[slot] = row_dprobs[slot] + (grad[0] * act0 + grad[1] * act1)
-                                p = row_probs[slot]
-                                grad = (grad[0] * p, grad[1] * p)
-                            d0 = activation_backward(self.activation, gate[0], up[0], grad[0])
-                            d1 = activation_backward(self.activation, gate[1], up[1], grad[1])
+                            d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
                             pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
                             tCgH[i] = pair_bits[0]
                             if const_expr(self.gated):
@@ -459,6 +453,20 @@ class FC2DgradSm90:
                 item += grid
 
 
+    def pair_backward(self, gate, up, grad, slot: int, row_probs, row_dprobs):
+        """(d0, d1): the activation backward of one column pair of row slot ``slot`` (gate, up and
+        grad pairs in fp32), traced inline. With probs, act(c) first adds into the row's dprobs
+        partial (of da before the probs scale), then da is scaled by the row's prob; d0 and d1 are
+        (d gate, d up) per column (srelu: (dh, None))."""
+        if const_expr(self.has_probs):
+            act0 = activation_forward(self.activation, gate[0], up[0])
+            act1 = activation_forward(self.activation, gate[1], up[1])
+            row_dprobs[slot] = row_dprobs[slot] + (grad[0] * act0 + grad[1] * act1)
+            p = row_probs[slot]
+            grad = (grad[0] * p, grad[1] * p)
+        return (activation_backward(self.activation, gate[0], up[0], grad[0]),
+                activation_backward(self.activation, gate[1], up[1], grad[1]))
+
     @cute.jit
     def quantized_epilogue(self, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
                            smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
@@ -490,14 +498,7 @@ class FC2DgradSm90:
                     grad = (acc[2 * i], acc[2 * i + 1])
                     gate = _bf16_pair(Uint32(tCgG[i]))
                     up = _bf16_pair(Uint32(tCgU[i])) if const_expr(self.gated) else gate
-                    if const_expr(self.has_probs):
-                        act0 = activation_forward(self.activation, gate[0], up[0])
-                        act1 = activation_forward(self.activation, gate[1], up[1])
-                        row_dprobs[slot] = row_dprobs[slot] + (grad[0] * act0 + grad[1] * act1)
-                        p = row_probs[slot]
-                        grad = (grad[0] * p, grad[1] * p)
-                    d0 = activation_backward(self.activation, gate[0], up[0], grad[0])
-                    d1 = activation_backward(self.activation, gate[1], up[1], grad[1])
+                    d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
                     # the fp32 dh (as Triton: no bf16 step); gated: d gate at tile column
                     # group jl, d up at 8 + jl (pair 2 j + slot of the quantized tile)
                     values[4 * jl + 2 * slot], values[4 * jl + 2 * slot + 1] = d0[0], d1[0]
@@ -707,12 +708,9 @@ def fc2_dgrad(
     n_tiles = scale_layout.ceil_div(ffn, tile_n)
     if quantized:
         dh = None
-        dh_data = torch.empty(tokens, n1, dtype=fmt.torch_dtype, device=device)
-        dh_scales = torch.empty(tokens, n1 // BLOCK_SIZE, dtype=torch.uint8, device=device)
-        dh_col = torch.empty(n1, tokens, dtype=fmt.torch_dtype, device=device)
-        dh_col_scales = torch.zeros(n1, scale_layout.max_column_blocks(tokens, experts), dtype=torch.uint8,
-                                    device=device)
-        outputs = (None, dh_data.view(torch.uint8), dh_scales, dh_col.view(torch.uint8), dh_col_scales)
+        quantized_dh = compact_buffers(tokens, n1, experts, fmt, device)
+        outputs = (None, quantized_dh.row_data.view(torch.uint8), quantized_dh.row_scales,
+                   quantized_dh.col_data.view(torch.uint8), quantized_dh.col_scales)
         block_start = groups.block_start
     else:
         dh = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
@@ -736,9 +734,5 @@ def fc2_dgrad(
         db1 = segment_sum(tile_sums, groups.tile_start)
     if not quantized:
         return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)
-    return FC2DgradOutput(
-        dprobs=dprobs, dh=None, db1=db1,
-        dh_rowwise=MXFP8Tensor(dh_data, dh_scales, QuantAxis.ROWWISE, False, fmt, recipe.scale_mode, split_sizes),
-        dh_columnwise=MXFP8Tensor(dh_col, dh_col_scales, QuantAxis.COLUMNWISE, False, fmt, recipe.scale_mode,
-                                  split_sizes),
-    )
+    dh_rowwise, dh_columnwise = quantized_dh.tensors(False, fmt, recipe.scale_mode, split_sizes)
+    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1, dh_rowwise=dh_rowwise, dh_columnwise=dh_columnwise)

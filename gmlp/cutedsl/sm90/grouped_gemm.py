@@ -71,6 +71,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     consumer_fragments,
     cta_roles,
     register_split,
+    shared_storage,
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
@@ -174,22 +175,15 @@ class GroupedGemmSm90:
                                      a_dtype=self.a_dtype)
         a16_layout = _decode.buffer_layout(mA, self.tile_shape_mnk)  # decoded: the bf16 buffers of A
 
-        @cute.struct
-        class SharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]  # full, empty
-            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]  # ping-pong: whose mainloop is next
-            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024]
-
-        @cute.struct
-        class DecodedSharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024]
-            sA16: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
-
-        self.shared_storage = DecodedSharedStorage if const_expr(self.decoded) else SharedStorage
+        fields = dict(
+            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
+            order_barriers=cute.struct.MemRange[cutlass.Int64, 2],  # ping-pong: whose mainloop is next
+            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
+            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024],
+        )
+        if const_expr(self.decoded):
+            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+        self.shared_storage = shared_storage(fields)
         self.kernel(
             ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart, mD,
             ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
