@@ -570,3 +570,23 @@ def test_fc2_dgrad_mxfp8_is_deterministic_and_syncless(grad_recipe):
         assert_same_bits(a.data, b.data, "data")
         assert_same_bits(a.scales, b.scales, "scales")
     assert torch.equal(first.dprobs, second.dprobs) and torch.equal(first.db1, second.db1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+def test_fc2_dgrad_mxfp8_at_design_shapes(shape, routing):
+    """The quantizing epilogue at the layer's real sizes, bit for bit the Triton twin: with its
+    first register split (producer 32, consumers 240: over the CTA's launch allocation) it passed
+    every small-shape test and hung at the DeepSeek-V3 shape on the H200. A hang here blocks the
+    process: run this file under ``timeout``. Swiglu with probs and db1, E4M3 RCEIL, the bench's
+    routings (``gmlp.bench.mlp.split_sizes_for``)."""
+    from gmlp.activations import SWIGLU
+    from gmlp.bench.mlp import split_sizes_for
+
+    experts, tokens, hidden, ffn = shape
+    splits = split_sizes_for(routing, experts, tokens, torch.device("cpu")).tolist()
+    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands(splits, hidden, ffn, SWIGLU, True)
+    assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, activation=SWIGLU, recipe=MXFP8Recipe(),
+                                          probs=probs, bias_grad=True)
