@@ -319,10 +319,14 @@ class Decoder:
         self.split, self.args, self.barrier = split, args, barrier
 
 
-def make_decoder(storage, a_smem_layout, a16_layout, mScales: cute.Tensor, mma_warpgroup, num_mma_warpgroups: int,
-                 local_tid, a_format: ElementFormat):
-    """(the bf16 buffers as the wgmmas' A tensor, the ``Decoder``) of a consumer thread of warpgroup
-    ``mma_warpgroup``; ``storage`` has the fields ``sA`` (the fp8 slots) and ``sA16``."""
+def make_decoder(storage, sA, a_smem_layout, a16_layout, mScales: cute.Tensor | None, mma_warpgroup,
+                 num_mma_warpgroups: int, local_tid, a_format: ElementFormat | None):
+    """(the wgmmas' A tensor, the ``Decoder`` or None) of a consumer thread of warpgroup
+    ``mma_warpgroup``: a bf16 A (``a_format`` None) is read from its slots ``sA`` as loaded, with
+    no decoder; a decoded one from the bf16 buffers (``storage`` has the fields ``sA``, the fp8
+    slots, and ``sA16``), which the decoder fills."""
+    if a_format is None:
+        return sA, None
     sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
     split = DecodeSplit(num_mma_warpgroups, a_format is ElementFormat.E5M2)
     row, first_chunk = split.thread_position(mma_warpgroup, local_tid)

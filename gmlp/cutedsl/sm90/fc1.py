@@ -339,11 +339,10 @@ class FC1ForwardSm90:
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
             mma_tidx = tidx - THREADS_PER_WARPGROUP
-            decoder, sA_mma = None, sA  # decoded: the wgmmas read x's bf16 buffers the decoder fills
-            if const_expr(self.decoded):
-                sA_mma, decoder = _decode.make_decoder(storage, a_smem_layout, a16_layout, mXScales, warpgroup,
-                                                       _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
-                                                       self.config.a_format)
+            # decoded: the wgmmas read x's bf16 buffers, which the decoder fills
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mXScales, warpgroup,
+                                                   _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
+                                                   self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
             tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)

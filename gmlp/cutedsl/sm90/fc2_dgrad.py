@@ -325,11 +325,10 @@ class FC2DgradSm90:
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
-            decoder, sA_mma = None, sA  # decoded: the wgmmas read dy's bf16 buffers the decoder fills
-            if const_expr(self.decoded):
-                sA_mma, decoder = _decode.make_decoder(storage, a_smem_layout, a16_layout, mDyScales, warpgroup,
-                                                       _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
-                                                       self.config.a_format)
+            # decoded: the wgmmas read dy's bf16 buffers, which the decoder fills
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mDyScales, warpgroup,
+                                                   _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
+                                                   self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
             tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)

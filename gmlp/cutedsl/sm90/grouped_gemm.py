@@ -246,11 +246,10 @@ class GroupedGemmSm90:
             mma_tidx = tidx - _THREADS_PER_WARPGROUP
             if const_expr(self.pingpong):
                 mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
-            decoder, sA_mma = None, sA  # decoded: the wgmmas read the bf16 buffers the decoder fills
-            if const_expr(self.decoded):
-                sA_mma, decoder = _decode.make_decoder(storage, a_smem_layout, a16_layout, mScales, mma_warpgroup,
-                                                       self.num_mma_warpgroups, tidx % _THREADS_PER_WARPGROUP,
-                                                       self.config.a_format)
+            # decoded: the wgmmas read the bf16 buffers, which the decoder fills
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mScales, mma_warpgroup,
+                                                   self.num_mma_warpgroups, tidx % _THREADS_PER_WARPGROUP,
+                                                   self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
             tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
