@@ -32,8 +32,7 @@ def test_plan_takes_the_sm90_kernels(recipe):
     _require_sm90()
     plan = gmlp.GroupedMLP(4, 256, 256, recipe=recipe, device="cuda").plan(torch.zeros(512, 256, device="cuda"))
     for site in GEMM_SITES:
-        held_back = recipe is not None and site == "fc2 dgrad"  # support.HELD_BACK
-        assert plan.path(site) is (Path.TRITON if held_back else Path.CUTEDSL), plan.explain()
+        assert plan.path(site) is Path.CUTEDSL, plan.explain()
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])

@@ -5,8 +5,8 @@ Each site's problem is the kernel's own ``problem_support`` at the layer's sizes
 token class, an upper bound of the call's rows). On SM90 the MXFP8 recipe's operands are
 dequantized to bf16 before the GEMMs (the same values the spec's GEMM reads), so every site
 takes bf16 operands; FC1 also writes the recipe's quantized outputs (Q_row and Q_col of a) from
-its epilogue, bit for bit those of its Triton twin. FC2 dgrad's quantizing epilogue (Q_row and
-Q_col of dh) is held back (``HELD_BACK``) until it has run at the design shapes.
+its epilogue, bit for bit those of its Triton twin, and FC2 dgrad writes Q_row and Q_col of dh
+from its own.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from gmlp.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.layer_ops import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "HELD_BACK", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason", "import_error",
+__all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason", "import_error",
            "launcher", "site_reason"]
 
 # op name (gmlp.layer_ops.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
@@ -31,17 +31,6 @@ KERNEL_MODULES = {
     "grouped_gemm": ("grouped_gemm", "grouped_gemm"),
     "fc2_dgrad": ("fc2_dgrad", "fc2_dgrad"),
     "grouped_wgrad": ("wgrad", "grouped_wgrad"),
-}
-
-
-# (op, MXFP8 layer) -> why the layer does not take that SM90 kernel although it compiles and its
-# kernel tests pass: what must run on a GPU before it is dispatched.
-HELD_BACK = {
-    ("fc2_dgrad", True): (
-        "MXFP8: the SM90 fc2_dgrad kernel's quantizing epilogue hung at the DeepSeek-V3 shape (E=32, "
-        "T=32768, H=7168, F=2048) on the H200 with a register split over its launch allocation (producer "
-        "32 + 2 x 240 > 3 x 168); the corrected split (24 / 240) compiles without spills but has not run "
-        "on a GPU yet"),
 }
 
 
@@ -106,8 +95,6 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
         return Reason(ReasonKind.SYSTEM, error)
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
-    if (op, problem.mxfp8) in HELD_BACK:
-        return Reason(ReasonKind.RECIPE, HELD_BACK[op, problem.mxfp8])
     gated = problem.activation != "srelu"
     n1 = (2 if gated else 1) * problem.ffn
     tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn
