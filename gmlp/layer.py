@@ -3,7 +3,7 @@
 The dataflow of docs/design.md, step for step, with no host sync on the kernel paths:
 
 forward:  quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1`` (c, Q_row(a),
-          Q_col(a)) -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y
+          Q_col(a)) -> quantize W2 -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y
 backward: quantize dy (both ways, gradient format) -> ``fc2 dgrad`` with Q_col(W2) (dprobs,
           Q_row(dh), Q_col(dh)) -> ``fc1 dgrad`` with Q_col(W1) -> dx; ``fc2 wgrad``
           dW2 = Q_col(dy)^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``bias grad`` for b2
@@ -13,7 +13,8 @@ Each op runs through an ``OpRunner``: the implementation of the site's chosen pa
 (``gmlp.debug``). MXFP8 operands are dequantized to bf16 once, just before the GEMM that reads
 them, and the GEMMs run on bf16 (Hopper has no block-scaled MMA): the same values a GEMM would
 dequantize tile by tile, without repeating that work in every tile. Only the quantized tensors
-are kept for the backward. Each weight is quantized once per forward, rowwise and columnwise in
+are kept for the backward, and no bf16 copy outlives the GEMM that reads it (a dequantized W is
+as large as its gradient). Each weight is quantized once per forward, rowwise and columnwise in
 one pass over its (E * N, K) stack: Q_row(W) for the forward GEMM, Q_col(W) for the backward
 one, which reads W_g^T as a transposed view of its dequantized values (in bf16, of the weight
 itself). No weight is copied to be transposed. Bias gradients are fp32 per-expert sums (of dy
@@ -156,6 +157,17 @@ def _transposed_weight(run: OpRunner, w_col: torch.Tensor | MXFP8Tensor, shape: 
     return _bf16(run, w_col).view(shape).transpose(1, 2)
 
 
+def _forward_weight(run: OpRunner, site: str, w: torch.Tensor, recipe: MXFP8Recipe | None) -> tuple:
+    """The (E, N, K) weight's forward operand and what the backward keeps of it: ``w`` twice, or
+    the bf16 values of Q_row(W) and Q_col(W), quantized at ``site`` in one pass over the (E * N, K)
+    stack (or reused: ``quantized_weight``). Q_row(W) is not kept once dequantized."""
+    if recipe is None:
+        return w, w
+    quantized = quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True,
+                                 swizzle=False, scale_mode=recipe.scale_mode)
+    return _bf16(run, quantized.rowwise).view(w.shape), quantized.columnwise
+
+
 def grouped_mlp_forward(
     run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
     b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
@@ -166,22 +178,19 @@ def grouped_mlp_forward(
     ffn = w2.shape[2]
     groups = device_groups(split_sizes, x.shape[0])
     if recipe is None:
-        x_row = x_col = x
-        w1_row, w1_col, w2_row, w2_col = w1, w1, w2, w2
+        x_fc1, x_col = x, x
     else:
         xq = run("quantize x", x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                  scale_mode=recipe.scale_mode)
-        x_row, x_col = xq.rowwise, xq.columnwise
-        w1q, w2q = (quantized_weight(run, f"quantize {name}", lambda w=w: w.reshape(-1, w.shape[-1]), rowwise=True,
-                                     columnwise=True, swizzle=False, scale_mode=recipe.scale_mode)
-                    for name, w in (("w1", w1), ("w2", w2)))
-        w1_row, w1_col, w2_row, w2_col = w1q.rowwise, w1q.columnwise, w2q.rowwise, w2q.columnwise
-    fc1 = run("fc1", _a_operand(run, "fc1", x_row), _bf16(run, w1_row).view(w1.shape), split_sizes,
-              ffn_hidden_size=ffn,
-              activation=activation, recipe=recipe, b1=b1, probs=probs, groups=groups)
+        x_fc1, x_col = _a_operand(run, "fc1", xq.rowwise), xq.columnwise
+        del xq  # Q_row(x) is not kept once FC1's operand is made
+    w1_fc1, w1_col = _forward_weight(run, "quantize w1", w1, recipe)
+    fc1 = run("fc1", x_fc1, w1_fc1, split_sizes, ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1,
+              probs=probs, groups=groups)
+    del x_fc1, w1_fc1  # an MXFP8 layer's bf16 copies: freed before FC2's are made (W2 is quantized only now)
+    w2_fc2, w2_col = _forward_weight(run, "quantize w2", w2, recipe)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = run("fc2", _a_operand(run, "fc2", a_row), _bf16(run, w2_row).view(w2.shape), split_sizes, bias=b2,
-            groups=groups)
+    y = run("fc2", _a_operand(run, "fc2", a_row), w2_fc2, split_sizes, bias=b2, groups=groups)
     saved = LayerSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
         w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
@@ -196,24 +205,31 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     """Gradients for dy (T, H); the arguments of ``gmlp.mlp_ref.grouped_mlp_backward_ref`` after
     the runner."""
     split_sizes, groups = saved.split_sizes, saved.groups
+    experts, hidden = split_sizes.numel(), dy.shape[1]
     if recipe is None:
         dy_row = dy_col = dy
     else:
         dyq = run("quantize dy", dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                   element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
-    hidden = dy.shape[1]
-    w2t = _transposed_weight(run, saved.w2_col, (split_sizes.numel(), hidden, -1))
-    dgrad = run("fc2 dgrad", _a_operand(run, "fc2 dgrad", dy_row), w2t, saved.c, split_sizes, activation=activation,
-                recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
-    dh_row = dgrad.dh if recipe is None else dgrad.dh_rowwise
-    dh_col = dgrad.dh if recipe is None else dgrad.dh_columnwise
-    w1t = _transposed_weight(run, saved.w1_col, (split_sizes.numel(), -1, hidden))
-    dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row), w1t, split_sizes, groups=groups)
+        del dyq
+    # operands made for one GEMM are passed as temporaries, and each quantized tensor is dropped
+    # after its last GEMM (the peak is at the weight gradients, allocated last)
+    dgrad = run("fc2 dgrad", _a_operand(run, "fc2 dgrad", dy_row),
+                _transposed_weight(run, saved.w2_col, (experts, hidden, -1)), saved.c, split_sizes,
+                activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
+    del dy_row
+    dprobs, db1 = dgrad.dprobs, dgrad.db1
+    dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
+    del dgrad
+    dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row),
+             _transposed_weight(run, saved.w1_col, (experts, -1, hidden)), split_sizes, groups=groups)
+    del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
     dw2 = run("fc2 wgrad", *_wgrad_operands(run, "fc2 wgrad", dy_col, saved.a_col, groups), split_sizes,
               out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
+    del dy_col
     dw1 = run("fc1 wgrad", *_wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups), split_sizes,
               out=dw1_out, out_dtype=weight_grad_dtype, groups=groups)
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
-    return MLPGrads(dx=dx, dprobs=dgrad.dprobs, dw1=dw1, db1=dgrad.db1, dw2=dw2, db2=db2)
+    return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)
