@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gmlp.activations import Activation, ActivationKind, activation_from
+from gmlp.gate_up import GateUpLayout, gate_up_views
 from gmlp.mlp_ref import fc1_forward_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
@@ -72,3 +73,34 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
         assert int(scale_steps.max()) <= 1, f"{axis}: a scale differs by more than one power of two"
         # one fp8 step (2**-3 relative for E4M3 normals), or one scale step: factor 2
         assert within_steps(mine.dequantize(), ref.dequantize(), 1.0 if scale_steps.any() else 2.0**-3, delta_a), axis
+
+
+@pytest.mark.parametrize("layout", list(GateUpLayout), ids=lambda layout: layout.value)
+@pytest.mark.parametrize("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
+def test_fc1_reads_every_gate_up_layout_in_place(fc1_forward, layout, recipe):
+    """W1's gate and up in any ``gmlp.gate_up`` layout, read through strided views: outputs bit for
+    bit those of gmlp's (E, 2F, H) halves with the same values."""
+    device = kernel_device()
+    splits = [37, 0, 91]
+    tokens, hidden, ffn, experts = sum(splits), 64, 96, len(splits)
+    split_sizes = torch.tensor(splits, device=device)
+    x = torch.randn(tokens, hidden, device=device).bfloat16()
+    gate, up = ((torch.randn(experts, ffn, hidden, device=device) / 8).bfloat16() for _ in range(2))
+    stored = {GateUpLayout.HALVES: (torch.cat([gate, up], 1),), GateUpLayout.INTERLEAVED: (torch.stack([gate, up], 2),),
+              GateUpLayout.SEPARATE: (gate, up)}[layout]
+    views = gate_up_views(layout, *stored)
+    storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    assert storage(views.gate) == storage(stored[0]) and storage(views.up) == storage(stored[-1])  # views, no copy
+    kwargs = dict(ffn_hidden_size=ffn, activation=activation_from("swiglu"), recipe=recipe, probs=torch.rand(tokens, device=device))
+    want = fc1_forward(x, torch.cat([gate, up], 1), split_sizes, tiling=SMALL_GEMM, **kwargs)
+    assert_outputs_bitwise_equal(fc1_forward(x, views, split_sizes, tiling=SMALL_GEMM, **kwargs), want)
+
+
+def test_fc1_refuses_gate_up_views_it_cannot_read(fc1_forward):
+    device = kernel_device()
+    x, split_sizes = torch.zeros(4, 64, device=device).bfloat16(), torch.tensor([4], device=device)
+    views = gate_up_views(GateUpLayout.SEPARATE, *(torch.zeros(1, 32, 64, device=device).bfloat16() for _ in range(2)))
+    with pytest.raises(ValueError, match="not gated"):
+        fc1_forward(x, views, split_sizes, ffn_hidden_size=32, activation=activation_from("srelu"), recipe=None)
+    with pytest.raises(ValueError, match=r"\(48, 64\) matrices, got \(32, 64\)"):
+        fc1_forward(x, views, split_sizes, ffn_hidden_size=48, activation=activation_from("swiglu"), recipe=None)

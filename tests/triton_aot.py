@@ -16,11 +16,11 @@ SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr
                      "block_start_ptr": "*i32", "NUM_TOKENS": "i32", "NUM_COMPACT_ROWS": "i32", "NUM_COMPACT_COLS": "i32"}
 
 
-FC1_SIGNATURE = {"x_ptr": "*bf16", "w1_ptr": "*bf16", "b1_ptr": "*bf16",
+FC1_SIGNATURE = {"x_ptr": "*bf16", "gate_ptr": "*bf16", "up_ptr": "*bf16", "b1_ptr": "*bf16",
                  "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
                  "c_ptr": "*bf16", "a_ptr": "*{out}", "a_scale_ptr": "*u8", "a_col_ptr": "*{out}", "a_col_scale_ptr": "*u8",
                  "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
-                 **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K")}}
+                 **{f"{w}_STRIDE_{axis}": "i32" for w in ("GATE", "UP") for axis in "ENK"}}
 
 
 GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "row_start_ptr": "*i32",
@@ -64,7 +64,8 @@ def configs() -> dict[str, tuple]:
             signature = {k: v.format(out="fp8e4nv" if quantized else "bf16") for k, v in FC1_SIGNATURE.items()}
             constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
                               ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
-                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True, **UNIT_K_STRIDES)
+                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True, GATE_STRIDE_K=1,
+                              UP_STRIDE_K=1)
             out[f"fc1_{'quantized' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
         grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True)
         out[f"gemm_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(HAS_BIAS=True, B_STRIDE_K=1, **grouping), capability, 4)

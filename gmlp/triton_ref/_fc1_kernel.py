@@ -21,7 +21,7 @@ from gmlp.triton_ref._tiles import load_tile
 def fc1_forward_kernel(
     # inputs
     x_ptr,  # (T, H) bf16
-    w1_ptr,  # W1_g (N1, H) per expert (N1 = 2F | F), bf16 (operands.ExpertOperand)
+    gate_ptr, up_ptr,  # W1_g's gate and up (F, H) per expert (srelu: gate only), bf16 (operands.ExpertOperand)
     b1_ptr,  # (E, N1)
     probs_ptr,  # (T,)
     row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
@@ -29,8 +29,9 @@ def fc1_forward_kernel(
     c_ptr,  # (T, N1) bf16
     a_ptr, a_scale_ptr,  # (T, F) bf16, or Q_row(a): fp8 (T, F) with compact scales (T, F/32)
     a_col_ptr, a_col_scale_ptr,  # Q_col(a): fp8 (F, T) with compact scales (F, n_blocks)
-    # sizes and W1's strides (expert, row, column)
-    NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS, W_STRIDE_E, W_STRIDE_N, W_STRIDE_K,
+    # sizes and the strides (expert, row, column) of gate and up (gmlp.gate_up: any layout)
+    NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS, GATE_STRIDE_E, GATE_STRIDE_N, GATE_STRIDE_K,
+    UP_STRIDE_E, UP_STRIDE_N, UP_STRIDE_K,
     # what
     QUANTIZED: tl.constexpr,  # a is written as Q_row(a) and Q_col(a) (else bf16)
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
@@ -53,17 +54,18 @@ def fc1_forward_kernel(
     row_mask = rows < end_row
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)  # activation columns f
     n_mask = n < FFN
-    w_expert = w1_ptr + group.to(tl.int64) * W_STRIDE_E  # W1_g: gate rows n (all rows for srelu), up rows F + n
+    gate_expert = gate_ptr + group.to(tl.int64) * GATE_STRIDE_E  # rows n of the gate (of W1_g for srelu)
+    up_expert = up_ptr + group.to(tl.int64) * UP_STRIDE_E
 
     # main loop: h = x @ W1_g^T over H
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
         a_tile = load_tile(x_ptr, rows, row_mask, k0, HIDDEN, HIDDEN, 1, BLOCK_K)
-        w_tile = load_tile(w_expert, n, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, BLOCK_K)
+        w_tile = load_tile(gate_expert, n, n_mask, k0, HIDDEN, GATE_STRIDE_N, GATE_STRIDE_K, BLOCK_K)
         acc = tl.dot(a_tile, tl.trans(w_tile), acc)
         if GATED:
-            up_tile = load_tile(w_expert, n + FFN, n_mask, k0, HIDDEN, W_STRIDE_N, W_STRIDE_K, BLOCK_K)
+            up_tile = load_tile(up_expert, n, n_mask, k0, HIDDEN, UP_STRIDE_N, UP_STRIDE_K, BLOCK_K)
             acc_up = tl.dot(a_tile, tl.trans(up_tile), acc_up)
 
     # epilogue: bias, saved c = bf16(h), a = act(h) * probs

@@ -6,6 +6,7 @@ import torch
 
 from gmlp import scale_layout
 from gmlp.activations import Activation, ActivationKind
+from gmlp.gate_up import GateUp, GateUpLayout, gate_up_views
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.mlp_ref import FC1Output
 from gmlp.mxfp8 import ElementFormat, ScaleMode
@@ -22,9 +23,28 @@ __all__ = ["fc1_forward", "ACTIVATION_CODES"]
 ACTIVATION_CODES = {ActivationKind.SWIGLU: 0, ActivationKind.GEGLU: 1, ActivationKind.QGEGLU: 2, ActivationKind.SRELU: 3}
 
 
+def _gate_and_up(w1: torch.Tensor | GateUp, experts: int, hidden: int, ffn: int, gated: bool) -> tuple:
+    """W1's gate and up operands (srelu: W1 itself twice), each checked to hold (F, H) per expert."""
+    if isinstance(w1, GateUp):
+        if not gated:
+            raise ValueError("w1 is a GateUp (gate and up weights) but the activation is not gated")
+        views = w1
+    else:
+        w = expert_operand("w1", w1, experts)
+        n1 = (2 if gated else 1) * ffn
+        if (w.n, w.k) != (n1, hidden):
+            raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")
+        views = gate_up_views(GateUpLayout.HALVES, w1) if gated else GateUp(w1, w1)
+    operands = expert_operand("w1's gate", views.gate, experts), expert_operand("w1's up", views.up, experts)
+    if (operands[0].n, operands[0].k) != (ffn, hidden):
+        raise ValueError(f"w1's gate and up must hold {experts} experts' ({ffn}, {hidden}) matrices, got "
+                         f"({operands[0].n}, {operands[0].k}) each")
+    return operands
+
+
 def fc1_forward(
     x: torch.Tensor,  # (T, H) bf16
-    w1: torch.Tensor,  # W1_g (N1, H) per expert: bf16 (E, N1, H), any strides (operands.expert_operand)
+    w1: torch.Tensor | GateUp,  # W1_g (N1, H) per expert: bf16 (E, N1, H), any strides; or its gate and up views
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     ffn_hidden_size: int,
@@ -39,15 +59,14 @@ def fc1_forward(
     ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs).
 
     The operands are bf16: the bf16 layer's, or MXFP8 operands dequantized beforehand
-    (``gmlp.triton_ref.dequantize``); ``recipe`` decides whether ``a`` is written quantized."""
+    (``gmlp.triton_ref.dequantize``); ``recipe`` decides whether ``a`` is written quantized. A
+    gated W1 may come in any ``gmlp.gate_up`` layout, as the two views of a ``GateUp``."""
     # validate
     quantized = recipe is not None  # a is written as Q_row(a) and Q_col(a)
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     fc1_outputs = (2 if activation.gated else 1) * ffn
     x_data, (tokens, hidden) = rowwise_operand("x", x)
-    w = expert_operand("w1", w1, experts)
-    if (w.n, w.k) != (fc1_outputs, hidden):
-        raise ValueError(f"w1 must hold {experts} experts' ({fc1_outputs}, {hidden}) matrices, got ({w.n}, {w.k}) each")
+    gate, up = _gate_and_up(w1, experts, hidden, ffn, activation.gated)
     shape = fc1_shape_reason(hidden, ffn)
     if shape is not None:
         raise ValueError(shape.message)
@@ -76,11 +95,11 @@ def fc1_forward(
     if num_tiles > 0 and tokens > 0:
         grid = tiling.grid(num_tiles, ffn)
         fc1_forward_kernel[grid](
-            x_data, w.data,
+            x_data, gate.data, up.data,
             b1 if b1 is not None else c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, groups.block_start,
             c, a, a_scales, a_col, a_col_scales,
-            tokens, hidden, ffn, num_col_blocks, *w.strides,
+            tokens, hidden, ffn, num_col_blocks, *gate.strides, *up.strides,
             QUANTIZED=quantized, GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset,
