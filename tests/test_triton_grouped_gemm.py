@@ -95,3 +95,28 @@ def test_invalid_tilings_are_refused_when_made():
         WgradTiling(block_m=64, block_n=64, block_t=24, num_warps=4, num_stages=3)
     with pytest.raises(ValueError, match="invalid quantize config"):
         QuantizeConfig(chunks_per_program=0)
+
+
+@pytest.mark.parametrize("ffn,block_k", [(48, 32), (64, 32), (40, 64)], ids=["straddling", "aligned", "inside-one-tile"])
+def test_operands_side_by_side_along_k_give_the_single_operands_bits(grouped_gemm, ffn, block_k):
+    """FC1 dgrad with W1's gate and up stored apart: B_g = [gate_g^T | up_g^T] as two transposed
+    views, bit for bit the GEMM of one (E, H, 2F) operand, whether a k-tile straddles the seam
+    (F = 48, 32-wide tiles), ends on it (F = 64) or holds all of both (F = 40, 64-wide tiles)."""
+    device = kernel_device()
+    splits = [37, 0, 130]
+    split_sizes = torch.tensor(splits, device=device)
+    hidden, experts = 40, len(splits)
+    dh = torch.randn(sum(splits), 2 * ffn, device=device).bfloat16()
+    gate, up = ((torch.randn(experts, ffn, hidden, device=device) / 8).bfloat16() for _ in range(2))
+    tiling = dataclasses.replace(SMALL_GEMM, block_k=block_k)
+    want = grouped_gemm(dh, torch.cat([gate, up], 1).transpose(1, 2), split_sizes, tiling=tiling)
+    got = grouped_gemm(dh, (gate.transpose(1, 2), up.transpose(1, 2)), split_sizes, tiling=tiling)
+    assert torch.equal(got, want)
+
+
+def test_side_by_side_operands_must_fit_a(grouped_gemm):
+    device = kernel_device()
+    a, split_sizes = torch.zeros(4, 64, device=device).bfloat16(), torch.tensor([4], device=device)
+    halves = [torch.zeros(1, 16, 32, device=device).bfloat16(), torch.zeros(1, 16, 24, device=device).bfloat16()]
+    with pytest.raises(ValueError, match=r"side by side along K, got \(16, 32\) and \(16, 24\) each"):
+        grouped_gemm(a, tuple(halves), split_sizes)

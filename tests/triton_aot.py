@@ -23,9 +23,9 @@ FC1_SIGNATURE = {"x_ptr": "*bf16", "gate_ptr": "*bf16", "up_ptr": "*bf16", "b1_p
                  **{f"{w}_STRIDE_{axis}": "i32" for w in ("GATE", "UP") for axis in "ENK"}}
 
 
-GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "row_start_ptr": "*i32",
-                  "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32", "K": "i32",
-                  **{name: "i32" for name in ("B_STRIDE_E", "B_STRIDE_N", "B_STRIDE_K")}}
+GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "b2_ptr": "*bf16", "bias_ptr": "*bf16", "row_start_ptr": "*i32",
+                  "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32", "K": "i32", "K1": "i32",
+                  **{f"{b}_STRIDE_{axis}": "i32" for b in ("B", "B2") for axis in "ENK"}}
 DGRAD_SIGNATURE = {"dy_ptr": "*bf16", "w2t_ptr": "*bf16", "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32",
                    "tile_start_ptr": "*i32", "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32",
                    "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8", "dh_col_ptr": "*fp8e4nv",
@@ -68,7 +68,7 @@ def configs() -> dict[str, tuple]:
                               UP_STRIDE_K=1)
             out[f"fc1_{'quantized' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
         grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True)
-        out[f"gemm_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(HAS_BIAS=True, B_STRIDE_K=1, **grouping), capability, 4)
+        out[f"gemm_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(HAS_BIAS=True, SPLIT_K=False, B_STRIDE_K=1, **grouping), capability, 4)
         out[f"dgrad_quantized_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
             QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
             RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **UNIT_K_STRIDES, **grouping), capability, 4)

@@ -16,7 +16,7 @@ __all__ = ["grouped_gemm"]
 
 def grouped_gemm(
     a: torch.Tensor,  # (T, K) bf16, rows grouped by expert
-    b: torch.Tensor,  # B_g (N, K) per expert: bf16 (E, N, K), any strides (operands.expert_operand)
+    b: torch.Tensor | tuple[torch.Tensor, torch.Tensor],  # B_g (N, K) per expert: bf16 (E, N, K), any strides
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     bias: torch.Tensor | None = None,  # (E, N)
@@ -25,13 +25,18 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed; no host sync.
     Twin of ``gmlp.mlp_ref.grouped_gemm_ref``; MXFP8 operands are dequantized first
-    (``gmlp.triton_ref.dequantize``)."""
+    (``gmlp.triton_ref.dequantize``). ``b`` may be a pair (B, B2) of (E, N, K1) and (E, N, K - K1)
+    operands, B_g = [B_g | B2_g] along K (W1^T with its gate and up stored apart), read in place."""
     # validate
     a_data, (tokens, k) = rowwise_operand("a", a)
     experts = split_sizes.numel()
-    b_op = expert_operand("b", b, experts)
-    if b_op.k != k:
-        raise ValueError(f"b must hold {experts} experts' (N, K={k}) matrices, got ({b_op.n}, {b_op.k}) each")
+    split = isinstance(b, tuple)
+    b_op, b2_op = (expert_operand(name, value, experts) for name, value in zip(("b", "b[1]"), b if split else (b, b)))
+    k1 = b_op.k  # B's columns: all of K unless B2 holds the rest
+    if b_op.n != b2_op.n or k1 + (b2_op.k if split else 0) != k:
+        shapes = f"({b_op.n}, {b_op.k}) and ({b2_op.n}, {b2_op.k})" if split else f"({b_op.n}, {b_op.k})"
+        raise ValueError(f"b must hold {experts} experts' (N, K={k}) matrices{' side by side along K' if split else ''}, "
+                         f"got {shapes} each")
     tiling = tiling or GROUPED_GEMM_TILING
     n = b_op.n
 
@@ -41,8 +46,9 @@ def grouped_gemm(
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     if num_tiles > 0 and n > 0:
         grouped_gemm_kernel[tiling.grid(num_tiles, n)](
-            a_data, b_op.data, bias if bias is not None else out,
-            groups.row_start, groups.tile_start, out, tokens, n, k, *b_op.strides, HAS_BIAS=bias is not None,
+            a_data, b_op.data, b2_op.data, bias if bias is not None else out,
+            groups.row_start, groups.tile_start, out, tokens, n, k, k1, *b_op.strides, *b2_op.strides,
+            HAS_BIAS=bias is not None, SPLIT_K=split,
             NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), BLOCK_N=tiling.block_n, BLOCK_K=tiling.block_k,
             N_FASTEST=tiling.n_fastest,
             num_warps=tiling.num_warps, num_stages=tiling.num_stages,
