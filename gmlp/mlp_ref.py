@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.activations import Activation
+from gmlp.gate_up import GateUp
 from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Tensor, QuantAxis
@@ -145,7 +146,7 @@ def _fc1_a(h: torch.Tensor, probs: torch.Tensor | None, activation: Activation) 
 
 def fc1_forward_ref(
     x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x)
-    w1: torch.Tensor | MXFP8Tensor,  # W1_g (N1, H) per expert, any form of ``expert_matrices``
+    w1: torch.Tensor | MXFP8Tensor | GateUp,  # W1_g (N1, H) per expert, any form of ``expert_matrices``
     split_sizes: torch.Tensor,
     *,
     ffn_hidden_size: int,
@@ -207,11 +208,16 @@ def fc2_dgrad_ref(
     return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise, db1=db1)
 
 
-def expert_matrices(b: torch.Tensor | MXFP8Tensor, experts: int) -> torch.Tensor:
+def expert_matrices(b: torch.Tensor | MXFP8Tensor | GateUp | tuple, experts: int) -> torch.Tensor:
     """(E, N, K) fp32 values of per-expert matrices B_g given as: bf16 (E, N, K) (any strides); a
     rowwise MXFP8Tensor of the (E * N, K) stack; or a columnwise MXFP8Tensor of an (E * K, N)
     stack S, meaning B_g = S_g^T (Q_col of a weight, read by the backward GEMMs). The forms that
-    ``gmlp.triton_ref.operands.expert_operand`` accepts."""
+    ``gmlp.triton_ref.operands.expert_operand`` accepts; and W1 as its gate and up (a ``GateUp``:
+    B_g = [gate_g; up_g]) or a pair of operands side by side along K (B_g = [B_g | B2_g])."""
+    if isinstance(b, GateUp):
+        return torch.cat([_values(b.gate), _values(b.up)], 1)
+    if isinstance(b, tuple):
+        return torch.cat([expert_matrices(part, experts) for part in b], 2)
     if not isinstance(b, MXFP8Tensor):
         return _values(b)
     values = b.dequantize()
@@ -221,7 +227,7 @@ def expert_matrices(b: torch.Tensor | MXFP8Tensor, experts: int) -> torch.Tensor
 
 def grouped_gemm_ref(
     a: torch.Tensor | MXFP8Tensor,  # (T, K)
-    b: torch.Tensor | MXFP8Tensor,  # B_g (N, K) per expert, any form of ``expert_matrices``
+    b: torch.Tensor | MXFP8Tensor | tuple,  # B_g (N, K) per expert, any form of ``expert_matrices``
     split_sizes: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,  # (E, N)
@@ -248,18 +254,24 @@ def grouped_wgrad_ref(
     b: torch.Tensor | MXFP8Tensor,  # (T, N) bf16, or Q_col
     split_sizes: torch.Tensor,
     *,
-    out: torch.Tensor | None = None,  # (E, M, N) fp32 to add the result to (main_grad)
+    out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,  # fp32 to add the result to (main_grad)
     out_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
+    split_rows: int | None = None,  # rows [0, split_rows) of each dW_g and the rest as two tensors
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """(E, M, N), dW_g = A_g^T @ B_g over expert g's tokens, fp32 sums stored as ``out_dtype`` or
-    added to ``out``; twin of ``gmlp.triton_ref.wgrad.grouped_wgrad``."""
+    added to ``out`` (a pair with ``split_rows``); twin of ``gmlp.triton_ref.wgrad.grouped_wgrad``."""
     sizes = [int(m) for m in split_sizes.tolist()]
     a_values, b_values = _values(a), _values(b)
     dtype = torch.promote_types(a_values.dtype, b_values.dtype)
     result = torch.zeros(len(sizes), a_values.shape[1], b_values.shape[1], dtype=dtype, device=a_values.device)
     for g, rows in _segments(sizes):
         result[g] = _matmul(a_values[rows].t(), b_values[rows])
-    return out.add_(result) if out is not None else result.to(out_dtype)
+    if split_rows is None:
+        return out.add_(result) if out is not None else result.to(out_dtype)
+    parts = result[:, :split_rows], result[:, split_rows:]
+    if out is not None:
+        return tuple(target.add_(part) for target, part in zip(out, parts))
+    return tuple(part.to(out_dtype).contiguous() for part in parts)
 
 
 def unquantized_mlp_fp64(x, split_sizes, probs, w1, b1, w2, b2, activation: Activation):

@@ -85,6 +85,18 @@ def test_expert_matrices_forms_agree():
     assert torch.equal(expert_matrices(q_col, 3), expert_matrices(q_row, 3))
 
 
+def test_expert_matrices_of_gate_up_forms():
+    """W1 as its gate and up views, and W1^T as two operands side by side along K, give the
+    values of the (E, 2F, H) halves and of their transpose."""
+    from gmlp.gate_up import GateUpLayout, gate_up_views
+
+    gate, up = ((torch.randn(3, 32, 64) / 8).bfloat16() for _ in range(2))
+    halves = torch.cat([gate, up], 1)
+    assert torch.equal(expert_matrices(gate_up_views(GateUpLayout.SEPARATE, gate, up), 3), expert_matrices(halves, 3))
+    pair = (gate.transpose(1, 2), up.transpose(1, 2))
+    assert torch.equal(expert_matrices(pair, 3), expert_matrices(halves.transpose(1, 2), 3))
+
+
 def test_invalid_tilings_are_refused_when_made():
     from gmlp.triton_ref.quantize import QuantizeConfig
     from gmlp.triton_ref.tuning import GemmTiling, WgradTiling

@@ -41,3 +41,35 @@ def test_wgrad_matches_reference(grouped_wgrad, splits):
     other_order = dataclasses.replace(SMALL_WGRAD, n_fastest=not SMALL_WGRAD.n_fastest)
     assert torch.equal(grouped_wgrad(a, b, split_sizes, tiling=other_order), got)
     assert torch.equal(grouped_wgrad(a, b, split_sizes, out_dtype=torch.bfloat16, tiling=SMALL_WGRAD), got.bfloat16())
+
+
+@pytest.mark.parametrize("split_rows", [32, 48, 0], ids=["on-a-tile-edge", "inside-a-tile", "all-in-the-second"])
+def test_rows_split_over_two_outputs_keep_their_bits(grouped_wgrad, split_rows):
+    """dW1's gate and up rows written as two gradients (``split_rows``) are bit for bit the rows of
+    the single result, fresh or added into a pair of fp32 buffers, a tile straddling the seam too."""
+    device = kernel_device()
+    split_sizes = torch.tensor([37, 0, 90], device=device)
+    a = torch.randn(127, 64, device=device).bfloat16()
+    b = torch.randn(127, 40, device=device).bfloat16()
+    whole = grouped_wgrad(a, b, split_sizes, tiling=SMALL_WGRAD)
+    first, second = grouped_wgrad(a, b, split_sizes, split_rows=split_rows, tiling=SMALL_WGRAD)
+    assert torch.equal(first, whole[:, :split_rows]) and torch.equal(second, whole[:, split_rows:])
+    assert first.is_contiguous() and second.is_contiguous()
+    ref_whole, ref_parts = grouped_wgrad_ref(a, b, split_sizes), grouped_wgrad_ref(a, b, split_sizes, split_rows=split_rows)
+    assert torch.equal(ref_parts[0], ref_whole[:, :split_rows]) and torch.equal(ref_parts[1], ref_whole[:, split_rows:])
+    main_grads = (torch.ones_like(first), torch.full_like(second, 2.0))
+    grouped_wgrad(a, b, split_sizes, out=main_grads, split_rows=split_rows, tiling=SMALL_WGRAD)
+    assert torch.equal(main_grads[0], whole[:, :split_rows] + 1) and torch.equal(main_grads[1], whole[:, split_rows:] + 2)
+
+
+def test_split_outputs_are_checked(grouped_wgrad):
+    device = kernel_device()
+    a, b, split_sizes = (torch.zeros(4, 64, device=device).bfloat16(), torch.zeros(4, 8, device=device).bfloat16(),
+                         torch.tensor([4], device=device))
+    with pytest.raises(ValueError, match=r"split_rows must be in \[0, 64\]"):
+        grouped_wgrad(a, b, split_sizes, split_rows=65)
+    with pytest.raises(ValueError, match="out must be a pair of tensors exactly when split_rows is given"):
+        grouped_wgrad(a, b, split_sizes, out=torch.zeros(1, 64, 8, device=device), split_rows=32)
+    with pytest.raises(ValueError, match=r"contiguous fp32 \(1, 32, 8\) and \(1, 32, 8\) tensors, got .*\(1, 30, 8\)"):
+        grouped_wgrad(a, b, split_sizes, out=(torch.zeros(1, 32, 8, device=device), torch.zeros(1, 30, 8, device=device)),
+                      split_rows=32)

@@ -31,7 +31,8 @@ DGRAD_SIGNATURE = {"dy_ptr": "*bf16", "w2t_ptr": "*bf16", "c_ptr": "*bf16", "pro
                    "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8", "dh_col_ptr": "*fp8e4nv",
                    "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
                    **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K")}}
-WGRAD_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "row_start_ptr": "*i32", "out_ptr": "*fp32", "M": "i32", "N": "i32"}
+WGRAD_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "row_start_ptr": "*i32", "out_ptr": "*fp32", "out2_ptr": "*fp32",
+                   "M": "i32", "N": "i32", "M1": "i32"}
 
 # Weight operands contiguous along K (the launchers' runtime specialization of strides equal to 1).
 UNIT_K_STRIDES = dict(W_STRIDE_K=1)
@@ -77,7 +78,7 @@ def configs() -> dict[str, tuple]:
         out[f"dequantize_col_sm{capability}"] = ("dequantize_col", DEQUANTIZE_COL_SIGNATURE, dict(
             GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=64), capability, 4)
         out[f"wgrad_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
-            ACCUMULATE=True, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
+            ACCUMULATE=True, SPLIT_M=False, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
     return out
 
 

@@ -4,7 +4,9 @@
 [row_start[g], row_start[g+1]) (FC2: A = dy, B = a; FC1: A = dh, B = x). Operands are bf16,
 row-major (MXFP8 ones are Q_col dequantized beforehand, ``dequantize``). One program owns a
 (BLOCK_M, BLOCK_N) tile of one expert's dW and walks that expert's tokens; fp32 sums, stored as
-fp32 or bf16, or added to an fp32 ``out`` (``ACCUMULATE``, for ``main_grad``).
+fp32 or bf16, or added to an fp32 ``out`` (``ACCUMULATE``, for ``main_grad``). With SPLIT_M
+the rows of dW_g go to two outputs, rows [0, M1) to ``out`` (E, M1, N) and the rest to ``out2``
+(E, M - M1, N): dW1's gate and up rows as the gradients of two weights (``gmlp.gate_up``).
 """
 
 import triton
@@ -24,9 +26,10 @@ def wgrad_kernel(
     a_ptr,  # (T, M) bf16
     b_ptr,  # (T, N) bf16
     row_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
-    out_ptr,  # (E, M, N) fp32 | bf16 (not ACCUMULATE)
-    M, N,
-    ACCUMULATE: tl.constexpr,
+    out_ptr,  # (E, M, N) fp32 | bf16 (not ACCUMULATE); with SPLIT_M (E, M1, N)
+    out2_ptr,  # with SPLIT_M: (E, M - M1, N), of out's dtype
+    M, N, M1,
+    ACCUMULATE: tl.constexpr, SPLIT_M: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     N_FASTEST: tl.constexpr,  # grid (N tiles, M tiles, experts): consecutive programs share an expert's A panel
 ):
@@ -47,8 +50,17 @@ def wgrad_kernel(
         a_tile = _features_by_tokens(a_ptr, m, m_mask, tokens, token_mask, M)
         b_tile = _features_by_tokens(b_ptr, n, n_mask, tokens, token_mask, N)
         acc = tl.dot(a_tile, tl.trans(b_tile), acc)
-    out = out_ptr + group.to(tl.int64) * M * N + m[:, None].to(tl.int64) * N + n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    if ACCUMULATE:
-        acc += tl.load(out, mask=mask, other=0.0)
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if not SPLIT_M:
+        out = out_ptr + group.to(tl.int64) * M * N + m[:, None].to(tl.int64) * N + n[None, :]
+        if ACCUMULATE:
+            acc += tl.load(out, mask=mask, other=0.0)
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # a tile may hold rows of both outputs: each row goes to one, by two masked accesses
+        first = (m < M1)[:, None]
+        out = out_ptr + group.to(tl.int64) * M1 * N + m[:, None].to(tl.int64) * N + n[None, :]
+        out2 = out2_ptr + group.to(tl.int64) * (M - M1) * N + (m[:, None] - M1).to(tl.int64) * N + n[None, :]
+        if ACCUMULATE:
+            acc += tl.where(first, tl.load(out, mask=mask & first, other=0.0), tl.load(out2, mask=mask & ~first, other=0.0))
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask & first)
+        tl.store(out2, acc.to(out2_ptr.dtype.element_ty), mask=mask & ~first)
