@@ -70,6 +70,9 @@ def configs() -> dict[str, tuple]:
             out[f"fc1_{'quantized' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
         grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True)
         out[f"gemm_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(HAS_BIAS=True, SPLIT_K=False, B_STRIDE_K=1, **grouping), capability, 4)
+        # FC1 dgrad with W1's gate and up apart: B as two transposed views, side by side along K
+        out[f"gemm_split_k_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(
+            HAS_BIAS=False, SPLIT_K=True, B_STRIDE_N=1, B2_STRIDE_N=1, **grouping), capability, 4)
         out[f"dgrad_quantized_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
             QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
             RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **UNIT_K_STRIDES, **grouping), capability, 4)
@@ -77,8 +80,9 @@ def configs() -> dict[str, tuple]:
                                                   capability, 4)
         out[f"dequantize_col_sm{capability}"] = ("dequantize_col", DEQUANTIZE_COL_SIGNATURE, dict(
             GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=64), capability, 4)
-        out[f"wgrad_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
-            ACCUMULATE=True, SPLIT_M=False, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
+        for split in (False, True):  # dW1's gate and up rows to two gradients
+            out[f"wgrad{'_split_m' if split else ''}_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
+                ACCUMULATE=True, SPLIT_M=split, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
     return out
 
 
