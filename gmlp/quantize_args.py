@@ -41,13 +41,16 @@ def validate_quantize_args(
     element_format: ElementFormat,
     scale_mode: ScaleMode,
     check_values: bool = True,
+    strided_rows: bool = False,
 ) -> QuantizeProblem:
     """Check every argument and say which one is wrong, with what was expected and given.
 
     The values of ``split_sizes`` (negative sizes, sum != T) are checked here only where that
     needs no host sync (CPU tensors) or when asked (GMLP_VALIDATE=1); otherwise the kernels
     poison their output instead (see ``gmlp.groups``). ``check_values=False`` skips them (a
-    tracer's tensors, which have shapes but no values).
+    tracer's tensors, which have shapes but no values). ``strided_rows``: the caller reads x
+    through its row stride, so x may be any (M, K) view whose rows are contiguous (a weight's
+    gate or up rows in W1's interleaved layout, ``gmlp.gate_up``); else x must be contiguous.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -55,7 +58,11 @@ def validate_quantize_args(
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype=}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)=}")
-    if not x.is_contiguous():
+    if strided_rows:
+        if x.shape[1] > 1 and x.stride(1) != 1 or x.shape[0] > 1 and x.stride(0) < x.shape[1]:
+            raise ValueError(f"x must have contiguous rows (strides (row stride >= K, 1)), got {x.stride()=} for "
+                             f"{tuple(x.shape)=}")
+    elif not x.is_contiguous():
         raise ValueError(f"x must be contiguous (row-major (M, K)), got {x.stride()=} for {tuple(x.shape)=}")
     rows, cols = x.shape
     if cols % BLOCK_SIZE != 0:

@@ -59,7 +59,7 @@ def quantize_mxfp8_ref(
     """Quantize x (M, K) to MXFP8 by the spec; see ``gmlp.quantize_mxfp8`` for the arguments."""
     problem = validate_quantize_args(
         x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
-        element_format=element_format, scale_mode=scale_mode,
+        element_format=element_format, scale_mode=scale_mode, strided_rows=True,
     )
     if split_sizes is not None:
         check_split_values(split_sizes, problem.num_rows)

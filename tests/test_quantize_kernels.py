@@ -102,3 +102,38 @@ def test_triton_weight_config_is_bit_exact(swizzle, split_case):
     split_sizes = None if splits is None else torch.tensor(splits, dtype=torch.int32, device=device)
     kwargs = dict(rowwise=True, columnwise=True, swizzle=swizzle, split_sizes=split_sizes)
     assert_bit_exact(quantize_mxfp8(x, config=WEIGHT_QUANTIZE_CONFIG, **kwargs), quantize_mxfp8_ref(x, **kwargs))
+
+
+@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "compact"])
+def test_triton_reads_rows_further_apart_than_k(swizzle):
+    """W1's gate rows in its interleaved (E, F, 2, H) layout, a (E * F, H) view with row stride
+    2H (``gmlp.gate_up``), quantized in place: the bytes of its contiguous copy, both ways."""
+    from gmlp.gate_up import GateUpLayout, gate_up_views
+    from gmlp.triton_ref.quantize import WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
+
+    device = kernel_device()
+    experts, ffn, hidden = 2, 64, 96
+    w13 = random_matrix("outliers", experts * ffn * 2, hidden, torch.bfloat16).to(device).view(experts, ffn, 2, hidden)
+    for view in gate_up_views(GateUpLayout.INTERLEAVED, w13).gate, gate_up_views(GateUpLayout.INTERLEAVED, w13).up:
+        rows = view.reshape(experts * ffn, hidden)
+        assert rows.stride() == (2 * hidden, 1) and rows.data_ptr() == view.data_ptr()  # a view, read in place
+        kwargs = dict(rowwise=True, columnwise=True, swizzle=swizzle)
+        want = quantize_mxfp8_ref(rows.contiguous(), **kwargs)
+        assert_bit_exact(quantize_mxfp8(rows, config=WEIGHT_QUANTIZE_CONFIG, **kwargs), want)
+        assert_bit_exact(quantize_mxfp8_ref(rows, **kwargs), want)
+
+
+def test_only_readers_of_strided_rows_take_them():
+    """The validator refuses a view whose rows are further apart than K unless its caller reads
+    rows by their stride (the Triton kernel and the spec do; the CuTeDSL quantize and the public
+    dispatcher do not, so it is refused there, not misread); columns stay contiguous for all."""
+    from gmlp.quantize_args import validate_quantize_args
+
+    rows = torch.zeros(4, 64, dtype=torch.bfloat16)[:, :32]
+    common = dict(rowwise=True, columnwise=False, swizzle=False, split_sizes=None, element_format=ElementFormat.E4M3,
+                  scale_mode=ScaleMode.RCEIL)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        validate_quantize_args(rows, **common)
+    assert validate_quantize_args(rows, strided_rows=True, **common).num_cols == 32
+    with pytest.raises(ValueError, match="x must have contiguous rows"):
+        validate_quantize_args(torch.zeros(64, 32, dtype=torch.bfloat16).t(), strided_rows=True, **common)

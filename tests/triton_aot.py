@@ -11,7 +11,7 @@ import sys
 
 QUANTIZE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
                       "row_data_ptr": "*{fp8}", "row_scale_ptr": "*u8", "col_data_ptr": "*{fp8}", "col_scale_ptr": "*u8",
-                      "NUM_ROWS": "i32", "NUM_COLS": "i32", "NUM_COL_BLOCKS": "i32"}
+                      "NUM_ROWS": "i32", "NUM_COLS": "i32", "NUM_COL_BLOCKS": "i32", "X_ROW_STRIDE": "i32"}
 SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
                      "block_start_ptr": "*i32", "NUM_TOKENS": "i32", "NUM_COMPACT_ROWS": "i32", "NUM_COMPACT_COLS": "i32"}
 
@@ -54,7 +54,7 @@ def configs() -> dict[str, tuple]:
         for fp8, emax, reciprocal in (("fp8e4nv", 8, 1 / 448), ("fp8e5", 15, 1 / 57344)):
             signature = {k: v.format(fp8=fp8) for k, v in QUANTIZE_SIGNATURE.items()}
             constexprs = dict(RECIPROCAL_MAX=float(reciprocal), EMAX=emax, FLOOR_MODE=False, ROWWISE=True, COLUMNWISE=True,
-                              SWIZZLE=True, GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3,
+                              SWIZZLE=True, GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, STRIDED=False,
                               CHUNKS_PER_PROGRAM=config.chunks_per_program,
                               CHUNKS_FASTEST=config.chunks_fastest)
             out[f"quantize_{fp8}_sm{capability}"] = ("quantize", signature, constexprs, capability, config.num_warps)

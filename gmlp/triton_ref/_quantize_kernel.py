@@ -17,11 +17,11 @@ from gmlp.triton_ref._mxfp8_math import block_amax, e8m0_from_amax, quantize_mul
 
 
 @triton.jit
-def _load_chunk(x_slice, chunk, lanes, row_mask, end_chunk, NUM_COLS, MASKED: tl.constexpr):
+def _load_chunk(x_slice, chunk, lanes, row_mask, end_chunk, X_ROW_STRIDE, MASKED: tl.constexpr):
     """The (32, 32) block of chunk ``chunk`` as loaded (bf16 stays packed until used): zeros past
     the expert's rows, and no access at all from ``end_chunk`` on."""
     cols = chunk * 32 + lanes
-    offsets = lanes[:, None] * NUM_COLS + cols[None, :]
+    offsets = lanes[:, None] * X_ROW_STRIDE + cols[None, :]
     in_range = cols[None, :] < end_chunk * 32  # a vector compare, uniform over each 16-byte vector
     if MASKED:
         return tl.load(x_slice + offsets, mask=row_mask[:, None] & in_range, other=0.0)
@@ -89,16 +89,16 @@ def _walk(
     first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_slice,
     row_scale_lane_offsets, col_scale_lane_offsets, col_scale_group_base,
     row_scale_ptr, col_scale_ptr, col_scale_valid,
-    NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, col_tiles_of_group,
+    NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, col_tiles_of_group, X_ROW_STRIDE,
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, SWIZZLE: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Quantize chunks [first_chunk, last_chunk) of one slice, loading chunk c + 1 before
     quantizing chunk c (register double buffering): a one-warp program has little else to
     overlap with DRAM latency."""
-    x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, NUM_COLS, MASKED)
+    x = _load_chunk(x_slice, first_chunk, lanes, row_mask, last_chunk, X_ROW_STRIDE, MASKED)
     for chunk in tl.range(first_chunk, last_chunk):
-        x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, NUM_COLS, MASKED)
+        x_next = _load_chunk(x_slice, chunk + 1, lanes, row_mask, last_chunk, X_ROW_STRIDE, MASKED)
         _quantize_chunk(x, chunk, lanes, row_mask, row_data_slice, col_data_slice, row_scale_lane_offsets,
                         col_scale_lane_offsets, col_scale_group_base, row_scale_ptr, col_scale_ptr, col_scale_valid,
                         NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, col_tiles_of_group,
@@ -109,7 +109,7 @@ def _walk(
 @triton.jit
 def quantize_mxfp8_kernel(
     # input
-    x_ptr,  # (T, K) bf16 | fp32
+    x_ptr,  # (T, K) bf16 | fp32, rows contiguous (STRIDED: X_ROW_STRIDE apart, else K)
     row_start_ptr,  # (E+1,) int32 prefix sums of split sizes (GROUPED)
     tile_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/128) (GROUPED)
     block_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/32) (GROUPED)
@@ -122,6 +122,7 @@ def quantize_mxfp8_kernel(
     NUM_ROWS,  # T
     NUM_COLS,  # K
     NUM_COL_BLOCKS,  # n_blocks of the compact columnwise scales
+    X_ROW_STRIDE,  # elements from one row of x to the next (read with STRIDED only)
     # format
     RECIPROCAL_MAX: tl.constexpr,
     EMAX: tl.constexpr,
@@ -134,6 +135,7 @@ def quantize_mxfp8_kernel(
     GROUPED: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    STRIDED: tl.constexpr,  # x's rows are X_ROW_STRIDE apart (a view: W1's gate or up rows, gmlp.gate_up)
     # tiling
     CHUNKS_PER_PROGRAM: tl.constexpr,  # 32-column chunks each program walks over
     CHUNKS_FASTEST: tl.constexpr,  # grid (chunk groups, slices), else (slices, chunk groups)
@@ -153,7 +155,8 @@ def quantize_mxfp8_kernel(
     aligned_first_row = (first_row // 16) * 16
     local_block = (tile - group_tile_start) * 4 + slice_row // 32  # columnwise block within the expert
 
-    x_slice = x_ptr + first_row.to(tl.int64) * NUM_COLS
+    x_row_stride = X_ROW_STRIDE if STRIDED else NUM_COLS
+    x_slice = x_ptr + first_row.to(tl.int64) * x_row_stride
     row_data_slice = row_data_ptr + first_row.to(tl.int64) * NUM_COLS
     col_tiles = tl.cdiv(NUM_COLS, 128)  # 4-column tiles of the rowwise scales (K/32 columns)
     if SWIZZLE:
@@ -184,12 +187,12 @@ def quantize_mxfp8_kernel(
     if full_slice:
         _walk(first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_ptr + aligned_first_row,
               row_scale_lane_offsets, col_scale_lane_offsets, col_scale_group_base, row_scale_ptr, col_scale_ptr,
-              col_scale_valid, NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, group_tiles,
+              col_scale_valid, NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, group_tiles, x_row_stride,
               RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=False)
     else:
         _walk(first_chunk, last_chunk, lanes, row_mask, x_slice, row_data_slice, col_data_ptr + first_row,
               row_scale_lane_offsets, col_scale_lane_offsets, col_scale_group_base, row_scale_ptr, col_scale_ptr,
-              col_scale_valid, NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, group_tiles,
+              col_scale_valid, NUM_ROWS, NUM_COLS, NUM_COL_BLOCKS, group_tiles, x_row_stride,
               RECIPROCAL_MAX, EMAX, FLOOR_MODE, ROWWISE, COLUMNWISE, SWIZZLE, MASKED=True)
 
     if SWIZZLE:

@@ -69,14 +69,16 @@ def quantize_mxfp8(
     """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
 
     Split sizes stay on the device: offsets are prefix sums computed there, and every buffer is
-    sized from host-known bounds.
+    sized from host-known bounds. x may be a view whose rows are contiguous but further apart
+    than K (W1's gate or up rows in its interleaved layout, ``gmlp.gate_up``): read in place.
     """
     # validate
     problem = validate_quantize_args(
         x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
-        element_format=element_format, scale_mode=scale_mode,
+        element_format=element_format, scale_mode=scale_mode, strided_rows=True,
     )
     rows, cols = problem.num_rows, problem.num_cols
+    row_stride = x.stride(0) if rows > 1 else cols
     experts = problem.num_experts
     device = x.device
 
@@ -97,13 +99,13 @@ def quantize_mxfp8(
             x, row_start, tile_start, block_start,
             out.row_data if rowwise else placeholder, out.row_scales if rowwise else placeholder,
             out.col_data if columnwise else placeholder, out.col_scales if columnwise else placeholder,
-            rows, cols, num_col_blocks,
+            rows, cols, num_col_blocks, row_stride,
             RECIPROCAL_MAX=float(torch.tensor(1.0 / element_format.max_normal, dtype=torch.float32)),
             EMAX=element_format.emax,
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,
             GROUPED=split_sizes is not None, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts),
-            CHUNKS_PER_PROGRAM=config.chunks_per_program, CHUNKS_FASTEST=config.chunks_fastest,
+            STRIDED=row_stride != cols, CHUNKS_PER_PROGRAM=config.chunks_per_program, CHUNKS_FASTEST=config.chunks_fastest,
             num_warps=config.num_warps,
         )
     return out.result(problem, split_sizes, groups)
