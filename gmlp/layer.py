@@ -30,6 +30,7 @@ import torch
 
 from gmlp.activations import Activation
 from gmlp import scale_layout
+from gmlp.gate_up import GateUp
 from gmlp.groups import DeviceGroups, device_groups
 from gmlp.layer_ops import SITES, LayerPlan, implementation
 from gmlp.mlp_ref import MLPGrads
@@ -37,20 +38,17 @@ from gmlp.mxfp8 import ElementFormat
 from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
 from gmlp.recipe import MXFP8Recipe
 
-__all__ = ["WEIGHT_SITES", "OpRunner", "quantized_weight", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
+__all__ = ["OpRunner", "quantized_weight", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
            "grouped_mlp_backward"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
-
-
-WEIGHT_SITES = ("quantize w1", "quantize w2")
 
 
 class OpRunner:
     """Runs each site's op on the path its plan chose; ``check``, when given (the cross-check),
     sees every call and its output. ``reused_weights`` (site -> output) are quantized weights
     of an earlier forward, which ``quantized_weight`` returns instead of quantizing again; with
-    ``keep_weights`` the weight sites' outputs are kept in ``kept_weights`` for later forwards."""
+    ``keep_weights`` it keeps the weight sites' outputs in ``kept_weights`` for later forwards."""
 
     def __init__(self, plan: LayerPlan, check: CrossCheckHook | None = None,
                  reused_weights: dict[str, MXFP8Quantized] | None = None, keep_weights: bool = False):
@@ -61,15 +59,13 @@ class OpRunner:
     def __call__(self, site: str, *args, **kwargs):
         run = implementation(SITES[site], self.plan.path(site))
         if self.check is None:
-            result = run(*args, **kwargs)
-        else:
-            # an accumulating output (main_grad) is copied first, so that the check can run the
-            # other path from the same starting values
-            before = kwargs["out"].clone() if kwargs.get("out") is not None else None
-            result = run(*args, **kwargs)
-            self.check(site, result, args, kwargs, before)
-        if self.kept_weights is not None and site in WEIGHT_SITES:
-            self.kept_weights[site] = result
+            return run(*args, **kwargs)
+        # an accumulating output (main_grad; a pair of them for W1's gate and up) is copied
+        # first, so that the check can run the other path from the same starting values
+        out = kwargs.get("out")
+        before = None if out is None else tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+        result = run(*args, **kwargs)
+        self.check(site, result, args, kwargs, before)
         return result
 
 
@@ -81,7 +77,9 @@ class LayerSaved:
     c: torch.Tensor  # (T, 2F | F) bf16
     a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
     probs: torch.Tensor | None
-    w1_col: torch.Tensor | MXFP8Tensor  # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack
+    # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack; W1's gate and up stored
+    # apart (gmlp.gate_up): their GateUp views, or (Q_col(gate), Q_col(up)) of (E * F, H) stacks
+    w1_col: torch.Tensor | MXFP8Tensor | GateUp | tuple[MXFP8Tensor, MXFP8Tensor]
     w2_col: torch.Tensor | MXFP8Tensor  # (E, H, F) W2 (bf16), or Q_col(W2)
     split_sizes: torch.Tensor
     groups: DeviceGroups  # device prefix sums of split_sizes, computed once for every launcher
@@ -96,7 +94,9 @@ def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Te
     strides (every buffer is sized from host-known bounds): the state of a traced forward
     (``gmlp.ops``' fake implementation), with symbolic token counts where the tracer has them."""
     tokens = x.shape[0]  # the only size a tracer may hold symbolically; the others come from the weights
-    experts, fc1_outputs, hidden, ffn = w1.shape[0], w1.shape[1], w2.shape[1], w2.shape[2]
+    apart = isinstance(w1, GateUp)  # W1's gate and up stored apart
+    experts, hidden, ffn = w2.shape[0], w2.shape[1], w2.shape[2]
+    fc1_outputs = 2 * ffn if apart else w1.shape[1]
     unquantized = torch.bfloat16 if recipe is not None else x.dtype  # c always; a, dh without a recipe
     groups = DeviceGroups(*(split_sizes.new_empty(experts + 1, dtype=torch.int32) for _ in range(3)),
                           split_sizes.new_empty((), dtype=torch.bool))
@@ -112,17 +112,29 @@ def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Te
         x_col, a_col, w1_col, w2_col = x, x.new_empty(tokens, ffn, dtype=unquantized), w1, w2
     else:
         x_col, a_col = q_col(tokens, hidden, True), q_col(tokens, ffn, True)
-        w1_col, w2_col = q_col(experts * fc1_outputs, hidden, False), q_col(experts * hidden, ffn, False)
+        w1_col = ((q_col(experts * ffn, hidden, False), q_col(experts * ffn, hidden, False)) if apart
+                  else q_col(experts * fc1_outputs, hidden, False))
+        w2_col = q_col(experts * hidden, ffn, False)
     return LayerSaved(x_col=x_col, c=c, a_col=a_col, probs=probs, w1_col=w1_col, w2_col=w2_col,
                       split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
 
 
-def quantized_weight(run: OpRunner, site: str, stack: Callable[[], torch.Tensor], **quantize_args) -> MXFP8Quantized:
+def quantized_weight(run: OpRunner, site: str, stack: Callable[[], torch.Tensor | tuple], **quantize_args):
     """A weight site's quantization: the one an earlier forward kept (``run.reused_weights``,
-    GroupedMLP's ``weight_cache``), or ``run(site, stack(), **quantize_args)``. ``stack`` builds
-    the (E * N, K) weight stack only when it is quantized (the SM100 path interleaves W1 there)."""
+    GroupedMLP's ``weight_cache``), or ``run(site, stack(), **quantize_args)``, kept in
+    ``run.kept_weights`` when the runner keeps weights. ``stack`` builds the (E * N, K) weight
+    stack only when it is quantized (the SM100 path interleaves W1 there); a pair of stacks (W1's
+    gate and up stored apart) is quantized one by one, and the pair of results is the site's."""
     reused = getattr(run, "reused_weights", {}).get(site)  # a plain quantize function keeps none
-    return reused if reused is not None else run(site, stack(), **quantize_args)
+    if reused is not None:
+        return reused
+    stacks = stack()
+    result = (tuple(run(site, part, **quantize_args) for part in stacks) if isinstance(stacks, tuple)
+              else run(site, stacks, **quantize_args))
+    kept = getattr(run, "kept_weights", None)
+    if kept is not None:
+        kept[site] = result
+    return result
 
 
 def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups | None = None) -> torch.Tensor:
@@ -152,29 +164,41 @@ def _wgrad_operands(run: OpRunner, site: str, a: torch.Tensor | MXFP8Tensor, b: 
     return _bf16(run, a, groups), _bf16(run, b, groups)
 
 
-def _transposed_weight(run: OpRunner, w_col: torch.Tensor | MXFP8Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
-    """W_g^T per expert, a (E, K, N) transposed view of the (E, N, K) weight's values (from Q_col)."""
+def _transposed_weight(run: OpRunner, w_col, shape: tuple[int, int, int]) -> torch.Tensor | tuple:
+    """W_g^T per expert, a (E, K, N) transposed view of the (E, N, K) weight's values (from Q_col);
+    for W1's gate and up stored apart, the pair of their transposed views (side by side along K)."""
+    if isinstance(w_col, GateUp):
+        return w_col.gate.transpose(1, 2), w_col.up.transpose(1, 2)
+    if isinstance(w_col, tuple):
+        return tuple(_bf16(run, part).view(shape).transpose(1, 2) for part in w_col)
     return _bf16(run, w_col).view(shape).transpose(1, 2)
 
 
-def _forward_weight(run: OpRunner, site: str, w: torch.Tensor, recipe: MXFP8Recipe | None) -> tuple:
+def _forward_weight(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: MXFP8Recipe | None) -> tuple:
     """The (E, N, K) weight's forward operand and what the backward keeps of it: ``w`` twice, or
     the bf16 values of Q_row(W) and Q_col(W), quantized at ``site`` in one pass over the (E * N, K)
-    stack (or reused: ``quantized_weight``). Q_row(W) is not kept once dequantized."""
+    stack (or reused: ``quantized_weight``). Q_row(W) is not kept once dequantized. W1's gate and
+    up stored apart (a GateUp) are quantized apart, each as the (E * F, H) stack of its rows (a
+    view: the interleaved layout's rows are 2H apart); F is a multiple of 32, so Q_col's blocks
+    are the halves' blocks."""
     if recipe is None:
         return w, w
-    quantized = quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True,
-                                 swizzle=False, scale_mode=recipe.scale_mode)
+    args = dict(rowwise=True, columnwise=True, swizzle=False, scale_mode=recipe.scale_mode)
+    if isinstance(w, GateUp):
+        gate, up = quantized_weight(run, site, lambda: (w.gate.view(-1, w.shape[2]), w.up.view(-1, w.shape[2])), **args)
+        operand = GateUp(_bf16(run, gate.rowwise).view(w.shape), _bf16(run, up.rowwise).view(w.shape))
+        return operand, (gate.columnwise, up.columnwise)
+    quantized = quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), **args)
     return _bf16(run, quantized.rowwise).view(w.shape), quantized.columnwise
 
 
 def grouped_mlp_forward(
-    run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
-    b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
-    recipe: MXFP8Recipe | None,
+    run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None,
+    w1: torch.Tensor | GateUp, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+    activation: Activation, recipe: MXFP8Recipe | None,
 ) -> tuple[torch.Tensor, LayerSaved]:
     """y (T, H) bf16 and the saved state; the arguments of ``gmlp.mlp_ref.grouped_mlp_forward_ref``
-    after the runner."""
+    after the runner (W1 may be its gate and up views, a ``GateUp``)."""
     ffn = w2.shape[2]
     groups = device_groups(split_sizes, x.shape[0])
     if recipe is None:
@@ -229,7 +253,9 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     dw2 = run("fc2 wgrad", *_wgrad_operands(run, "fc2 wgrad", dy_col, saved.a_col, groups), split_sizes,
               out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
     del dy_col
+    # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
+    apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1_col, (GateUp, tuple)) else {}
     dw1 = run("fc1 wgrad", *_wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups), split_sizes,
-              out=dw1_out, out_dtype=weight_grad_dtype, groups=groups)
+              out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)

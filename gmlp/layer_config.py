@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.activations import Activation, ActivationKind
+from gmlp.gate_up import GateUpLayout
 from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import QuantizeProblem
@@ -43,24 +44,25 @@ class LayerConfig:
     strict: bool | None
     weight_cache: str | None  # None, "update" or "reuse" (GroupedMLP.forward)
     accumulate_main_grad: bool
+    gate_up: GateUpLayout = GateUpLayout.HALVES  # how a gated W1's gate and up are stored (gmlp.gate_up)
 
     def encode(self) -> str:
         """The config as a string (a custom op's argument); ``decode_config`` reverses it."""
         act = self.activation
         recipe = None if self.recipe is None else [self.recipe.scale_mode.value, self.recipe.grad_format.value]
         return json.dumps([act.kind.value, act.limit, act.alpha, act.offset, recipe, self.bias, self.strict,
-                           self.weight_cache, self.accumulate_main_grad])
+                           self.weight_cache, self.accumulate_main_grad, self.gate_up.value])
 
 
 @functools.lru_cache(maxsize=256)
 def decode_config(text: str) -> LayerConfig:
     """The ``LayerConfig`` that ``encode`` gave ``text`` (cached: a module sends the same few)."""
-    kind, limit, alpha, offset, recipe, bias, strict, weight_cache, accumulate = json.loads(text)
+    kind, limit, alpha, offset, recipe, bias, strict, weight_cache, accumulate, gate_up = json.loads(text)
     activation = Activation(ActivationKind(kind), limit, alpha, offset)
     recipe = None if recipe is None else MXFP8Recipe(ScaleMode(recipe[0]), ElementFormat(recipe[1]))
     if weight_cache not in WEIGHT_CACHE_MODES:
         raise ValueError(f"weight_cache must be one of {WEIGHT_CACHE_MODES}, got {weight_cache!r}")
-    return LayerConfig(activation, recipe, bias, strict, weight_cache, accumulate)
+    return LayerConfig(activation, recipe, bias, strict, weight_cache, accumulate, GateUpLayout(gate_up))
 
 
 def token_class(tokens: int) -> int:
@@ -75,18 +77,20 @@ def layer_problem(config: LayerConfig, tokens: int, experts: int, hidden: int, f
     e5m2_grads = recipe is not None and recipe.grad_format is ElementFormat.E5M2
     floor_scales = recipe is not None and recipe.scale_mode is ScaleMode.FLOOR
     fc1_outputs = (2 if config.activation.gated else 1) * ffn
-    shapes = (tokens, experts, hidden, ffn, fc1_outputs, param_dtype, x_dtype, device)
+    gate_up = config.gate_up if config.activation.gated else GateUpLayout.HALVES  # srelu: W1 is one matrix
+    shapes = (tokens, experts, hidden, ffn, fc1_outputs, param_dtype, x_dtype, device, gate_up)
     return LayerProblem(param_dtype, recipe is not None, config.bias, config.activation.name, e5m2_grads,
                         _quantize_problems(recipe, *shapes, sm100=False), experts, hidden, ffn, floor_scales,
-                        _quantize_problems(recipe, *shapes, sm100=True), tokens)
+                        _quantize_problems(recipe, *shapes, sm100=True), tokens, gate_up)
 
 
 def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hidden: int, ffn: int,
-                       fc1_outputs: int, param_dtype: torch.dtype, x_dtype: torch.dtype, device: torch.device, *,
-                       sm100: bool) -> dict[str, QuantizeProblem]:
+                       fc1_outputs: int, param_dtype: torch.dtype, x_dtype: torch.dtype, device: torch.device,
+                       gate_up: GateUpLayout, *, sm100: bool) -> dict[str, QuantizeProblem]:
     """The layer's quantize calls: as ``gmlp.layer`` makes them, or with ``sm100`` as the SM100
     composition does (token rows padded, every expert starting at a multiple of 256 rows,
-    grouped by the padded sizes and the slack; weight stacks grouped by expert; swizzled scales)."""
+    grouped by the padded sizes and the slack; weight stacks grouped by expert; swizzled scales).
+    W1's gate and up stored apart are quantized apart, each an (E * F, H) call (its size here)."""
     if recipe is None:
         return {}
     if sm100:
@@ -103,7 +107,8 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
     weight_groups = experts if sm100 else None
     return {
         "quantize x": problem(tokens, hidden, token_groups, x_dtype, ElementFormat.E4M3),
-        "quantize w1": problem(experts * fc1_outputs, hidden, weight_groups, param_dtype, ElementFormat.E4M3),
+        "quantize w1": problem(experts * (fc1_outputs if gate_up is GateUpLayout.HALVES else ffn), hidden, weight_groups,
+                               param_dtype, ElementFormat.E4M3),
         "quantize w2": problem(experts * hidden, ffn, weight_groups, param_dtype, ElementFormat.E4M3),
         "quantize dy": problem(tokens, hidden, token_groups, x_dtype, recipe.grad_format),
     }

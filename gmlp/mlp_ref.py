@@ -62,7 +62,9 @@ class MLPGrads:
 
     dx: torch.Tensor  # (T, H) bf16
     dprobs: torch.Tensor | None  # (T,) fp32
-    dw1: torch.Tensor  # (E, 2F | F, H), fp32 sums stored as the backward's weight_grad_dtype
+    # (E, 2F | F, H), fp32 sums stored as the backward's weight_grad_dtype; W1's gate and up stored
+    # apart (gmlp.gate_up): the pair of their (E, F, H) gradients
+    dw1: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
     db1: torch.Tensor | None  # (E, 2F | F) fp32
     dw2: torch.Tensor  # (E, H, F), as dw1
     db2: torch.Tensor | None  # (E, H) fp32

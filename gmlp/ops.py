@@ -29,6 +29,7 @@ from torch import Tensor
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from gmlp.debug import active_settings as active_cross_check
 from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
+from gmlp.gate_up import GateUp, GateUpLayout, gate_up_views
 from gmlp.groups import should_check_split_values
 from gmlp.layer import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.layer_config import LayerConfig, cached_plan, decode_config
@@ -94,10 +95,24 @@ def _plan(config: LayerConfig, x: Tensor, split_sizes: Tensor, w1: Tensor, w2: T
 
 
 _KEPT_KEY = "kept weights"
+_INPUTS = 8  # x, split_sizes, probs, w1, w3, b1, w2, b2 (then the reused weights)
 
 
-def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b1: Tensor | None, w2: Tensor,
-                  b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
+def _w1_operand(layer: LayerConfig, w1: Tensor, w3: Tensor | None) -> Tensor | GateUp:
+    """W1 as the layer reads it: the (E, 2F | F, H) tensor, or the gate and up views of the
+    config's layout (``gmlp.gate_up``; w3 holds the up weights of the SEPARATE layout)."""
+    if layer.gate_up is GateUpLayout.HALVES:
+        if w3 is not None:
+            raise ValueError("w3 (the up weights) is given with GateUpLayout.SEPARATE only, and the layer's layout is "
+                             "HALVES")
+        return w1
+    if not layer.activation.gated:
+        raise ValueError(f"W1's gate/up layout {layer.gate_up.name} needs a gated activation, got {layer.activation.name}")
+    return gate_up_views(layer.gate_up, w1, w3)
+
+
+def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, w3: Tensor | None,
+                  b1: Tensor | None, w2: Tensor, b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
     """[y, *the forward's state] (``gmlp.layer`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
@@ -105,21 +120,22 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
     forward = sm100_forward if plan.sm100 else grouped_mlp_forward
-    y, saved = forward(run, x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
-    state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, b1, w2, b2, *reused])
+    y, saved = forward(run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation,
+                       layer.recipe)
+    state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, w3, b1, w2, b2, *reused])
     _remember_spec(_structure_key(config, plan.sm100, probs), spec)
     return [y.to(x.dtype), *state]
 
 
 @torch.library.custom_op("gmlp::grouped_mlp_forward", mutates_args=())
-def _forward(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b1: Tensor | None, w2: Tensor,
-             b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
+def _forward(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, w3: Tensor | None, b1: Tensor | None,
+             w2: Tensor, b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
     """``_forward_impl`` as an op that torch.compile sees as one opaque call."""
-    return _forward_impl(x, split_sizes, probs, w1, b1, w2, b2, reused, config)
+    return _forward_impl(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config)
 
 
 @_forward.register_fake
-def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
+def _forward_fake(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config):
     layer = decode_config(config)
     if layer.weight_cache is not None:
         raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the module, "
@@ -132,8 +148,9 @@ def _forward_fake(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
         y, saved = sm100_forward(allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
                                  layer.recipe, launch=_no_launch)
     else:
-        saved = fake_layer_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.activation, layer.recipe)
-    state, spec = flatten((saved, None), [x, split_sizes, probs, w1, b1, w2, b2], traced=True)
+        saved = fake_layer_saved(x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation,
+                                 layer.recipe)
+    state, spec = flatten((saved, None), [x, split_sizes, probs, w1, w3, b1, w2, b2], traced=True)
     _remember_spec(_structure_key(config, plan.sm100, probs), spec)
     return [x.new_empty(x.shape), *state]
 
@@ -153,28 +170,44 @@ def _no_launch(site: str, call) -> None:
 def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], config: str,
                main_grads: tuple[Tensor | None, ...] | None, settings: CrossCheckSettings | None) -> list[Tensor]:
     """The gradients, from dy, the forward's inputs and its state: [dx, dprobs if probs, then
-    dw1, db1, dw2, db2 for the parameters there are], or, given ``main_grads`` (the fp32
-    ``main_grad`` of w1, b1, w2, b2; None for a missing bias), [dx, dprobs if probs] with the
+    dw1, dw3, db1, dw2, db2 for the parameters there are], or, given ``main_grads`` (the fp32
+    ``main_grad`` of w1, w3, b1, w2, b2; None for a missing one), [dx, dprobs if probs] with the
     parameters' gradients added into those. ``settings``: the cross-check's, or None."""
     layer = decode_config(config)
-    x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
+    x, split_sizes, probs, w1, w3, b1, w2, b2 = inputs[:_INPUTS]
     plan = _plan(layer, x, split_sizes, w1, w2)
     saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, probs)), state, inputs)
     run = _runner(layer, plan, split_sizes, None, settings)
     weight_dtype = torch.float32 if main_grads is not None else w1.dtype
-    into = (main_grads[0], main_grads[2]) if main_grads is not None else None  # the backward adds into these
+    into = None  # what the backward adds into: W1's (a pair for gate and up as two tensors) and W2's
+    if main_grads is not None:
+        separate = layer.gate_up is GateUpLayout.SEPARATE
+        into = ((main_grads[0], main_grads[1]) if separate else main_grads[0], main_grads[3])
+        if layer.gate_up is GateUpLayout.INTERLEAVED:  # rows 2H apart: summed apart, then added (below)
+            into = (None, main_grads[3])
     backward = sm100_backward if plan.sm100 else grouped_mlp_backward
     grads = backward(run, dy.contiguous(), saved, layer.activation, layer.recipe, weight_dtype, into)
     out = [grads.dx.to(x.dtype)]
     if probs is not None:
         out.append(grads.dprobs.to(probs.dtype))
-    params = ((w1, grads.dw1), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2))
+    dw1, dw3 = _w1_grads(layer.gate_up, grads.dw1)
+    params = ((w1, dw1), (w3, dw3), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2))
     if main_grads is None:
         return out + [grad.to(param.dtype) for param, grad in params if param is not None]
     for main_grad, (param, grad) in zip(main_grads, params):
         if param is not None and grad is not main_grad:  # not already added by the backward itself
             main_grad.add_(grad)  # fp32 accumulation
     return out
+
+
+def _w1_grads(layout: GateUpLayout, dw1: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """The gradients of w1 and w3 from the backward's dW1 (its gate and up apart unless HALVES):
+    the interleaved layout's one (E, F, 2, H) gradient is their stack, a copy."""
+    if layout is GateUpLayout.HALVES:
+        return dw1, None
+    if layout is GateUpLayout.SEPARATE:
+        return dw1
+    return torch.stack(dw1, dim=2), None
 
 
 @torch.library.custom_op("gmlp::grouped_mlp_backward", mutates_args=())
@@ -186,32 +219,32 @@ def _backward(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], conf
 
 @_backward.register_fake
 def _backward_fake(dy, inputs, state, config):
-    return [torch.empty_like(t) for t in inputs[:7] if t is not None and t.dtype.is_floating_point]
+    return [torch.empty_like(t) for t in inputs[:_INPUTS] if t is not None and t.dtype.is_floating_point]
 
 
 def _setup_context(ctx, inputs, output) -> None:
     """What the backward needs: the inputs and the forward's state (``save_for_backward``)."""
-    x, split_sizes, probs, w1, b1, w2, b2, reused, config = inputs
+    x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config = inputs
     ctx.config = config
-    ctx.num_inputs = 7 + len(reused)
-    ctx.save_for_backward(x, split_sizes, probs, w1, b1, w2, b2, *reused, *output[1:])
+    ctx.num_inputs = _INPUTS + len(reused)
+    ctx.save_for_backward(x, split_sizes, probs, w1, w3, b1, w2, b2, *reused, *output[1:])
     # only y has a gradient: no zeros are made for the state's outputs
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
     # eager only (GroupedMLP refuses it under torch.compile, which this check does not trace):
     # the backward adds into these
     accumulate = not torch.compiler.is_compiling() and decode_config(config).accumulate_main_grad
-    ctx.main_grads = tuple(None if p is None else p.main_grad for p in (w1, b1, w2, b2)) if accumulate else None
+    ctx.main_grads = tuple(None if p is None else p.main_grad for p in (w1, w3, b1, w2, b2)) if accumulate else None
     # the forward's cross-check settings apply to its backward (which may run in another thread)
     ctx.cross_check = None if torch.compiler.is_compiling() else active_cross_check()
 
 
 def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
-    """(dx, dprobs, dw1, db1, dw2, db2) for autograd (None where there is none); ``traced``: call
-    the backward op (a tracer's tensors have no data for the kernels)."""
+    """(dx, dprobs, dw1, dw3, db1, dw2, db2) for autograd (None where there is none); ``traced``:
+    call the backward op (a tracer's tensors have no data for the kernels)."""
     saved = ctx.saved_tensors
     inputs, state = list(saved[:ctx.num_inputs]), list(saved[ctx.num_inputs:])
-    x, split_sizes, probs, w1, b1, w2, b2 = inputs[:7]
+    x, split_sizes, probs, w1, w3, b1, w2, b2 = inputs[:_INPUTS]
     main_grads = ctx.main_grads
     if dy is None:  # an undefined gradient of y (not materialized; gradcheck sends one)
         dy = torch.zeros_like(x)
@@ -226,7 +259,7 @@ def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
     dx = next(computed)
     dprobs = next(computed) if probs is not None else None
     # autograd gets no gradient for parameters whose main_grad the backward added into
-    weight_grads = [next(computed) if p is not None and main_grads is None else None for p in (w1, b1, w2, b2)]
+    weight_grads = [next(computed) if p is not None and main_grads is None else None for p in (w1, w3, b1, w2, b2)]
     return dx, dprobs, *weight_grads
 
 
@@ -236,16 +269,16 @@ class _GroupedMLPFunction(torch.autograd.Function):
     same functions, without the custom-op dispatcher's host time: about 0.2 ms per call)."""
 
     @staticmethod
-    def forward(x, split_sizes, probs, w1, b1, w2, b2, reused, config):
+    def forward(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config):
         run = _forward if torch.compiler.is_compiling() else _forward_impl
-        return tuple(run(x, split_sizes, probs, w1, b1, w2, b2, reused, config))
+        return tuple(run(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config))
 
     setup_context = staticmethod(_setup_context)
 
     @staticmethod
     def backward(ctx, *grads):
-        dx, dprobs, dw1, db1, dw2, db2 = _input_grads(ctx, grads[0], torch.compiler.is_compiling())
-        return dx, None, dprobs, dw1, db1, dw2, db2, None, None
+        dx, dprobs, dw1, dw3, db1, dw2, db2 = _input_grads(ctx, grads[0], torch.compiler.is_compiling())
+        return dx, None, dprobs, dw1, dw3, db1, dw2, db2, None, None
 
     @staticmethod
     def vmap(info, in_dims, *args):
@@ -255,28 +288,32 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
 def _op_backward(ctx, grads):
     """The forward op's own autograd (for callers of torch.ops.gmlp.grouped_mlp_forward)."""
-    dx, dprobs, dw1, db1, dw2, db2 = _input_grads(ctx, grads[0], traced=True)
-    return dx, None, dprobs, dw1, db1, dw2, db2, [None] * (ctx.num_inputs - 7), None
+    dx, dprobs, dw1, dw3, db1, dw2, db2 = _input_grads(ctx, grads[0], traced=True)
+    return dx, None, dprobs, dw1, dw3, db1, dw2, db2, [None] * (ctx.num_inputs - _INPUTS), None
 
 
 torch.library.register_autograd("gmlp::grouped_mlp_forward", _op_backward, setup_context=_setup_context)
 
 
 def grouped_mlp(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b1: Tensor | None, w2: Tensor,
-                b2: Tensor | None, config: LayerConfig | str, reused: list[Tensor] | None = None) -> list[Tensor]:
-    """[y, *state] of the forward op (``GroupedMLP.forward`` checks the arguments first)."""
+                b2: Tensor | None, config: LayerConfig | str, reused: list[Tensor] | None = None,
+                w3: Tensor | None = None) -> list[Tensor]:
+    """[y, *state] of the forward op (``GroupedMLP.forward`` checks the arguments first). W1 is
+    stored as the config's ``gate_up`` layout says (``gmlp.gate_up``; ``w3``: the up weights of
+    the SEPARATE layout, w1 then the gate's)."""
     text = config if isinstance(config, str) else config.encode()
-    return list(_GroupedMLPFunction.apply(x, split_sizes, probs, w1, b1, w2, b2, reused or [], text))
+    return list(_GroupedMLPFunction.apply(x, split_sizes, probs, w1, w3, b1, w2, b2, reused or [], text))
 
 
 def kept_weights(outputs: list[Tensor], config: str, x: Tensor, split_sizes: Tensor, probs: Tensor | None,
-                 w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[list[Tensor], dict]:
+                 w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None,
+                 w3: Tensor | None = None) -> tuple[list[Tensor], dict]:
     """The quantized weights a forward with ``weight_cache="update"`` kept, from its outputs:
     (their tensors, to pass as ``reused`` to later forwards, and the site -> quantized dict)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
     key = _structure_key(config, plan.sm100, probs)
-    _, kept = unflatten(_spec(key), outputs[1:], [x, split_sizes, probs, w1, b1, w2, b2])
+    _, kept = unflatten(_spec(key), outputs[1:], [x, split_sizes, probs, w1, w3, b1, w2, b2])
     tensors, spec = flatten(kept, [])
     _remember_spec((_KEPT_KEY, plan.sm100, layer.recipe), spec)
     return tensors, kept

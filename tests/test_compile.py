@@ -183,7 +183,7 @@ OPCHECK_UTILS = {
 def _opcheck_args(recipe):
     mlp = _module(recipe)
     x, split_sizes, probs, _ = _inputs(ROUTINGS[0])
-    return (x, split_sizes, probs, mlp.w1, None, mlp.w2, None, [], mlp._encoded_config(None))
+    return (x, split_sizes, probs, mlp.w1, None, None, mlp.w2, None, [], mlp._encoded_config(None))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)

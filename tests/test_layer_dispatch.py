@@ -22,9 +22,11 @@ from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp import dispatch
 from gmlp.activations import activation_from
+from gmlp.gate_up import GateUpLayout
+from gmlp.layer_config import layer_problem
 from gmlp.cutedsl.sm90 import support as sm90_support
 from gmlp.dispatch import FallbackError, FallbackWarning, Path
-from gmlp.layer_ops import LayerProblem, plan_layer
+from gmlp.layer_ops import LayerProblem, plan_layer, sm100_reason
 from gmlp.reasons import ReasonKind
 from tests.backends import kernel_device
 
@@ -409,3 +411,29 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     # the kept weights (W1 quantized gate/up interleaved) serve the next micro-batch unchanged
     monkeypatch.setattr(layer, "interleave_gate_up", None)  # not called again
     assert torch.equal(mlp(x, torch.tensor([30, 10]), weight_cache="reuse"), y)
+
+
+@pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
+def test_w1_stored_apart_keeps_its_sites_off_the_cutedsl_gemms(monkeypatch, layout):
+    """W1's gate and up stored apart (``gmlp.gate_up``): on SM90 the three sites that read or write
+    W1 take Triton with a shape reason, the others keep their SM90 kernels; the interleaved rows
+    (2H apart) keep quantize w1 off the CuTeDSL quantize; SM100 refuses the composition."""
+    _with_cutedsl()
+    mlp = gmlp.GroupedMLP(4, 128, 128, recipe=gmlp.MXFP8Recipe())
+    config = dataclasses.replace(mlp._config(None, None), gate_up=layout)
+    problem = layer_problem(config, 96, 4, 128, 128, torch.bfloat16, torch.bfloat16, torch.device("cpu"))
+    assert problem.gate_up is layout
+    plan = plan_layer(problem, _gpu(monkeypatch, (9, 0)), strict=None)
+    for site in GEMM_SITES:
+        if site in ("fc1", "fc1 dgrad", "fc1 wgrad"):
+            reason = dict(plan.decisions[site].skipped)[Path.CUTEDSL]
+            assert plan.path(site) is Path.TRITON and reason.kind is ReasonKind.SHAPE, site
+            assert "W1's gate and up stored" in str(reason) and str(reason) in plan.explain()
+        else:
+            assert plan.path(site) is Path.CUTEDSL, site
+    quantize_w1 = plan.decisions["quantize w1"]
+    assert quantize_w1.path is (Path.TRITON if layout is GateUpLayout.INTERLEAVED else Path.CUTEDSL)
+    if layout is GateUpLayout.INTERLEAVED:
+        assert "2H apart" in str(dict(quantize_w1.skipped)[Path.CUTEDSL])
+    assert problem.quantize_problems["quantize w1"].num_rows == 4 * 128  # gate and up quantized apart: E * F rows
+    assert "interleaves W1's (E, 2F, H) halves" in str(sm100_reason(problem))

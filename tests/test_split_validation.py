@@ -53,7 +53,7 @@ def test_bad_split_sizes_raise_from_the_op_and_under_compile(recipe, bad):
     mlp, x = _module_and_input(recipe)
     mlp(x, torch.tensor([10, 0, 14]))  # good sizes: fine
     with pytest.raises(ValueError, match=message):
-        torch.ops.gmlp.grouped_mlp_forward(x, torch.tensor(sizes), None, mlp.w1, None, mlp.w2, None, [],
+        torch.ops.gmlp.grouped_mlp_forward(x, torch.tensor(sizes), None, mlp.w1, None, None, mlp.w2, None, [],
                                            mlp._encoded_config(None))
     torch._dynamo.reset()
     try:

@@ -11,6 +11,7 @@ import torch
 
 from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
 from gmlp.dispatch import Path
+from gmlp.gate_up import GateUp
 from gmlp.groups import device_groups
 from gmlp.layer_ops import SITES, LayerPlan, Op, implementation, operand_values
 from gmlp.mlp_ref import grouped_gemm_ref, grouped_wgrad_ref
@@ -65,18 +66,33 @@ def _compare(site: str, got, want, args: tuple, kwargs: dict, tolerance) -> Comp
     elif op is Op.GROUPED_GEMM:
         a, b, split_sizes = args[:3]
         a = operand_values(a)  # a decoding kernel's MXFP8 A
-        abs_products = grouped_gemm_ref(a.abs(), b.abs(), split_sizes, out_dtype=torch.float32)
+        abs_products = grouped_gemm_ref(a.abs(), _abs(b), split_sizes, out_dtype=torch.float32)
         within_bound(comparison, "out", got, want, gemm_delta(abs_products, a.shape[1] + 2), tolerance)
     elif op is Op.WGRAD:
         a, b, split_sizes = args[:3]
         a, b = operand_values(a), operand_values(b)  # a decoding kernel's MXFP8 operands
-        abs_products = grouped_wgrad_ref(a.abs(), b.abs(), split_sizes)
-        within_bound(comparison, "out", got, want, gemm_delta(abs_products, a.shape[0] + 2), tolerance)
+        split_rows = kwargs.get("split_rows")  # W1's gate and up rows as two gradients
+        abs_products = grouped_wgrad_ref(a.abs(), b.abs(), split_sizes, split_rows=split_rows)
+        if split_rows is None:
+            within_bound(comparison, "out", got, want, gemm_delta(abs_products, a.shape[0] + 2), tolerance)
+        else:
+            for name, mine, ref, bound in zip(("gate", "up"), got, want, abs_products):
+                within_bound(comparison, name, mine, ref, gemm_delta(bound, a.shape[0] + 2), tolerance)
     elif op is Op.FC1:
         _compare_fc1(comparison, got, want, args, kwargs, tolerance)
     else:
         _compare_fc2_dgrad(comparison, got, want, args, kwargs, tolerance)
     return comparison
+
+
+def _abs(operand):
+    """|B| of a GEMM's weight operand: a tensor, W1's gate and up views (a ``GateUp``), or a pair
+    of operands side by side along K."""
+    if isinstance(operand, GateUp):
+        return GateUp(operand.gate.abs(), operand.up.abs())
+    if isinstance(operand, tuple):
+        return tuple(part.abs() for part in operand)
+    return operand.abs()
 
 
 def _probs_factor(kwargs: dict, rows: int, device) -> torch.Tensor:
@@ -88,7 +104,7 @@ def _compare_fc1(comparison: Comparison, got, want, args, kwargs, tolerance) -> 
     x, w1, split_sizes = args[:3]
     x = operand_values(x)  # a decoding kernel's MXFP8 x
     activation = kwargs["activation"]
-    delta_h = gemm_delta(grouped_gemm_ref(x.abs(), w1.abs(), split_sizes, out_dtype=torch.float32), x.shape[1] + 2)
+    delta_h = gemm_delta(grouped_gemm_ref(x.abs(), _abs(w1), split_sizes, out_dtype=torch.float32), x.shape[1] + 2)
     within_bound(comparison, "c", got.c, want.c, delta_h, tolerance)
     if activation.gated:
         delta_gate, delta_up = delta_h.chunk(2, dim=1)
