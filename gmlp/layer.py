@@ -174,6 +174,14 @@ def _transposed_weight(run: OpRunner, w_col, shape: tuple[int, int, int]) -> tor
     return _bf16(run, w_col).view(shape).transpose(1, 2)
 
 
+def _stacked_rows(view: torch.Tensor, name: str) -> torch.Tensor:
+    """The (E * F, H) rows of W1's gate or up view as one strided matrix (a view: no copy)."""
+    if view.shape[0] > 1 and view.stride(0) != view.shape[1] * view.stride(1):
+        raise ValueError(f"W1's {name} weights must be evenly spaced rows (expert stride F x row stride) to be quantized "
+                         f"in place, got shape {tuple(view.shape)} and strides {view.stride()}")
+    return view.reshape(-1, view.shape[2])
+
+
 def _forward_weight(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: MXFP8Recipe | None) -> tuple:
     """The (E, N, K) weight's forward operand and what the backward keeps of it: ``w`` twice, or
     the bf16 values of Q_row(W) and Q_col(W), quantized at ``site`` in one pass over the (E * N, K)
@@ -185,7 +193,7 @@ def _forward_weight(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: 
         return w, w
     args = dict(rowwise=True, columnwise=True, swizzle=False, scale_mode=recipe.scale_mode)
     if isinstance(w, GateUp):
-        gate, up = quantized_weight(run, site, lambda: (w.gate.view(-1, w.shape[2]), w.up.view(-1, w.shape[2])), **args)
+        gate, up = quantized_weight(run, site, lambda: (_stacked_rows(w.gate, "gate"), _stacked_rows(w.up, "up")), **args)
         operand = GateUp(_bf16(run, gate.rowwise).view(w.shape), _bf16(run, up.rowwise).view(w.shape))
         return operand, (gate.columnwise, up.columnwise)
     quantized = quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), **args)

@@ -82,3 +82,38 @@ def test_a_layout_the_weights_do_not_fit_is_refused():
         ops.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, separate)
     with pytest.raises(ValueError, match="w3 .*SEPARATE only, and the layer's layout is HALVES"):
         ops.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, mlp._config(None, None), w3=mlp.w1)
+
+
+@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+def test_separate_gate_and_up_compile_without_graph_breaks(monkeypatch, recipe):
+    """The ops' fake implementations know the layouts' saved state: torch.compile(fullgraph=True)
+    of a step with two (E, F, H) weights gives eager's outputs and gradients."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    torch.manual_seed(2)
+    mlp = gmlp.GroupedMLP(E, H, F, recipe=recipe)
+    config = dataclasses.replace(mlp._config(None, None), gate_up=GateUpLayout.SEPARATE).encode()
+    x, split_sizes = torch.randn(sum(SPLITS), H).bfloat16(), torch.tensor(SPLITS)
+
+    def step(gate, up, w2):
+        return ops.grouped_mlp(x, split_sizes, None, gate, None, w2, None, config, w3=up)[0].float().square().sum()
+
+    results = []
+    for run in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        leaves = [t.detach().clone().requires_grad_() for t in (*mlp.w1.chunk(2, dim=1), mlp.w2)]
+        loss = run(*leaves)
+        loss.backward()
+        results.append([loss, *(t.grad for t in leaves)])
+    torch._dynamo.reset()
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
+def test_unevenly_spaced_gate_rows_are_refused_by_the_quantize():
+    """MXFP8 quantizes gate and up in place as (E * F, H) matrices: views whose experts are not
+    F rows apart (the halves of another tensor passed as SEPARATE) are refused, not copied."""
+    mlp = gmlp.GroupedMLP(E, H, F)
+    config = dataclasses.replace(mlp._config(None, None), gate_up=GateUpLayout.SEPARATE)
+    x, split_sizes = torch.zeros(sum(SPLITS), H).bfloat16(), torch.tensor(SPLITS)
+    gate, up = mlp.w1.detach().chunk(2, dim=1)
+    with pytest.raises(ValueError, match=r"W1's gate weights must be evenly spaced rows"):
+        ops.grouped_mlp(x, split_sizes, None, gate, None, mlp.w2, None, config, w3=up)
