@@ -99,3 +99,15 @@ SPLIT_CASES = {
 # 20 m-tiles of 128 rows with an empty expert: past one band (8 m-tiles) of the SM90 kernels' tile
 # schedule (gmlp.cutedsl.sm90._schedule.GROUP_M), with a partial last band
 BANDED_SPLITS = [700, 0, 129, 1, 300, 64, 256, 600]
+
+
+def stored_gate_up(layout, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """W1's (E, F, H) gate and up stored as ``layout`` (a ``gmlp.gate_up.GateUpLayout``) says: the
+    tensors ``gate_up_views`` takes (one, or gate and up for SEPARATE), new copies of the values."""
+    from gmlp.gate_up import GateUpLayout
+
+    if layout is GateUpLayout.HALVES:
+        return (torch.cat([gate, up], 1),)
+    if layout is GateUpLayout.INTERLEAVED:
+        return (torch.stack([gate, up], 2),)
+    return gate.clone(), up.clone()

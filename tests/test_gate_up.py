@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gmlp.gate_up import GateUp, GateUpLayout, gate_up_views
+from tests.cases import stored_gate_up
 
 E, F, H = 3, 4, 8
 
@@ -18,8 +19,7 @@ def _values():
 @pytest.mark.parametrize("layout", list(GateUpLayout), ids=lambda layout: layout.value)
 def test_views_hold_the_gate_and_up_values_in_place(layout):
     gate, up = _values()
-    stored = {GateUpLayout.HALVES: (torch.cat([gate, up], 1),), GateUpLayout.INTERLEAVED: (torch.stack([gate, up], 2),),
-              GateUpLayout.SEPARATE: (gate, up)}[layout]
+    stored = stored_gate_up(layout, gate, up)
     views = gate_up_views(layout, *stored)
     assert torch.equal(views.gate, gate) and torch.equal(views.up, up) and views.shape == (E, F, H)
     gate_before = gate.clone()

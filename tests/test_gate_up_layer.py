@@ -15,6 +15,7 @@ import gmlp
 from gmlp import ops
 from gmlp.debug import cross_check
 from gmlp.gate_up import GateUpLayout
+from tests.cases import stored_gate_up
 
 SPLITS = [37, 0, 59]
 E, H, F = len(SPLITS), 64, 96
@@ -23,8 +24,7 @@ E, H, F = len(SPLITS), 64, 96
 def _step(mlp: gmlp.GroupedMLP, layout: GateUpLayout, x, split_sizes, probs, dy, main_grad: bool = False):
     """y and the gradients (dx, dprobs, dgate, dup, dw2) of one step with W1 stored as ``layout``."""
     gate, up = (t.detach().clone() for t in mlp.w1.chunk(2, dim=1))
-    stored = {GateUpLayout.HALVES: [torch.cat([gate, up], 1)], GateUpLayout.INTERLEAVED: [torch.stack([gate, up], 2)],
-              GateUpLayout.SEPARATE: [gate, up]}[layout]
+    stored = stored_gate_up(layout, gate, up)
     w2 = mlp.w2.detach().clone()
     leaves = [t.requires_grad_() for t in (x.clone(), probs.clone(), *stored, w2)]
     if main_grad:

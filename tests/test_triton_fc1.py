@@ -21,6 +21,7 @@ from gmlp.mlp_ref import fc1_forward_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
 from tests.backends import SMALL_GEMM, assert_outputs_bitwise_equal, kernel_device, triton_op
+from tests.cases import stored_gate_up
 from tests.tolerances import within_steps
 
 
@@ -86,8 +87,7 @@ def test_fc1_reads_every_gate_up_layout_in_place(fc1_forward, layout, recipe):
     split_sizes = torch.tensor(splits, device=device)
     x = torch.randn(tokens, hidden, device=device).bfloat16()
     gate, up = ((torch.randn(experts, ffn, hidden, device=device) / 8).bfloat16() for _ in range(2))
-    stored = {GateUpLayout.HALVES: (torch.cat([gate, up], 1),), GateUpLayout.INTERLEAVED: (torch.stack([gate, up], 2),),
-              GateUpLayout.SEPARATE: (gate, up)}[layout]
+    stored = stored_gate_up(layout, gate, up)
     views = gate_up_views(layout, *stored)
     storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
     assert storage(views.gate) == storage(stored[0]) and storage(views.up) == storage(stored[-1])  # views, no copy
