@@ -26,6 +26,12 @@ class GateUpLayout(Enum):
     INTERLEAVED = "interleaved"  # one (E, F, 2, H) tensor: gate [:, :, 0], up [:, :, 1] (torchtitan's w13)
     SEPARATE = "separate"  # two (E, F, H) tensors, gate and up (torchtitan's w1_EFD and w3_EFD)
 
+    @property
+    def storage(self) -> str:
+        """How the layout stores them, in words (for the dispatcher's reasons)."""
+        return {GateUpLayout.HALVES: "as the halves of one (E, 2F, H) tensor",
+                GateUpLayout.INTERLEAVED: "interleaved ((E, F, 2, H))", GateUpLayout.SEPARATE: "as two tensors"}[self]
+
 
 @dataclass(frozen=True)
 class GateUp:

@@ -90,7 +90,8 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
     """The layer's quantize calls: as ``gmlp.layer`` makes them, or with ``sm100`` as the SM100
     composition does (token rows padded, every expert starting at a multiple of 256 rows,
     grouped by the padded sizes and the slack; weight stacks grouped by expert; swizzled scales).
-    W1's gate and up stored apart are quantized apart, each an (E * F, H) call (its size here)."""
+    W1's gate and up stored apart are quantized apart, each an (E * F, H) call (its size here;
+    interleaved, its rows 2H apart)."""
     if recipe is None:
         return {}
     if sm100:
@@ -100,15 +101,17 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
     else:
         token_groups = experts
 
-    def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat) -> QuantizeProblem:
+    def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat,
+                row_stride: int | None = None) -> QuantizeProblem:
         return QuantizeProblem(rows, cols, groups or 1, groups is not None, dtype, device, True, True, sm100, fmt,
-                               recipe.scale_mode)
+                               recipe.scale_mode, row_stride or cols)
 
     weight_groups = experts if sm100 else None
     return {
         "quantize x": problem(tokens, hidden, token_groups, x_dtype, ElementFormat.E4M3),
         "quantize w1": problem(experts * (fc1_outputs if gate_up is GateUpLayout.HALVES else ffn), hidden, weight_groups,
-                               param_dtype, ElementFormat.E4M3),
+                               param_dtype, ElementFormat.E4M3,
+                               2 * hidden if gate_up is GateUpLayout.INTERLEAVED and not sm100 else hidden),
         "quantize w2": problem(experts * hidden, ffn, weight_groups, param_dtype, ElementFormat.E4M3),
         "quantize dy": problem(tokens, hidden, token_groups, x_dtype, recipe.grad_format),
     }

@@ -200,8 +200,6 @@ class LayerProblem:
 
 
 GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
-W1_SITES = ("fc1", "fc1 dgrad", "fc1 wgrad")  # the GEMM sites that read or write W1's gate and up
-_GATE_UP_WORDS = {GateUpLayout.INTERLEAVED: "interleaved ((E, F, 2, H))", GateUpLayout.SEPARATE: "as two tensors"}
 SM100_MAX_EXPERTS = 1024  # cuDNN frontend's grouped kernels
 
 
@@ -224,7 +222,7 @@ def sm100_reason(problem: LayerProblem) -> Reason | None:
         return Reason(ReasonKind.RECIPE, "biases: the dGLU kernel's bias gradient is bf16 and not deterministic with "
                                          "deterministic dprobs, where gmlp's bias gradients are fp32 sums")
     if problem.gate_up is not GateUpLayout.HALVES:
-        return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {_GATE_UP_WORDS[problem.gate_up]}: the SM100 "
+        return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {problem.gate_up.storage}: the SM100 "
                                         "composition interleaves W1's (E, 2F, H) halves in its quantize")
     if problem.activation == "geglu":
         return Reason(ReasonKind.ACTIVATION, "cuDNN frontend's GLU kernels have no tanh-GELU GeGLU (their 'geglu' is "
@@ -260,9 +258,6 @@ def _cutedsl_gemm_reason(op: Op, site: str, problem: LayerProblem, device: torch
     if torch.cuda.get_device_capability(device)[0] == 9:
         from gmlp.cutedsl.sm90.support import site_reason
 
-        if site in W1_SITES and problem.gate_up is not GateUpLayout.HALVES:
-            return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {_GATE_UP_WORDS[problem.gate_up]}: the SM90 "
-                                            "kernels read W1 and write dW1 as one (E, 2F, H) tensor")
         return _bf16_operands_reason(problem, "SM90 CuTeDSL") or site_reason(site, op.value, problem)
     from gmlp.cutedsl.sm100.cudnn_kernels import import_error
 
@@ -292,10 +287,6 @@ def _reason(op: Op, site: str, path: Path, problem: LayerProblem, device: torch.
     if op is Op.QUANTIZE:
         if path is Path.CUTEDSL:
             from gmlp.cutedsl.quantize import problem_support
-
-            if site == "quantize w1" and problem.gate_up is GateUpLayout.INTERLEAVED and not sm100:
-                return Reason(ReasonKind.SHAPE, "W1's gate and up interleaved: their rows are 2H apart, and the "
-                                                "CuTeDSL quantize reads contiguous rows")
         else:
             from gmlp.triton_ref.quantize import problem_support
         return problem_support((problem.sm100_quantize_problems if sm100 else problem.quantize_problems)[site])

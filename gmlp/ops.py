@@ -179,12 +179,12 @@ def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], con
     saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, probs)), state, inputs)
     run = _runner(layer, plan, split_sizes, None, settings)
     weight_dtype = torch.float32 if main_grads is not None else w1.dtype
-    into = None  # what the backward adds into: W1's (a pair for gate and up as two tensors) and W2's
+    into = None  # what the backward adds into: W1's and W2's main_grad
     if main_grads is not None:
-        separate = layer.gate_up is GateUpLayout.SEPARATE
-        into = ((main_grads[0], main_grads[1]) if separate else main_grads[0], main_grads[3])
-        if layer.gate_up is GateUpLayout.INTERLEAVED:  # rows 2H apart: summed apart, then added (below)
-            into = (None, main_grads[3])
+        # gate and up as two tensors: a pair; interleaved (rows 2H apart): none, the sums are added below
+        w1_into = {GateUpLayout.HALVES: main_grads[0], GateUpLayout.SEPARATE: (main_grads[0], main_grads[1]),
+                   GateUpLayout.INTERLEAVED: None}[layer.gate_up]
+        into = (w1_into, main_grads[3])
     backward = sm100_backward if plan.sm100 else grouped_mlp_backward
     grads = backward(run, dy.contiguous(), saved, layer.activation, layer.recipe, weight_dtype, into)
     out = [grads.dx.to(x.dtype)]

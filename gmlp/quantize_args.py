@@ -29,6 +29,7 @@ class QuantizeProblem:
     swizzle: bool
     element_format: ElementFormat
     scale_mode: ScaleMode
+    row_stride: int  # elements from one row of x to the next: K, or more for a strided view
 
 
 def validate_quantize_args(
@@ -98,6 +99,7 @@ def validate_quantize_args(
         swizzle=swizzle,
         element_format=element_format,
         scale_mode=scale_mode,
+        row_stride=x.stride(0) if rows > 1 else cols,
     )
 
 

@@ -77,6 +77,10 @@ def problem_support(problem: QuantizeProblem) -> Reason | None:
         return Reason(ReasonKind.SHAPE, f"x dtype {problem.dtype} not supported by the CuTeDSL quantize kernel "
                                         f"(supported: {', '.join(str(d) for d in _INPUT_DTYPES)})")
     rows, cols, experts = problem.num_rows, problem.num_cols, problem.num_experts
+    if problem.row_stride != cols:
+        return Reason(ReasonKind.SHAPE, f"x's rows are {problem.row_stride} elements apart, not K={cols} (a strided "
+                                        "view, such as W1's interleaved gate or up rows, 2H apart): the CuTeDSL "
+                                        "quantize reads contiguous rows")
     padded_rows = rows + (TILE_ROWS - 1) * experts
     tiles = scale_layout.max_row_tiles(rows, experts)
     scale_bytes = tiles * scale_layout.ceil_div(cols, TILE_COLS) * 512

@@ -77,8 +77,7 @@ def quantize_mxfp8(
         x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
         element_format=element_format, scale_mode=scale_mode, strided_rows=True,
     )
-    rows, cols = problem.num_rows, problem.num_cols
-    row_stride = x.stride(0) if rows > 1 else cols
+    rows, cols, row_stride = problem.num_rows, problem.num_cols, problem.row_stride
     experts = problem.num_experts
     device = x.device
 

@@ -15,6 +15,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Callable
 
+from gmlp.gate_up import GateUpLayout
 from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.reasons import Reason, ReasonKind
 from gmlp.versions import missing_package_hint, package_version
@@ -87,6 +88,9 @@ def launcher(op: str) -> Callable:
     return getattr(_module(op), KERNEL_MODULES[op][1])
 
 
+W1_SITES = ("fc1", "fc1 dgrad", "fc1 wgrad")  # the sites whose kernels read W1 or write dW1
+
+
 def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     """Why the SM90 kernel of ``op`` cannot run ``site`` of the layer, or None (cutlass-dsl
     imports: ``import_error`` is checked first)."""
@@ -95,6 +99,9 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
         return Reason(ReasonKind.SYSTEM, error)
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
+    if site in W1_SITES and problem.gate_up is not GateUpLayout.HALVES:
+        return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {problem.gate_up.storage}: the SM90 kernels read "
+                                        "W1 and write dW1 as one (E, 2F, H) tensor")
     gated = problem.activation != "srelu"
     n1 = (2 if gated else 1) * problem.ffn
     tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn
