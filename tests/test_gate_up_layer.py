@@ -15,6 +15,7 @@ import gmlp
 from gmlp import ops
 from gmlp.debug import cross_check
 from gmlp.gate_up import GateUpLayout
+from tests.backends import kernel_device
 from tests.cases import stored_gate_up
 
 SPLITS = [37, 0, 59]
@@ -29,7 +30,7 @@ def _step(mlp: gmlp.GroupedMLP, layout: GateUpLayout, x, split_sizes, probs, dy,
     leaves = [t.requires_grad_() for t in (x.clone(), probs.clone(), *stored, w2)]
     if main_grad:
         for t in leaves[2:]:
-            t.main_grad = torch.full(t.shape, 0.5)
+            t.main_grad = torch.full(t.shape, 0.5, device=t.device)
     config = dataclasses.replace(mlp._config(None, None), gate_up=layout, accumulate_main_grad=main_grad)
     w3 = leaves[3] if layout is GateUpLayout.SEPARATE else None
     y = ops.grouped_mlp(leaves[0], split_sizes, leaves[1], leaves[2], None, leaves[-1], None, config, w3=w3)[0]
@@ -44,15 +45,22 @@ def _step(mlp: gmlp.GroupedMLP, layout: GateUpLayout, x, split_sizes, probs, dy,
     return y, leaves[0].grad, leaves[1].grad, dgate, dup, grads[-1]
 
 
+def _inputs(device: torch.device):
+    """x, probs, split_sizes and dy of one step on ``device``."""
+    x, probs = torch.randn(sum(SPLITS), H).bfloat16(), torch.rand(sum(SPLITS))
+    split_sizes, dy = torch.tensor(SPLITS), torch.randn(sum(SPLITS), H).bfloat16()
+    return tuple(t.to(device) for t in (x, probs, split_sizes, dy))
+
+
 @pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
 @pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_layouts_give_the_halves_bits(monkeypatch, layout, recipe, backend):
     monkeypatch.setenv("GMLP_BACKEND", backend)
+    device = kernel_device() if backend == "triton" else torch.device("cpu")
     torch.manual_seed(0)
-    mlp = gmlp.GroupedMLP(E, H, F, recipe=recipe)
-    x, probs = torch.randn(sum(SPLITS), H).bfloat16(), torch.rand(sum(SPLITS))
-    split_sizes, dy = torch.tensor(SPLITS), torch.randn(sum(SPLITS), H).bfloat16()
+    mlp = gmlp.GroupedMLP(E, H, F, recipe=recipe, device=device)
+    x, probs, split_sizes, dy = _inputs(device)
     with cross_check(action="raise"):
         want = _step(mlp, GateUpLayout.HALVES, x, split_sizes, probs, dy)
         got = _step(mlp, layout, x, split_sizes, probs, dy)
@@ -65,9 +73,9 @@ def test_main_grads_of_gate_and_up(monkeypatch, layout):
     """accumulate_main_grad adds dW1's gate and up rows into each weight's fp32 main_grad."""
     monkeypatch.setenv("GMLP_BACKEND", "triton")
     torch.manual_seed(1)
-    mlp = gmlp.GroupedMLP(E, H, F, recipe=None)
-    x, probs = torch.randn(sum(SPLITS), H).bfloat16(), torch.rand(sum(SPLITS))
-    split_sizes, dy = torch.tensor(SPLITS), torch.randn(sum(SPLITS), H).bfloat16()
+    device = kernel_device()
+    mlp = gmlp.GroupedMLP(E, H, F, recipe=None, device=device)
+    x, probs, split_sizes, dy = _inputs(device)
     want = _step(mlp, GateUpLayout.HALVES, x, split_sizes, probs, dy, main_grad=True)
     got = _step(mlp, layout, x, split_sizes, probs, dy, main_grad=True)
     for name, mine, ref in zip(("dgate", "dup", "dw2"), got[3:], want[3:]):

@@ -1,0 +1,1 @@
+"""gmlp's experts inside training engines (optional extras): ``gmlp.integrations.torchtitan``."""

@@ -1,0 +1,147 @@
+"""gmlp's experts as torchtitan's routed experts (the ``gmlp[torchtitan]`` extra).
+
+One flag switches a torchtitan MoE model's experts to gmlp::
+
+    --override.imports gmlp.integrations.torchtitan.gmlp_experts                    # MXFP8
+    --override.imports 'gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'
+
+``gmlp_experts`` is a torchtitan override (``torchtitan.config.override``) of
+``GroupedExperts.Config``: every stock experts node of the config tree becomes a
+``GmlpGroupedExperts.Config`` before the model is built. The module keeps the stock parameters,
+names, shapes and initializers (``w1_EFD`` gate and ``w3_EFD`` up, both (E, F, D), ``w2_EDF``
+(E, D, F)), so torchtitan's sharding plans (EP on dim 0, FSDP2), parameter init and
+checkpoints apply unchanged: a stock checkpoint loads as it is. Its forward is gmlp's layer ops
+with W1 stored apart (``GateUpLayout.SEPARATE``: gate and up read in place, never
+concatenated), SwiGLU, no bias and no probs: torchtitan multiplies the router scores in its
+combine, after the experts. Set ``GMLP_CROSSCHECK=raise`` (or ``warn``) to cross-check every op
+against the next path down, and ``GMLP_WARN_FALLBACK=1`` to hear about each fallback.
+
+Other experts classes (gpt-oss's biased, clamped SwiGLU, a converter's subclass) keep their own
+module, with a ``FallbackWarning`` naming the node and the reason (``strict=True``: an error).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor
+from torchtitan.config import derive, override
+from torchtitan.models.common.moe import GroupedExperts
+
+from gmlp import ops
+from gmlp.activations import activation_from
+from gmlp.dispatch import FallbackError, FallbackWarning
+from gmlp.gate_up import GateUpLayout
+from gmlp.layer_config import LayerConfig, decode_config, layer_problem, token_class
+from gmlp.layer_ops import plan_layer
+from gmlp.mlp import MXFP8_PARAM_DTYPES
+from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.recipe import MXFP8Recipe
+
+__all__ = ["GmlpGroupedExperts", "gmlp_experts", "recipe_from_name"]
+
+RECIPE_NAMES = ("mxfp8", "bf16")
+
+
+def recipe_from_name(recipe: str, scale_mode: str = "rceil", grad_format: str = "e4m3") -> MXFP8Recipe | None:
+    """The gmlp recipe a config names: "mxfp8" (with its scale mode and gradient format) or "bf16" (None)."""
+    modes, formats = [m.value for m in ScaleMode], [f.value for f in ElementFormat]
+    for name, value, accepted in (("recipe", recipe, RECIPE_NAMES), ("scale_mode", scale_mode, modes),
+                                  ("grad_format", grad_format, formats)):
+        if value not in accepted:
+            raise ValueError(f"gmlp experts: {name} must be one of {accepted}, got {value!r}")
+    return None if recipe == "bf16" else MXFP8Recipe(ScaleMode(scale_mode), ElementFormat(grad_format))
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """The rank's own tensor of a parameter: under expert parallelism a DTensor sharded on the
+    expert dim, whose local experts are the ones the dispatcher's rows belong to."""
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+class GmlpGroupedExperts(GroupedExperts):
+    """torchtitan's routed experts, run by gmlp's layer ops (FC1, SwiGLU, FC2, forward and backward).
+
+    Same parameters and forward signature as the stock ``GroupedExperts``: ``forward(x_RD,
+    num_tokens_per_expert_E)`` with the rows grouped by local expert. As the stock module does,
+    the rows enter in bf16 and the output takes x's dtype; with ``recipe="bf16"`` the weights are
+    cast to bf16 as stock does (nothing to cast under FSDP2's bf16 parameters), with MXFP8 they
+    are quantized from their own dtype (bf16 or fp32).
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GroupedExperts.Config):
+        recipe: str = "mxfp8"  # "mxfp8" or "bf16"
+        scale_mode: str = "rceil"  # MXFP8 scale rounding (gmlp.ScaleMode)
+        grad_format: str = "e4m3"  # MXFP8 gradient element format (gmlp.ElementFormat)
+        strict: bool | None = None  # raise instead of falling back to a slower path (None: GMLP_STRICT)
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        if type(self)._grouped_mm is not GroupedExperts._grouped_mm:
+            raise TypeError(f"{type(self).__qualname__} replaces GroupedExperts._grouped_mm (a converter's "
+                            "quantized GEMM?), which gmlp's experts never call: their GEMMs are gmlp's. Use gmlp's "
+                            "recipe instead of the converter")
+        self.recipe = recipe_from_name(config.recipe, config.scale_mode, config.grad_format)
+        if self.recipe is not None and (config.dim % 32 or config.hidden_dim % 32):
+            raise ValueError(f"gmlp experts with MXFP8 need dim and hidden_dim multiples of 32 (one scale per 32 "
+                             f"elements), got dim={config.dim}, hidden_dim={config.hidden_dim}")
+        self.dim, self.hidden_dim = config.dim, config.hidden_dim
+        self._layer_config = LayerConfig(activation_from("swiglu"), self.recipe, False, config.strict, None, False,
+                                         GateUpLayout.SEPARATE).encode()
+
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate, up, down): the local weights in the dtype the recipe reads."""
+        weights = tuple(_local(p) for p in (self.w1_EFD, self.w3_EFD, self.w2_EDF))
+        if self.recipe is None:
+            return tuple(w.bfloat16() for w in weights)
+        if weights[0].dtype not in MXFP8_PARAM_DTYPES:
+            raise TypeError(f"gmlp experts with MXFP8 quantize the weights from bfloat16 or float32, got "
+                            f"{weights[0].dtype}; use recipe='bf16' for other dtypes")
+        return weights
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        gate, up, down = self._weights()
+        y = ops.grouped_mlp(x_RD.bfloat16(), num_tokens_per_expert_E, None, gate, None, down, None,
+                            self._layer_config, w3=up)[0]
+        return y.type_as(x_RD)
+
+    def explain(self, rows: int = 1, device: torch.device | str | None = None) -> str:
+        """The plan of a forward with ``rows`` routed rows on ``device`` (default: the weights'):
+        each op's path, and why every faster path is skipped."""
+        gate, _, _ = self._weights()
+        device = torch.device(device) if device is not None else gate.device
+        config = decode_config(self._layer_config)
+        problem = layer_problem(config, token_class(rows), gate.shape[0], self.dim, self.hidden_dim, gate.dtype,
+                                torch.bfloat16, device)
+        return f"{type(self).__name__} ({self.extra_repr()}) on {device}:\n{plan_layer(problem, device, strict=False).explain()}"
+
+    def extra_repr(self) -> str:
+        recipe = "bf16" if self.recipe is None else f"mxfp8 {self.recipe.scale_mode.value}, grads {self.recipe.grad_format.value}"
+        return f"num_experts={self.num_experts}, dim={self.dim}, hidden_dim={self.hidden_dim}, {recipe}"
+
+
+@override(target=GroupedExperts.Config, description="gmlp experts: fused MXFP8 / bf16 grouped SwiGLU MLP")
+def gmlp_experts(cfg: GroupedExperts.Config, *, recipe: str = "mxfp8", scale_mode: str = "rceil",
+                 grad_format: str = "e4m3", strict: bool | None = None) -> GroupedExperts.Config:
+    """torchtitan's override factory: a stock ``GroupedExperts.Config`` becomes gmlp's (its fields,
+    param_init and sharding_config kept), with the recipe the override's kwargs name. The
+    settings are checked here, before anything is built; a config of another experts class keeps
+    its module, with a ``FallbackWarning`` (an error with ``strict``)."""
+    recipe_from_name(recipe, scale_mode, grad_format)
+    if isinstance(cfg, GmlpGroupedExperts.Config):
+        return cfg
+    if type(cfg) is not GroupedExperts.Config:
+        reason = (f"{type(cfg).__qualname__} is not torchtitan's stock GroupedExperts.Config (SwiGLU without "
+                  "biases); gmlp runs those only")
+        if strict:
+            raise FallbackError(f"gmlp experts: {reason}")
+        warnings.warn(f"gmlp experts: kept {type(cfg).__qualname__}: {reason}", FallbackWarning, stacklevel=2)
+        return cfg
+    if recipe == "mxfp8" and (cfg.dim % 32 or cfg.hidden_dim % 32):
+        raise ValueError(f"gmlp experts with MXFP8 need dim and hidden_dim multiples of 32, got dim={cfg.dim}, "
+                         f"hidden_dim={cfg.hidden_dim}; use recipe='bf16'")
+    return derive(cfg, GmlpGroupedExperts.Config, recipe=recipe, scale_mode=scale_mode, grad_format=grad_format,
+                  strict=strict)
