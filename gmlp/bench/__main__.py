@@ -1,9 +1,10 @@
-"""``python -m gmlp.bench {quantize,mlp,gemm,profile,host}``."""
+"""``python -m gmlp.bench {quantize,mlp,gemm,profile,host,torchtitan}``."""
 
 import sys
 
 BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm",
-           "profile": "gmlp.bench.profile", "host": "gmlp.bench.host"}
+           "profile": "gmlp.bench.profile", "host": "gmlp.bench.host",
+           "torchtitan": "gmlp.bench.torchtitan"}
 
 
 def main() -> None:

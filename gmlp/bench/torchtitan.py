@@ -1,0 +1,247 @@
+"""``python -m gmlp.bench torchtitan``: torchtitan's qwen3 MoE debug model trained with each
+experts backend, the same weights and tokens: loss per step and tokens/s (JSON), then a plot.
+
+The runs differ only in the ``--override.imports`` flag (parsed by torchtitan's own
+``parse_cli_imports`` and applied by its ``apply_overrides``, as its trainer does):
+
+- ``stock``: torchtitan's ``GroupedExperts`` (three bf16 ``torch._grouped_mm`` calls);
+- ``torchtitan-fused``: torchtitan's own ``fused_grouped_experts`` override (one GEMM over an
+  interleaved w13, a fused SiLU-and-mul): the same model as stock, rounded differently, so its
+  distance from stock is the bf16 noise that the gmlp bf16 run is judged against;
+- ``gmlp-bf16``, ``gmlp-mxfp8``: gmlp's experts (``gmlp.integrations.torchtitan``).
+
+Every run starts from the stock model's initial weights (loaded through each module's state-dict
+hooks) and sees the same synthetic tokens: sequences of a fixed random Markov chain (each token
+has a few likely successors), so the loss falls towards the chain's entropy, which is recorded.
+The loop is plain PyTorch around torchtitan's model (AdamW with torchtitan's default settings,
+linear warm-up, cross-entropy): torchtitan's trainer needs a tokenizer and a dataset that its
+wheel does not ship (and packages the GPU machine lacks). ``--plot`` draws the curves of a JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+from gmlp.bench.common import PartialResults, add_out_argument, environment
+
+RUNS = {
+    "stock": [],
+    "torchtitan-fused": ["torchtitan.overrides.fused_swiglu.fused_grouped_experts"],
+    "gmlp-bf16": ['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'],
+    "gmlp-mxfp8": ["gmlp.integrations.torchtitan.gmlp_experts"],
+}
+FLAVOR = "debugmodel_moe"  # torchtitan's qwen3 MoE debug model: 8 layers, dim 256, 64 experts of 768, top 8
+SUCCESSORS = 4  # likely next tokens per token in the synthetic Markov chain
+
+
+def model_spec(flags: list[str]):
+    """torchtitan's qwen3 MoE debug model spec (flex attention, which torchtitan compiles on its
+    own), with the override flags applied by torchtitan."""
+    from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
+    from torchtitan.models.qwen3 import model_registry
+
+    spec = model_registry(FLAVOR)
+    if flags:
+        applied = apply_overrides(OverrideConfig(imports=parse_cli_imports(flags)), spec)
+        print("\n".join(applied), flush=True)
+    return spec
+
+
+def build_model(flags: list[str], device: torch.device, state: dict | None, seed: int):
+    """The model on ``device``: built on meta, materialized and initialized as torchtitan's trainer
+    does (``to_empty``, ``init_states``), then given ``state`` (the stock model's) if any."""
+    spec = model_spec(flags)
+    with torch.device("meta"):
+        model = spec.model.build()
+    model.to_empty(device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_states()
+    if state is not None:
+        model.load_state_dict(copy.deepcopy(state))
+    return model
+
+
+def fully_sharded(model):
+    """The model under FSDP2 on this one GPU, sharded as torchtitan shards it (each block, then the
+    root) with its default mixed precision: bf16 parameters in the forward, fp32 reductions."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    mesh = init_device_mesh("cuda", (1,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+class MarkovTokens:
+    """Sequences of a fixed random Markov chain over the vocabulary, made once for the whole run
+    (so that no step times their making): each token's successors are ``SUCCESSORS`` tokens with
+    random weights; step ``i``'s batch is the same in every run."""
+
+    def __init__(self, vocab: int, steps: int, batch: int, length: int, seed: int, device: torch.device):
+        generator = torch.Generator().manual_seed(seed)
+        successors = torch.randint(vocab, (vocab, SUCCESSORS), generator=generator)
+        weights = torch.rand(vocab, SUCCESSORS, generator=generator) + 0.1
+        table = torch.zeros(vocab, vocab).scatter_add_(1, successors, weights)
+        table /= table.sum(1, keepdim=True)
+        stationary = torch.full((vocab,), 1.0 / vocab)
+        for _ in range(200):
+            stationary = stationary @ table
+        logs = torch.where(table > 0, table.log(), torch.zeros(()))
+        self.entropy = float(-(stationary[:, None] * table * logs).sum())  # nats per token, the loss floor
+        table, rows = table.to(device), steps * batch
+        on_device = torch.Generator(device=device).manual_seed(seed)
+        tokens = torch.empty(rows, length + 1, dtype=torch.long, device=device)
+        tokens[:, 0] = torch.randint(vocab, (rows,), generator=on_device, device=device)
+        for i in range(length):
+            tokens[:, i + 1] = torch.multinomial(table[tokens[:, i]], 1, generator=on_device).squeeze(1)
+        self.tokens, self.batch_size, self.device = tokens, batch, device
+
+    def batch(self, step: int) -> torch.Tensor:
+        return self.tokens[step * self.batch_size:(step + 1) * self.batch_size]
+
+
+def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
+    """Train ``args.steps`` steps; the loss of each and tokens/s past the warm-up steps."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
+    losses, tokens_per_step = [], args.batch * args.seq_len
+    timed_from = min(args.warmup, args.steps - 1)
+    # one document per sequence: causal attention over positions 0..L-1, as torchtitan's trainer builds it
+    positions = torch.arange(args.seq_len, device=data.device).expand(args.batch, -1)
+    masks = model.get_attention_masks(positions=positions)
+    start = time.perf_counter()
+    for step in range(args.steps):
+        if step == timed_from:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        tokens = data.batch(step)
+        logits = model(tokens[:, :-1], positions=positions, attention_masks=masks)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        if (step + 1) % 25 == 0 or step + 1 == args.steps:
+            progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss):.4f}")
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    timed_steps = args.steps - timed_from
+    return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
+            "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9}
+
+
+def summary(runs: dict, window: int) -> dict:
+    """Each run's mean loss over the last ``window`` steps, its largest distance from stock (the
+    mean over a moving ``window``), and tokens/s as a ratio of stock's."""
+    stock = runs.get("stock")
+    out = {}
+    for name, run in runs.items():
+        losses = run["loss"]
+        entry = {"final_loss": sum(losses[-window:]) / len(losses[-window:])}
+        if stock is not None:
+            diffs = [a - b for a, b in zip(losses, stock["loss"])]
+            moving = [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
+            entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving), default=0.0)
+            entry["final_gap_to_stock_relative"] = (entry["final_loss"] / (sum(stock["loss"][-window:]) / window)) - 1
+            entry["tokens_per_s_vs_stock"] = run["tokens_per_s"] / stock["tokens_per_s"]
+        out[name] = entry
+    return out
+
+
+def plot(path: pathlib.Path) -> pathlib.Path:
+    """The loss curves of a results JSON, and each run's gap to stock, as a PNG beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = json.loads(path.read_text())
+    runs, window = results["runs"], results["settings"]["window"]
+    figure, (curves, gaps) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, height_ratios=[2, 1])
+    for index, (name, run) in enumerate(runs.items()):
+        color, tokens_per_s = f"C{index}", run["tokens_per_s"]
+        curves.plot(run["loss"], label=f"{name} ({tokens_per_s / 1e3:.0f}k tokens/s)", linewidth=1, color=color)
+        if name != "stock" and "stock" in runs:
+            diffs = [a - b for a, b in zip(run["loss"], runs["stock"]["loss"])]
+            moving = [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
+            gaps.plot(range(window - 1, len(diffs)), moving, label=name, linewidth=1, color=color)
+    curves.axhline(results["data_entropy"], color="gray", linestyle=":", label="entropy of the token source")
+    curves.set_ylabel("training loss (nats)")
+    curves.set_yscale("log")
+    curves.legend()
+    env = results["environment"]
+    curves.set_title(f"torchtitan qwen3 {FLAVOR}, {env['device']}, torch {env['torch']}, gmlp {env['commit'][:7]}")
+    gaps.axhline(0, color="gray", linewidth=0.5)
+    gaps.set_ylabel(f"loss - stock loss\n(mean of {window} steps)")
+    gaps.set_xlabel("step")
+    gaps.legend()
+    figure.tight_layout()
+    out = path.with_suffix(".png")
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gmlp.bench torchtitan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
+    parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=True,
+                        help="FSDP2 with bf16 parameters (torchtitan's default); --no-fsdp trains in fp32")
+    parser.add_argument("--plot", type=pathlib.Path, default=None, help="only plot this results JSON")
+    add_out_argument(parser)
+    args = parser.parse_args(argv)
+    if args.plot is not None:
+        print(plot(args.plot))
+        return
+    names = args.runs.split(",")
+    unknown = [name for name in names if name not in RUNS]
+    if unknown:
+        parser.error(f"--runs: unknown {unknown}; known are {list(RUNS)}")
+    if not torch.cuda.is_available():
+        sys.exit("python -m gmlp.bench torchtitan needs a CUDA GPU (torchtitan's flex attention has no CPU backward)")
+    device = torch.device("cuda")
+    stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed).state_dict().items()}
+    vocab = model_spec([]).model.vocab_size
+    data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
+    print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
+    results = PartialResults("torchtitan-h200", args.out)
+    record = {"environment": environment(), "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "out")},
+                                                         "flavor": FLAVOR, "flags": {n: RUNS[n] for n in names}},
+              "data_entropy": data.entropy, "runs": {}}
+    for name in names:
+        torch.cuda.reset_peak_memory_stats()
+        model = build_model(RUNS[name], device, stock_state, args.seed)
+        if args.fsdp:
+            model = fully_sharded(model)
+        record["runs"][name] = train(name, model, data, args, lambda line: print(line, flush=True))
+        del model
+        record["summary"] = summary(record["runs"], args.window)
+        results.write(record, complete=False)
+    path = results.write(record, complete=True)
+    print(json.dumps(record["summary"], indent=2))
+    print(path)
