@@ -27,6 +27,7 @@ import os
 import pathlib
 import sys
 import time
+import traceback
 
 import torch
 
@@ -40,6 +41,28 @@ RUNS = {
 }
 FLAVOR = "debugmodel_moe"  # torchtitan's qwen3 MoE debug model: 8 layers, dim 256, 64 experts of 768, top 8
 SUCCESSORS = 4  # likely next tokens per token in the synthetic Markov chain
+
+
+def torch_shims() -> list[str]:
+    """Placeholders for names that torchtitan's model packages import from a newer torch than this
+    one, and that this bench never uses; each is named in the results. torchtitan 0.3.0's qwen3
+    package imports its FSDP helpers, which import ``torch.distributed.fsdp.DataParallelMeshDims``
+    (not in torch 2.11); this bench applies ``fully_shard`` itself, without them."""
+    import torch.distributed.fsdp as fsdp
+
+    shims = []
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        version = torch.__version__
+
+        class DataParallelMeshDims:
+            def __init__(self, *args, **kwargs):
+                raise NotImplementedError(f"torch {version} has no torch.distributed.fsdp.DataParallelMeshDims: "
+                                          "torchtitan's FSDP helpers need a newer torch")
+
+        fsdp.DataParallelMeshDims = DataParallelMeshDims
+        shims.append("torch.distributed.fsdp.DataParallelMeshDims: a placeholder that raises if used (imported by "
+                     "torchtitan's FSDP helpers, which this bench does not call)")
+    return shims
 
 
 def model_spec(flags: list[str]):
@@ -225,23 +248,34 @@ def main(argv: list[str]) -> None:
     if not torch.cuda.is_available():
         sys.exit("python -m gmlp.bench torchtitan needs a CUDA GPU (torchtitan's flex attention has no CPU backward)")
     device = torch.device("cuda")
+    shims = torch_shims()
+    for shim in shims:
+        print(f"torch {torch.__version__} shim: {shim}", flush=True)
     stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed).state_dict().items()}
     vocab = model_spec([]).model.vocab_size
     data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
     results = PartialResults("torchtitan-h200", args.out)
     record = {"environment": environment(), "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "out")},
-                                                         "flavor": FLAVOR, "flags": {n: RUNS[n] for n in names}},
+                                                         "flavor": FLAVOR, "flags": {n: RUNS[n] for n in names},
+                                                         "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
+    failed = {}
     for name in names:
         torch.cuda.reset_peak_memory_stats()
-        model = build_model(RUNS[name], device, stock_state, args.seed)
-        if args.fsdp:
-            model = fully_sharded(model)
-        record["runs"][name] = train(name, model, data, args, lambda line: print(line, flush=True))
-        del model
+        try:
+            model = build_model(RUNS[name], device, stock_state, args.seed)
+            if args.fsdp:
+                model = fully_sharded(model)
+            record["runs"][name] = train(name, model, data, args, lambda line: print(line, flush=True))
+        except Exception as error:  # recorded and reported; the other runs still run
+            traceback.print_exc()
+            failed[name] = record.setdefault("failed", {})[name] = f"{type(error).__name__}: {error}"
+        model = None
         record["summary"] = summary(record["runs"], args.window)
         results.write(record, complete=False)
-    path = results.write(record, complete=True)
+    path = results.write(record, complete=not failed)
     print(json.dumps(record["summary"], indent=2))
     print(path)
+    if failed:
+        sys.exit(f"runs failed: {failed}")
