@@ -65,23 +65,24 @@ def torch_shims() -> list[str]:
     return shims
 
 
-def model_spec(flags: list[str]):
-    """torchtitan's qwen3 MoE debug model spec (flex attention, which torchtitan compiles on its
-    own), with the override flags applied by torchtitan."""
+def model_spec(flags: list[str], attention: str = "varlen"):
+    """torchtitan's qwen3 MoE debug model spec with the attention backend ``attention`` (varlen:
+    torch's varlen flash attention; flex: torchtitan's autotuned flex attention, whose mask
+    builder needs a newer torch than 2.11), with the override flags applied by torchtitan."""
     from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
     from torchtitan.models.qwen3 import model_registry
 
-    spec = model_registry(FLAVOR)
+    spec = model_registry(FLAVOR, attn_backend=attention)
     if flags:
         applied = apply_overrides(OverrideConfig(imports=parse_cli_imports(flags)), spec)
         print("\n".join(applied), flush=True)
     return spec
 
 
-def build_model(flags: list[str], device: torch.device, state: dict | None, seed: int):
+def build_model(flags: list[str], attention: str, device: torch.device, state: dict | None, seed: int):
     """The model on ``device``: built on meta, materialized and initialized as torchtitan's trainer
     does (``to_empty``, ``init_states``), then given ``state`` (the stock model's) if any."""
-    spec = model_spec(flags)
+    spec = model_spec(flags, attention)
     with torch.device("meta"):
         model = spec.model.build()
     model.to_empty(device=device)
@@ -233,6 +234,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", choices=("varlen", "flex"), default="varlen", help="torchtitan's attention backend")
     parser.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=True,
                         help="FSDP2 with bf16 parameters (torchtitan's default); --no-fsdp trains in fp32")
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="only plot this results JSON")
@@ -251,8 +253,8 @@ def main(argv: list[str]) -> None:
     shims = torch_shims()
     for shim in shims:
         print(f"torch {torch.__version__} shim: {shim}", flush=True)
-    stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed).state_dict().items()}
-    vocab = model_spec([]).model.vocab_size
+    stock_state = {k: v.cpu() for k, v in build_model([], args.attention, device, None, args.seed).state_dict().items()}
+    vocab = model_spec([], args.attention).model.vocab_size
     data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
     results = PartialResults("torchtitan-h200", args.out)
@@ -264,7 +266,7 @@ def main(argv: list[str]) -> None:
     for name in names:
         torch.cuda.reset_peak_memory_stats()
         try:
-            model = build_model(RUNS[name], device, stock_state, args.seed)
+            model = build_model(RUNS[name], args.attention, device, stock_state, args.seed)
             if args.fsdp:
                 model = fully_sharded(model)
             record["runs"][name] = train(name, model, data, args, lambda line: print(line, flush=True))
