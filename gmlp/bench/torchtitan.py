@@ -10,6 +10,11 @@ The runs differ only in the ``--override.imports`` flag (parsed by torchtitan's 
   distance from stock is the bf16 noise that the gmlp bf16 run is judged against;
 - ``gmlp-bf16``, ``gmlp-mxfp8``: gmlp's experts (``gmlp.integrations.torchtitan``).
 
+The attention is torchtitan's attention block with a causal SDPA core (``causal_sdpa``, an
+override of ``FlexAttention.Config`` in this module, in every run): torchtitan 0.3.0's own cores
+need what the H200 machine lacks (flex: a mask builder of torch newer than 2.11; varlen: the FA3
+package on Hopper). Each sequence is one document, so causal attention is what flex computes.
+
 Every run starts from the stock model's initial weights (loaded through each module's state-dict
 hooks) and sees the same synthetic tokens: sequences of a fixed random Markov chain (each token
 has a few likely successors), so the loss falls towards the chain's entropy, which is recorded.
@@ -29,7 +34,14 @@ import sys
 import time
 import traceback
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
+
+from torchtitan.config import override
+from torchtitan.models.common.attention import FlexAttention
+from torchtitan.protocols.module import Module
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment
 
@@ -65,24 +77,51 @@ def torch_shims() -> list[str]:
     return shims
 
 
-def model_spec(flags: list[str], attention: str = "varlen"):
-    """torchtitan's qwen3 MoE debug model spec with the attention backend ``attention`` (varlen:
-    torch's varlen flash attention; flex: torchtitan's autotuned flex attention, whose mask
-    builder needs a newer torch than 2.11), with the override flags applied by torchtitan."""
+class CausalSDPAttention(Module):
+    """torchtitan's inner-attention contract (q, k, v as (B, L, N, H), returns (B, L, N, H)) on
+    ``F.scaled_dot_product_attention`` with a causal mask: one document per sequence."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        pass
+
+    def __init__(self, config: Config):
+        super().__init__()
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False,
+                out_transform=None, **kwargs):
+        if attention_masks is not None or out_transform is not None or kwargs:
+            raise NotImplementedError("causal_sdpa: one causal document per sequence only (no masks, no "
+                                      f"out_transform, no {sorted(kwargs)})")
+        out = F.scaled_dot_product_attention(q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
+                                             is_causal=True, scale=scale, enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+
+
+@override(target=FlexAttention.Config, description="causal SDPA core (one document per sequence)")
+def causal_sdpa(cfg: FlexAttention.Config) -> CausalSDPAttention.Config:
+    return CausalSDPAttention.Config()
+
+
+ATTENTION = "gmlp.bench.torchtitan.causal_sdpa"
+
+
+def model_spec(flags: list[str]):
+    """torchtitan's qwen3 MoE debug model spec with the causal SDPA core and the override flags,
+    applied by torchtitan."""
     from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
     from torchtitan.models.qwen3 import model_registry
 
-    spec = model_registry(FLAVOR, attn_backend=attention)
-    if flags:
-        applied = apply_overrides(OverrideConfig(imports=parse_cli_imports(flags)), spec)
-        print("\n".join(applied), flush=True)
+    spec = model_registry(FLAVOR)
+    applied = apply_overrides(OverrideConfig(imports=parse_cli_imports([ATTENTION, *flags])), spec)
+    print("\n".join(line for line in applied if ATTENTION not in line), flush=True)
     return spec
 
 
-def build_model(flags: list[str], attention: str, device: torch.device, state: dict | None, seed: int):
+def build_model(flags: list[str], device: torch.device, state: dict | None, seed: int):
     """The model on ``device``: built on meta, materialized and initialized as torchtitan's trainer
     does (``to_empty``, ``init_states``), then given ``state`` (the stock model's) if any."""
-    spec = model_spec(flags, attention)
+    spec = model_spec(flags)
     with torch.device("meta"):
         model = spec.model.build()
     model.to_empty(device=device)
@@ -94,9 +133,9 @@ def build_model(flags: list[str], attention: str, device: torch.device, state: d
     return model
 
 
-def fully_sharded(model):
-    """The model under FSDP2 on this one GPU, sharded as torchtitan shards it (each block, then the
-    root) with its default mixed precision: bf16 parameters in the forward, fp32 reductions."""
+def fully_sharded(model, device: torch.device):
+    """The model under FSDP2 on this one device, sharded as torchtitan shards it (each block, then
+    the root) with its default mixed precision: bf16 parameters in the forward, fp32 reductions."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -104,8 +143,8 @@ def fully_sharded(model):
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29517")
-        dist.init_process_group("nccl", rank=0, world_size=1)
-    mesh = init_device_mesh("cuda", (1,))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    mesh = init_device_mesh(device.type, (1,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=policy)
@@ -141,22 +180,25 @@ class MarkovTokens:
         return self.tokens[step * self.batch_size:(step + 1) * self.batch_size]
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     """Train ``args.steps`` steps; the loss of each and tokens/s past the warm-up steps."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
     losses, tokens_per_step = [], args.batch * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
-    # one document per sequence: causal attention over positions 0..L-1, as torchtitan's trainer builds it
-    positions = torch.arange(args.seq_len, device=data.device).expand(args.batch, -1)
-    masks = model.get_attention_masks(positions=positions)
+    positions = torch.arange(args.seq_len, device=data.device).expand(args.batch, -1)  # one document per sequence
     start = time.perf_counter()
     for step in range(args.steps):
         if step == timed_from:
-            torch.cuda.synchronize()
+            _synchronize(data.device)
             start = time.perf_counter()
         tokens = data.batch(step)
-        logits = model(tokens[:, :-1], positions=positions, attention_masks=masks)
+        logits = model(tokens[:, :-1], positions=positions)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -165,12 +207,13 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         if (step + 1) % 25 == 0 or step + 1 == args.steps:
-            progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss):.4f}")
-    torch.cuda.synchronize()
+            progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss.detach()):.4f}")
+    _synchronize(data.device)
     seconds = time.perf_counter() - start
     timed_steps = args.steps - timed_from
+    peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None
     return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
-            "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9}
+            "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb": peak}
 
 
 def summary(runs: dict, window: int) -> dict:
@@ -234,7 +277,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attention", choices=("varlen", "flex"), default="varlen", help="torchtitan's attention backend")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (its timings mean nothing)")
     parser.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=True,
                         help="FSDP2 with bf16 parameters (torchtitan's default); --no-fsdp trains in fp32")
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="only plot this results JSON")
@@ -247,28 +290,30 @@ def main(argv: list[str]) -> None:
     unknown = [name for name in names if name not in RUNS]
     if unknown:
         parser.error(f"--runs: unknown {unknown}; known are {list(RUNS)}")
-    if not torch.cuda.is_available():
-        sys.exit("python -m gmlp.bench torchtitan needs a CUDA GPU (torchtitan's flex attention has no CPU backward)")
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("python -m gmlp.bench torchtitan: no CUDA GPU here (--device cpu makes a smoke run)")
     shims = torch_shims()
     for shim in shims:
         print(f"torch {torch.__version__} shim: {shim}", flush=True)
-    stock_state = {k: v.cpu() for k, v in build_model([], args.attention, device, None, args.seed).state_dict().items()}
-    vocab = model_spec([], args.attention).model.vocab_size
+    stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed).state_dict().items()}
+    vocab = model_spec([]).model.vocab_size
     data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
-    results = PartialResults("torchtitan-h200", args.out)
-    record = {"environment": environment(), "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "out")},
+    results = PartialResults("torchtitan-h200" if device.type == "cuda" else "torchtitan-cpu-smoke", args.out)
+    smoke = {"device": "cpu (smoke run)", "torch": torch.__version__, "commit": "-"}
+    record = {"environment": environment() if device.type == "cuda" else smoke, "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "out")},
                                                          "flavor": FLAVOR, "flags": {n: RUNS[n] for n in names},
                                                          "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
     for name in names:
-        torch.cuda.reset_peak_memory_stats()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         try:
-            model = build_model(RUNS[name], args.attention, device, stock_state, args.seed)
+            model = build_model(RUNS[name], device, stock_state, args.seed)
             if args.fsdp:
-                model = fully_sharded(model)
+                model = fully_sharded(model, device)
             record["runs"][name] = train(name, model, data, args, lambda line: print(line, flush=True))
         except Exception as error:  # recorded and reported; the other runs still run
             traceback.print_exc()
