@@ -12,8 +12,9 @@ GMLP_EXPERTS = "gmlp.integrations.torchtitan.gmlp_experts"
 DIM, HIDDEN, EXPERTS, TOP_K = 64, 96, 4, 2
 
 
-def moe_config(experts: int = EXPERTS, dim: int = DIM, hidden: int = HIDDEN):
-    """torchtitan's ``MoE.Config``: a softmax top-2 router, the standard (all-to-all) dispatcher
+def moe_config(experts: int = EXPERTS, dim: int = DIM, hidden: int = HIDDEN, balanced: bool = False):
+    """torchtitan's ``MoE.Config``: a softmax top-2 router (with ``balanced``, its debug round-robin
+    routing: token i's k-th choice is expert (2i + k) mod E), the standard (all-to-all) dispatcher
     and stock ``GroupedExperts``, every weight drawn from N(0, 0.08^2)."""
     from torchtitan.models.common.config_utils import (make_moe_config, make_routed_experts_config,
                                                        make_router_config)
@@ -24,6 +25,7 @@ def moe_config(experts: int = EXPERTS, dim: int = DIM, hidden: int = HIDDEN):
     routed = make_routed_experts_config(dim=dim, hidden_dim=hidden, num_experts=experts, top_k=TOP_K,
                                         param_init={name: init for name in ("w1_EFD", "w2_EDF", "w3_EFD")},
                                         comm_backend="standard")
+    router._debug_force_load_balance = balanced
     return make_moe_config(num_experts=experts, router=router, routed_experts=routed)
 
 
