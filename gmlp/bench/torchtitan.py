@@ -216,6 +216,12 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
             "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb": peak}
 
 
+def moving_gap(losses: list[float], stock: list[float], window: int) -> list[float]:
+    """loss - stock loss, each the mean over ``window`` steps ending at steps window-1, window, ..."""
+    diffs = [a - b for a, b in zip(losses, stock)]
+    return [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
+
+
 def summary(runs: dict, window: int) -> dict:
     """Each run's mean loss over the last ``window`` steps, its largest distance from stock (the
     mean over a moving ``window``), and tokens/s as a ratio of stock's."""
@@ -225,22 +231,30 @@ def summary(runs: dict, window: int) -> dict:
         losses = run["loss"]
         entry = {"final_loss": sum(losses[-window:]) / len(losses[-window:])}
         if stock is not None:
-            diffs = [a - b for a, b in zip(losses, stock["loss"])]
-            moving = [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
-            entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving), default=0.0)
+            entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving_gap(losses, stock["loss"], window)), default=0.0)
             entry["final_gap_to_stock_relative"] = (entry["final_loss"] / (sum(stock["loss"][-window:]) / window)) - 1
             entry["tokens_per_s_vs_stock"] = run["tokens_per_s"] / stock["tokens_per_s"]
         out[name] = entry
     return out
 
 
-def plot(path: pathlib.Path) -> pathlib.Path:
-    """The loss curves of a results JSON, and each run's gap to stock, as a PNG beside it."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _kernels(results: dict) -> str:
+    """Which gmlp kernels the GPU run had: CuTeDSL where it runs, else Triton only."""
+    return "CuTeDSL + Triton" if results["environment"].get("nvidia-cutlass-dsl", "not installed") != "not installed" else "Triton only"
+
+
+def plot(path: pathlib.Path) -> pathlib.Path:
+    """The loss curves of a results JSON, and each run's gap to stock, as a PNG beside it."""
+    plt = _pyplot()
     results = json.loads(path.read_text())
     runs, window = results["runs"], results["settings"]["window"]
     figure, (curves, gaps) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, height_ratios=[2, 1])
@@ -248,21 +262,45 @@ def plot(path: pathlib.Path) -> pathlib.Path:
         color, tokens_per_s = f"C{index}", run["tokens_per_s"]
         curves.plot(run["loss"], label=f"{name} ({tokens_per_s / 1e3:.0f}k tokens/s)", linewidth=1, color=color)
         if name != "stock" and "stock" in runs:
-            diffs = [a - b for a, b in zip(run["loss"], runs["stock"]["loss"])]
-            moving = [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
-            gaps.plot(range(window - 1, len(diffs)), moving, label=name, linewidth=1, color=color)
+            gap = moving_gap(run["loss"], runs["stock"]["loss"], window)
+            gaps.plot(range(window - 1, window - 1 + len(gap)), gap, label=name, linewidth=1, color=color)
     curves.axhline(results["data_entropy"], color="gray", linestyle=":", label="entropy of the token source")
     curves.set_ylabel("training loss (nats)")
     curves.set_yscale("log")
     curves.legend()
     env = results["environment"]
-    curves.set_title(f"torchtitan qwen3 {FLAVOR}, {env['device']}, torch {env['torch']}, gmlp {env['commit'][:7]}")
+    curves.set_title(f"torchtitan qwen3 {FLAVOR}, {env['device']}, torch {env['torch']}, gmlp {env['commit'][:7]} "
+                     f"({_kernels(results)}), seed {results['settings']['seed']}")
     gaps.axhline(0, color="gray", linewidth=0.5)
     gaps.set_ylabel(f"loss - stock loss\n(mean of {window} steps)")
     gaps.set_xlabel("step")
     gaps.legend()
     figure.tight_layout()
     out = path.with_suffix(".png")
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
+    """Each run's gap to stock, one panel per results JSON (seed), on one scale: how far runs that
+    differ only in rounding (torchtitan-fused) drift from stock, beside gmlp's."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(len(paths), 1, figsize=(9, 2.4 * len(paths) + 0.6), sharex=True, sharey=True,
+                                squeeze=False)
+    colors = {name: f"C{index}" for index, name in enumerate(RUNS)}
+    for axis, path in zip(axes[:, 0], paths):
+        results = json.loads(path.read_text())
+        runs, window = results["runs"], results["settings"]["window"]
+        for name, run in runs.items():
+            if name != "stock":
+                gap = moving_gap(run["loss"], runs["stock"]["loss"], window)
+                axis.plot(range(window - 1, window - 1 + len(gap)), gap, label=name, linewidth=1, color=colors[name])
+        axis.axhline(0, color="gray", linewidth=0.5)
+        axis.set_title(f"seed {results['settings']['seed']}, gmlp on {_kernels(results)} ({path.name})", fontsize=9)
+        axis.set_ylabel(f"loss - stock\n({window}-step mean)")
+        axis.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("step")
+    figure.tight_layout()
     figure.savefig(out, dpi=120)
     return out
 
@@ -280,11 +318,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (its timings mean nothing)")
     parser.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=True,
                         help="FSDP2 with bf16 parameters (torchtitan's default); --no-fsdp trains in fp32")
-    parser.add_argument("--plot", type=pathlib.Path, default=None, help="only plot this results JSON")
+    parser.add_argument("--plot", type=pathlib.Path, nargs="+", default=None,
+                        help="only plot results JSON: one file's curves beside it, or several seeds' gaps (--plot-out)")
+    parser.add_argument("--plot-out", type=pathlib.Path, default=None, help="the PNG of several --plot files")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     if args.plot is not None:
-        print(plot(args.plot))
+        if len(args.plot) == 1:
+            print(plot(args.plot[0]))
+        elif args.plot_out is None:
+            parser.error("--plot with several files needs --plot-out")
+        else:
+            print(plot_seeds(args.plot, args.plot_out))
         return
     names = args.runs.split(",")
     unknown = [name for name in names if name not in RUNS]
@@ -302,7 +347,7 @@ def main(argv: list[str]) -> None:
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
     results = PartialResults("torchtitan-h200" if device.type == "cuda" else "torchtitan-cpu-smoke", args.out)
     smoke = {"device": "cpu (smoke run)", "torch": torch.__version__, "commit": "-"}
-    record = {"environment": environment() if device.type == "cuda" else smoke, "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "out")},
+    record = {"environment": environment() if device.type == "cuda" else smoke, "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
                                                          "flavor": FLAVOR, "flags": {n: RUNS[n] for n in names},
                                                          "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
