@@ -54,7 +54,7 @@ def _inputs(device, seed: int = 1):
 def test_the_flag_swaps_every_experts_node_of_a_torchtitan_model():
     """``--override.imports`` parsed by torchtitan's ConfigManager and applied as its trainer
     does: all 8 MoE layers of the qwen3 MoE debug model get gmlp's experts, with the recipe the
-    flag's kwargs name, and keep the stock fields and initializers."""
+    flag's kwargs name, keep the stock fields and initializers, and are built as gmlp's."""
     from torchtitan.config.manager import ConfigManager
     from torchtitan.config.override import apply_overrides
 
@@ -66,6 +66,9 @@ def test_the_flag_swaps_every_experts_node_of_a_torchtitan_model():
         assert all(type(c) is GmlpGroupedExperts.Config and c.recipe == recipe for c in experts)
         assert [(c.dim, c.hidden_dim, c.num_experts, c.param_init) for c in experts] == \
                [(c.dim, c.hidden_dim, c.num_experts, c.param_init) for c in stock]
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    assert sum(isinstance(m, GmlpGroupedExperts) for m in model.modules()) == 8
 
 
 def test_gmlp_experts_init_and_state_as_stock():
