@@ -197,7 +197,7 @@ def test_other_experts_keep_their_module_with_the_reason():
 
 def test_bad_settings_are_refused_when_the_override_is_applied():
     config = GroupedExperts.Config(dim=48, hidden_dim=64, num_experts=4)
-    with pytest.raises(ValueError, match=r"MXFP8 need dim and hidden_dim multiples of 32, got dim=48"):
+    with pytest.raises(ValueError, match=r"MXFP8 need dim and hidden_dim multiples of 32 \(one scale per 32 elements\), got dim=48"):
         gmlp_experts(config)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

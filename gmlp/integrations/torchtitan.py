@@ -55,6 +55,12 @@ def recipe_from_name(recipe: str, scale_mode: str = "rceil", grad_format: str = 
     return None if recipe == "bf16" else MXFP8Recipe(ScaleMode(scale_mode), ElementFormat(grad_format))
 
 
+def _check_sizes(recipe: MXFP8Recipe | None, dim: int, hidden_dim: int) -> None:
+    if recipe is not None and (dim % 32 or hidden_dim % 32):
+        raise ValueError(f"gmlp experts with MXFP8 need dim and hidden_dim multiples of 32 (one scale per 32 "
+                         f"elements), got dim={dim}, hidden_dim={hidden_dim}; recipe='bf16' takes any size")
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     """The rank's own tensor of a parameter: under expert parallelism a DTensor sharded on the
     expert dim, whose local experts are the ones the dispatcher's rows belong to."""
@@ -85,9 +91,7 @@ class GmlpGroupedExperts(GroupedExperts):
                             "quantized GEMM?), which gmlp's experts never call: their GEMMs are gmlp's. Use gmlp's "
                             "recipe instead of the converter")
         self.recipe = recipe_from_name(config.recipe, config.scale_mode, config.grad_format)
-        if self.recipe is not None and (config.dim % 32 or config.hidden_dim % 32):
-            raise ValueError(f"gmlp experts with MXFP8 need dim and hidden_dim multiples of 32 (one scale per 32 "
-                             f"elements), got dim={config.dim}, hidden_dim={config.hidden_dim}")
+        _check_sizes(self.recipe, config.dim, config.hidden_dim)
         self.dim, self.hidden_dim = config.dim, config.hidden_dim
         self._layer_config = LayerConfig(activation_from("swiglu"), self.recipe, False, config.strict, None, False,
                                          GateUpLayout.SEPARATE).encode()
@@ -111,10 +115,11 @@ class GmlpGroupedExperts(GroupedExperts):
     def explain(self, rows: int = 1, device: torch.device | str | None = None) -> str:
         """The plan of a forward with ``rows`` routed rows on ``device`` (default: the weights'):
         each op's path, and why every faster path is skipped."""
-        gate, _, _ = self._weights()
+        gate = _local(self.w1_EFD)
         device = torch.device(device) if device is not None else gate.device
+        dtype = torch.bfloat16 if self.recipe is None else gate.dtype  # what _weights hands the ops
         config = decode_config(self._layer_config)
-        problem = layer_problem(config, token_class(rows), gate.shape[0], self.dim, self.hidden_dim, gate.dtype,
+        problem = layer_problem(config, token_class(rows), gate.shape[0], self.dim, self.hidden_dim, dtype,
                                 torch.bfloat16, device)
         return f"{type(self).__name__} ({self.extra_repr()}) on {device}:\n{plan_layer(problem, device, strict=False).explain()}"
 
@@ -130,7 +135,7 @@ def gmlp_experts(cfg: GroupedExperts.Config, *, recipe: str = "mxfp8", scale_mod
     param_init and sharding_config kept), with the recipe the override's kwargs name. The
     settings are checked here, before anything is built; a config of another experts class keeps
     its module, with a ``FallbackWarning`` (an error with ``strict``)."""
-    recipe_from_name(recipe, scale_mode, grad_format)
+    gmlp_recipe = recipe_from_name(recipe, scale_mode, grad_format)
     if isinstance(cfg, GmlpGroupedExperts.Config):
         return cfg
     if type(cfg) is not GroupedExperts.Config:
@@ -140,8 +145,6 @@ def gmlp_experts(cfg: GroupedExperts.Config, *, recipe: str = "mxfp8", scale_mod
             raise FallbackError(f"gmlp experts: {reason}")
         warnings.warn(f"gmlp experts: kept {type(cfg).__qualname__}: {reason}", FallbackWarning, stacklevel=2)
         return cfg
-    if recipe == "mxfp8" and (cfg.dim % 32 or cfg.hidden_dim % 32):
-        raise ValueError(f"gmlp experts with MXFP8 need dim and hidden_dim multiples of 32, got dim={cfg.dim}, "
-                         f"hidden_dim={cfg.hidden_dim}; use recipe='bf16'")
+    _check_sizes(gmlp_recipe, cfg.dim, cfg.hidden_dim)
     return derive(cfg, GmlpGroupedExperts.Config, recipe=recipe, scale_mode=scale_mode, grad_format=grad_format,
                   strict=strict)
