@@ -149,22 +149,36 @@ def test_a_stock_checkpoint_round_trips_bit_for_bit(tmp_path):
         assert torch.equal(got[name].view(torch.uint8), tensor.view(torch.uint8)), name
 
 
-def test_activation_checkpointing_gives_the_same_bits(monkeypatch):
-    """torch.utils.checkpoint around the MoE (what torchtitan's activation checkpointing wraps a
-    block in) recomputes the experts' forward in the backward: the same output and gradients."""
-    from torch.utils.checkpoint import checkpoint
+class _Blocks(torch.nn.Module):
+    """The MoE as a model's only block (``layers.0``): what torchtitan's checkpointing wraps."""
+
+    def __init__(self, moe):
+        super().__init__()
+        self.layers = torch.nn.ModuleDict({"0": moe})
+
+    def forward(self, x):
+        return self.layers["0"](x)
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "bf16"])
+def test_torchtitans_activation_checkpointing_gives_the_same_bits(monkeypatch, policy, recipe):
+    """torchtitan's activation checkpointing (FullAC: the block recomputed in the backward;
+    SelectiveAC: its per-op policy, which saves some ops' outputs and recomputes the others)
+    applied to a block holding the MoE: the same output and gradients as without it."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     monkeypatch.setenv("GMLP_BACKEND", "torch")
-    moe = built(overridden(moe_config()))
+    model = _Blocks(built(overridden(moe_config(), recipe=recipe)))
     x, dy = _inputs("cpu")
-    plain = _step(moe, x, dy)
-    moe.zero_grad()
-    x = x.clone().requires_grad_()
-    out = checkpoint(moe, x, use_reentrant=False)
-    out.backward(dy)
-    assert torch.equal(out, plain[0]) and torch.equal(x.grad, plain[1])
-    for name, p in moe.named_parameters():
-        assert torch.equal(p.grad, plain[2][name]), name
+    plain = _step(model, x, dy)
+    model.zero_grad()
+    (FullAC if policy == "full" else SelectiveAC).Config().build().apply(model)
+    assert type(model.layers["0"]).__name__ == "CheckpointWrapper"
+    checkpointed = _step(model, x, dy)
+    assert torch.equal(checkpointed[0], plain[0]) and torch.equal(checkpointed[1], plain[1])
+    for name, grad in plain[2].items():
+        assert torch.equal(checkpointed[2][name.replace("layers.0.", "layers.0._checkpoint_wrapped_module.")], grad), name
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "bf16"])
