@@ -27,7 +27,7 @@ from gmlp.integrations.torchtitan import GmlpGroupedExperts, gmlp_experts  # noq
 from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref  # noqa: E402
 from tests.backends import kernel_device  # noqa: E402
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error  # noqa: E402
-from tests.torchtitan_cases import DIM, GMLP_EXPERTS, built, moe_config, overridden  # noqa: E402
+from tests.torchtitan_cases import DIM, GMLP_EXPERTS, built, import_model_package, moe_config, overridden  # noqa: E402
 
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
@@ -58,6 +58,7 @@ def test_the_flag_swaps_every_experts_node_of_a_torchtitan_model():
     from torchtitan.config.manager import ConfigManager
     from torchtitan.config.override import apply_overrides
 
+    import_model_package("qwen3")
     for flag, recipe in ((GMLP_EXPERTS, "mxfp8"), (f'{GMLP_EXPERTS}={{"recipe": "bf16"}}', "bf16")):
         config = ConfigManager().parse_args(["--module", "qwen3", "--config", "qwen3_moe_debug", "--override.imports", flag])
         stock = [c for _, c, _, _ in config.model_spec.model.traverse(GroupedExperts.Config)]
@@ -200,7 +201,7 @@ def test_compiled_moe_gives_eagers_bits(monkeypatch, recipe):
 def test_other_experts_keep_their_module_with_the_reason():
     """An experts class gmlp does not run (gpt-oss's biased, clamped SwiGLU) keeps its own module:
     a FallbackWarning naming it, or with strict=True a FallbackError."""
-    from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+    GptOssGroupedExperts = import_model_package("gpt_oss").moe.GptOssGroupedExperts
 
     config = GptOssGroupedExperts.Config(dim=64, hidden_dim=64, num_experts=4)
     with pytest.warns(FallbackWarning, match=r"kept GptOssGroupedExperts.Config: .* not torchtitan's stock"):

@@ -48,3 +48,18 @@ def built(config, seed: int = 0, device: torch.device | str = "cpu"):
         module = config.build()
         module.init_states()
     return module
+
+
+def import_model_package(name: str):
+    """torchtitan's model package ``torchtitan.models.<name>``, or pytest.skip with the import
+    error: torchtitan 0.3.0's model packages import FSDP names of a newer torch than 2.11 (the
+    H200 machine's), where its ``models.common`` (MoE, dispatchers) still works."""
+    import importlib
+
+    import pytest
+
+    try:
+        return importlib.import_module(f"torchtitan.models.{name}")
+    except ImportError as error:
+        pytest.skip(f"torchtitan.models.{name} does not import with torch {torch.__version__}: {error}")
+
