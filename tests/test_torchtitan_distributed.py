@@ -19,9 +19,10 @@ RECIPES = ["bf16", "mxfp8"]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("spmd_backend", ["spmd_types", "partial_dtensor"])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_expert_parallel_moe_equals_one_process(recipe):
-    run_workers(expert_parallel_worker, 2, recipe)
+def test_expert_parallel_moe_equals_one_process(recipe, spmd_backend):
+    run_workers(expert_parallel_worker, 2, recipe, spmd_backend)
 
 
 @pytest.mark.slow

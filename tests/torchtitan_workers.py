@@ -61,12 +61,14 @@ def _mine(rank: int, tensor: torch.Tensor) -> torch.Tensor:
     return tensor[rank * ROWS_PER_RANK:(rank + 1) * ROWS_PER_RANK]
 
 
-def expert_parallel_worker(rank: int, world: int, port: int, recipe: str) -> None:
+def expert_parallel_worker(rank: int, world: int, port: int, recipe: str, spmd_backend: str) -> None:
     """torchtitan's expert-parallel MoE (EP = world: each rank keeps E / world experts, tokens
     travel by its all-to-all dispatcher) with gmlp's experts, on this rank's sequences, against the
     single-process MoE on all of them: out and dx bit for bit (each expert sees the same rows in
     the same order), the local experts' weight gradients bit for bit, the router's (partial per
-    rank) summed within fp32 rounding. Balanced routing: gloo's all-to-all needs equal splits."""
+    rank) summed within fp32 rounding. Balanced routing: gloo's all-to-all needs equal splits.
+    ``spmd_backend``: torchtitan's parameter representation, "spmd_types" (local tensors, its
+    default) or "partial_dtensor" (DTensors, which the experts use through ``to_local()``)."""
     _start(rank, world, port)
     import spmd_types as spmd
     import torchtitan.distributed.parallel_dims as parallel_dims_module
@@ -77,6 +79,7 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str) -> Non
     # torchtitan builds its meshes on the device type it detected at import, "cuda" when there is
     # no accelerator at all; these ranks are CPU processes
     parallel_dims_module.device_type = "cpu"
+    dist_utils.set_spmd_backend(spmd_backend)
     config = overridden(moe_config(balanced=True), recipe=recipe)
     single = built(config)
     x, dy = _batch(world)
@@ -85,7 +88,8 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str) -> Non
     layout = {"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2), "w3_EFD": spmd.S(1)}  # as torchtitan's qwen3 passes
     set_moe_sharding_config(config, enable_ep=True, enable_sp=False, expert_param_layout=layout)
     moe = built(config)
-    parallel_dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=world, world_size=world)
+    parallel_dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=world, world_size=world,
+                                 spmd_backend=spmd_backend)
     parallel_dims.build_mesh()
     moe.parallelize(parallel_dims)
     with dist_utils.get_spmd_context(parallel_dims=parallel_dims)():
@@ -93,6 +97,7 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str) -> Non
     assert torch.equal(out, _mine(rank, want_out)), "out"
     assert torch.equal(dx, _mine(rank, want_dx)), "dx"
     experts = moe.routed_experts.inner_experts
+    assert (type(experts.w1_EFD).__name__ == "DTensor") == (spmd_backend == "partial_dtensor")
     local = _local(experts.w1_EFD).shape[0]
     assert local * world == experts.num_experts, "EP shards the experts"
     mine = slice(rank * local, (rank + 1) * local)
