@@ -1,5 +1,6 @@
 """Packaging: the core install is the reference (torch, triton, einops); the CuTeDSL packages are
-the ``cutedsl`` extra, pinned together, which the ``test`` extra (CI) includes; and a missing
+the ``cutedsl`` extra, pinned together, which the ``test`` extra (CI) includes with the
+``torchtitan`` extra (Python 3.11+); and a missing
 CuTeDSL package's fallback reason says which extra to install."""
 
 from __future__ import annotations
@@ -40,10 +41,19 @@ def test_the_cutedsl_extra_pins_the_tested_combination():
     assert set(cutedsl) == set(CUTEDSL_PACKAGES.values())
 
 
-def test_the_test_extra_includes_the_cutedsl_extra():
-    test = _requirements(_project()["optional-dependencies"]["test"])
-    assert "cutedsl" in test[_project()["name"]].extras  # CI compiles the CuTeDSL kernels on the CPU
-    assert "pytest" in test
+def test_the_test_extra_includes_the_cutedsl_and_torchtitan_extras():
+    lines = _project()["optional-dependencies"]["test"]
+    own = [req for req in map(Requirement, lines) if req.name == _project()["name"]]
+    extras = {extra: req for req in own for extra in req.extras}
+    assert "cutedsl" in extras  # CI compiles the CuTeDSL kernels on the CPU
+    assert "torchtitan" in extras and extras["torchtitan"].marker.evaluate({"python_version": "3.11"})
+    assert not extras["torchtitan"].marker.evaluate({"python_version": "3.10"})  # torchtitan needs 3.11
+    assert "pytest" in _requirements(lines)
+
+
+def test_the_torchtitan_extra_pins_the_tested_release():
+    torchtitan = _requirements(_project()["optional-dependencies"]["torchtitan"])
+    assert {name: str(req.specifier) for name, req in torchtitan.items()} == {"torchtitan": "==0.3.0"}
 
 
 def test_missing_package_hint():

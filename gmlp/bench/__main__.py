@@ -1,10 +1,10 @@
-"""``python -m gmlp.bench {quantize,mlp,gemm,profile,host,torchtitan}``."""
+"""``python -m gmlp.bench {quantize,mlp,gemm,profile,host,torchtitan,ep}``."""
 
 import sys
 
 BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm",
            "profile": "gmlp.bench.profile", "host": "gmlp.bench.host",
-           "torchtitan": "gmlp.bench.torchtitan"}
+           "torchtitan": "gmlp.bench.torchtitan", "ep": "gmlp.bench.ep"}
 
 
 def main() -> None:

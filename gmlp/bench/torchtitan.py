@@ -35,11 +35,12 @@ import time
 import traceback
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from torchtitan.config import override
+from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.protocols.module import Module
 
@@ -100,19 +101,22 @@ class CausalSDPAttention(Module):
 
 @override(target=FlexAttention.Config, description="causal SDPA core (one document per sequence)")
 def causal_sdpa(cfg: FlexAttention.Config) -> CausalSDPAttention.Config:
-    return CausalSDPAttention.Config()
+    return derive(cfg, CausalSDPAttention.Config)  # keeps the sharding config torchtitan gave the core
 
 
 ATTENTION = "gmlp.bench.torchtitan.causal_sdpa"
 
 
-def model_spec(flags: list[str]):
+def model_spec(flags: list[str], prepare: Callable | None = None):
     """torchtitan's qwen3 MoE debug model spec with the causal SDPA core and the override flags,
-    applied by torchtitan."""
+    applied by torchtitan; ``prepare(model_config)`` first if given (as the trainer sets the
+    sharding configs before it applies overrides)."""
     from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
     from torchtitan.models.qwen3 import model_registry
 
     spec = model_registry(FLAVOR)
+    if prepare is not None:
+        prepare(spec.model)
     applied = apply_overrides(OverrideConfig(imports=parse_cli_imports([ATTENTION, *flags])), spec)
     print("\n".join(line for line in applied if ATTENTION not in line), flush=True)
     return spec
