@@ -178,7 +178,7 @@ class MarkovTokens:
         tokens[:, 0] = torch.randint(vocab, (rows,), generator=on_device, device=device)
         for i in range(length):
             tokens[:, i + 1] = torch.multinomial(table[tokens[:, i]], 1, generator=on_device).squeeze(1)
-        self.tokens, self.batch_size, self.device = tokens, batch, device
+        self.table, self.tokens, self.batch_size, self.device = table, tokens, batch, device  # table[a, b]: P(b | a)
 
     def batch(self, step: int) -> torch.Tensor:
         return self.tokens[step * self.batch_size:(step + 1) * self.batch_size]
