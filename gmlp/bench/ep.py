@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment
-from gmlp.bench.torchtitan import FLAVOR, RUNS, MarkovTokens, model_spec, moving_gap, torch_shims
+from gmlp.bench.torchtitan import ATTENTION, FLAVOR, RUNS, MarkovTokens, model_spec, moving_gap, torch_shims
 
 SPMD_BACKEND = "partial_dtensor"
 
@@ -273,7 +273,8 @@ def main(argv: list[str]) -> None:
     smoke = {"device": "cpu (smoke run, gloo)", "torch": torch.__version__, "commit": "-"}
     record = {"environment": environment() if device.type == "cuda" else smoke,
               "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
-                           "world": world, "flavor": FLAVOR, "spmd_backend": SPMD_BACKEND, "torch_shims": shims,
+                           "world": world, "flavor": FLAVOR, "attention_core": ATTENTION, "spmd_backend": SPMD_BACKEND,
+                           "torch_shims": shims,
                            "flags": {name: RUNS[name] for name in names}},
               "data_entropy": data.entropy, "runs": {}}
     for name in names:

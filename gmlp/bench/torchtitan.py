@@ -352,7 +352,7 @@ def main(argv: list[str]) -> None:
     results = PartialResults("torchtitan-h200" if device.type == "cuda" else "torchtitan-cpu-smoke", args.out)
     smoke = {"device": "cpu (smoke run)", "torch": torch.__version__, "commit": "-"}
     record = {"environment": environment() if device.type == "cuda" else smoke, "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
-                                                         "flavor": FLAVOR, "flags": {n: RUNS[n] for n in names},
+                                                         "flavor": FLAVOR, "attention_core": ATTENTION, "flags": {n: RUNS[n] for n in names},
                                                          "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
