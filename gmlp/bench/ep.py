@@ -29,7 +29,9 @@ import torch
 import torch.distributed as dist
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment
-from gmlp.bench.torchtitan import ATTENTION, FLAVOR, RUNS, MarkovTokens, model_spec, moving_gap, torch_shims
+from gmlp.bench.torchtitan import (ATTENTION, FLAVOR, RUNS, MarkovTokens, model_spec, moving_gap,
+                                   optimizer_and_schedule, torch_shims)
+from gmlp.bench.torchtitan import build_model as stock_model
 
 SPMD_BACKEND = "partial_dtensor"
 
@@ -121,8 +123,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
     tokens/s per GPU past the warm-up, and the all-to-all time of one profiled step."""
     from torchtitan.distributed import utils as dist_utils
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
+    optimizer, schedule = optimizer_and_schedule(model, args)
     context = dist_utils.get_spmd_context(parallel_dims=dims)
     device, global_tokens = data.device, world * args.batch * args.seq_len
     replicas = dims.get_optional_mesh(["efsdp"])  # the ranks that hold the same experts
@@ -258,16 +259,10 @@ def main(argv: list[str]) -> None:
     torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed
     shims = torch_shims()
     dims = parallel_dims(world, args.ep, device)
-    stock = model_spec([])
-    with torch.device("meta"):
-        model = stock.model.build()
-    model.to_empty(device=device)
-    torch.manual_seed(args.seed)
-    with torch.no_grad():
-        model.init_states()
-    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    del model
-    data = MarkovTokens(stock.model.vocab_size, args.steps, world * args.batch, args.seq_len, args.seed, device)
+    stock = stock_model([], device, None, args.seed)  # the weights every run starts from
+    state = {key: value.detach().clone() for key, value in stock.state_dict().items()}
+    del stock
+    data = MarkovTokens(model_spec([]).model.vocab_size, args.steps, world * args.batch, args.seq_len, args.seed, device)
     tag = "h200" if device.type == "cuda" else "cpu-smoke"
     results = PartialResults(f"ep{args.ep}-of-{world}-{tag}", args.out) if rank == 0 else None
     smoke = {"device": "cpu (smoke run, gloo)", "torch": torch.__version__, "commit": "-"}

@@ -189,10 +189,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def optimizer_and_schedule(model, args):
+    """AdamW with torchtitan's default settings (``default_adamw``) and a linear warm-up."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
+
+
 def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     """Train ``args.steps`` steps; the loss of each and tokens/s past the warm-up steps."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
+    optimizer, schedule = optimizer_and_schedule(model, args)
     losses, tokens_per_step = [], args.batch * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
     positions = torch.arange(args.seq_len, device=data.device).expand(args.batch, -1)  # one document per sequence
