@@ -9,11 +9,15 @@ import os
 import subprocess
 import sys
 
+from types import SimpleNamespace
+
 import pytest
+
+from gmlp.bench.ep import all_to_all_ms
 
 pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
-STEPS = 2
+STEPS = 3  # one warm-up step, one timed, the last profiled
 
 
 def _run(tmp_path, ranks: int) -> dict:
@@ -37,3 +41,25 @@ def test_two_expert_parallel_ranks_train_as_one(tmp_path):
     assert len(got) == STEPS
     assert got[0] == pytest.approx(want[0], abs=1e-4)  # the same weights and tokens: rounding apart
     assert got == pytest.approx(want, abs=1e-3)
+    exchanged = two["runs"]["gmlp-bf16"]["profiled_step"]
+    assert 0 < exchanged["all_to_all_ms"] < exchanged["step_ms"]  # gloo's exchanges, inside the step
+    assert one["runs"]["gmlp-bf16"]["profiled_step"]["all_to_all_ms"] == 0  # EP = 1 exchanges nothing
+
+
+def _event(key: str, device_us: float = 0.0, cpu_us: float = 0.0, total_cpu_us: float = 0.0):
+    return SimpleNamespace(key=key, self_device_time_total=device_us, self_cpu_time_total=cpu_us,
+                           cpu_time_total=total_cpu_us)
+
+
+def test_all_to_all_time_counts_each_exchange_once():
+    # key_averages() of three NCCL all_to_all_single calls on the H200 (torch 2.11): the kernel's
+    # time appears again on the nccl:all_to_all annotation, and the c10d op has only CPU time
+    nccl = [_event("c10d::alltoall_base_", cpu_us=155.3, total_cpu_us=155.3), _event("nccl:all_to_all"),
+            _event("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", device_us=113.1),
+            _event("nccl:all_to_all", device_us=113.1),
+            _event("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", device_us=50.0)]
+    assert all_to_all_ms(nccl, "cuda") == pytest.approx(0.1131)
+    # gloo on the CPU: the c10d op enqueues (its own time), the work runs under gloo:all_to_all
+    gloo = [_event("c10d::alltoall_base_", cpu_us=345.8, total_cpu_us=345.8),
+            _event("gloo:all_to_all", total_cpu_us=44529.4)]
+    assert all_to_all_ms(gloo, "cpu") == pytest.approx(44.5294)

@@ -106,16 +106,28 @@ def build_model(flags: list[str], dims, ep: int, state: dict, device: torch.devi
     return model, experts
 
 
-def _all_to_all_ms(profile) -> float:
-    """Time of the all-to-all exchanges in a profiled step: NCCL's send/recv kernels on a GPU
-    (torch's all_to_all_single is grouped send/recv), gloo's alltoall ops on the CPU, in ms."""
+def all_to_all_ms(events, device_type: str) -> float:
+    """Time of the all-to-all exchanges among a profile's ``key_averages()``, in ms, each counted
+    once: on a GPU, NCCL's send/recv kernels (torch's all_to_all_single is grouped send/recv; the
+    ``nccl:all_to_all`` annotation and the ``c10d::`` op that launch them are not counted again);
+    on the CPU, the span of gloo's ``gloo:all_to_all`` work (the ``c10d::`` op only enqueues it)."""
     total_us = 0.0
-    for event in profile.key_averages():
-        name = event.key.lower()
-        if "sendrecv" in name or "all_to_all" in name or "alltoall" in name:
-            device_us = getattr(event, "self_device_time_total", 0.0) or 0.0
-            total_us += device_us if device_us else event.self_cpu_time_total
+    for event in events:
+        name = event.key
+        if device_type == "cuda" and name.startswith("nccl") and "Kernel_SendRecv" in name:
+            total_us += event.self_device_time_total
+        elif device_type == "cpu" and name == "gloo:all_to_all":
+            total_us += event.cpu_time_total
     return total_us / 1000
+
+
+def top_kernels_ms(events, count: int = 12) -> dict[str, float]:
+    """The ``count`` GPU kernels of a profile's ``key_averages()`` with the most device time, in
+    ms (names cut to 100 characters): where a step's time goes, e.g. under a hot expert."""
+    kernels = [event for event in events
+               if event.device_type == torch.autograd.DeviceType.CUDA and event.self_device_time_total > 0]
+    kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+    return {event.key[:100]: event.self_device_time_total / 1000 for event in kernels[:count]}
 
 
 def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank: int, world: int) -> dict:
@@ -128,7 +140,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
     device, global_tokens = data.device, world * args.batch * args.seq_len
     replicas = dims.get_optional_mesh(["efsdp"])  # the ranks that hold the same experts
     positions = torch.arange(args.seq_len, device=device).expand(args.batch, -1)  # one document per sequence
-    losses, timed_from, profiled = [], min(args.warmup, args.steps - 1), {}
+    losses, timed_from, profiled = [], args.warmup, {}
 
     def step(index: int) -> torch.Tensor:
         tokens = data.batch(index)[rank * args.batch:(rank + 1) * args.batch]
@@ -150,6 +162,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
         dist.all_reduce(total)
         return total / global_tokens
 
+    untimed_s = 0.0  # the profiled step, its sync and the profile's processing
     for index in range(args.steps):
         if index == timed_from:
             dist.barrier()
@@ -158,20 +171,27 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if device.type == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
+                torch.cuda.synchronize(device)  # the step's time is its own, not the previous one's tail
+            began = time.perf_counter()
             with torch.profiler.profile(activities=activities) as profile:
-                began = time.perf_counter()
                 losses.append(step(index))
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                profiled = {"step": index, "step_ms": 1000 * (time.perf_counter() - began),
-                            "all_to_all_ms": _all_to_all_ms(profile)}
+                step_ms = 1000 * (time.perf_counter() - began)
+            # the events exist once the profiler has stopped
+            events = profile.key_averages()
+            profiled = {"step": index, "step_ms": step_ms, "all_to_all_ms": all_to_all_ms(events, device.type)}
+            if device.type == "cuda":
+                profiled["top_kernels_ms"] = top_kernels_ms(events)
+            if index >= timed_from:
+                untimed_s += time.perf_counter() - began
         else:
             losses.append(step(index))
         if rank == 0 and ((index + 1) % 25 == 0 or index + 1 == args.steps):
             print(f"{name}: step {index + 1}/{args.steps} loss {float(losses[-1]):.4f}", flush=True)
     dist.barrier()
-    seconds = time.perf_counter() - start
-    timed_steps = args.steps - timed_from
+    seconds = time.perf_counter() - start - untimed_s
+    timed_steps = args.steps - timed_from - (args.profile_step >= timed_from)
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     return {"loss": [float(x) for x in losses], "tokens_per_s_per_gpu": timed_steps * args.batch * args.seq_len / seconds,
             "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb_rank0": peak, "profiled_step": profiled}
@@ -247,6 +267,11 @@ def main(argv: list[str]) -> None:
         parser.error(f"--ep {args.ep} must divide the {world} processes")
     if args.profile_step is None:
         args.profile_step = args.steps - 1
+    if not 0 <= args.profile_step < args.steps:
+        parser.error(f"--profile-step {args.profile_step}: expected a step in [0, {args.steps})")
+    if args.steps < args.warmup + 2:  # at least one timed step besides the profiled one
+        parser.error(f"--steps {args.steps}: expected at least --warmup + 2 = {args.warmup + 2} "
+                     "(the warm-up steps and the profiled step are not timed)")
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
