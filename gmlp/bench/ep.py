@@ -132,7 +132,9 @@ def top_kernels_ms(events, count: int = 12) -> dict[str, float]:
 
 def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank: int, world: int) -> dict:
     """``args.steps`` steps on this rank's rows of each global batch; the global loss of each step,
-    tokens/s per GPU past the warm-up, and the all-to-all time of one profiled step."""
+    tokens/s per GPU past the warm-up (the profiled step left out), the all-to-all time and top
+    kernels of one profiled step, and each step's host time (no sync: spikes show host stalls
+    such as a kernel compiled mid-run)."""
     from torchtitan.distributed import utils as dist_utils
 
     optimizer, schedule = optimizer_and_schedule(model, args)
@@ -163,6 +165,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
         return total / global_tokens
 
     untimed_s = 0.0  # the profiled step, its sync and the profile's processing
+    step_host_ms, last = [], time.perf_counter()
     for index in range(args.steps):
         if index == timed_from:
             dist.barrier()
@@ -187,6 +190,9 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
                 untimed_s += time.perf_counter() - began
         else:
             losses.append(step(index))
+        now = time.perf_counter()
+        step_host_ms.append(1000 * (now - last))
+        last = now
         if rank == 0 and ((index + 1) % 25 == 0 or index + 1 == args.steps):
             print(f"{name}: step {index + 1}/{args.steps} loss {float(losses[-1]):.4f}", flush=True)
     dist.barrier()
@@ -194,7 +200,8 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
     timed_steps = args.steps - timed_from - (args.profile_step >= timed_from)
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     return {"loss": [float(x) for x in losses], "tokens_per_s_per_gpu": timed_steps * args.batch * args.seq_len / seconds,
-            "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb_rank0": peak, "profiled_step": profiled}
+            "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb_rank0": peak, "profiled_step": profiled,
+            "step_host_ms": step_host_ms}
 
 
 def plot(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
