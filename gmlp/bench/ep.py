@@ -184,7 +184,9 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             # the events exist once the profiler has stopped
             events = profile.key_averages()
             profiled = {"step": index, "step_ms": step_ms, "all_to_all_ms": all_to_all_ms(events, device.type)}
-            if device.type == "cuda":
+            if device.type == "cuda":  # kernel time against the step's: how far the host keeps the GPU busy
+                profiled["kernels_ms"] = sum(event.self_device_time_total for event in events
+                                             if event.device_type == torch.autograd.DeviceType.CUDA) / 1000
                 profiled["top_kernels_ms"] = top_kernels_ms(events)
             if index >= timed_from:
                 untimed_s += time.perf_counter() - began
