@@ -121,12 +121,17 @@ def all_to_all_ms(events, device_type: str) -> float:
     return total_us / 1000
 
 
+def _kernels(events) -> list:
+    """The GPU kernels among a profile's ``key_averages()``: device time, not an annotation of a
+    region (``Optimizer.step#...``, ``nccl:all_to_all``) that repeats its kernels' time."""
+    return [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA
+            and event.self_device_time_total > 0 and not getattr(event, "is_user_annotation", False)]
+
+
 def top_kernels_ms(events, count: int = 12) -> dict[str, float]:
     """The ``count`` GPU kernels of a profile's ``key_averages()`` with the most device time, in
     ms (names cut to 100 characters): where a step's time goes, e.g. under a hot expert."""
-    kernels = [event for event in events
-               if event.device_type == torch.autograd.DeviceType.CUDA and event.self_device_time_total > 0]
-    kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+    kernels = sorted(_kernels(events), key=lambda event: event.self_device_time_total, reverse=True)
     return {event.key[:100]: event.self_device_time_total / 1000 for event in kernels[:count]}
 
 
@@ -185,8 +190,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             events = profile.key_averages()
             profiled = {"step": index, "step_ms": step_ms, "all_to_all_ms": all_to_all_ms(events, device.type)}
             if device.type == "cuda":  # kernel time against the step's: how far the host keeps the GPU busy
-                profiled["kernels_ms"] = sum(event.self_device_time_total for event in events
-                                             if event.device_type == torch.autograd.DeviceType.CUDA) / 1000
+                profiled["kernels_ms"] = sum(event.self_device_time_total for event in _kernels(events)) / 1000
                 profiled["top_kernels_ms"] = top_kernels_ms(events)
             if index >= timed_from:
                 untimed_s += time.perf_counter() - began
