@@ -13,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gmlp.bench.ep import all_to_all_ms
+import torch
+
+from gmlp.bench.ep import all_to_all_ms, top_kernels_ms
 
 pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
@@ -46,9 +48,11 @@ def test_two_expert_parallel_ranks_train_as_one(tmp_path):
     assert one["runs"]["gmlp-bf16"]["profiled_step"]["all_to_all_ms"] == 0  # EP = 1 exchanges nothing
 
 
-def _event(key: str, device_us: float = 0.0, cpu_us: float = 0.0, total_cpu_us: float = 0.0):
+def _event(key: str, device_us: float = 0.0, cpu_us: float = 0.0, total_cpu_us: float = 0.0,
+           annotation: bool = False):
+    device = torch.autograd.DeviceType.CUDA if device_us else torch.autograd.DeviceType.CPU
     return SimpleNamespace(key=key, self_device_time_total=device_us, self_cpu_time_total=cpu_us,
-                           cpu_time_total=total_cpu_us)
+                           cpu_time_total=total_cpu_us, device_type=device, is_user_annotation=annotation)
 
 
 def test_all_to_all_time_counts_each_exchange_once():
@@ -56,10 +60,18 @@ def test_all_to_all_time_counts_each_exchange_once():
     # time appears again on the nccl:all_to_all annotation, and the c10d op has only CPU time
     nccl = [_event("c10d::alltoall_base_", cpu_us=155.3, total_cpu_us=155.3), _event("nccl:all_to_all"),
             _event("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", device_us=113.1),
-            _event("nccl:all_to_all", device_us=113.1),
+            _event("nccl:all_to_all", device_us=113.1, annotation=True),
             _event("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", device_us=50.0)]
     assert all_to_all_ms(nccl, "cuda") == pytest.approx(0.1131)
     # gloo on the CPU: the c10d op enqueues (its own time), the work runs under gloo:all_to_all
     gloo = [_event("c10d::alltoall_base_", cpu_us=345.8, total_cpu_us=345.8),
             _event("gloo:all_to_all", total_cpu_us=44529.4)]
     assert all_to_all_ms(gloo, "cpu") == pytest.approx(44.5294)
+
+
+def test_top_kernels_leave_out_annotated_regions_and_cpu_ops():
+    events = [_event("Optimizer.step#AdamW.step", device_us=7000.0, annotation=True),
+              _event("aten::mm", cpu_us=900.0, total_cpu_us=900.0),
+              _event("fc1_forward_kernel", device_us=5000.0), _event("elementwise_kernel", device_us=6000.0)]
+    assert top_kernels_ms(events) == {"elementwise_kernel": 6.0, "fc1_forward_kernel": 5.0}
+    assert list(top_kernels_ms(events, count=1)) == ["elementwise_kernel"]
