@@ -1,6 +1,7 @@
 """``torchrun -m gmlp.bench ep`` on two gloo CPU ranks against one rank with the same global batch:
 the same losses (the experts see the same rows; only FSDP's reductions are summed in another
-order). Round-robin routing: gloo's all-to-all needs equal splits."""
+order), with the router's own uneven routing and one hot expert (the bench's partial_dtensor
+dispatcher exchanges tokens by ``all_to_all_single``, which gloo runs with uneven splits)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ STEPS = 3  # one warm-up step, one timed, the last profiled
 def _run(tmp_path, ranks: int) -> dict:
     out = tmp_path / f"ranks{ranks}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "gmlp.bench", "ep", "--device", "cpu", "--balanced", "--runs", "gmlp-bf16",
+               "-m", "gmlp.bench", "ep", "--device", "cpu", "--hot-expert", "--runs", "gmlp-bf16",
                "--steps", str(STEPS), "--warmup", "1", "--window", "1", "--batch", str(2 // ranks),
                "--seq-len", "32", "--out", str(out)]
     env = {**os.environ, "GMLP_BACKEND": "torch"}
@@ -46,6 +47,9 @@ def test_two_expert_parallel_ranks_train_as_one(tmp_path):
     exchanged = two["runs"]["gmlp-bf16"]["profiled_step"]
     assert 0 < exchanged["all_to_all_ms"] < exchanged["step_ms"]  # gloo's exchanges, inside the step
     assert one["runs"]["gmlp-bf16"]["profiled_step"]["all_to_all_ms"] == 0  # EP = 1 exchanges nothing
+    for run in (two, one):  # the hot expert took about E / top_k times the mean expert's rows
+        load = run["runs"]["gmlp-bf16"]["expert_load"]
+        assert load["busiest_expert"] == 0 and load["max_over_mean"] > 4, load
 
 
 def _event(key: str, device_us: float = 0.0, cpu_us: float = 0.0, total_cpu_us: float = 0.0,

@@ -1,11 +1,12 @@
 """gmlp's experts under torchtitan's expert parallelism and under FSDP2, two CPU processes over
 gloo (``tests/torchtitan_workers.py``), each rank against the single-process MoE.
 
-What gloo cannot run: torchtitan's EP dispatcher exchanges tokens with an uneven all-to-all
-(``spmd_types.all_to_all`` -> ``torch.distributed.all_to_all`` of unequal chunks), which
-``ProcessGroupGloo::alltoall`` refuses ("invalid tensor size at index 1"); the EP test routes
-round-robin (torchtitan's debug balanced routing), so that every rank sends every rank the same
-number of rows. Skewed routing under EP is left to the multi-GPU runs (NCCL)."""
+What gloo cannot run: under torchtitan's default spmd_types backend, the EP dispatcher exchanges
+tokens with ``torch.distributed.all_to_all`` of a list of unequal chunks, which
+``ProcessGroupGloo::alltoall`` refuses ("invalid tensor size at index 1"), so that case routes
+round-robin (torchtitan's debug balanced routing). Under partial_dtensor the exchange is
+``all_to_all_single`` with split sizes, which gloo runs: those tests keep the router's own,
+uneven routing."""
 
 from __future__ import annotations
 

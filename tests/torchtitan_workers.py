@@ -66,9 +66,12 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str, spmd_b
     travel by its all-to-all dispatcher) with gmlp's experts, on this rank's sequences, against the
     single-process MoE on all of them: out and dx bit for bit (each expert sees the same rows in
     the same order), the local experts' weight gradients bit for bit, the router's (partial per
-    rank) summed within fp32 rounding. Balanced routing: gloo's all-to-all needs equal splits.
-    ``spmd_backend``: torchtitan's parameter representation, "spmd_types" (local tensors, its
-    default) or "partial_dtensor" (DTensors, which the experts use through ``to_local()``)."""
+    rank) summed within fp32 rounding. ``spmd_backend``: torchtitan's parameter representation,
+    "spmd_types" (local tensors, its default) or "partial_dtensor" (DTensors, which the experts
+    use through ``to_local()``). The routing is the router's own (uneven splits) under
+    partial_dtensor, whose dispatcher exchanges tokens by ``all_to_all_single``; spmd_types'
+    exchange is ``torch.distributed.all_to_all`` of a list, which gloo runs with equal chunks
+    only, so there the router is torchtitan's debug round-robin."""
     _start(rank, world, port)
     import spmd_types as spmd
     import torchtitan.distributed.parallel_dims as parallel_dims_module
@@ -80,10 +83,13 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str, spmd_b
     # no accelerator at all; these ranks are CPU processes
     parallel_dims_module.device_type = "cpu"
     dist_utils.set_spmd_backend(spmd_backend)
-    config = overridden(moe_config(balanced=True), recipe=recipe)
+    balanced = spmd_backend == "spmd_types"
+    config = overridden(moe_config(balanced=balanced), recipe=recipe)
     single = built(config)
     x, dy = _batch(world)
     want_out, want_dx = _step(single, x, dy)
+    counts = single.tokens_per_expert_E  # the routing's rows per expert (torchtitan's usage count)
+    assert balanced == bool((counts == counts[0]).all()), f"routing not as meant: {counts.tolist()}"
 
     layout = {"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2), "w3_EFD": spmd.S(1)}  # as torchtitan's qwen3 passes
     set_moe_sharding_config(config, enable_ep=True, enable_sp=False, expert_param_layout=layout)

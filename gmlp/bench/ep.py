@@ -9,11 +9,13 @@ spmd_types default needs FSDP arguments newer than torch 2.11); FSDP2 over the o
 is applied here (``fully_shard_dense``). Gradients are those of the mean loss over the global
 batch: each rank's mean loss, FSDP's average over the ranks, and the experts' gradients (the
 all-to-all sums each EP group's tokens into them) summed over the groups and divided by the rank
-count. Rank r trains on rows [r * batch, (r + 1) * batch) of each global batch, so a run at EP = N and ``--batch b`` sees the tokens of a 1-GPU run at ``--batch N * b``:
-their loss curves should agree within bf16 noise. ``--hot-expert`` routes every token to expert 0
-as one of its choices (torchtitan's load-balancing bias, which steers the choice, not the
-scores); ``--balanced`` uses torchtitan's round-robin routing (gloo's all-to-all needs equal
-splits). ``--plot A.json B.json ... --plot-out P`` draws the loss curves of several runs.
+count. Rank r trains on rows [r * batch, (r + 1) * batch) of each global batch, so a run at
+EP = N and ``--batch b`` sees the tokens of a 1-GPU run at ``--batch N * b``: their loss curves
+should agree within bf16 noise. ``--hot-expert`` routes every token to expert 0 as one of its
+choices (torchtitan's load-balancing bias, which steers the choice, not the scores);
+``--balanced`` uses torchtitan's round-robin routing. gloo runs uneven EP too: the
+partial_dtensor dispatcher's ``all_to_all_single`` takes split sizes. ``--plot A.json B.json ...
+--plot-out P`` draws the loss curves of several runs.
 """
 
 from __future__ import annotations
@@ -135,6 +137,16 @@ def top_kernels_ms(events, count: int = 12) -> dict[str, float]:
     return {event.key[:100]: event.self_device_time_total / 1000 for event in kernels[:count]}
 
 
+def expert_load(model, device: torch.device) -> dict:
+    """How the routing loaded the experts over all steps, layers and ranks (torchtitan's
+    ``tokens_per_expert_E`` counts, which the forward accumulates): the busiest expert and its
+    rows over the mean expert's (1 for even routing; with ``--hot-expert`` about E / top_k)."""
+    counts = [block.moe.tokens_per_expert_E for block in model.layers.values()]
+    load = torch.stack([c.to_local() if hasattr(c, "to_local") else c for c in counts]).to(torch.float64).sum(0)
+    dist.all_reduce(load)
+    return {"busiest_expert": int(load.argmax()), "max_over_mean": float(load.max() / load.mean())}
+
+
 def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank: int, world: int) -> dict:
     """``args.steps`` steps on this rank's rows of each global batch; the global loss of each step,
     tokens/s per GPU past the warm-up (the profiled step left out), the all-to-all time and top
@@ -203,11 +215,12 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             print(f"{name}: step {index + 1}/{args.steps} loss {float(losses[-1]):.4f}", flush=True)
     dist.barrier()
     seconds = time.perf_counter() - start - untimed_s
+    load = expert_load(model, device)
     timed_steps = args.steps - timed_from - (args.profile_step >= timed_from)
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     return {"loss": [float(x) for x in losses], "tokens_per_s_per_gpu": timed_steps * args.batch * args.seq_len / seconds,
             "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb_rank0": peak, "profiled_step": profiled,
-            "step_host_ms": step_host_ms}
+            "expert_load": load, "step_host_ms": step_host_ms}
 
 
 def plot(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
