@@ -12,7 +12,14 @@ def main() -> None:
         sys.exit(f"usage: python -m gmlp.bench {{{','.join(BENCHES)}}} [--help]")
     import importlib
 
-    importlib.import_module(BENCHES[sys.argv[1]]).main(sys.argv[2:])
+    try:
+        bench = importlib.import_module(BENCHES[sys.argv[1]])
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "torchtitan":
+            raise
+        sys.exit(f"python -m gmlp.bench {sys.argv[1]} runs torchtitan's model, which is not installed: "
+                 "pip install -e '.[torchtitan]' (torchtitan 0.3.0, Python 3.11+)")
+    bench.main(sys.argv[2:])
 
 
 if __name__ == "__main__":
