@@ -7,23 +7,22 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
-
 from types import SimpleNamespace
 
 import pytest
-
 import torch
 
-from gmlp.bench.ep import all_to_all_ms, top_kernels_ms
+from gmlp.bench.ep import all_to_all_ms, plot, top_kernels_ms
 
 pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
 STEPS = 3  # one warm-up step, one timed, the last profiled
 
 
-def _run(tmp_path, ranks: int) -> dict:
+def _run(tmp_path, ranks: int) -> pathlib.Path:
     out = tmp_path / f"ranks{ranks}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                "-m", "gmlp.bench", "ep", "--device", "cpu", "--hot-expert", "--runs", "gmlp-bf16",
@@ -33,12 +32,13 @@ def _run(tmp_path, ranks: int) -> dict:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (path,) = out.glob("ep*-of-*.json")
-    return json.loads(path.read_text())
+    return path
 
 
 @pytest.mark.slow
 def test_two_expert_parallel_ranks_train_as_one(tmp_path):
-    two, one = _run(tmp_path, 2), _run(tmp_path, 1)
+    two_path, one_path = _run(tmp_path, 2), _run(tmp_path, 1)
+    two, one = (json.loads(path.read_text()) for path in (two_path, one_path))
     assert two["settings"]["ep"] == 2 and one["settings"]["ep"] == 1 and two["complete"]
     got, want = two["runs"]["gmlp-bf16"]["loss"], one["runs"]["gmlp-bf16"]["loss"]
     assert len(got) == STEPS
@@ -50,6 +50,8 @@ def test_two_expert_parallel_ranks_train_as_one(tmp_path):
     for run in (two, one):  # the hot expert took about E / top_k times the mean expert's rows
         load = run["runs"]["gmlp-bf16"]["expert_load"]
         assert load["busiest_expert"] == 0 and load["max_over_mean"] > 4, load
+    picture = plot([one_path, two_path], tmp_path / "ep.png")  # EP = 2's curve and its gap to EP = 1
+    assert picture.stat().st_size > 10_000
 
 
 def _event(key: str, device_us: float = 0.0, cpu_us: float = 0.0, total_cpu_us: float = 0.0,

@@ -223,6 +223,13 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             "expert_load": load, "step_host_ms": step_host_ms}
 
 
+def _file_tag(path: pathlib.Path, result: dict) -> str:
+    """A result file's legend tag: its EP degree, ranks, batch, routing and time stamp."""
+    settings = result["settings"]
+    routing = ", hot expert" if settings.get("hot_expert") else ""
+    return f"EP={settings['ep']} on {settings['world']}, batch {settings['batch']}{routing}, {path.stem.rsplit('-', 1)[-1]}"
+
+
 def plot(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     """The loss curves of several EP results (each run of each file), and their gaps to the
     first file's run of the same name (the 1-GPU reference, when it is given first)."""
@@ -234,16 +241,19 @@ def plot(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     results = [json.loads(path.read_text()) for path in paths]
     window = results[0]["settings"]["window"]
     figure, (curves, gaps) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, height_ratios=[2, 1])
+    colors: dict[str, str] = {}  # one color per run name, one line style per file
+    tags = [f"[{index + 1}] {_file_tag(path, result)}" for index, (path, result) in enumerate(zip(paths, results))]
     for index, result in enumerate(results):
-        ep, world = result["settings"]["ep"], result["settings"]["world"]
+        style = ("-", "--", ":", "-.")[index % 4]
         for name, run in result["runs"].items():
-            label = f"{name}, EP={ep} on {world} ({run['tokens_per_s_per_gpu'] / 1e3:.0f}k tokens/s per GPU)"
-            line = curves.plot(run["loss"], label=label, linewidth=1, linestyle="-" if index == 0 else "--")[0]
+            color = colors.setdefault(name, f"C{len(colors)}")
+            label = f"{name}, {tags[index]} ({run['tokens_per_s_per_gpu'] / 1e3:.0f}k tokens/s per GPU)"
+            curves.plot(run["loss"], label=label, color=color, linewidth=1, linestyle=style)
             reference = results[0]["runs"].get(name)
             if index > 0 and reference is not None:
                 gap = moving_gap(run["loss"], reference["loss"], window)
-                gaps.plot(range(window - 1, window - 1 + len(gap)), gap, color=line.get_color(), linewidth=1,
-                          label=f"{name}: EP={ep} - EP={results[0]['settings']['ep']}")
+                gaps.plot(range(window - 1, window - 1 + len(gap)), gap, color=color, linewidth=1, linestyle=style,
+                          label=f"{name}: [{index + 1}] - [1]")
     curves.set_ylabel("training loss (nats)")
     curves.set_yscale("log")
     curves.legend(fontsize=8)
@@ -251,7 +261,7 @@ def plot(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     gaps.axhline(0, color="gray", linewidth=0.5)
     gaps.set_ylabel(f"loss gap\n(mean of {window} steps)")
     gaps.set_xlabel("step")
-    gaps.legend(fontsize=8)
+    gaps.legend(fontsize=7, ncol=3)
     figure.tight_layout()
     figure.savefig(out, dpi=120)
     return out
