@@ -137,7 +137,7 @@ def top_kernels_ms(events, count: int = 12) -> dict[str, float]:
     return {event.key[:100]: event.self_device_time_total / 1000 for event in kernels[:count]}
 
 
-def expert_load(model, device: torch.device) -> dict:
+def expert_load(model) -> dict:
     """How the routing loaded the experts over all steps, layers and ranks (torchtitan's
     ``tokens_per_expert_E`` counts, which the forward accumulates): the busiest expert and its
     rows over the mean expert's (1 for even routing; with ``--hot-expert`` about E / top_k)."""
@@ -215,7 +215,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             print(f"{name}: step {index + 1}/{args.steps} loss {float(losses[-1]):.4f}", flush=True)
     dist.barrier()
     seconds = time.perf_counter() - start - untimed_s
-    load = expert_load(model, device)
+    load = expert_load(model)
     timed_steps = args.steps - timed_from - (args.profile_step >= timed_from)
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     return {"loss": [float(x) for x in losses], "tokens_per_s_per_gpu": timed_steps * args.batch * args.seq_len / seconds,
