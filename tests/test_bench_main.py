@@ -11,7 +11,9 @@ from gmlp.bench import __main__ as bench_main
 
 @pytest.mark.parametrize("bench", ["torchtitan", "ep"])
 def test_a_torchtitan_bench_without_torchtitan_says_how_to_install_it(bench, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchtitan", None)  # an import of it fails as if not installed
+    # an import of torchtitan or any of its modules (some already imported) fails as if not installed
+    for module in ["torchtitan", *(name for name in sys.modules if name.startswith("torchtitan."))]:
+        monkeypatch.setitem(sys.modules, module, None)
     for module in ("gmlp.bench.ep", "gmlp.bench.torchtitan"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.setattr(sys, "argv", ["gmlp.bench", bench])
