@@ -1,4 +1,5 @@
-"""Packaging: the core install is the reference (torch, triton, einops); the CuTeDSL packages are
+"""Packaging: the core install is the reference (torch, triton, einops, and numpy for Triton's
+interpreter, which runs the main job's Triton kernels on a CPU); the CuTeDSL packages are
 the ``cutedsl`` extra, pinned together, which the ``test`` extra (CI) includes with the
 ``torchtitan`` extra (Python 3.11+); and a missing
 CuTeDSL package's fallback reason says which extra to install."""
@@ -30,7 +31,7 @@ def _requirements(lines: list[str]) -> dict[str, Requirement]:
 
 def test_core_dependencies_are_the_reference_only():
     core = _requirements(_project()["dependencies"])
-    assert set(core) == {"torch", "triton", "einops"}
+    assert set(core) == {"torch", "triton", "einops", "numpy"}
     assert not [name for name in core if "cutlass" in name or "cudnn" in name]
 
 
