@@ -24,7 +24,7 @@ from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize import launcher, plan_quantize
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Quantized
-from gmlp.versions import REPORTED_PACKAGES, package_version
+from gmlp.versions import INSTALL_COMMANDS, REPORTED_PACKAGES, package_version
 
 DEMO_EXPERTS = 8
 DEMO_HIDDEN = 128
@@ -56,7 +56,9 @@ def _interpret_triton_without_gpu(device: torch.device) -> None:
 
 
 def demo() -> int:
-    """Quantize a small MoE layer's tensors on every runnable path; 0 if all match the spec."""
+    """Quantize a small MoE layer's tensors on every runnable path and run the layer forward and
+    backward, cross-checked; 0 if everything matches (the last line says PASS or FAIL)."""
+    torch.manual_seed(0)  # before anything is drawn: the figures are the same run after run
     device = _device()
     _interpret_triton_without_gpu(device)
     split_sizes = torch.tensor(DEMO_TOKENS_PER_EXPERT, dtype=torch.int32, device=device)
@@ -68,26 +70,32 @@ def demo() -> int:
                 element_format=ElementFormat.E4M3, scale_mode=ScaleMode.RCEIL)
     print(plan_quantize(x, **args).explain())
     expected = quantize_mxfp8_ref(x, **args)
-    failures = 0
+    failures, checked = 0, []
     for path in (p for p in PATHS_FASTEST_FIRST if p is not Path.TORCH):  # torch is the spec itself
         reason = system_reason(path, device)
         if reason is not None:
             print(f"  {path.value:>8}: not run here ({reason})")
             continue
         got = launcher(path)(x, **args)
+        checked.append(path.value)
         counts = _mismatches(got, expected)
         failures += sum(counts.values())
         status = "bit-exact" if not any(counts.values()) else f"MISMATCH {counts}"
         print(f"  {path.value:>8}: {status} against the spec (rowwise + columnwise, swizzled, grouped)")
     error = (expected.rowwise.dequantize() - x.float()).norm() / x.float().norm()
     print(f"relative RMS error of the rowwise quantization: {error:.4f}")
-    failures += _demo_layer(x, split_sizes)
-    return 1 if failures else 0
+    layer_failures, layer_summary = _demo_layer(x, split_sizes)
+    quantize = f"quantize bit-exact against the spec on {' and '.join(checked)}" if checked else "no quantize kernel ran here"
+    if failures or layer_failures:
+        print(f"gmlp demo: FAIL ({failures} quantize mismatches, {layer_failures} layer checks failed; see above)")
+        return 1
+    print(f"gmlp demo: PASS ({quantize}; GroupedMLP forward + backward {layer_summary})")
+    return 0
 
 
-def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
-    """GroupedMLP forward + backward against the unquantized layer in float64; 0 if within bounds."""
-    torch.manual_seed(0)
+def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> tuple[int, str]:
+    """GroupedMLP forward + backward against the unquantized layer in float64: the number of
+    checks failed (the cross-check's, or results out of bounds) and a summary of what passed."""
     mlp = GroupedMLP(DEMO_EXPERTS, DEMO_HIDDEN, DEMO_FFN, activation="swiglu", device=x.device)
     plan = mlp.plan(x, split_sizes)
     print(plan.explain())
@@ -102,7 +110,7 @@ def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
             y.backward(dy)
     except CrossCheckError as error:
         print(error)
-        return 1
+        return 1, "cross-check failed"
     compared = [site for site, reference in plan.references.items() if reference is not None]
     print(f"cross-check: {len(compared)} of {len(plan.decisions)} ops compared with the next path down, "
           "no mismatch" + (" (the rest run on torch, the last path)" if len(compared) < len(plan.decisions) else ""))
@@ -119,13 +127,15 @@ def _demo_layer(x: torch.Tensor, split_sizes: torch.Tensor) -> int:
         error = float((got[name].detach().double() - want[name].detach()).norm() / want[name].detach().norm())
         failures += error >= DEMO_ERROR_BOUND
         print(f"  {name:>6}: {error:.4f} {'ok' if error < DEMO_ERROR_BOUND else 'TOO LARGE'} (bound {DEMO_ERROR_BOUND})")
-    return failures
+    return failures, f"within bounds, {len(compared)} of {len(plan.decisions)} ops cross-checked"
 
 
 def doctor() -> int:
     """Print versions, device and the quantize plan; always 0."""
     for name in REPORTED_PACKAGES:
-        print(f"{name:>22}: {package_version(name)}")
+        version = package_version(name)
+        install = f" ({INSTALL_COMMANDS[name]})" if version == "not installed" and name in INSTALL_COMMANDS else ""
+        print(f"{name:>22}: {version}{install}")
     device = _device()
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability()

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib.util
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from gmlp.caller import warn_at_caller
 from gmlp.env import env_flag
 from gmlp.reasons import Reason, ReasonKind
 from gmlp.versions import package_version, too_old
@@ -75,6 +76,9 @@ def _device_system_reason(path: Path, device_type: str, capability: tuple[int, i
         return None
     if path is Path.TRITON:
         if interpret:
+            if importlib.util.find_spec("numpy") is None:  # the interpreter computes with numpy arrays
+                return Reason(ReasonKind.SYSTEM, "TRITON_INTERPRET=1, but Triton's interpreter needs numpy, which is "
+                                                 "not installed: pip install numpy")
             return None
         if device_type != "cuda":
             return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the Triton kernels need a CUDA GPU "
@@ -173,5 +177,5 @@ def _report(decision: Decision, label: str, said: str, strict: bool | None) -> D
                 key = (label, path, chosen, str(reason))
                 if key not in _warned:
                     _warned.add(key)
-                    warnings.warn(f"{said}: not {path.value} ({reason}); took {chosen.value}", FallbackWarning, stacklevel=4)
+                    warn_at_caller(f"{said}: not {path.value} ({reason}); took {chosen.value}", FallbackWarning)
     return decision

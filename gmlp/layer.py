@@ -59,14 +59,26 @@ class OpRunner:
     def __call__(self, site: str, *args, **kwargs):
         run = implementation(SITES[site], self.plan.path(site))
         if self.check is None:
-            return run(*args, **kwargs)
+            return _naming_site(site, run, args, kwargs)
         # an accumulating output (main_grad; a pair of them for W1's gate and up) is copied
         # first, so that the check can run the other path from the same starting values
         out = kwargs.get("out")
         before = None if out is None else tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
-        result = run(*args, **kwargs)
+        result = _naming_site(site, run, args, kwargs)
         self.check(site, result, args, kwargs, before)
         return result
+
+
+def _naming_site(site: str, run: Callable, args: tuple, kwargs: dict):
+    """``run(*args, **kwargs)``; an argument error is raised again (same type) with the site in
+    front: the op's own message names its parameter ("x"), the site says which tensor of the
+    layer that is ("quantize dy": the gradient of y)."""
+    try:
+        return run(*args, **kwargs)
+    except (ValueError, TypeError) as error:
+        if type(error) not in (ValueError, TypeError):  # a subclass may take other arguments: left as it is
+            raise
+        raise type(error)(f"gmlp layer, at its {site!r} op: {error}") from error
 
 
 @dataclass

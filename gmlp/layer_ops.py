@@ -310,13 +310,23 @@ class LayerPlan:
         return self.decisions[site].path
 
     def explain(self) -> str:
+        """Each op (where it runs in the layer, which op, which path), then why faster paths were
+        skipped: each reason once, with the ops it applies to."""
         width = max(len(name) for name in self.decisions)
-        lines = ["GEMM sites: the SM100 composition (cuDNN frontend's fused kernels, MXFP8 operands as they are)"
-                 if self.sm100 else "GEMM sites: one op each (gmlp.layer)"]
+        lines = ["the layer's GEMMs run as one Blackwell (SM100) composition of cuDNN frontend's fused kernels, "
+                 "MXFP8 operands as they are; each op and its path:" if self.sm100 else
+                 "each op of the layer and the path it runs on (the fastest that can: cutedsl, triton, torch):"]
+        skipped: dict[tuple[Path, str], list[str]] = {}  # (path, reason) -> the ops that skipped it for it
         for name, decision in self.decisions.items():
             decoded = ", MXFP8 operands decoded in the kernel" if name in self.decoding_sites else ""
-            lines.append(f"{name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}")
-            lines += [f"{'':<{width}}    not {path.value}: {reason}" for path, reason in decision.skipped]
+            lines.append(f"  {name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}")
+            for path, reason in decision.skipped:
+                skipped.setdefault((path, str(reason)), []).append(name)
+        if skipped:
+            lines.append("why not a faster path:")
+        for (path, reason), names in skipped.items():
+            ops = "every op" if len(names) == len(self.decisions) else ", ".join(names)
+            lines.append(f"  not {path.value} ({ops}): {reason}")
         return "\n".join(lines)
 
 

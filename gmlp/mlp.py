@@ -12,6 +12,8 @@ cutlass-dsl runs; on SM100 the GEMM steps too, as cuDNN frontend's fused kernels
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -36,6 +38,25 @@ def _check_mxfp8_dtype(dtype: torch.dtype) -> None:
     if dtype not in MXFP8_PARAM_DTYPES:
         raise TypeError(f"an MXFP8 recipe takes bfloat16 or float32 parameters (the quantize reads them), got {dtype}; "
                         "recipe=None runs unquantized in any floating dtype")
+
+
+def _refuse_under_compile(message: str) -> NoReturn:
+    """Refuse a setting that torch.compile cannot trace, so that the user reads gmlp's sentence
+    first. Raised in traced code, an exception reaches a ``fullgraph=True`` user as Dynamo's
+    "Observed exception" with the sentence buried in its debug context; a graph break with a
+    message puts it in the error's first lines instead. Without fullgraph Dynamo runs this
+    function eagerly after the break, which raises the sentence as it is."""
+    torch._dynamo.graph_break(msg=message)
+    raise NotImplementedError(message)
+
+
+@dataclass(frozen=True)
+class _KeptWeights:
+    """The quantized weights a forward with ``weight_cache="update"`` kept, and what they were made from."""
+
+    key: tuple  # GroupedMLP._weight_cache_key: the plan and the weights' storage, shape, dtype, device
+    tensors: list[torch.Tensor]  # the flattened quantized weights (gmlp.ops.kept_weights)
+    versions: dict[str, int]  # the weights' version counters when they were quantized
 
 
 class GroupedMLP(nn.Module):
@@ -77,7 +98,9 @@ class GroupedMLP(nn.Module):
     ):
         super().__init__()
         for name, value in (("num_experts", num_experts), ("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int):  # True is an int to Python, not a size
+                raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+            if value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if recipe is not None and not isinstance(recipe, MXFP8Recipe):
             raise TypeError(f"recipe must be a gmlp.MXFP8Recipe or None, got {recipe!r}")
@@ -94,7 +117,7 @@ class GroupedMLP(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size, **factory))
         self.b1 = nn.Parameter(torch.zeros(num_experts, fc1_outputs, **factory)) if bias else None
         self.b2 = nn.Parameter(torch.zeros(num_experts, hidden_size, **factory)) if bias else None
-        self._kept_weights: tuple[tuple, list[torch.Tensor]] | None = None  # (key, kept tensors): weight_cache
+        self._kept_weights: _KeptWeights | None = None  # weight_cache="update"'s quantized weights
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -126,8 +149,14 @@ class GroupedMLP(nn.Module):
             raise ValueError(f"split_sizes must have shape ({self.num_experts},), got {tuple(split_sizes.shape)}")
         if split_sizes.device != x.device:
             raise ValueError(f"split_sizes must be on x's device {x.device}, got {split_sizes.device=}")
-        if probs is not None and (probs.shape != (x.shape[0],) or not probs.is_floating_point()):
-            raise ValueError(f"probs must be a float tensor of shape ({x.shape[0]},), got {probs.dtype} {tuple(probs.shape)}")
+        if probs is not None:
+            if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
+                raise TypeError(f"probs must be None or a floating-point tensor of shape ({x.shape[0]},), got "
+                                f"{probs.dtype if isinstance(probs, torch.Tensor) else type(probs).__name__}")
+            if probs.shape != (x.shape[0],):
+                raise ValueError(f"probs must have shape ({x.shape[0]},) (one per row of x), got {tuple(probs.shape)}")
+            if probs.device != x.device:
+                raise ValueError(f"probs must be on x's device {x.device}, got {probs.device=}")
         if self.accumulate_main_grad:
             for name, param in self.named_parameters():
                 main_grad = getattr(param, "main_grad", None)
@@ -164,17 +193,23 @@ class GroupedMLP(nn.Module):
         SM100 path W1 gate/up interleaved as well) for later forwards, for example the first
         micro-batch of a gradient-accumulation step; "reuse" takes the ones the last "update"
         forward kept, instead of quantizing again. With "reuse" the caller promises that the
-        weights have not changed since (gmlp checks their storage, shape, dtype and the plan,
-        not their values)."""
+        weights have not changed since: gmlp checks their storage, shape, dtype, the plan and
+        their version counters (an in-place change, an optimizer step for example, raises
+        ``ValueError``; a change through ``.data`` is not seen).
+
+        Meta tensors in (model tracing, deferred init) give meta outputs of the right shapes and
+        dtypes, forward and backward, with nothing read on the host."""
         if self.accumulate_main_grad and torch.compiler.is_compiling():
-            raise NotImplementedError("accumulate_main_grad under torch.compile: the backward adds into main_grad "
-                                      "tensors outside the graph; run the layer eagerly with it")
+            _refuse_under_compile("gmlp: accumulate_main_grad under torch.compile: the backward adds into main_grad "
+                                  "tensors outside the graph; run the layer eagerly with it")
         self._check_inputs(x, split_sizes, probs)
         if weight_cache not in WEIGHT_CACHE_MODES:
             raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")
         if weight_cache is not None and torch.compiler.is_compiling():
-            raise NotImplementedError("weight_cache under torch.compile: the kept quantized weights live on the "
-                                      "module, outside the graph; call the layer eagerly with weight_cache")
+            _refuse_under_compile("gmlp: weight_cache under torch.compile: the kept quantized weights live on the "
+                                  "module, outside the graph; call the layer eagerly with weight_cache")
+        if weight_cache is not None and x.is_meta:
+            raise ValueError(f"weight_cache={weight_cache!r} with meta tensors: they hold no weights to quantize and keep")
         config = self._encoded_config(weight_cache)
         # the kernels read row-major x and contiguous probs (router outputs are often strided
         # views, (T, k) score columns); no copy when they already are
@@ -185,11 +220,11 @@ class GroupedMLP(nn.Module):
         plan = cached_plan(decode_config(config), x.shape[0], self.num_experts, self.hidden_size,
                            self.ffn_hidden_size, self.w1.dtype, x.dtype, x.device)
         key = self._weight_cache_key(weight_cache, plan)
-        reused = self._kept_weights[1] if weight_cache == "reuse" else None
+        reused = self._kept_weights.tensors if weight_cache == "reuse" else None
         outputs = ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config, reused)
         if weight_cache == "update":
             tensors, _ = ops.kept_weights(outputs, config, x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2)
-            self._kept_weights = (key, tensors)
+            self._kept_weights = _KeptWeights(key, tensors, self._weight_versions())
         return outputs[0]
 
     def _encoded_config(self, weight_cache: str | None) -> str:
@@ -212,8 +247,22 @@ class GroupedMLP(nn.Module):
         if self.recipe is None:
             raise ValueError(f"weight_cache={weight_cache!r} needs an MXFP8 recipe: with recipe=None no weight is quantized")
         key = (plan.sm100, self.recipe, *((w.data_ptr(), tuple(w.shape), w.dtype, w.device) for w in (self.w1, self.w2)))
-        if weight_cache == "reuse" and (self._kept_weights is None or self._kept_weights[0] != key):
+        if weight_cache != "reuse":
+            return key
+        kept = self._kept_weights
+        if kept is None or kept.key != key:
             raise ValueError("weight_cache='reuse': no quantized weights were kept by an earlier forward with "
                              "weight_cache='update' for these parameters (storage, shape, dtype) and this plan "
                              f"({'the SM100 composition' if plan.sm100 else 'one op per GEMM site'})")
+        for name, version in self._weight_versions().items():
+            if version != kept.versions[name]:
+                raise ValueError(f"weight_cache='reuse': {name} was changed in place since the forward with "
+                                 f"weight_cache='update' quantized it (its version counter went from "
+                                 f"{kept.versions[name]} to {version}: an optimizer step, a load_state_dict, ...); "
+                                 "the kept quantized weights are stale: quantize again with weight_cache='update'")
         return key
+
+    def _weight_versions(self) -> dict[str, int]:
+        """The weights' version counters: every in-place change through autograd-visible ops
+        (optimizer steps, copy_, load_state_dict) increments them; changes through ``.data`` do not."""
+        return {"w1": self.w1._version, "w2": self.w2._version}

@@ -28,6 +28,7 @@ canonical NaN byte 0x7F whatever its sign; zeros keep their sign.
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 import torch
 
@@ -35,6 +36,7 @@ __all__ = [
     "BLOCK_SIZE",
     "ElementFormat",
     "ScaleMode",
+    "enum_member",
     "NAN_BYTE",
     "nan_ignoring_amax",
     "e8m0_from_amax",
@@ -95,6 +97,26 @@ class ScaleMode(enum.Enum):
     FLOOR = "floor"
     """``e = floor(log2(amax)) - emax + 127`` (OCP MX v1.0): keeps amax's leading bit aligned to
     the format's top binade; elements above max_normal saturate."""
+
+
+Member = TypeVar("Member", bound=enum.Enum)
+
+
+def enum_member(kind: type[Member], value: Member | str, argument: str) -> Member:
+    """``value`` as a member of ``kind``: the member itself, or its value as a string in any case
+    (``"floor"``, ``"E5M2"``: what configuration files and command lines give).
+
+    Raises ValueError (an unknown string) or TypeError (anything else) naming ``argument``.
+    """
+    if isinstance(value, kind):
+        return value
+    accepted = [member.value for member in kind]
+    if isinstance(value, str):
+        for member in kind:
+            if member.value == value.strip().lower():
+                return member
+        raise ValueError(f"{argument} must be one of {accepted} or a gmlp.{kind.__name__}, got {value!r}")
+    raise TypeError(f"{argument} must be a gmlp.{kind.__name__} or one of {accepted}, got {value!r}")
 
 
 def nan_ignoring_amax(blocks: torch.Tensor) -> torch.Tensor:

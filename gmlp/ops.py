@@ -250,9 +250,9 @@ def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
         dy = torch.zeros_like(x)
     if main_grads is not None:
         computed = iter(_gradients(dy, inputs, state, ctx.config, main_grads, ctx.cross_check))
-    elif traced or torch._C._functorch.is_functorch_wrapped_tensor(dy):
-        # traced, or under a torch.func transform (whose wrapped tensors the kernels cannot
-        # read; the op is called on the tensors underneath)
+    elif traced or dy.is_meta or torch._C._functorch.is_functorch_wrapped_tensor(dy):
+        # traced, on meta tensors, or under a torch.func transform (whose wrapped tensors the
+        # kernels cannot read; the op is called on the tensors underneath)
         computed = iter(_backward(dy, inputs, state, ctx.config))
     else:
         computed = iter(_gradients(dy, inputs, state, ctx.config, None, ctx.cross_check))
@@ -270,7 +270,8 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config):
-        run = _forward if torch.compiler.is_compiling() else _forward_impl
+        # meta tensors (tracing, deferred init): the op, whose fake implementation gives the shapes
+        run = _forward if torch.compiler.is_compiling() or x.is_meta else _forward_impl
         return tuple(run(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config))
 
     setup_context = staticmethod(_setup_context)

@@ -64,8 +64,8 @@ def quantize_mxfp8(
     columnwise: bool = False,
     swizzle: bool = True,
     split_sizes: torch.Tensor | None = None,
-    element_format: ElementFormat = ElementFormat.E4M3,
-    scale_mode: ScaleMode = ScaleMode.RCEIL,
+    element_format: ElementFormat | str = ElementFormat.E4M3,
+    scale_mode: ScaleMode | str = ScaleMode.RCEIL,
     strict: bool | None = None,
 ) -> MXFP8Quantized:
     """Quantize x (M, K), bf16 or fp32, to MXFP8 in one pass over x.
@@ -80,8 +80,9 @@ def quantize_mxfp8(
             the device. None: x is one group. Sizes that are negative or do not sum to M are
             checked eagerly on the CPU or under GMLP_VALIDATE=1 (ValueError); on a GPU,
             without that setting, they make every scale byte 0xFF (NaN) instead (no host sync).
-        element_format: E4M3 (default) or E5M2 elements.
-        scale_mode: RCEIL (default) or FLOOR.
+        element_format: E4M3 (default) or E5M2 elements: a ``gmlp.ElementFormat`` or its value
+            ("e4m3", "e5m2").
+        scale_mode: RCEIL (default) or FLOOR: a ``gmlp.ScaleMode`` or its value ("rceil", "floor").
         strict: raise instead of falling back to a slower path (default: GMLP_STRICT).
 
     Returns:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.groups import should_check_split_values
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, enum_member
 
 __all__ = ["QuantizeProblem", "validate_quantize_args", "SUPPORTED_INPUT_DTYPES"]
 
@@ -39,8 +39,8 @@ def validate_quantize_args(
     columnwise: bool,
     swizzle: bool,
     split_sizes: torch.Tensor | None,
-    element_format: ElementFormat,
-    scale_mode: ScaleMode,
+    element_format: ElementFormat | str,
+    scale_mode: ScaleMode | str,
     check_values: bool = True,
     strided_rows: bool = False,
 ) -> QuantizeProblem:
@@ -52,6 +52,8 @@ def validate_quantize_args(
     tracer's tensors, which have shapes but no values). ``strided_rows``: the caller reads x
     through its row stride, so x may be any (M, K) view whose rows are contiguous (a weight's
     gate or up rows in W1's interleaved layout, ``gmlp.gate_up``); else x must be contiguous.
+    An empty x passes either layout check (its strides address nothing). ``element_format`` and
+    ``scale_mode`` may be given as their values ("e5m2", "floor"); the problem holds the members.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -59,7 +61,9 @@ def validate_quantize_args(
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype=}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)=}")
-    if strided_rows:
+    if x.numel() == 0:
+        pass  # no element to address: any strides (an expanded or sliced empty gradient) will do
+    elif strided_rows:
         if x.shape[1] > 1 and x.stride(1) != 1 or x.shape[0] > 1 and x.stride(0) < x.shape[1]:
             raise ValueError(f"x must have contiguous rows (strides (row stride >= K, 1)), got {x.stride()=} for "
                              f"{tuple(x.shape)=}")
@@ -70,10 +74,8 @@ def validate_quantize_args(
         raise ValueError(f"x's last dimension K must be a multiple of {BLOCK_SIZE}, got K={cols}")
     if not (rowwise or columnwise):
         raise ValueError(f"at least one of rowwise, columnwise must be True, got {rowwise=}, {columnwise=}")
-    if not isinstance(element_format, ElementFormat):
-        raise TypeError(f"element_format must be a gmlp.ElementFormat, got {element_format!r}")
-    if not isinstance(scale_mode, ScaleMode):
-        raise TypeError(f"scale_mode must be a gmlp.ScaleMode, got {scale_mode!r}")
+    element_format = enum_member(ElementFormat, element_format, "element_format")
+    scale_mode = enum_member(ScaleMode, scale_mode, "scale_mode")
     num_experts = 1
     if split_sizes is not None:
         if not isinstance(split_sizes, torch.Tensor):
@@ -99,7 +101,7 @@ def validate_quantize_args(
         swizzle=swizzle,
         element_format=element_format,
         scale_mode=scale_mode,
-        row_stride=x.stride(0) if rows > 1 else cols,
+        row_stride=x.stride(0) if rows > 1 and x.numel() else cols,
     )
 
 

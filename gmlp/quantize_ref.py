@@ -61,6 +61,7 @@ def quantize_mxfp8_ref(
         x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
         element_format=element_format, scale_mode=scale_mode, strided_rows=True,
     )
+    element_format, scale_mode = problem.element_format, problem.scale_mode  # members, if given as strings
     if split_sizes is not None:
         check_split_values(split_sizes, problem.num_rows)
     layout_splits = split_sizes if split_sizes is not None else torch.tensor([problem.num_rows])

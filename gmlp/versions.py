@@ -6,15 +6,19 @@ import importlib.metadata
 import re
 
 __all__ = ["package_version", "REPORTED_PACKAGES", "OLDEST_TESTED", "too_old", "CUTEDSL_PACKAGES",
-           "missing_package_hint"]
+           "INSTALL_COMMANDS", "missing_package_hint"]
 
-REPORTED_PACKAGES = ("torch", "triton", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
+REPORTED_PACKAGES = ("torch", "triton", "numpy", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "torchtitan")
 # The oldest releases the kernels are tested with (the H200 machine's Triton; the cutlass-dsl the
 # CuTeDSL kernels were written and compiled against).
 OLDEST_TESTED = {"triton": "3.6.0", "nvidia-cutlass-dsl": "4.8.1"}
 # The packages of the ``cutedsl`` extra (``pip install 'gmlp[cutedsl]'``): top-level module -> distribution.
 CUTEDSL_PACKAGES = {"cutlass": "nvidia-cutlass-dsl", "cudnn": "nvidia-cudnn-frontend"}
 CUTEDSL_INSTALL = "pip install 'gmlp[cutedsl]'"
+# How to install each reported package that a core install may lack (torch comes first, by hand).
+INSTALL_COMMANDS = {"triton": "pip install triton", "numpy": "pip install numpy",
+                    **{name: CUTEDSL_INSTALL for name in CUTEDSL_PACKAGES.values()},
+                    "torchtitan": "pip install 'gmlp[torchtitan]' (Python 3.11+)"}
 
 
 def package_version(name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -91,3 +92,20 @@ def test_unknown_boolean_spelling_raises(monkeypatch, name):
 def test_interpreter_true_spelling_makes_triton_the_cpu_path(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "true")
     assert gmlp.plan_quantize(torch.zeros(64, 64)).path is Path.TRITON
+
+
+def test_fallback_warnings_point_at_the_callers_line(monkeypatch):
+    """A FallbackWarning is raised deep in the layer (forward op, plan cache); it names the user's
+    line (here, this file), not a gmlp or torch file."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("GMLP_WARN_FALLBACK", "1")
+    monkeypatch.setattr("gmlp.dispatch._warned", set())
+    mlp = gmlp.GroupedMLP(2, 64, 64)
+    x, split_sizes = torch.zeros(8, 64, dtype=torch.bfloat16), torch.tensor([3, 5])
+    with pytest.warns(FallbackWarning) as record:
+        mlp(x, split_sizes)  # the line the warnings must name
+    call_line = inspect.currentframe().f_lineno - 1
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, call_line)}
+    with pytest.warns(FallbackWarning) as record:
+        gmlp.quantize_mxfp8(torch.zeros(64, 32, dtype=torch.bfloat16), columnwise=True)
+    assert {(w.filename, w.lineno) for w in record} == {(__file__, inspect.currentframe().f_lineno - 1)}

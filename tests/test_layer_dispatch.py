@@ -322,7 +322,7 @@ def test_sm100_takes_the_fused_composition(monkeypatch):
     assert plan.sm100 and "dequantize" not in plan.decisions
     assert {site: d.path for site, d in plan.decisions.items()} == {site: Path.CUTEDSL for site in plan.decisions}
     assert set(plan.decisions) == {"quantize x", "quantize w1", "quantize w2", "quantize dy", *GEMM_SITES}
-    assert "the SM100 composition" in plan.explain()
+    assert "the layer's GEMMs run as one Blackwell (SM100) composition" in plan.explain()
     for activation in ("qgeglu", "srelu"):
         assert _plan(_gpu(monkeypatch, (10, 0)), activation=activation).sm100, activation
     hopper = _plan(_gpu(monkeypatch, (9, 0)))

@@ -10,7 +10,7 @@ import torch
 import gmlp
 from gmlp.activations import Activation, ActivationKind, activation_from
 from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref, unquantized_mlp_fp64
-from gmlp.mxfp8 import ElementFormat
+from gmlp.mxfp8 import ElementFormat, ScaleMode
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
 
 E4M3_UNIT = unit_roundoff(ElementFormat.E4M3)
@@ -128,7 +128,10 @@ def test_deterministic_and_state_dict_round_trip():
     (lambda m, x, s, p: m(x[:, :32], s, p), ValueError, r"\(T, hidden_size=64\)"),
     (lambda m, x, s, p: m(x, s[:3], p), ValueError, r"split_sizes must have shape \(5,\)"),
     (lambda m, x, s, p: m(x, s.float(), p), TypeError, r"int32/int64"),
-    (lambda m, x, s, p: m(x, s, p[:5]), ValueError, r"probs must be a float tensor of shape \(192,\)"),
+    (lambda m, x, s, p: m(x, s, p[:5]), ValueError, r"probs must have shape \(192,\) \(one per row of x\), got \(5,\)"),
+    (lambda m, x, s, p: m(x, s, p.to("meta")), ValueError, r"probs must be on x's device cpu, got probs.device=.*meta"),
+    (lambda m, x, s, p: m(x, s, p.tolist()), TypeError, r"probs must be None or a floating-point tensor .* got list"),
+    (lambda m, x, s, p: m(x, s, (p > 0.5).int()), TypeError, r"probs must be None or a floating-point tensor .* got torch.int32"),
 ])
 def test_bad_inputs(call, error, match):
     mlp, x, split_sizes, probs = _module_and_inputs()
@@ -139,8 +142,72 @@ def test_bad_inputs(call, error, match):
 def test_bad_construction():
     with pytest.raises(ValueError, match="multiples of 32"):
         gmlp.GroupedMLP(4, 48, 64)
+    with pytest.raises(TypeError, match=r"num_experts must be a positive int, got True \(bool\)"):
+        gmlp.GroupedMLP(True, 64, 64)  # a bool is an int to Python, not a size
+    with pytest.raises(TypeError, match=r"hidden_size must be a positive int, got 64.0 \(float\)"):
+        gmlp.GroupedMLP(4, 64.0, 64)
+    with pytest.raises(ValueError, match=r"ffn_hidden_size must be a positive int, got 0"):
+        gmlp.GroupedMLP(4, 64, 0)
     with pytest.raises(ValueError, match="activation must be one of"):
         gmlp.GroupedMLP(4, 64, 64, activation="gelu")
     with pytest.raises(ValueError, match="accumulate_main_grad=True needs w1.main_grad"):
         mlp, x, split_sizes, probs = _module_and_inputs(accumulate_main_grad=True)
         mlp(x, split_sizes, probs)
+
+
+def test_recipes_take_the_enums_values():
+    """Settings files and command lines give strings: the enums' values are accepted, in any case."""
+    assert gmlp.MXFP8Recipe(scale_mode="floor", grad_format="E5M2") == gmlp.MXFP8Recipe(ScaleMode.FLOOR,
+                                                                                          ElementFormat.E5M2)
+    with pytest.raises(ValueError, match=r"scale_mode must be one of \['rceil', 'floor'\] .* got 'round'"):
+        gmlp.MXFP8Recipe(scale_mode="round")
+    with pytest.raises(TypeError, match=r"grad_format must be a gmlp.ElementFormat or one of \['e4m3', 'e5m2'\], got 8"):
+        gmlp.MXFP8Recipe(grad_format=8)
+
+
+def test_quantize_takes_the_enums_values():
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    by_name = gmlp.quantize_mxfp8_ref(x, element_format="e5m2", scale_mode="floor")
+    by_member = gmlp.quantize_mxfp8_ref(x, element_format=ElementFormat.E5M2, scale_mode=ScaleMode.FLOOR)
+    assert by_name.rowwise.element_format is ElementFormat.E5M2 and by_name.rowwise.scale_mode is ScaleMode.FLOOR
+    assert torch.equal(by_name.rowwise.data.view(torch.uint8), by_member.rowwise.data.view(torch.uint8))
+    assert torch.equal(by_name.rowwise.scales, by_member.rowwise.scales)
+    dispatched = gmlp.quantize_mxfp8(x, element_format="e5m2", scale_mode="floor")
+    assert torch.equal(dispatched.rowwise.scales, by_member.rowwise.scales)
+    with pytest.raises(ValueError, match=r"element_format must be one of \['e4m3', 'e5m2'\]"):
+        gmlp.quantize_mxfp8(x, element_format="e3m4")
+
+
+@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_meta_inputs_give_meta_outputs(recipe, bias):
+    """Model tracing and deferred init (FSDP2, torchtitan) call the layer on meta tensors: the
+    shapes and dtypes come out, forward and backward, and nothing is read on the host (a meta
+    tensor has no values: a host read would raise)."""
+    mlp = gmlp.GroupedMLP(len(SPLITS), HIDDEN, FFN, bias=bias, recipe=recipe, device="meta")
+    tokens = sum(SPLITS)
+    x = torch.empty(tokens, HIDDEN, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    probs = torch.empty(tokens, dtype=torch.float32, device="meta", requires_grad=True)
+    split_sizes = torch.empty(len(SPLITS), dtype=torch.int64, device="meta")
+    y = mlp(x, split_sizes, probs)
+    assert y.is_meta and y.shape == (tokens, HIDDEN) and y.dtype == torch.bfloat16
+    y.sum().backward()
+    assert x.grad.is_meta and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+    assert probs.grad.is_meta and probs.grad.shape == probs.shape and probs.grad.dtype == probs.dtype
+    for name, param in mlp.named_parameters():
+        assert param.grad.is_meta and param.grad.shape == param.shape and param.grad.dtype == param.dtype, name
+    with pytest.raises(ValueError, match="weight_cache='update' with meta tensors"):
+        mlp(x, split_sizes, probs, weight_cache="update")
+
+
+def test_an_op_error_names_the_layer_tensor_it_is_about():
+    """The ops name their own parameters ("x"); raised inside the layer, the error says at which
+    op, so that the tensor is known (here the gradient dy, quantized at 'quantize dy')."""
+    from gmlp.layer import OpRunner
+
+    mlp, x, split_sizes, _ = _module_and_inputs()
+    run = OpRunner(mlp.plan(x, split_sizes))
+    dy = torch.randn(x.shape[1], x.shape[0], dtype=torch.bfloat16).t()  # (T, H), not row-major
+    with pytest.raises(ValueError, match=r"^gmlp layer, at its 'quantize dy' op: x must have contiguous rows"):
+        run("quantize dy", dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
+            element_format=ElementFormat.E4M3, scale_mode=ScaleMode.RCEIL)

@@ -26,8 +26,8 @@ def _all_entry_points():
     (lambda: torch.randn(64, 64), dict(split_sizes=torch.tensor([32.0, 32.0])), TypeError, r"int32 or int64"),
     (lambda: torch.randn(64, 64), dict(split_sizes=torch.tensor([[64]])), ValueError, r"shape \(E,\)"),
     (lambda: torch.randn(64, 64), dict(split_sizes=torch.tensor([], dtype=torch.int64)), ValueError, r"E >= 1"),
-    (lambda: torch.randn(64, 64), dict(element_format="e4m3"), TypeError, r"gmlp.ElementFormat"),
-    (lambda: torch.randn(64, 64), dict(scale_mode="rceil"), TypeError, r"gmlp.ScaleMode"),
+    (lambda: torch.randn(64, 64), dict(element_format="e4m4"), ValueError, r"element_format must be one of \['e4m3', 'e5m2'\]"),
+    (lambda: torch.randn(64, 64), dict(scale_mode=1), TypeError, r"scale_mode must be a gmlp.ScaleMode or one of"),
 ])
 def test_bad_arguments(quantize, make_input, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -71,3 +71,27 @@ def test_reuse_is_refused_without_matching_kept_weights(quantize_calls):
         mlp(x, split_sizes, weight_cache="yes")
     with pytest.raises(ValueError, match="needs an MXFP8 recipe"):
         gmlp.GroupedMLP(3, 64, 64, recipe=None)(x, split_sizes, weight_cache="update")
+
+
+@pytest.mark.parametrize("change", ["optimizer step", "copy_", "load_state_dict"])
+def test_reuse_after_an_in_place_change_of_the_weights_is_refused(change, quantize_calls):
+    """An optimizer step between micro-batches (a missed "update") would reuse stale quantized
+    weights; the weights' version counters show it, and the error names the parameter."""
+    mlp = gmlp.GroupedMLP(3, 64, 64)
+    x, split_sizes = _inputs()
+    mlp(x, split_sizes, weight_cache="update").sum().backward()
+    mlp(x, split_sizes, weight_cache="reuse")  # nothing changed: reused
+    if change == "optimizer step":
+        torch.optim.SGD([mlp.w2], lr=0.1).step()
+    elif change == "copy_":
+        with torch.no_grad():
+            mlp.w2.copy_(torch.zeros_like(mlp.w2))
+    else:  # copies into every parameter: w1 is named first
+        mlp.load_state_dict({**mlp.state_dict(), "w2": torch.zeros_like(mlp.w2)})
+    changed = "w1" if change == "load_state_dict" else "w2"
+    with pytest.raises(ValueError, match=rf"weight_cache='reuse': {changed} was changed in place since the forward "
+                                         r"with weight_cache='update' quantized it"):
+        mlp(x, split_sizes, weight_cache="reuse")
+    fresh = mlp(x, split_sizes)
+    assert torch.equal(mlp(x, split_sizes, weight_cache="update"), fresh)  # quantized again: current weights
+    assert torch.equal(mlp(x, split_sizes, weight_cache="reuse"), fresh)

@@ -1,19 +1,40 @@
-"""``python -m gmlp.bench {quantize,mlp,gemm,profile,host,torchtitan,ep}``."""
+"""``python -m gmlp.bench BENCH [options]``: gmlp's benchmarks; ``--help`` lists them."""
 
 import sys
 
-BENCHES = {"quantize": "gmlp.bench.quantize", "mlp": "gmlp.bench.mlp", "gemm": "gmlp.bench.gemm",
-           "profile": "gmlp.bench.profile", "host": "gmlp.bench.host",
-           "torchtitan": "gmlp.bench.torchtitan", "ep": "gmlp.bench.ep"}
+# name -> (module, what it measures, where it runs)
+BENCHES = {
+    "quantize": ("gmlp.bench.quantize", "MXFP8 quantize bandwidth of each kernel path, as a ratio of device copy", "GPU"),
+    "mlp": ("gmlp.bench.mlp", "the layer forward + backward against torch's bf16 grouped-GEMM layer", "GPU"),
+    "gemm": ("gmlp.bench.gemm", "each GEMM of the layer alone against torch's bf16 grouped GEMM", "GPU"),
+    "profile": ("gmlp.bench.profile", "one layer step's device time per kernel (torch.profiler)", "GPU"),
+    "host": ("gmlp.bench.host", "host time to issue a small layer's forward + backward", "GPU or CPU"),
+    "torchtitan": ("gmlp.bench.torchtitan", "torchtitan's qwen3 MoE debug model trained with each experts backend",
+                   "GPU; --device cpu for a smoke run"),
+    "ep": ("gmlp.bench.ep", "torchtitan's MoE with expert parallelism over N processes (torchrun)", "GPUs; gloo on CPU"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, BENCHES))
+    lines = ["usage: python -m gmlp.bench BENCH [--help]", "", "benches (results as JSON with device, versions, "
+             "commit and date; `python -m gmlp.bench BENCH --help` for each one's options):"]
+    lines += [f"  {name:<{width}}  {what} [{where}]" for name, (_, what, where) in BENCHES.items()]
+    return "\n".join(lines)
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in BENCHES:
-        sys.exit(f"usage: python -m gmlp.bench {{{','.join(BENCHES)}}} [--help]")
+    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help"):
+        print(usage())
+        return
+    if len(sys.argv) < 2:
+        sys.exit(usage())  # to stderr, status 1
+    if sys.argv[1] not in BENCHES:
+        sys.exit(f"unknown bench {sys.argv[1]!r}\n{usage()}")
     import importlib
 
     try:
-        bench = importlib.import_module(BENCHES[sys.argv[1]])
+        bench = importlib.import_module(BENCHES[sys.argv[1]][0])
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] != "torchtitan":
             raise

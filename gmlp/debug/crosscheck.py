@@ -4,11 +4,11 @@ outputs are compared (``gmlp.debug.compare``); a mismatch is reported, as a warn
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
 
+from gmlp.caller import warn_at_caller
 from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
 from gmlp.dispatch import Path
 from gmlp.gate_up import GateUp
@@ -159,15 +159,15 @@ def report(title: str, comparison: Comparison, action: str, expert_of=None) -> N
     message = "\n".join(lines)
     if action == "raise":
         raise CrossCheckError(message)
-    warnings.warn(message, CrossCheckWarning, stacklevel=4)
+    warn_at_caller(message, CrossCheckWarning)
 
 
 def say_uncompared(what: str, path: Path) -> None:
     """Once per process: an op the cross-check covers ran on the last path, so nothing checked it."""
     if what not in _said_uncompared:
         _said_uncompared.add(what)
-        warnings.warn(f"cross-check: {what} ran on {path.value}, the last path that runs it here; nothing to "
-                      "compare it with", CrossCheckWarning, stacklevel=4)
+        warn_at_caller(f"cross-check: {what} ran on {path.value}, the last path that runs it here; nothing to "
+                       "compare it with", CrossCheckWarning)
 
 
 class CrossCheck:

@@ -22,7 +22,6 @@ module, with a ``FallbackWarning`` naming the node and the reason (``strict=True
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +31,7 @@ from torchtitan.models.common.moe import GroupedExperts
 
 from gmlp import ops
 from gmlp.activations import activation_from
+from gmlp.caller import warn_at_caller
 from gmlp.dispatch import FallbackError, FallbackWarning
 from gmlp.gate_up import GateUpLayout
 from gmlp.layer_config import LayerConfig, decode_config, layer_problem, token_class
@@ -143,7 +143,7 @@ def gmlp_experts(cfg: GroupedExperts.Config, *, recipe: str = "mxfp8", scale_mod
                   "biases); gmlp runs those only")
         if strict:
             raise FallbackError(f"gmlp experts: {reason}")
-        warnings.warn(f"gmlp experts: kept {type(cfg).__qualname__}: {reason}", FallbackWarning, stacklevel=2)
+        warn_at_caller(f"gmlp experts: kept {type(cfg).__qualname__}: {reason}", FallbackWarning)
         return cfg
     _check_sizes(gmlp_recipe, cfg.dim, cfg.hidden_dim)
     return derive(cfg, GmlpGroupedExperts.Config, recipe=recipe, scale_mode=scale_mode, grad_format=grad_format,

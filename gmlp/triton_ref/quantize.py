@@ -77,6 +77,7 @@ def quantize_mxfp8(
         x, rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
         element_format=element_format, scale_mode=scale_mode, strided_rows=True,
     )
+    element_format, scale_mode = problem.element_format, problem.scale_mode  # members, if given as strings
     rows, cols, row_stride = problem.num_rows, problem.num_cols, problem.row_stride
     experts = problem.num_experts
     device = x.device

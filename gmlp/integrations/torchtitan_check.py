@@ -1,0 +1,48 @@
+"""``python -m gmlp.integrations.torchtitan_check TRAINER-ARGS``: a torchtitan trainer's command
+line, checked on any machine (a CPU one included) without training.
+
+torchtitan's trainer needs a GPU and torchrun before it reads its overrides, so on a CPU a
+misspelled gmlp setting would go unreported. This parses the same arguments with torchtitan's
+``ConfigManager``, applies the overrides as the trainer does, and says which experts became
+gmlp's and with which settings; a bad setting exits with gmlp's sentence. Example::
+
+    python -m gmlp.integrations.torchtitan_check --module qwen3 --config qwen3_moe_debug \\
+        --override.imports 'gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torchtitan.config.manager import ConfigManager
+from torchtitan.config.override import apply_overrides
+from torchtitan.models.common.moe import GroupedExperts
+
+from gmlp.dispatch import FallbackError
+from gmlp.integrations.torchtitan import GmlpGroupedExperts
+
+
+def check(argv: list[str]) -> str:
+    """The report for trainer arguments ``argv``; raises gmlp's error for a bad setting."""
+    config = ConfigManager().parse_args(argv)
+    applied = apply_overrides(config.override, config)
+    experts = [c for _, c, _, _ in config.model_spec.model.traverse(GroupedExperts.Config)]
+    ours = [c for c in experts if isinstance(c, GmlpGroupedExperts.Config)]
+    settings = sorted({f"recipe={c.recipe}, scale_mode={c.scale_mode}, grad_format={c.grad_format}, strict={c.strict}"
+                       for c in ours})
+    lines = [*applied, f"{len(ours)} of {len(experts)} experts modules run gmlp's experts"
+             + (f" ({'; '.join(settings)})" if settings else "")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        print(check(sys.argv[1:] if argv is None else argv))
+    except (ValueError, TypeError, FallbackError) as error:
+        if "gmlp" not in str(error):  # not one of gmlp's settings: torchtitan's own error, as it is
+            raise
+        sys.exit(f"torchtitan check: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""``python -m gmlp`` (the main job on its embedded default) and ``python -m gmlp doctor``: what a
+new user runs first. The demo's figures are the same run after run and it ends with one PASS or
+FAIL line; the doctor reports every package gmlp may use, with how to install a missing one; a
+layer's plan says each reason once."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import gmlp
+import gmlp.__main__ as main_job
+from gmlp.dispatch import Path, _device_system_reason, system_reason
+
+
+def _demo_output(capsys) -> tuple[int, str]:
+    status = main_job.demo()
+    return status, capsys.readouterr().out
+
+
+def test_the_demo_is_reproducible_and_ends_with_pass(monkeypatch, capsys):
+    monkeypatch.setenv("GMLP_BACKEND", "torch")  # the layer on the torch path: quick; quantize kernels still checked
+    torch.manual_seed(1234)  # whatever the global RNG holds before, the figures are the demo's own
+    first_status, first = _demo_output(capsys)
+    torch.rand(7)
+    second_status, second = _demo_output(capsys)
+    assert first_status == second_status == 0
+    assert first == second
+    assert first.rstrip().splitlines()[-1].startswith("gmlp demo: PASS (")
+
+
+def test_the_demo_ends_with_fail_when_a_check_fails(monkeypatch, capsys):
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    monkeypatch.setattr(main_job, "DEMO_ERROR_BOUND", 1e-6)  # no quantized layer is that close
+    status, out = _demo_output(capsys)
+    assert status == 1
+    assert "TOO LARGE" in out
+    assert out.rstrip().splitlines()[-1].startswith("gmlp demo: FAIL (0 quantize mismatches, 5 layer checks failed")
+
+
+def test_a_layer_plan_says_each_reason_once():
+    mlp = gmlp.GroupedMLP(4, 64, 64, bias=True)
+    text = mlp.explain(torch.zeros(16, 64, dtype=torch.bfloat16))
+    reasons = [line for line in text.splitlines() if line.lstrip().startswith("not ")]
+    assert len(reasons) == len(set(reasons))
+    cutedsl = str(system_reason(Path.CUTEDSL, torch.device("cpu")))
+    assert text.count(cutedsl) == 1 and f"not cutedsl (every op): {cutedsl}" in text
+    assert "GEMM sites" not in text and "gmlp.layer" not in text  # no internal names
+
+
+def test_the_doctor_reports_every_package_and_how_to_install_a_missing_one(monkeypatch, capsys):
+    installed = {"torch": "2.13.0", "triton": "3.6.0"}
+    monkeypatch.setattr(main_job, "package_version", lambda name: installed.get(name, "not installed"))
+    assert main_job.doctor() == 0
+    lines = {}  # the first line of each name: the package's (the paths' lines follow, "torch" among them)
+    for line in capsys.readouterr().out.splitlines():
+        lines.setdefault(line.split(":")[0].strip(), line)
+    for name in ("numpy", "torchtitan", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend"):
+        assert "not installed (pip install" in lines[name], lines[name]
+    assert "gmlp[cutedsl]" in lines["nvidia-cutlass-dsl"] and "gmlp[torchtitan]" in lines["torchtitan"]
+    assert lines["torch"].endswith(": 2.13.0")
+
+
+def test_the_interpreter_without_numpy_is_a_reason(monkeypatch):
+    """A core install lacking numpy (installed without dependencies) falls back with the install command."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numpy" else real(name, *a))
+    _device_system_reason.cache_clear()
+    try:
+        reason = _device_system_reason(Path.TRITON, "cpu", None, True)
+    finally:
+        _device_system_reason.cache_clear()
+    assert reason is not None and "Triton's interpreter needs numpy" in str(reason) and "pip install numpy" in str(reason)
+
