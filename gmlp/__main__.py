@@ -134,7 +134,7 @@ def doctor() -> int:
     """Print versions, device and the quantize plan; always 0."""
     for name in REPORTED_PACKAGES:
         version = package_version(name)
-        install = f" ({INSTALL_COMMANDS[name]})" if version == "not installed" and name in INSTALL_COMMANDS else ""
+        install = f"; {INSTALL_COMMANDS[name]}" if version == "not installed" and name in INSTALL_COMMANDS else ""
         print(f"{name:>22}: {version}{install}")
     device = _device()
     if device.type == "cuda":

@@ -58,7 +58,7 @@ def test_the_doctor_reports_every_package_and_how_to_install_a_missing_one(monke
     for line in capsys.readouterr().out.splitlines():
         lines.setdefault(line.split(":")[0].strip(), line)
     for name in ("numpy", "torchtitan", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend"):
-        assert "not installed (pip install" in lines[name], lines[name]
+        assert "not installed; pip install" in lines[name], lines[name]
     assert "gmlp[cutedsl]" in lines["nvidia-cutlass-dsl"] and "gmlp[torchtitan]" in lines["torchtitan"]
     assert lines["torch"].endswith(": 2.13.0")
 
