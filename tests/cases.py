@@ -1,7 +1,9 @@
-"""Test inputs: random distributions and adversarial blocks for quantization, split sizes."""
+"""Test inputs: random distributions and adversarial blocks for quantization, split sizes; the
+parametrization that keeps the quick run (``-m "not slow"``) to a representative subset."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
@@ -111,3 +113,16 @@ def stored_gate_up(layout, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.
     if layout is GateUpLayout.INTERLEAVED:
         return (torch.stack([gate, up], 2),)
     return gate.clone(), up.clone()
+
+
+def parametrize_quick(argnames: str, argvalues, keep: int = 1, **kwargs):
+    """``pytest.mark.parametrize`` whose first ``keep`` values run in the quick run and the rest are
+    marked ``slow`` (the quick run, ``-m "not slow"``, leaves them out; the full run keeps them).
+    A test with several such axes is quick only at the combination of their kept values."""
+    argvalues = list(argvalues)
+    several = len(argnames.split(",")) > 1
+
+    def slow(value):
+        return pytest.param(*(value if several else (value,)), marks=pytest.mark.slow)
+
+    return pytest.mark.parametrize(argnames, [*argvalues[:keep], *map(slow, argvalues[keep:])], **kwargs)

@@ -1,4 +1,5 @@
-"""Test configuration: seeds, Triton's interpreter on CPU-only machines, and device markers."""
+"""Test configuration: seeds, Triton's interpreter on CPU-only machines, device markers, and the
+notebook runs marked ``slow``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,19 @@ def _fresh_plans():
     clear_plan_cache()
 
 
+def _executes_a_notebook(item) -> bool:
+    """tests/test_notebooks.py's tests that run a notebook (through its ``_executed``, or ``_figure``
+    which calls it): 80-100 s together on two cores, so they are ``slow``."""
+    if item.path.name != "test_notebooks.py":
+        return False
+    return bool({"_executed", "_figure"} & set(item.function.__code__.co_names))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _executes_a_notebook(item):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on the H200 (see README)")

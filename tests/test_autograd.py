@@ -9,6 +9,7 @@ import torch
 from torch.func import functional_call
 
 import gmlp
+from tests.cases import parametrize_quick
 
 RECIPES = [None, gmlp.MXFP8Recipe()]
 RECIPE_IDS = ["bf16", "mxfp8"]
@@ -37,7 +38,7 @@ def test_second_backward_without_retain_graph_is_pytorchs_error(recipe):
         y.backward(dy)
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+@parametrize_quick("recipe", RECIPES, ids=RECIPE_IDS)
 def test_retain_graph_keeps_the_state_for_a_second_backward(recipe):
     mlp, x, split_sizes, probs, dy = _module_and_inputs(recipe)
     y = mlp(x, split_sizes, probs)
@@ -49,7 +50,7 @@ def test_retain_graph_keeps_the_state_for_a_second_backward(recipe):
         assert torch.equal(got, 2 * first), name
 
 
-@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+@parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
 def test_torch_func_grad_equals_autograd(recipe):
     """torch.func.grad runs through the layer's autograd.Function (its backward calls the
     backward op on the tensors under functorch's wrappers) and gives autograd's gradient."""

@@ -95,6 +95,7 @@ def test_main_writes_json_and_compares(tmp_path, capsys):
     assert "mode cached" in out and "fwd+bwd host" in out and "after / before" in out
 
 
+@pytest.mark.slow
 def test_runs_as_a_file_with_gmlp_from_the_path(tmp_path):
     """``python gmlp/bench/host.py`` (how an old checkout is measured): gmlp from PYTHONPATH."""
     root = pathlib.Path(host.__file__).resolve().parents[2]

@@ -57,6 +57,7 @@ def test_compiled_activation_is_the_eager_one_to_bf16_rounding(compiled_act):
         assert relative_rms_error(got, want) <= bound, what
 
 
+@pytest.mark.slow
 def test_every_side_multiplies_by_probs_and_returns_dprobs(compiled_act):
     x, dy = layer_tensors(TOKENS, HIDDEN, CPU)
     probs = router_probs(TOKENS, CPU)

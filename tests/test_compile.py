@@ -19,6 +19,7 @@ import gmlp.debug.crosscheck
 from gmlp.debug import cross_check
 from gmlp.dispatch import Path
 from tests.backends import kernel_device
+from tests.cases import parametrize_quick
 
 RECIPES = [None, gmlp.MXFP8Recipe()]
 RECIPE_IDS = ["bf16", "mxfp8"]
@@ -71,8 +72,8 @@ def _graph_breaks() -> dict:
     return dict(torch._dynamo.utils.counters["graph_break"])
 
 
-@pytest.mark.parametrize("dynamic", ["dynamic=True", "mark_dynamic"])
-@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+@parametrize_quick("dynamic", ["dynamic=True", "mark_dynamic"])
+@parametrize_quick("recipe", RECIPES, ids=RECIPE_IDS)
 def test_compiled_equals_eager_bitwise_without_recompiling(recipe, dynamic):
     """fullgraph inductor compile (the issue's failures were inductor's: "Promotion for Float8
     Types is not supported"): forward and backward equal eager bit for bit, and T = 24, 32, 40
@@ -99,7 +100,7 @@ def test_compiled_equals_eager_bitwise_without_recompiling(recipe, dynamic):
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+@parametrize_quick("recipe", RECIPES, ids=RECIPE_IDS)
 def test_a_fresh_module_compiles_fullgraph(recipe):
     """Compiling a module before its first eager call (the usual order) traces as well: nothing
     the module builds on its first call (its op's config string) may break the graph."""
@@ -114,7 +115,7 @@ def test_a_fresh_module_compiles_fullgraph(recipe):
     assert not _graph_breaks()
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+@parametrize_quick("recipe", RECIPES, ids=RECIPE_IDS)
 def test_cross_check_runs_inside_a_compiled_call(recipe, monkeypatch):
     """The ops run eagerly inside the graph, so the cross-check (a context variable read by the
     op) compares the same ops as in eager mode, and a clean run raises nothing: the kernels

@@ -18,6 +18,7 @@ from gmlp.layer_ops import SITES
 from gmlp.mlp_ref import FC1Output, FC2DgradOutput
 from gmlp.quantized import MXFP8Quantized
 from tests.backends import kernel_device
+from tests.cases import parametrize_quick
 
 SPLITS = {"skewed-with-empty": [37, 0, 60, 3], "one-expert": [40]}
 
@@ -40,10 +41,10 @@ def _require_triton_layer():
         pytest.skip("the Triton kernels do not run here (no GPU and no interpreter)")
 
 
-@pytest.mark.parametrize("recipe,activation", [(gmlp.MXFP8Recipe(), "swiglu"), (gmlp.MXFP8Recipe(), "qgeglu"),
-                                               (gmlp.MXFP8Recipe(), "srelu"), (None, "geglu")],
-                         ids=["mxfp8-swiglu", "mxfp8-qgeglu", "mxfp8-srelu", "bf16-geglu"])
-@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+@parametrize_quick("recipe,activation", [(gmlp.MXFP8Recipe(), "swiglu"), (gmlp.MXFP8Recipe(), "qgeglu"),
+                                         (gmlp.MXFP8Recipe(), "srelu"), (None, "geglu")],
+                   ids=["mxfp8-swiglu", "mxfp8-qgeglu", "mxfp8-srelu", "bf16-geglu"])
+@parametrize_quick("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_clean_runs_pass(recipe, activation, splits):
     _require_triton_layer()
     with cross_check(action="raise"):
@@ -96,7 +97,7 @@ def _chosen(site: str, recipe=gmlp.MXFP8Recipe(), experts: int = 4) -> Path:
     return plan.path(site)
 
 
-@pytest.mark.parametrize("site,recipe_name", PLANTED, ids=[f"{site}-{recipe}" for site, recipe in PLANTED])
+@parametrize_quick("site,recipe_name", PLANTED, ids=[f"{site}-{recipe}" for site, recipe in PLANTED])
 def test_one_planted_element_is_caught_and_located(monkeypatch, site, recipe_name):
     """One wrong element in the output of the site's chosen path (CuTeDSL or Triton) is reported
     against the next path down, with its index."""
@@ -167,8 +168,8 @@ def test_environment_switch_rejects_other_values(monkeypatch):
         active_settings()
 
 
-@pytest.mark.parametrize("hidden,ffn,splits", [(96, 32, [0, 0, 0, 70]), (32, 96, [1, 31, 33, 1, 0, 45])],
-                         ids=["all-in-last", "tiny-experts"])
+@parametrize_quick("hidden,ffn,splits", [(96, 32, [0, 0, 0, 70]), (32, 96, [1, 31, 33, 1, 0, 45])],
+                   ids=["all-in-last", "tiny-experts"])
 def test_clean_runs_pass_on_other_shapes(hidden, ffn, splits):
     _require_triton_layer()
     device = kernel_device()

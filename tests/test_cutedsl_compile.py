@@ -19,6 +19,7 @@ import torch
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_args import validate_quantize_args
+from tests.cases import parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -93,7 +94,7 @@ def compile_case(arch: str, case: Case):
     )
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@parametrize_quick("case", CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantize_kernel_ptx(arch, case):
     compiled = compile_case(arch, case)

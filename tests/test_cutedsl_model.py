@@ -19,7 +19,7 @@ from gmlp import scale_layout
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8 import ElementFormat, ScaleMode, cast_to_element, e8m0_from_amax, nan_ignoring_amax
 from gmlp.quantize_ref import quantize_mxfp8_ref
-from tests.cases import SPLIT_CASES, adversarial_blocks, adversarial_matrix, random_matrix
+from tests.cases import SPLIT_CASES, adversarial_blocks, adversarial_matrix, parametrize_quick, random_matrix
 
 _IMPORT_ERROR = import_error()
 if _IMPORT_ERROR is not None:
@@ -255,7 +255,7 @@ def test_sx_positions_are_conflict_free(chunks_per_thread):
 
 
 @pytest.mark.parametrize("split_case", list(SPLIT_CASES), ids=str)
-@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "compact"])
+@parametrize_quick("swizzle", [True, False], ids=["swizzled", "compact"])
 def test_grouped_layouts(split_case, swizzle):
     splits = SPLIT_CASES[split_case]
     x = random_matrix("lognormal", 300, 160, torch.bfloat16)
@@ -271,7 +271,7 @@ def test_adversarial_values(dtype, element_format, scale_mode):
     check(x.t().contiguous()[:96], None, element_format=element_format, scale_mode=scale_mode)
 
 
-@pytest.mark.parametrize("shape", [(1, 32), (33, 96), (129, 32), (200, 288)], ids=str)
+@parametrize_quick("shape", [(1, 32), (33, 96), (129, 32), (200, 288)], keep=3, ids=str)
 @pytest.mark.parametrize("rowwise,columnwise", [(True, False), (False, True), (True, True)], ids=["row", "col", "both"])
 def test_odd_shapes_and_alignments(shape, rowwise, columnwise):
     x = random_matrix("normal", *shape, torch.float32)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from gmlp.env import env_flag, env_setting
+from tests.cases import parametrize_quick
 
 NAME = "GMLP_TEST_FLAG"
 
@@ -48,7 +49,7 @@ def test_setting_words_and_booleans(monkeypatch):
         env_setting(NAME, ("warn", "raise"))
 
 
-@pytest.mark.parametrize("value,installed", [("1", True), ("yes", True), ("0", False), ("off", False)])
+@parametrize_quick("value,installed", [("1", True), ("0", False), ("yes", True), ("off", False)], keep=2)
 def test_triton_ref_installs_the_interpreter_fixes_when_interpreting(value, installed):
     """gmlp.triton_ref decides at import (in a fresh interpreter, so this session's is untouched)."""
     code = "import sys, gmlp.triton_ref; print('gmlp.triton_ref._interpreter_fixes' in sys.modules)"

@@ -16,7 +16,7 @@ from gmlp import ops
 from gmlp.debug import cross_check
 from gmlp.gate_up import GateUpLayout
 from tests.backends import kernel_device
-from tests.cases import stored_gate_up
+from tests.cases import parametrize_quick, stored_gate_up
 
 SPLITS = [37, 0, 59]
 E, H, F = len(SPLITS), 64, 96
@@ -52,8 +52,8 @@ def _inputs(device: torch.device):
     return tuple(t.to(device) for t in (x, probs, split_sizes, dy))
 
 
-@pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
-@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+@parametrize_quick("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
+@parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_layouts_give_the_halves_bits(monkeypatch, layout, recipe, backend):
     monkeypatch.setenv("GMLP_BACKEND", backend)
@@ -68,7 +68,7 @@ def test_layouts_give_the_halves_bits(monkeypatch, layout, recipe, backend):
         assert torch.equal(mine, ref), name
 
 
-@pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
+@parametrize_quick("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
 def test_main_grads_of_gate_and_up(monkeypatch, layout):
     """accumulate_main_grad adds dW1's gate and up rows into each weight's fp32 main_grad."""
     monkeypatch.setenv("GMLP_BACKEND", "triton")
@@ -92,7 +92,7 @@ def test_a_layout_the_weights_do_not_fit_is_refused():
         ops.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, mlp._config(None, None), w3=mlp.w1)
 
 
-@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+@parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
 def test_separate_gate_and_up_compile_without_graph_breaks(monkeypatch, recipe):
     """The ops' fake implementations know the layouts' saved state: torch.compile(fullgraph=True)
     of a step with two (E, F, H) weights gives eager's outputs and gradients."""

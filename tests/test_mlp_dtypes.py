@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import gmlp
+from tests.cases import parametrize_quick
 
 
 def _inputs(dtype: torch.dtype, hidden: int = 64):
@@ -14,7 +15,7 @@ def _inputs(dtype: torch.dtype, hidden: int = 64):
     return x, torch.tensor([7, 0, 13]), probs
 
 
-@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16-recipe", "mxfp8"])
+@parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16-recipe", "mxfp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.float64])
 def test_outputs_and_gradients_have_their_tensors_dtypes(recipe, dtype):
     if recipe is not None and dtype in (torch.float16, torch.float64):
@@ -46,7 +47,7 @@ def test_unquantized_float64_layer_is_exact():
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16-recipe", "mxfp8"])
+@parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16-recipe", "mxfp8"])
 def test_meta_device_construction_then_materialization(recipe):
     torch.manual_seed(1)
     built = gmlp.GroupedMLP(3, 64, 64, recipe=recipe, bias=True)

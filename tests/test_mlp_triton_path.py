@@ -16,6 +16,7 @@ from gmlp.dispatch import Path
 from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
 from gmlp.mxfp8 import ElementFormat
 from tests.backends import kernel_device
+from tests.cases import parametrize_quick
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
 
 SPLITS = [0, 37, 64, 1, 90]
@@ -67,10 +68,10 @@ def check_against_oracle(splits: list[int], hidden: int, ffn: int, activation: s
     assert all(errors[name] <= bound for name, (_, _, bound) in checks.items()), errors
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
-@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), gmlp.MXFP8Recipe(grad_format=ElementFormat.E5M2), None],
-                         ids=["mxfp8", "mxfp8-e5m2-grads", "bf16"])
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@parametrize_quick("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
+@parametrize_quick("recipe", [gmlp.MXFP8Recipe(), gmlp.MXFP8Recipe(grad_format=ElementFormat.E5M2), None],
+                   ids=["mxfp8", "mxfp8-e5m2-grads", "bf16"])
+@parametrize_quick("bias", [True, False], ids=["bias", "no-bias"])
 def test_triton_path_matches_oracle(monkeypatch, activation, recipe, bias):
     monkeypatch.setenv("GMLP_BACKEND", "triton")  # on SM90 the CuTeDSL kernels would take the GEMMs
     check_against_oracle(SPLITS, 64, 96, activation, recipe, bias)
@@ -96,6 +97,7 @@ def test_parameters_the_triton_kernels_cannot_take_fall_back_with_a_reason(dtype
         assert any(path is Path.TRITON and str(dtype) in str(reason) for path, reason in decision.skipped), plan.explain()
 
 
+@pytest.mark.slow
 def test_triton_path_is_deterministic(monkeypatch):
     monkeypatch.setenv("GMLP_BACKEND", "triton")
     device = kernel_device()
@@ -118,6 +120,7 @@ def test_triton_path_is_deterministic(monkeypatch):
         assert torch.equal(first, second)
 
 
+@pytest.mark.slow
 def test_triton_path_adds_weight_gradients_into_main_grad(monkeypatch):
     """With accumulate_main_grad, the weight-gradient kernel adds the fp32 sums straight into
     main_grad: two steps from zero give twice one step's fp32 gradient, bit for bit."""
@@ -199,6 +202,7 @@ def test_strided_inputs_equal_their_contiguous_copies():
                     ffn_hidden_size=64, activation=activation_from("swiglu"), recipe=None, probs=scores[:96, 0])
 
 
+@pytest.mark.slow
 def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     """A site in ``LayerPlan.decoding_sites`` gets its MXFP8 A as it is (no dequantize site for A):
     with the kernels here (Triton / torch, which dequantize such an A themselves) the layer's

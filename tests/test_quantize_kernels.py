@@ -13,7 +13,7 @@ from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.quantized import MXFP8Quantized
 from tests.backends import KERNEL_PATHS, kernel_device, quantize_launcher
-from tests.cases import SPLIT_CASES, adversarial_matrix, random_matrix
+from tests.cases import SPLIT_CASES, adversarial_matrix, parametrize_quick, random_matrix
 
 ON_GPU = torch.cuda.is_available()
 
@@ -43,9 +43,9 @@ def run_both(path, x, **kwargs):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda p: p.value)
-@pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
-@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@parametrize_quick("element_format", list(ElementFormat), ids=lambda f: f.value)
+@parametrize_quick("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@parametrize_quick("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_adversarial_blocks(path, element_format, scale_mode, dtype):
     x = adversarial_matrix(element_format, scale_mode, rows=64).to(dtype)
     for source in (x, x.t()):
@@ -56,8 +56,8 @@ def test_adversarial_blocks(path, element_format, scale_mode, dtype):
 
 @pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda p: p.value)
 @pytest.mark.parametrize("split_case", list(SPLIT_CASES), ids=str)
-@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "compact"])
-@pytest.mark.parametrize("distribution", ["normal", "uniform_wide", "outliers", "lognormal"])
+@parametrize_quick("swizzle", [True, False], ids=["swizzled", "compact"])
+@parametrize_quick("distribution", ["normal", "uniform_wide", "outliers", "lognormal"])
 def test_grouped_random(path, split_case, swizzle, distribution):
     splits = SPLIT_CASES[split_case]
     x = random_matrix(distribution, 300, 96, torch.bfloat16)
@@ -68,7 +68,7 @@ def test_grouped_random(path, split_case, swizzle, distribution):
 
 @pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda p: p.value)
 @pytest.mark.parametrize("rowwise,columnwise", [(True, False), (False, True)], ids=["rowwise", "columnwise"])
-@pytest.mark.parametrize("shape", [(0, 64), (1, 32), (33, 160), (129, 32), (257, 224)], ids=str)
+@parametrize_quick("shape", [(0, 64), (1, 32), (33, 160), (129, 32), (257, 224)], keep=2, ids=str)
 def test_odd_shapes_one_direction(path, rowwise, columnwise, shape):
     x = random_matrix("normal", *shape, torch.float32)
     for split_sizes in (None, torch.tensor([shape[0] // 3, 0, shape[0] - shape[0] // 3], dtype=torch.int64)):
@@ -88,7 +88,7 @@ def test_large_gpu(path, shape, splits):
     assert_bit_exact(got, want)
 
 
-@pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "compact"])
+@parametrize_quick("swizzle", [True, False], ids=["swizzled", "compact"])
 @pytest.mark.parametrize("split_case", ["zeros_and_odd", "ungrouped"])
 def test_triton_weight_config_is_bit_exact(swizzle, split_case):
     """The layer's weight config (chunks fastest, 4 chunks per program; a launch order and tiling,

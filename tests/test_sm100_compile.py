@@ -22,6 +22,7 @@ from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from gmlp.ops import allocating_quantize
 from tests.blackwell import BLOCK_SCALED_MMA, CompilingLauncher
+from tests.cases import parametrize_quick
 
 pytestmark = pytest.mark.skipif(cudnn_kernels.import_error() is not None,
                                 reason=f"cuDNN frontend's kernels do not import: {cudnn_kernels.import_error()}")
@@ -52,7 +53,7 @@ def _layer_on_meta(shape: str, activation: str, launcher: CompilingLauncher, pro
     assert grads.dw1.shape == w1.shape and grads.dw2.shape == w2.shape
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@parametrize_quick("shape", list(SHAPES))
 def test_every_kernel_of_the_layer_compiles_for_sm100(shape, launcher):
     _layer_on_meta(shape, "swiglu", launcher)
     assert sorted(launcher.ptx) == sorted(SITES)
@@ -62,7 +63,7 @@ def test_every_kernel_of_the_layer_compiles_for_sm100(shape, launcher):
         assert SCALE_ROUNDED_UP.search(launcher.ptx[site]) and "cvt.rn.satfinite.e4m3x2.f32" in launcher.ptx[site], site
 
 
-@pytest.mark.parametrize("activation", ["qgeglu", "srelu"])
+@parametrize_quick("activation", ["qgeglu", "srelu"])
 def test_the_other_activations_compile_for_sm100(activation, launcher):
     """The clamped GeGLU (the GLU kernels' "geglu") and srelu (the srelu kernels), and a layer
     without probs; the smallest design shape."""

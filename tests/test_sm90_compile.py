@@ -20,7 +20,7 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.backends import twice_without_sync
-from tests.cases import BANDED_SPLITS
+from tests.cases import BANDED_SPLITS, parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -132,7 +132,7 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
         assert report["registers"] <= 232, report
 
 
-@pytest.mark.parametrize("name,shape,b_k_major", GEMMS, ids=[g[0] for g in GEMMS])
+@parametrize_quick("name,shape,b_k_major", GEMMS, ids=[g[0] for g in GEMMS])
 def test_design_shapes_compile(name, shape, b_k_major):
     """FC2 forward reads stacked W2 (K-major B); FC1 dgrad reads W1^T in place (N-major B)."""
     from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
@@ -146,8 +146,8 @@ TILINGS = [(128, False), (256, False), (128, True)]
 TILING_IDS = ["128", "256", "128-pingpong"]
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-N{}-K{}-E{}".format(*s))
-@pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-N{}-K{}-E{}".format(*s))
+@parametrize_quick("tile_n,pingpong", TILINGS, ids=TILING_IDS)
 def test_odd_shapes_compile(shape, tile_n, pingpong):
     from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
 
@@ -155,7 +155,7 @@ def test_odd_shapes_compile(shape, tile_n, pingpong):
     check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=tile_n, b_k_major=True, pingpong=pingpong)
 
 
-@pytest.mark.parametrize("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
+@parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
 def test_pingpong_compiles_with_its_turn_barriers(b_k_major):
     """Ping-pong: the two consumer warpgroups' mainloops take turns through two mbarriers (every
     thread of a warpgroup arrives), with the deepest pipeline of 128-wide tiles."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from tests.cases import parametrize_quick
 from tests.test_sm90_compile import SPLITS, _on_sm90, check_ptx, expert_weights, ptxas_report
 
 _IMPORT_ERROR = import_error()
@@ -125,9 +126,9 @@ def _decode_buffers() -> int:
     return DECODE_BUFFERS
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("tile_n", TILE_NS)
-@pytest.mark.parametrize("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
+@parametrize_quick("fmt", FORMATS)
+@parametrize_quick("tile_n", TILE_NS)
+@parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
 def test_decoded_configs_compile(fmt, tile_n, b_k_major):
     """The grouped GEMM's PTX checks, plus the decode: 16-byte shared loads and stores of whole
     chunks (a thread's 128 / tile_n * 2 chunks, in the peeled first k-tile and the loop), one cvt
@@ -148,8 +149,8 @@ def test_decoded_configs_compile(fmt, tile_n, b_k_major):
     assert config.num_stages() == (4 if tile_n == 256 else 7)
 
 
-@pytest.mark.parametrize("quantized", [False, True], ids=["bf16-a", "mxfp8-a"])
-@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@parametrize_quick("quantized", [False, True], ids=["bf16-a", "mxfp8-a"])
+@parametrize_quick("activation", ["swiglu", "srelu"])
 def test_decoded_fc1_compiles(activation, quantized):
     """FC1 decoding x: two consumer warpgroups, 2 fp8 chunks a thread; stages left beside the
     decode buffers (and the quantizing epilogue's 20 KB)."""
@@ -167,8 +168,8 @@ def test_decoded_fc1_compiles(activation, quantized):
         (act.gated, quantized)]
 
 
-@pytest.mark.parametrize("quantized", [False, True], ids=["bf16-dh", "mxfp8-dh"])
-@pytest.mark.parametrize("fmt", FORMATS)
+@parametrize_quick("quantized", [False, True], ids=["bf16-dh", "mxfp8-dh"])
+@parametrize_quick("fmt", FORMATS)
 def test_decoded_fc2_dgrad_compiles(fmt, quantized):
     from gmlp.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig, compile_fc2_dgrad
@@ -395,8 +396,8 @@ def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph(
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("accumulate", [False, True], ids=["store", "main-grad"])
-@pytest.mark.parametrize("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=["e4m3-grads", "e5m2-grads"])
+@parametrize_quick("accumulate", [False, True], ids=["store", "main-grad"])
+@parametrize_quick("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=["e4m3-grads", "e5m2-grads"])
 def test_decoded_wgrad_compiles(formats, accumulate):
     """Both operands decoded by the one consumer warpgroup (BN = 128): 4 fp8 chunks of A's row and
     4 of B's a thread, masked past the expert's end, K-major bf16 buffers (wgmma without transpose

@@ -26,7 +26,7 @@ from gmlp.mxfp8 import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multip
 from gmlp.recipe import MXFP8Recipe
 from gmlp.quantize_ref import quantize_columnwise_ref, quantize_rowwise_ref
 from tests.backends import twice_without_sync
-from tests.cases import BANDED_SPLITS, adversarial_matrix
+from tests.cases import BANDED_SPLITS, adversarial_matrix, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -97,8 +97,8 @@ def check_activation_math(ptx: str, activation: Activation) -> None:
     assert len(re.findall(r"\bmul\.rn\.f32", ptx)) == (64 if geglu else 0)
 
 
-@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@parametrize_quick("activation", ACTIVATIONS)
 def test_design_shapes_compile(shape, activation):
     """The layer's FC1: stacked W1 (K-major), bf16 b1, fp32 probs."""
     from gmlp.cutedsl.sm90.fc1 import compile_fc1
@@ -110,10 +110,10 @@ def test_design_shapes_compile(shape, activation):
     check_activation_math(compiled.ptx, config.activation)
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@pytest.mark.parametrize("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1", "two-stages"])
-@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@parametrize_quick("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1", "two-stages"])
+@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                   ids=["swiglu", "srelu", "qgeglu-clamped"])
 def test_odd_shapes_compile(shape, variant, activation):
     from gmlp.cutedsl.sm90.fc1 import compile_fc1
 
@@ -124,10 +124,10 @@ def test_odd_shapes_compile(shape, variant, activation):
     check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
 
 
-@pytest.mark.parametrize("shape", [*DESIGN_SHAPES, (1, 32, 32, 1), (3, 32, 160, 4096)],
-                         ids=lambda s: "E{}-T{}-H{}-F{}".format(*s) if s[1] > 32 else "odd-T{}-H{}-F{}-E{}".format(*s))
-@pytest.mark.parametrize("activation", ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                         ids=["swiglu", "geglu", "qgeglu-clamped"])
+@parametrize_quick("shape", [*DESIGN_SHAPES, (1, 32, 32, 1), (3, 32, 160, 4096)],
+                   ids=lambda s: "E{}-T{}-H{}-F{}".format(*s) if s[1] > 32 else "odd-T{}-H{}-F{}-E{}".format(*s))
+@parametrize_quick("activation", ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                   ids=["swiglu", "geglu", "qgeglu-clamped"])
 def test_fused_b_compiles(shape, activation):
     """fused_b: gate and up rows as the halves of one 256-row B tile (two 128-row TMA boxes), one
     m64n256 wgmma per k-block and warpgroup, the same epilogue math and stores."""
@@ -200,9 +200,9 @@ def test_stage_counts():
         FC1Config("swiglu")
 
 
-@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@parametrize_quick("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@parametrize_quick("activation", ACTIVATIONS)
 def test_design_shapes_compile_mxfp8(shape, scale_mode, activation):
     """The MXFP8 layer's FC1: a written as Q_row(a) and Q_col(a) from the epilogue."""
     from gmlp.cutedsl.sm90.fc1 import compile_fc1
@@ -217,10 +217,10 @@ def test_design_shapes_compile_mxfp8(shape, scale_mode, activation):
     check_quantized_ptx(compiled, floor_scales=floor)
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@pytest.mark.parametrize("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1-floor", "two-stages"])
-@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@parametrize_quick("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1-floor", "two-stages"])
+@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                   ids=["swiglu", "srelu", "qgeglu-clamped"])
 def test_odd_shapes_compile_mxfp8(shape, variant, activation):
     from gmlp.cutedsl.sm90.fc1 import compile_fc1
 
@@ -385,8 +385,8 @@ def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: Scal
     return row_data, row_scales, col_scales, transposed
 
 
-@pytest.mark.parametrize("limits", [(128, 128), (37, 96), (1, 32), (300, 64), (100, 128), (64, 160)],
-                         ids=lambda l: f"rows{l[0]}-cols{l[1]}")
+@parametrize_quick("limits", [(128, 128), (37, 96), (1, 32), (300, 64), (100, 128), (64, 160)],
+                   ids=lambda l: f"rows{l[0]}-cols{l[1]}")
 @pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
 @pytest.mark.parametrize("kind", ["adversarial", "lognormal"])
 def test_epilogue_model_matches_spec(kind, scale_mode, limits):

@@ -21,7 +21,7 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8 import ElementFormat, ScaleMode
 from gmlp.recipe import MXFP8Recipe
 from tests.backends import twice_without_sync
-from tests.cases import BANDED_SPLITS
+from tests.cases import BANDED_SPLITS, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -127,9 +127,9 @@ def check_activation_math(ptx: str, activation: Activation, probs: bool, tile_n:
     assert "ex2.approx.ftz" not in ptx
 
 
-@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("tile_n", [128, 256])
+@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@parametrize_quick("activation", ACTIVATIONS)
+@parametrize_quick("tile_n", [128, 256])
 def test_design_shapes_compile(shape, activation, tile_n):
     """The layer's FC2 dgrad: w2t the transposed view of the stacked W2 (N-major), fp32 probs,
     db1; both tile widths (the db1 sums written over the accumulators: no spills at 256)."""
@@ -142,10 +142,10 @@ def test_design_shapes_compile(shape, activation, tile_n):
     check_activation_math(compiled.ptx, config.activation, probs=True, tile_n=tile_n)
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@pytest.mark.parametrize("variant", ["plain", "bf16-probs", "k-major-w2t-probs", "bias-grad-two-stages"])
-@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@parametrize_quick("variant", ["plain", "bf16-probs", "k-major-w2t-probs", "bias-grad-two-stages"])
+@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                   ids=["swiglu", "srelu", "qgeglu-clamped"])
 def test_odd_shapes_compile(shape, variant, activation):
     from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
 
@@ -170,9 +170,9 @@ def _quantized(grad_recipe: str) -> dict:
     return dict(quantized=True, e5m2=fmt is ElementFormat.E5M2, floor_scales=mode is ScaleMode.FLOOR)
 
 
-@pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("grad_recipe", ["e4m3-rceil", "e5m2-floor"])
+@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
+@parametrize_quick("activation", ACTIVATIONS)
+@parametrize_quick("grad_recipe", ["e4m3-rceil", "e5m2-floor"])
 def test_design_shapes_compile_mxfp8(shape, activation, grad_recipe):
     """The MXFP8 layer's FC2 dgrad: the transposed view of W2, fp32 probs, db1, dh written as
     Q_row(dh) and Q_col(dh) in the gradient format (no spills, ptxas -v)."""
@@ -186,11 +186,11 @@ def test_design_shapes_compile_mxfp8(shape, activation, grad_recipe):
     check_quantized_ptx(compiled)
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@pytest.mark.parametrize("variant", ["plain", "bf16-probs-e5m2", "k-major-w2t-probs-floor",
-                                     "bias-grad-two-stages-e5m2-floor"])
-@pytest.mark.parametrize("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                         ids=["swiglu", "srelu", "qgeglu-clamped"])
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
+@parametrize_quick("variant", ["plain", "bf16-probs-e5m2", "k-major-w2t-probs-floor",
+                               "bias-grad-two-stages-e5m2-floor"])
+@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
+                   ids=["swiglu", "srelu", "qgeglu-clamped"])
 def test_odd_shapes_compile_mxfp8(shape, variant, activation):
     """Every gradient format and scale mode, probs and db1 on and off (plain: E4M3, RCEIL)."""
     from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad

@@ -16,6 +16,7 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.backends import twice_without_sync
+from tests.cases import parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -83,19 +84,19 @@ def check_ptx(compiled) -> None:
         assert report["registers"] <= 232, report
 
 
-@pytest.mark.parametrize("k_tail", list(K_TAILS))
-@pytest.mark.parametrize("output", list(OUTPUTS))
-@pytest.mark.parametrize("name,shape", WGRADS, ids=[w[0] for w in WGRADS])
+@parametrize_quick("k_tail", list(K_TAILS))
+@parametrize_quick("output", list(OUTPUTS))
+@parametrize_quick("name,shape", WGRADS, ids=[w[0] for w in WGRADS])
 def test_design_shapes_compile(name, shape, output, k_tail):
     from gmlp.cutedsl.sm90.wgrad import compile_wgrad
 
     check_ptx(compile_wgrad("sm_90a", _config(**OUTPUTS[output], **K_TAILS[k_tail]), shape=shape))
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
-@pytest.mark.parametrize("tile_n", [128, 256])
-@pytest.mark.parametrize("output", list(OUTPUTS))
-@pytest.mark.parametrize("k_tail", list(K_TAILS))
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
+@parametrize_quick("tile_n", [128, 256])
+@parametrize_quick("output", list(OUTPUTS))
+@parametrize_quick("k_tail", list(K_TAILS))
 def test_odd_shapes_compile(shape, tile_n, output, k_tail):
     from gmlp.cutedsl.sm90.wgrad import compile_wgrad
 
@@ -103,8 +104,8 @@ def test_odd_shapes_compile(shape, tile_n, output, k_tail):
     check_ptx(compile_wgrad("sm_90a", config, shape=shape))
 
 
-@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
-@pytest.mark.parametrize("output", list(OUTPUTS))
+@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-M{}-N{}-E{}".format(*s))
+@parametrize_quick("output", list(OUTPUTS))
 def test_pingpong_compiles(shape, output):
     """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only)."""
     from gmlp.cutedsl.sm90.wgrad import compile_wgrad

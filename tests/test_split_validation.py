@@ -16,6 +16,7 @@ import torch
 import torch._dynamo
 
 import gmlp
+from tests.cases import parametrize_quick
 
 RECIPES = [None, gmlp.MXFP8Recipe()]
 RECIPE_IDS = ["bf16", "mxfp8"]
@@ -44,7 +45,7 @@ def test_bad_split_sizes_raise_on_the_cpu(recipe, bad):
         mlp(x, torch.tensor(sizes))
 
 
-@pytest.mark.parametrize("bad", list(BAD_SPLITS), ids=list(BAD_SPLITS))
+@parametrize_quick("bad", list(BAD_SPLITS), ids=list(BAD_SPLITS))
 @pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
 def test_bad_split_sizes_raise_from_the_op_and_under_compile(recipe, bad):
     """The check is inside the forward op: the op called directly and a compiled module (whose

@@ -14,14 +14,14 @@ import pytest
 
 pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
+from tests.cases import parametrize_quick  # noqa: E402
 from tests.torchtitan_workers import expert_parallel_worker, fsdp_worker, run_workers  # noqa: E402
 
 RECIPES = ["bf16", "mxfp8"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("spmd_backend", ["spmd_types", "partial_dtensor"])
-@pytest.mark.parametrize("recipe", RECIPES)
+@parametrize_quick("spmd_backend", ["spmd_types", "partial_dtensor"])
+@parametrize_quick("recipe", RECIPES)
 def test_expert_parallel_moe_equals_one_process(recipe, spmd_backend):
     run_workers(expert_parallel_worker, 2, recipe, spmd_backend)
 

@@ -21,7 +21,7 @@ from gmlp.mlp_ref import fc1_forward_ref
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
 from tests.backends import SMALL_GEMM, assert_outputs_bitwise_equal, kernel_device, triton_op
-from tests.cases import stored_gate_up
+from tests.cases import parametrize_quick, stored_gate_up
 from tests.tolerances import within_steps
 
 
@@ -36,7 +36,7 @@ ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKind.Q
 
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
-@pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
+@parametrize_quick("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
 def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs):
     activation = activation_from(activation)
     device = kernel_device()

@@ -19,6 +19,7 @@ from gmlp.mxfp8 import ElementFormat
 from gmlp.quantize_ref import quantize_mxfp8_ref
 from gmlp.recipe import MXFP8Recipe
 from tests.backends import SMALL_GEMM, assert_outputs_bitwise_equal, kernel_device, triton_op
+from tests.cases import parametrize_quick
 from tests.tolerances import within_steps
 
 
@@ -31,7 +32,7 @@ def fc2_dgrad():
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
 @pytest.mark.parametrize("recipe", [None, MXFP8Recipe(), MXFP8Recipe(grad_format=ElementFormat.E5M2)],
                          ids=["bf16", "mxfp8", "mxfp8-e5m2-grads"])
-@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no-probs"])
+@parametrize_quick("with_probs", [True, False], ids=["probs", "no-probs"])
 def test_fc2_dgrad_matches_reference(fc2_dgrad, activation, recipe, with_probs):
     activation = activation_from(activation)
     device = kernel_device()
