@@ -163,11 +163,12 @@ def report(title: str, comparison: Comparison, action: str, expert_of=None) -> N
 
 
 def say_uncompared(what: str, path: Path) -> None:
-    """Once per process: an op the cross-check covers ran on the last path, so nothing checked it."""
+    """Once per process for each ``what``: ops the cross-check covers run on ``path``, the last path
+    that runs them here, so nothing checks them."""
     if what not in _said_uncompared:
         _said_uncompared.add(what)
-        warn_at_caller(f"cross-check: {what} ran on {path.value}, the last path that runs it here; nothing to "
-                       "compare it with", CrossCheckWarning)
+        warn_at_caller(f"cross-check: nothing to compare {what} with ({path.value} is the last path here)",
+                       CrossCheckWarning)
 
 
 class CrossCheck:
@@ -176,13 +177,19 @@ class CrossCheck:
     def __init__(self, plan: LayerPlan, settings: CrossCheckSettings, split_sizes: torch.Tensor):
         self.plan, self.settings = plan, settings
         self.row_start = torch.cat([split_sizes.new_zeros(1), split_sizes.cumsum(0)]).cpu()
+        # the covered sites with no path below theirs, said in one warning (once per process)
+        last = {}
+        for site, reference in plan.references.items():
+            if reference is None and settings.covers(site):
+                last.setdefault(plan.path(site), []).append(f"{site} ({SITES[site].op.value})")
+        for path, sites in last.items():
+            say_uncompared(f"the layer's {', '.join(sites)}", path)
 
     def __call__(self, site: str, got, args: tuple, kwargs: dict, before: torch.Tensor | None) -> None:
         if not self.settings.covers(site):
             return
         chosen, reference = self.plan.path(site), self.plan.references[site]
-        if reference is None:
-            say_uncompared(f"{site} ({SITES[site].op.value})", chosen)
+        if reference is None:  # said when the call started
             return
         if before is not None:  # an accumulating output: the reference starts from the same values
             kwargs = {**kwargs, "out": before}
