@@ -1,22 +1,27 @@
 """gmlp: the expert MLP of Mixture-of-Experts layers with MXFP8 block-scaled quantization.
 
-Layer map:
-- ``gmlp.mxfp8``: the bit-exact MXFP8 spec (scales, element casts); ``gmlp.scale_layout``:
-  where each scale byte lives (swizzled, grouped); ``gmlp.quantized``: result containers.
-- ``gmlp.mlp``: ``GroupedMLP`` (the module), its oracle ``gmlp.mlp_ref`` (the dataflow in
-  PyTorch), ``gmlp.activations`` and ``gmlp.recipe``.
-- ``gmlp.quantize``: the public ``quantize_mxfp8``, dispatched over ``gmlp.dispatch``'s paths:
-  ``gmlp.cutedsl`` (CuTeDSL kernels), ``gmlp.triton_ref`` (Triton kernels), and the torch
-  reference ``gmlp.quantize_ref``.
+The packages, from the ground up (each imports only those below it):
+
+- ``gmlp.system``: the environment variables and package versions gmlp reads;
+- ``gmlp.mxfp8``: the format (the bit-exact spec, scale layouts, rows grouped by expert,
+  quantized tensors, the reference quantize, the recipe);
+- ``gmlp.contract``: what every backend shares (the oracle of each op, activations, gate/up
+  layouts, reasons);
+- ``gmlp.triton_ref`` and ``gmlp.cutedsl``: the kernels and their launchers;
+- ``gmlp.dispatch``: which path runs each op and why (sites, plans, the dispatched quantize);
+- ``gmlp.debug``: the cross-check;
+- ``gmlp.layer``: ``GroupedMLP``, its autograd and custom ops, the dataflow's steps;
+- ``gmlp.integrations``, ``gmlp.bench`` and ``python -m gmlp`` on top.
 """
 
-from gmlp.activations import Activation, ActivationKind
-from gmlp.mlp import GroupedMLP
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
-from gmlp.quantize import plan_quantize, quantize_mxfp8
-from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.dispatch.paths import FallbackError, FallbackWarning
+from gmlp.dispatch.quantize import plan_quantize, quantize_mxfp8
+from gmlp.layer.module import GroupedMLP
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
 __all__ = [
     "GroupedMLP",
@@ -31,5 +36,7 @@ __all__ = [
     "quantize_mxfp8",
     "plan_quantize",
     "quantize_mxfp8_ref",
+    "FallbackError",
+    "FallbackWarning",
 ]
 __version__ = "0.1.0"

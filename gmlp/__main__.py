@@ -16,15 +16,15 @@ import sys
 
 import torch
 
+from gmlp.contract.reference import unquantized_mlp_fp64
 from gmlp.debug import CrossCheckError, cross_check
-from gmlp.dispatch import PATHS_FASTEST_FIRST, Path, system_reason
-from gmlp.mlp import GroupedMLP
-from gmlp.mlp_ref import unquantized_mlp_fp64
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize import launcher, plan_quantize
-from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.quantized import MXFP8Quantized
-from gmlp.versions import INSTALL_COMMANDS, REPORTED_PACKAGES, package_version
+from gmlp.dispatch.paths import PATHS_FASTEST_FIRST, Path, system_reason
+from gmlp.dispatch.quantize import launcher, plan_quantize
+from gmlp.layer.module import GroupedMLP
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized
+from gmlp.system.versions import INSTALL_COMMANDS, REPORTED_PACKAGES, package_version
 
 DEMO_EXPERTS = 8
 DEMO_HIDDEN = 128

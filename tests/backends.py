@@ -8,9 +8,9 @@ import importlib
 import pytest
 import torch
 
-from gmlp.dispatch import Path, system_reason
-from gmlp.quantize import launcher
-from gmlp.quantized import MXFP8Tensor
+from gmlp.dispatch.paths import Path, system_reason
+from gmlp.dispatch.quantize import launcher
+from gmlp.mxfp8.tensor import MXFP8Tensor
 from gmlp.triton_ref.tuning import GemmTiling, WgradTiling
 
 

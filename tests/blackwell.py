@@ -18,7 +18,6 @@ import re
 import pytest
 import torch
 
-
 NUM_SMS = 148
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 
 INF, NAN = float("inf"), float("nan")
 
@@ -104,9 +104,9 @@ BANDED_SPLITS = [700, 0, 129, 1, 300, 64, 256, 600]
 
 
 def stored_gate_up(layout, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """W1's (E, F, H) gate and up stored as ``layout`` (a ``gmlp.gate_up.GateUpLayout``) says: the
+    """W1's (E, F, H) gate and up stored as ``layout`` (a ``gmlp.contract.gate_up.GateUpLayout``) says: the
     tensors ``gate_up_views`` takes (one, or gate and up for SEPARATE), new copies of the values."""
-    from gmlp.gate_up import GateUpLayout
+    from gmlp.contract.gate_up import GateUpLayout
 
     if layout is GateUpLayout.HALVES:
         return (torch.cat([gate, up], 1),)

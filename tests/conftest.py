@@ -21,7 +21,7 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _fresh_plans():
     """Tests simulate devices and packages that a cached layer plan would outlive."""
-    from gmlp.layer_config import clear_plan_cache
+    from gmlp.dispatch.plan_cache import clear_plan_cache
 
     clear_plan_cache()
     yield

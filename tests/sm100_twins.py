@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.activations import Activation
+from gmlp.contract.activations import Activation
 from gmlp.cutedsl.sm100.layout import interleave_gate_up, padded_group_sizes, split_interleaved
 from gmlp.cutedsl.sm100.steps import KernelCall, as_matrix, columnwise_of, rowwise_of, scale_bytes
-from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
 
 
 def _segments(call: KernelCall) -> list[tuple[int, int]]:

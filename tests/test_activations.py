@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.activations import GEGLU, QGEGLU, SRELU, SWIGLU, Activation, ActivationKind, activation_from
+from gmlp.contract.activations import GEGLU, QGEGLU, SRELU, SWIGLU, Activation, ActivationKind, activation_from
 
 
 @pytest.mark.parametrize("activation", [SWIGLU, GEGLU, QGEGLU, SRELU, Activation(ActivationKind.QGEGLU, limit=1.5, alpha=1.0, offset=0.5)],

@@ -1,4 +1,4 @@
-"""GroupedMLP's autograd as PyTorch's own (gmlp.ops: register_autograd, save_for_backward): the
+"""GroupedMLP's autograd as PyTorch's own (gmlp.layer.autograd: register_autograd, save_for_backward): the
 saved state follows autograd's rules (freed after a backward, kept with retain_graph), torch.func
 and vmap give what PyTorch gives for a custom op, and gradcheck holds in float64 on the torch path."""
 

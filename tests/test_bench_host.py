@@ -53,32 +53,34 @@ def test_results_have_every_figure_per_recipe(results):
     json.dumps(results)  # JSON as it is
 
 
-def test_cache_hit_costs_less_than_the_plan(results):
-    """A dict lookup against building the problem and choosing every site's path: far apart, so a
-    margin of 2 does not flake."""
-    for name, row in results["recipes"].items():
-        assert 2 * row["plan_ms"] < row["plan_uncached_ms"], name
+@pytest.mark.parametrize("recipe", ["mxfp8", "bf16"])
+def test_a_cache_hit_makes_no_plan(recipe):
+    """What the cache saves, counted, not timed (a timing margin flaked on two loaded cores): the
+    first step of a shape class builds its plan once, forward and backward; the next step none."""
+    case = host.Case(recipe, *SHAPE, CPU)
+    assert host.plans_made(case, "cached") == 1
+    assert host.plans_made(case, "cached") == 0
 
 
 def test_planning_as_the_old_forward_did():
-    """Mode ``uncached-old`` (what an old checkout without gmlp.layer_config measures) on this
+    """Mode ``uncached-old`` (what an old checkout without gmlp.dispatch.plan_cache measures) on this
     checkout: ``mlp.plan`` each call; the forward here still plans nothing."""
     row = host.bench_recipe("mxfp8", SHAPE, CPU, mode="uncached-old", **FAST)
     assert row["mode"] == "uncached-old" and row["plan_calls_per_step"] == 1
     assert "plan_uncached_ms" not in row and row["plan_ms"] > 0
-    assert row["plans_made_per_step"] == 0  # counted where the old forward planned (gmlp.mlp)
+    assert row["plans_made_per_step"] == 0  # counted where the old forward planned (gmlp.layer.module)
 
 
 def test_the_cached_plan_is_the_forwards(results):
     """The timed call is a cache hit on the plan the forward made."""
-    from gmlp import layer_config
+    from gmlp.dispatch import plan_cache
 
     case = host.Case("bf16", *SHAPE, CPU)
     case.step()
     _, calls = host.plan_calls(case)
-    count = len(layer_config._plans)
+    count = len(plan_cache._plans)
     assert calls["plan"]() is calls["plan"]()
-    assert len(layer_config._plans) == count
+    assert len(plan_cache._plans) == count
     assert calls["plan_uncached"]().decisions.keys() == calls["plan"]().decisions.keys()
 
 

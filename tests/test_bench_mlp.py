@@ -23,7 +23,7 @@ from gmlp.bench.mlp import (
     swiglu_probs,
     training_step,
 )
-from gmlp.mxfp8 import ElementFormat
+from gmlp.mxfp8.spec import ElementFormat
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
 
 EXPERTS, TOKENS, HIDDEN, FFN = 4, 200, 64, 64

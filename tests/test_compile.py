@@ -1,4 +1,4 @@
-"""GroupedMLP under torch.compile: the layer is two custom ops (gmlp.ops), so a compiled module
+"""GroupedMLP under torch.compile: the layer is two custom ops (gmlp.layer.autograd), so a compiled module
 traces with no graph break, gives the eager result bit for bit (forward and backward), and does
 not recompile when the routing or the token count changes. On the CPU the ops run the Triton
 kernels in the interpreter (TRITON_INTERPRET=1, tests/conftest.py); the GPU tests run them
@@ -17,7 +17,7 @@ import torch._dynamo.utils
 import gmlp
 import gmlp.debug.crosscheck
 from gmlp.debug import cross_check
-from gmlp.dispatch import Path
+from gmlp.dispatch.paths import Path
 from tests.backends import kernel_device
 from tests.cases import parametrize_quick
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import gmlp
-import gmlp.layer
+import gmlp.layer.steps
+from gmlp.contract.reference import FC1Output, FC2DgradOutput
 from gmlp.debug import CrossCheckError, CrossCheckWarning, cross_check
-from gmlp.dispatch import Path
-from gmlp.layer_ops import SITES
-from gmlp.mlp_ref import FC1Output, FC2DgradOutput
-from gmlp.quantized import MXFP8Quantized
+from gmlp.dispatch.paths import Path
+from gmlp.dispatch.sites import SITES
+from gmlp.mxfp8.tensor import MXFP8Quantized
 from tests.backends import kernel_device
 from tests.cases import parametrize_quick
 
@@ -79,7 +79,7 @@ PLANTED = [(site, "mxfp8") for site in SITES] + [(site, "bf16") for site, s in S
 def _plant_at(monkeypatch, site: str, chosen: Path, where: list) -> None:
     """Make ``site``'s op on ``chosen`` (the path its plan takes; the cross-check's reference
     runs unpatched) return one wrong element; ``where`` receives its index."""
-    real = gmlp.layer.implementation
+    real = gmlp.layer.steps.implementation
 
     def implementation(site_, path):
         run = real(site_, path)
@@ -87,7 +87,7 @@ def _plant_at(monkeypatch, site: str, chosen: Path, where: list) -> None:
             return run
         return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
 
-    monkeypatch.setattr(gmlp.layer, "implementation", implementation)
+    monkeypatch.setattr(gmlp.layer.steps, "implementation", implementation)
 
 
 def _chosen(site: str, recipe=gmlp.MXFP8Recipe(), experts: int = 4) -> Path:
@@ -196,8 +196,8 @@ def test_standalone_quantize_is_cross_checked(monkeypatch):
     with cross_check(action="raise"):
         gmlp.quantize_mxfp8(x, rowwise=True, columnwise=True)
     chosen = gmlp.plan_quantize(x).path
-    real = gmlp.quantize.launcher
-    monkeypatch.setattr(gmlp.quantize, "launcher",
+    real = gmlp.dispatch.quantize.launcher
+    monkeypatch.setattr(gmlp.dispatch.quantize, "launcher",
                         lambda path: (lambda *a, **k: _planted(real(path)(*a, **k), [])) if path is chosen else real(path))
     with cross_check(action="raise"), pytest.raises(CrossCheckError, match=rf"quantize_mxfp8 on {chosen.value} differs"):
         gmlp.quantize_mxfp8(x, rowwise=True, columnwise=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import gmlp.versions
+import gmlp.system.versions
 from gmlp.cutedsl.sm100 import cudnn_kernels
-from gmlp.versions import package_version
+from gmlp.system.versions import package_version
 
 
 def _installed() -> dict[str, str]:
@@ -76,7 +76,7 @@ def test_a_missing_package_reason_names_the_extra(monkeypatch):
 
 
 def test_a_missing_submodule_of_an_installed_package_is_no_install_hint(monkeypatch):
-    monkeypatch.setattr(gmlp.versions, "package_version", lambda name: cudnn_kernels.TESTED_TOGETHER[name])
+    monkeypatch.setattr(gmlp.system.versions, "package_version", lambda name: cudnn_kernels.TESTED_TOGETHER[name])
     module = "cudnn.gemm.cutedsl.grouped.glu"  # a cuDNN frontend release without the grouped kernels
     reason = _missing(monkeypatch, ModuleNotFoundError(f"No module named '{module}'", name=module))
     assert reason.endswith(f"ModuleNotFoundError: No module named '{module}'") and "gmlp[cutedsl]" not in reason

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_args import validate_quantize_args
+from gmlp.mxfp8.problem import validate_quantize_args
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.cases import parametrize_quick
 
 _IMPORT_ERROR = import_error()

@@ -15,10 +15,10 @@ import random
 import pytest
 import torch
 
-from gmlp import scale_layout
 from gmlp.cutedsl import import_error
-from gmlp.mxfp8 import ElementFormat, ScaleMode, cast_to_element, e8m0_from_amax, nan_ignoring_amax
-from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode, cast_to_element, e8m0_from_amax, nan_ignoring_amax
 from tests.cases import SPLIT_CASES, adversarial_blocks, adversarial_matrix, parametrize_quick, random_matrix
 
 _IMPORT_ERROR = import_error()

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.dispatch import FallbackError, FallbackWarning, Path
-from gmlp.reasons import ReasonKind
+from gmlp.contract.reasons import ReasonKind
+from gmlp.dispatch.paths import FallbackError, FallbackWarning, Path
 
 
 def test_cpu_plan_explains_every_skipped_path(monkeypatch):
@@ -57,7 +57,7 @@ def test_fallback_warns_once_per_reason_and_only_when_asked(monkeypatch):
         warnings.simplefilter("error")
         gmlp.quantize_mxfp8(torch.zeros(64, 64))
     monkeypatch.setenv("GMLP_WARN_FALLBACK", "1")
-    monkeypatch.setattr("gmlp.dispatch._warned", set())
+    monkeypatch.setattr("gmlp.dispatch.paths._warned", set())
     with pytest.warns(FallbackWarning) as record:
         for _ in range(3):
             gmlp.quantize_mxfp8(torch.zeros(64, 64))
@@ -99,7 +99,7 @@ def test_fallback_warnings_point_at_the_callers_line(monkeypatch):
     line (here, this file), not a gmlp or torch file."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setenv("GMLP_WARN_FALLBACK", "1")
-    monkeypatch.setattr("gmlp.dispatch._warned", set())
+    monkeypatch.setattr("gmlp.dispatch.paths._warned", set())
     mlp = gmlp.GroupedMLP(2, 64, 64)
     x, split_sizes = torch.zeros(8, 64, dtype=torch.bfloat16), torch.tensor([3, 5])
     with pytest.warns(FallbackWarning) as record:

@@ -1,4 +1,4 @@
-"""The parser of gmlp's boolean environment variables (``gmlp.env``)."""
+"""The parser of gmlp's boolean environment variables (``gmlp.system.env``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gmlp.env import env_flag, env_setting
+from gmlp.system.env import env_flag, env_setting
 from tests.cases import parametrize_quick
 
 NAME = "GMLP_TEST_FLAG"

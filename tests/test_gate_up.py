@@ -1,4 +1,4 @@
-"""``gmlp.gate_up``: every layout's gate and up are views of the stored weights, and a weight
+"""``gmlp.contract.gate_up``: every layout's gate and up are views of the stored weights, and a weight
 that does not fit the layout it is said to have is refused with what was expected."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.gate_up import GateUp, GateUpLayout, gate_up_views
+from gmlp.contract.gate_up import GateUp, GateUpLayout, gate_up_views
 from tests.cases import stored_gate_up
 
 E, F, H = 3, 4, 8

@@ -1,4 +1,4 @@
-"""The layer with W1's gate and up stored apart (``gmlp.gate_up``: torchtitan's two (E, F, H)
+"""The layer with W1's gate and up stored apart (``gmlp.contract.gate_up``: torchtitan's two (E, F, H)
 weights, or its interleaved (E, F, 2, H) one) gives the bits of gmlp's (E, 2F, H) halves with
 the same values: y, dx, dprobs, dW2, and the gradients of gate and up equal the halves of dW1.
 On the torch path (the spec's GEMMs in fp64) and on the Triton kernels (the interpreter on the
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import gmlp
-from gmlp import ops
+from gmlp.contract.gate_up import GateUpLayout
 from gmlp.debug import cross_check
-from gmlp.gate_up import GateUpLayout
+from gmlp.layer import autograd
 from tests.backends import kernel_device
 from tests.cases import parametrize_quick, stored_gate_up
 
@@ -33,7 +33,7 @@ def _step(mlp: gmlp.GroupedMLP, layout: GateUpLayout, x, split_sizes, probs, dy,
             t.main_grad = torch.full(t.shape, 0.5, device=t.device)
     config = dataclasses.replace(mlp._config(None, None), gate_up=layout, accumulate_main_grad=main_grad)
     w3 = leaves[3] if layout is GateUpLayout.SEPARATE else None
-    y = ops.grouped_mlp(leaves[0], split_sizes, leaves[1], leaves[2], None, leaves[-1], None, config, w3=w3)[0]
+    y = autograd.grouped_mlp(leaves[0], split_sizes, leaves[1], leaves[2], None, leaves[-1], None, config, w3=w3)[0]
     y.backward(dy)
     grads = [t.main_grad if main_grad else t.grad for t in leaves[2:]]
     if layout is GateUpLayout.HALVES:
@@ -87,9 +87,9 @@ def test_a_layout_the_weights_do_not_fit_is_refused():
     x, split_sizes = torch.zeros(sum(SPLITS), H).bfloat16(), torch.tensor(SPLITS)
     separate = dataclasses.replace(mlp._config(None, None), gate_up=GateUpLayout.SEPARATE)
     with pytest.raises(ValueError, match="w3 .* SEPARATE layout only, got layout SEPARATE and w3=None"):
-        ops.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, separate)
+        autograd.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, separate)
     with pytest.raises(ValueError, match="w3 .*SEPARATE only, and the layer's layout is HALVES"):
-        ops.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, mlp._config(None, None), w3=mlp.w1)
+        autograd.grouped_mlp(x, split_sizes, None, mlp.w1, None, mlp.w2, None, mlp._config(None, None), w3=mlp.w1)
 
 
 @parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
@@ -103,7 +103,7 @@ def test_separate_gate_and_up_compile_without_graph_breaks(monkeypatch, recipe):
     x, split_sizes = torch.randn(sum(SPLITS), H).bfloat16(), torch.tensor(SPLITS)
 
     def step(gate, up, w2):
-        return ops.grouped_mlp(x, split_sizes, None, gate, None, w2, None, config, w3=up)[0].float().square().sum()
+        return autograd.grouped_mlp(x, split_sizes, None, gate, None, w2, None, config, w3=up)[0].float().square().sum()
 
     results = []
     for run in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
@@ -124,4 +124,4 @@ def test_unevenly_spaced_gate_rows_are_refused_by_the_quantize():
     x, split_sizes = torch.zeros(sum(SPLITS), H).bfloat16(), torch.tensor(SPLITS)
     gate, up = mlp.w1.detach().chunk(2, dim=1)
     with pytest.raises(ValueError, match=r"W1's gate weights must be evenly spaced rows"):
-        ops.grouped_mlp(x, split_sizes, None, gate, None, mlp.w2, None, config, w3=up)
+        autograd.grouped_mlp(x, split_sizes, None, gate, None, mlp.w2, None, config, w3=up)

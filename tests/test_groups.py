@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.groups import device_groups
+from gmlp.mxfp8.routing import device_groups
 
 
 def _prefix(values):

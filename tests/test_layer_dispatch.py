@@ -14,20 +14,22 @@ import torch
 
 import gmlp
 import gmlp.cutedsl
+
 # Imported now, under conftest's TRITON_INTERPRET setting: the tests below pretend a GPU with
 # TRITON_INTERPRET=0, and a Triton module first imported then would build compiled-mode kernels
 # that the interpreted tests after them cannot run.
 import gmlp.triton_ref.quantize  # noqa: F401
+from gmlp.contract.activations import activation_from
+from gmlp.contract.gate_up import GateUpLayout
+from gmlp.contract.problem import LayerProblem
+from gmlp.contract.reasons import ReasonKind
+from gmlp.cutedsl.sm90 import support as sm90_support
+from gmlp.dispatch import paths
+from gmlp.dispatch.paths import FallbackError, FallbackWarning, Path
+from gmlp.dispatch.plan_cache import layer_problem
+from gmlp.dispatch.sites import plan_layer, sm100_reason
 from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
-from gmlp import dispatch
-from gmlp.activations import activation_from
-from gmlp.gate_up import GateUpLayout
-from gmlp.layer_config import layer_problem
-from gmlp.cutedsl.sm90 import support as sm90_support
-from gmlp.dispatch import FallbackError, FallbackWarning, Path
-from gmlp.layer_ops import LayerProblem, plan_layer, sm100_reason
-from gmlp.reasons import ReasonKind
 from tests.backends import kernel_device
 
 # what a cutlass-dsl release that renamed an API looks like to the CuTeDSL kernels
@@ -36,7 +38,7 @@ RENAMED_API = ("cannot import name 'make_fake_compact_tensor' from 'cutlass.cute
 GEMM_SITES = ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")
 
 
-CACHED_ANSWERS = (dispatch._device_system_reason, gmlp.cutedsl.import_error, sm90_support.import_error)
+CACHED_ANSWERS = (paths._device_system_reason, gmlp.cutedsl.import_error, sm90_support.import_error)
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +46,7 @@ def fresh_dispatch(monkeypatch):
     """Cached system answers and the warned set start empty and are cleared after each test."""
     for cached in CACHED_ANSWERS:
         cached.cache_clear()
-    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(paths, "_warned", set())
     for name in ("GMLP_WARN_FALLBACK", "GMLP_STRICT", "GMLP_BACKEND"):
         monkeypatch.delenv(name, raising=False)
     yield
@@ -102,7 +104,7 @@ def test_missing_package_reason_names_it(monkeypatch):
 
 def test_old_package_reason(monkeypatch):
     device = _gpu(monkeypatch, (10, 0))
-    monkeypatch.setattr(gmlp.versions, "package_version",
+    monkeypatch.setattr(gmlp.system.versions, "package_version",
                         lambda name: "4.4.2" if name == "nvidia-cutlass-dsl" else "3.6.0")
     reason = str(dict(_plan(device).decisions["quantize w1"].skipped)[Path.CUTEDSL])
     assert "nvidia-cutlass-dsl 4.4.2 is older than 4.8.1" in reason
@@ -204,8 +206,8 @@ def test_triton_launcher_shape_rules_are_planned_around(monkeypatch):
     """A bf16 layer with H = F = 100 plans FC1 and FC2 dgrad on torch with the Triton launchers'
     own shape rule (``gmlp.triton_ref.shapes``), the other GEMM sites on Triton (any sizes), and
     its step runs and matches the torch path; the launchers raise with the same text."""
-    if dispatch.system_reason(Path.TRITON, kernel_device()) is not None:
-        pytest.skip(f"triton cannot run here: {dispatch.system_reason(Path.TRITON, kernel_device())}")
+    if paths.system_reason(Path.TRITON, kernel_device()) is not None:
+        pytest.skip(f"triton cannot run here: {paths.system_reason(Path.TRITON, kernel_device())}")
     plan, explained, grads = _odd_sized_bf16_step(None, monkeypatch)
     shape_reasons = {}
     for site in GEMM_SITES:
@@ -387,20 +389,20 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     (its kernels replaced by the torch twins; the quantizes by the torch path). The step
     builders read cuDNN frontend's dprob slot count, so its package must import."""
     _with_sm100_packages()
-    from gmlp import layer_config
     from gmlp.cutedsl.sm100 import layer
-    from gmlp.layer_ops import LayerPlan
+    from gmlp.dispatch import plan_cache
+    from gmlp.dispatch.sites import LayerPlan
     from tests.sm100_twins import TorchKernels
 
     mlp = gmlp.GroupedMLP(2, 128, 128)
-    torch_plan = layer_config.plan_layer
+    torch_plan = plan_cache.plan_layer
     monkeypatch.setenv("GMLP_BACKEND", "torch")
 
     def sm100_plan(problem, device, *, strict):
         plan = torch_plan(problem, device, strict=strict)
         return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
 
-    monkeypatch.setattr(layer_config, "plan_layer", sm100_plan)  # the plan the layer's ops make
+    monkeypatch.setattr(plan_cache, "plan_layer", sm100_plan)  # the plan the layer's ops make
     twins = TorchKernels(mlp.activation)
     monkeypatch.setattr(layer, "launch_kernel", twins)
     x = torch.randn(40, 128, dtype=torch.bfloat16, requires_grad=True)
@@ -415,7 +417,7 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
 
 @pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
 def test_w1_stored_apart_keeps_its_sites_off_the_cutedsl_gemms(monkeypatch, layout):
-    """W1's gate and up stored apart (``gmlp.gate_up``): on SM90 the three sites that read or write
+    """W1's gate and up stored apart (``gmlp.contract.gate_up``): on SM90 the three sites that read or write
     W1 take Triton with a shape reason, the others keep their SM90 kernels; the interleaved rows
     (2H apart) keep quantize w1 off the CuTeDSL quantize; SM100 refuses the composition."""
     _with_cutedsl()

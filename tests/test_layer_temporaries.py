@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import gmlp
-import gmlp.layer
-from gmlp.layer_ops import GEMM_OPS, SITES
+import gmlp.layer.steps
+from gmlp.dispatch.sites import GEMM_OPS, SITES
 
 GEMM_SITES = {name for name, site in SITES.items() if site.op in GEMM_OPS}
 
@@ -27,7 +27,7 @@ def live_copies_per_gemm(monkeypatch):
     monkeypatch.setenv("GMLP_BACKEND", "torch")
     copies: list[weakref.ref] = []
     stale: dict[str, list[tuple[int, ...]]] = {}
-    real = gmlp.layer.implementation
+    real = gmlp.layer.steps.implementation
 
     def tracking(site, path):
         run = real(site, path)
@@ -43,7 +43,7 @@ def live_copies_per_gemm(monkeypatch):
             return result
         return call
 
-    monkeypatch.setattr(gmlp.layer, "implementation", tracking)
+    monkeypatch.setattr(gmlp.layer.steps, "implementation", tracking)
     return stale
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
 import torch
 
 import gmlp
 import gmlp.__main__ as main_job
-from gmlp.dispatch import Path, _device_system_reason, system_reason
+from gmlp.dispatch.paths import Path, _device_system_reason, system_reason
 
 
 def _demo_output(capsys) -> tuple[int, str]:
@@ -47,7 +46,7 @@ def test_a_layer_plan_says_each_reason_once():
     assert len(reasons) == len(set(reasons))
     cutedsl = str(system_reason(Path.CUTEDSL, torch.device("cpu")))
     assert text.count(cutedsl) == 1 and f"not cutedsl (every op): {cutedsl}" in text
-    assert "GEMM sites" not in text and "gmlp.layer" not in text  # no internal names
+    assert "GEMM sites" not in text and "gmlp.layer.steps" not in text  # no internal names
 
 
 def test_the_doctor_reports_every_package_and_how_to_install_a_missing_one(monkeypatch, capsys):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.activations import Activation, ActivationKind, activation_from
-from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref, unquantized_mlp_fp64
-from gmlp.mxfp8 import ElementFormat, ScaleMode
+from gmlp.contract.activations import Activation, ActivationKind, activation_from
+from gmlp.contract.reference import grouped_mlp_backward_ref, grouped_mlp_forward_ref, unquantized_mlp_fp64
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
 
 E4M3_UNIT = unit_roundoff(ElementFormat.E4M3)
@@ -203,7 +203,7 @@ def test_meta_inputs_give_meta_outputs(recipe, bias):
 def test_an_op_error_names_the_layer_tensor_it_is_about():
     """The ops name their own parameters ("x"); raised inside the layer, the error says at which
     op, so that the tensor is known (here the gradient dy, quantized at 'quantize dy')."""
-    from gmlp.layer import OpRunner
+    from gmlp.layer.steps import OpRunner
 
     mlp, x, split_sizes, _ = _module_and_inputs()
     run = OpRunner(mlp.plan(x, split_sizes))

@@ -43,7 +43,7 @@ def test_unquantized_float64_layer_is_exact():
     mlp = gmlp.GroupedMLP(3, 32, 32, recipe=None, dtype=torch.float64)
     x, split_sizes, probs = _inputs(torch.float64, hidden=32)
     y = mlp(x, split_sizes, probs)
-    want, _ = gmlp.mlp_ref.unquantized_mlp_fp64(x, split_sizes, probs, mlp.w1, None, mlp.w2, None, mlp.activation)
+    want, _ = gmlp.contract.reference.unquantized_mlp_fp64(x, split_sizes, probs, mlp.w1, None, mlp.w2, None, mlp.activation)
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
 
 

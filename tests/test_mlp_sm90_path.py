@@ -10,7 +10,7 @@ import torch
 
 import gmlp
 from gmlp.debug import cross_check
-from gmlp.dispatch import Path, system_reason
+from gmlp.dispatch.paths import Path, system_reason
 from tests.test_mlp_triton_path import SPLITS, check_against_oracle
 
 GEMM_SITES = ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")
@@ -124,7 +124,7 @@ def test_sm90_path_adds_weight_gradients_into_main_grad():
     dy = torch.randn(sum(SPLITS), 64, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
         mlp(x, split_sizes).backward(dy)
-    from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
+    from gmlp.layer.steps import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 
     run = OpRunner(mlp.plan(x, split_sizes))
     _, saved = grouped_mlp_forward(run, x, split_sizes, None, mlp.w1.detach(), None, mlp.w2.detach(), None,

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.dispatch import Path
-from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
-from gmlp.mxfp8 import ElementFormat
+from gmlp.contract.reference import grouped_mlp_backward_ref, grouped_mlp_forward_ref
+from gmlp.dispatch.paths import Path
+from gmlp.mxfp8.spec import ElementFormat
 from tests.backends import kernel_device
 from tests.cases import parametrize_quick
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
@@ -137,7 +137,7 @@ def test_triton_path_adds_weight_gradients_into_main_grad(monkeypatch):
     dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
     for _ in range(2):
         mlp(x, split_sizes).backward(dy)
-    from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
+    from gmlp.layer.steps import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 
     run = OpRunner(mlp.plan(x, split_sizes))
     _, saved = grouped_mlp_forward(run, x, split_sizes, None, mlp.w1.detach(), mlp.b1.detach(), mlp.w2.detach(),
@@ -194,7 +194,7 @@ def test_strided_inputs_equal_their_contiguous_copies():
         results.append([y, x.grad, probs.grad, mlp.w1.grad.clone(), mlp.w2.grad.clone()])
     for name, strided, contiguous in zip(("y", "dx", "dprobs", "dw1", "dw2"), *results):
         assert torch.equal(strided, contiguous), name
-    from gmlp.activations import activation_from
+    from gmlp.contract.activations import activation_from
     from gmlp.triton_ref.fc1 import fc1_forward
 
     with pytest.raises(ValueError, match=r"probs must be a contiguous float \(96,\) tensor, got .* \(not contiguous\)"):
@@ -211,7 +211,7 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     import dataclasses
 
     from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
-    from gmlp.layer import OpRunner, grouped_mlp_backward, grouped_mlp_forward
+    from gmlp.layer.steps import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 
     device = kernel_device()
     torch.manual_seed(0)

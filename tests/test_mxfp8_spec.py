@@ -1,4 +1,4 @@
-"""The spec (gmlp.mxfp8, gmlp.scale_layout) against independent float64 / loop implementations."""
+"""The spec (gmlp.mxfp8.spec, gmlp.mxfp8.scale_layout) against independent float64 / loop implementations."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ import math
 import pytest
 import torch
 
-from gmlp import scale_layout
-from gmlp.mxfp8 import (
-    NAN_BYTE, ElementFormat, ScaleMode, cast_to_element, e8m0_from_amax, e8m0_to_float, nan_ignoring_amax, quantize_multiplier,
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.spec import (
+    NAN_BYTE,
+    ElementFormat,
+    ScaleMode,
+    cast_to_element,
+    e8m0_from_amax,
+    e8m0_to_float,
+    nan_ignoring_amax,
+    quantize_multiplier,
 )
 from tests.cases import adversarial_blocks, fp8_values
 

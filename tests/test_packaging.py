@@ -12,9 +12,9 @@ import pytest
 from packaging.requirements import Requirement
 
 import gmlp.cutedsl
-import gmlp.versions
+import gmlp.system.versions
 from gmlp.cutedsl.sm100 import cudnn_kernels
-from gmlp.versions import CUTEDSL_PACKAGES, missing_package_hint
+from gmlp.system.versions import CUTEDSL_PACKAGES, missing_package_hint
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -71,9 +71,9 @@ def test_missing_package_hint():
 
 def test_a_missing_submodule_names_the_extra_only_where_the_package_is_not_installed(monkeypatch):
     error = ModuleNotFoundError("No module named 'cutlass.cute'", name="cutlass.cute")
-    monkeypatch.setattr(gmlp.versions, "package_version", lambda name: "not installed")
+    monkeypatch.setattr(gmlp.system.versions, "package_version", lambda name: "not installed")
     assert missing_package_hint(error) == "nvidia-cutlass-dsl not installed: pip install 'gmlp[cutedsl]'"
-    monkeypatch.setattr(gmlp.versions, "package_version", lambda name: "4.8.1")
+    monkeypatch.setattr(gmlp.system.versions, "package_version", lambda name: "4.8.1")
     assert missing_package_hint(error) is None
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.mxfp8 import e8m0_to_float
+from gmlp.mxfp8.spec import e8m0_to_float
 from tests.backends import KERNEL_PATHS, kernel_device, quantize_launcher
 
 

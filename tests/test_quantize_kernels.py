@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.quantized import MXFP8Quantized
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized
 from tests.backends import KERNEL_PATHS, kernel_device, quantize_launcher
 from tests.cases import SPLIT_CASES, adversarial_matrix, parametrize_quick, random_matrix
 
@@ -107,8 +107,8 @@ def test_triton_weight_config_is_bit_exact(swizzle, split_case):
 @pytest.mark.parametrize("swizzle", [True, False], ids=["swizzled", "compact"])
 def test_triton_reads_rows_further_apart_than_k(swizzle):
     """W1's gate rows in its interleaved (E, F, 2, H) layout, a (E * F, H) view with row stride
-    2H (``gmlp.gate_up``), quantized in place: the bytes of its contiguous copy, both ways."""
-    from gmlp.gate_up import GateUpLayout, gate_up_views
+    2H (``gmlp.contract.gate_up``), quantized in place: the bytes of its contiguous copy, both ways."""
+    from gmlp.contract.gate_up import GateUpLayout, gate_up_views
     from gmlp.triton_ref.quantize import WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
 
     device = kernel_device()
@@ -127,7 +127,7 @@ def test_only_readers_of_strided_rows_take_them():
     """The validator refuses a view whose rows are further apart than K unless its caller reads
     rows by their stride (the Triton kernel and the spec do; the CuTeDSL quantize and the public
     dispatcher do not, so it is refused there, not misread); columns stay contiguous for all."""
-    from gmlp.quantize_args import validate_quantize_args
+    from gmlp.mxfp8.problem import validate_quantize_args
 
     rows = torch.zeros(4, 64, dtype=torch.bfloat16)[:, :32]
     common = dict(rowwise=True, columnwise=False, swizzle=False, split_sizes=None, element_format=ElementFormat.E4M3,

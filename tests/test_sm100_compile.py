@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.activations import activation_from
 from gmlp.bench.mlp import SHAPES
+from gmlp.contract.activations import activation_from
 from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
-from gmlp.ops import allocating_quantize
+from gmlp.layer.autograd import allocating_quantize
 from tests.blackwell import BLOCK_SCALED_MMA, CompilingLauncher
 from tests.cases import parametrize_quick
 
@@ -76,10 +76,10 @@ def test_the_other_activations_compile_for_sm100(activation, launcher):
 
 
 def test_operands_outside_the_contract_are_refused():
-    from gmlp import scale_layout
     from gmlp.cutedsl.sm100.steps import grouped_gemm_call
-    from gmlp.mxfp8 import ElementFormat, ScaleMode
-    from gmlp.quantized import MXFP8Tensor, QuantAxis
+    from gmlp.mxfp8 import scale_layout
+    from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+    from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
     def rowwise(rows: int, cols: int) -> MXFP8Tensor:
         data = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device="meta")

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import gmlp
-from gmlp.activations import activation_from
+from gmlp.contract.activations import activation_from
+from gmlp.contract.reference import grouped_mlp_backward_ref, grouped_mlp_forward_ref
 from gmlp.cutedsl.sm100 import cudnn_kernels, layer
-from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref
-from gmlp.mxfp8 import ElementFormat
-from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat
 from tests.blackwell import simulated_sm100
 from tests.sm100_twins import TorchKernels
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
@@ -116,9 +116,9 @@ def _sm100_runner(split_sizes: torch.Tensor):
     """An OpRunner whose plan runs the quantizes on torch and the GEMM sites as the SM100
     composition, cross-checked (raise) against the torch twins of gmlp's ops."""
     from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
-    from gmlp.dispatch import Decision, Path
-    from gmlp.layer import OpRunner
-    from gmlp.layer_ops import SITES, LayerPlan
+    from gmlp.dispatch.paths import Decision, Path
+    from gmlp.dispatch.sites import SITES, LayerPlan
+    from gmlp.layer.steps import OpRunner
 
     names = [name for name, site in SITES.items() if name not in ("dequantize", "bias grad")]
     decisions = {name: Decision(SITES[name].op.value, Path.TORCH if name.startswith("quantize") else Path.CUTEDSL, ())
@@ -223,16 +223,16 @@ def test_the_sm100_composition_compiles_without_graph_breaks(monkeypatch):
     """torch.compile(fullgraph=True, dynamic=True) of a layer planned on the SM100 composition
     (kernels: the torch twins; quantizes: the torch path) equals eager bit for bit, forward and
     backward, as the token count and the routing change: its fake implementation is the
-    composition itself with allocating quantizes and no launches (``gmlp.ops``)."""
-    from gmlp import layer_config
-    from gmlp.layer_ops import LayerPlan
+    composition itself with allocating quantizes and no launches (``gmlp.layer.autograd``)."""
+    from gmlp.dispatch import plan_cache
+    from gmlp.dispatch.sites import LayerPlan
 
-    def sm100_plan(problem, device, *, strict, plan_layer=layer_config.plan_layer):
+    def sm100_plan(problem, device, *, strict, plan_layer=plan_cache.plan_layer):
         plan = plan_layer(problem, device, strict=strict)
         return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
 
     monkeypatch.setenv("GMLP_BACKEND", "torch")
-    monkeypatch.setattr(layer_config, "plan_layer", sm100_plan)
+    monkeypatch.setattr(plan_cache, "plan_layer", sm100_plan)
     mlp = gmlp.GroupedMLP(2, 128, 128)
     monkeypatch.setattr(layer, "launch_kernel", TorchKernels(mlp.activation))
 

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.cutedsl.sm100.layout import (GLU_BLOCK, M_ALIGNED, deinterleave_gate_up, from_padded, interleave_gate_up,
-                                       padded_group_sizes, padded_rows, split_interleaved, to_padded)
+from gmlp.cutedsl.sm100.layout import (
+    GLU_BLOCK,
+    M_ALIGNED,
+    deinterleave_gate_up,
+    from_padded,
+    interleave_gate_up,
+    padded_group_sizes,
+    padded_rows,
+    split_interleaved,
+    to_padded,
+)
 
 
 @pytest.mark.parametrize("splits", [[0, 37, 256, 1, 300, 0], [512], [0, 0, 0], [255, 257]], ids=str)

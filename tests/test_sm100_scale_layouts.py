@@ -2,7 +2,7 @@
 
 The kernels build their scale-factor layouts from CuTe layouts (``cutlass.utils.blockscaled_layout``)
 at trace time; here those same expressions are evaluated on the CPU, inside a ``cute.jit`` trace,
-and every block's offset is compared with the one gmlp writes (``gmlp.scale_layout``). Where each
+and every block's offset is compared with the one gmlp writes (``gmlp.mxfp8.scale_layout``). Where each
 expression comes from, in cuDNN frontend 1.32 (``cudnn/gemm/cutedsl/grouped``):
 - SFA / SFD_row, and SFB of a dense B (n, k, l) whatever its major mode: ``tile_atom_to_shape_SF``
   of the operand's shape (``glu/moe_blockscaled_grouped_gemm_glu_bias.py``, the quant and dGLU
@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp import scale_layout
+from gmlp.mxfp8 import scale_layout
 
 cute = pytest.importorskip("cutlass.cute")
 blockscaled = pytest.importorskip("cutlass.utils.blockscaled_layout")

@@ -261,8 +261,8 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
     delta = K * 2**-24 * max sum_k |a_k b_k|, then one bf16 rounding step (2**-7 |v|). Every row
     is compared, so a row left unwritten (torch.empty) or overwritten by the previous expert's
     tile fails."""
+    from gmlp.contract.reference import grouped_gemm_ref
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
-    from gmlp.mlp_ref import grouped_gemm_ref
     from gmlp.triton_ref.grouped_gemm import grouped_gemm as triton_grouped_gemm
 
     torch.manual_seed(0)

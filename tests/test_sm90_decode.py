@@ -135,7 +135,7 @@ def test_decoded_configs_compile(fmt, tile_n, b_k_major):
     per fp8 pair, one named barrier per k-tile, and the smem budget (bf16 buffers outside the
     ring: 4 stages at 256, 7 at 128)."""
     from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig, compile_grouped_gemm
-    from gmlp.mxfp8 import ElementFormat
+    from gmlp.mxfp8.spec import ElementFormat
 
     config = KernelConfig(tile_n=tile_n, b_k_major=b_k_major, a_format=ElementFormat(fmt))
     compiled = compile_grouped_gemm("sm_90a", config, shape=(32768, 7168, 2048, 32))
@@ -154,9 +154,9 @@ def test_decoded_configs_compile(fmt, tile_n, b_k_major):
 def test_decoded_fc1_compiles(activation, quantized):
     """FC1 decoding x: two consumer warpgroups, 2 fp8 chunks a thread; stages left beside the
     decode buffers (and the quantizing epilogue's 20 KB)."""
-    from gmlp.activations import activation_from
+    from gmlp.contract.activations import activation_from
     from gmlp.cutedsl.sm90.fc1 import FC1Config, compile_fc1
-    from gmlp.mxfp8 import ElementFormat
+    from gmlp.mxfp8.spec import ElementFormat
     from tests.test_sm90_fc1 import check_fc1_ptx
 
     act = activation_from(activation)
@@ -171,9 +171,9 @@ def test_decoded_fc1_compiles(activation, quantized):
 @parametrize_quick("quantized", [False, True], ids=["bf16-dh", "mxfp8-dh"])
 @parametrize_quick("fmt", FORMATS)
 def test_decoded_fc2_dgrad_compiles(fmt, quantized):
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig, compile_fc2_dgrad
-    from gmlp.mxfp8 import ElementFormat
+    from gmlp.mxfp8.spec import ElementFormat
     from tests.test_sm90_fc2_dgrad import check_fc2_dgrad_ptx
 
     config = FC2DgradConfig(SWIGLU, probs_dtype=torch.float32, bias_grad=True, quantized=quantized,
@@ -194,7 +194,7 @@ def _check_decode_ptx(ptx: str, fmt: str, chunks: int) -> None:
 
 def test_decoded_config_rules():
     from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig
-    from gmlp.mxfp8 import ElementFormat
+    from gmlp.mxfp8.spec import ElementFormat
 
     with pytest.raises(ValueError, match=r"needs pingpong=False"):
         KernelConfig(tile_n=128, pingpong=True, a_format=ElementFormat.E4M3)
@@ -204,8 +204,8 @@ def test_decoded_config_rules():
 
 def test_launcher_refuses_a_columnwise_or_swizzled_a():
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
-    from gmlp.mxfp8 import ElementFormat, ScaleMode
-    from gmlp.quantized import MXFP8Tensor, QuantAxis
+    from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+    from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
     data = torch.zeros(8, 64, dtype=torch.float8_e4m3fn)
     b, splits = torch.zeros(2, 16, 64, dtype=torch.bfloat16), torch.tensor([4, 4])
@@ -227,7 +227,7 @@ def test_launcher_refuses_a_columnwise_or_swizzled_a():
 def _quantized_a(rows: int, k: int, fmt: str, special: bool):
     """Q_row of a random (rows, K) matrix; ``special``: rows of large and tiny blocks (scale bytes
     near 254 and 0, subnormal fp8), zeros and a NaN."""
-    from gmlp.mxfp8 import ElementFormat
+    from gmlp.mxfp8.spec import ElementFormat
     from gmlp.triton_ref.quantize import quantize_mxfp8
 
     a = torch.randn(rows, k, device="cuda")
@@ -283,7 +283,7 @@ def test_decoded_a_over_several_bands_and_items(tile_n):
 
 def _assert_outputs_bitwise(got, want, names: tuple[str, ...]) -> None:
     """Every tensor of two FC1 / FC2 dgrad outputs (MXFP8Tensors: data and scales) bit for bit."""
-    from gmlp.quantized import MXFP8Tensor
+    from gmlp.mxfp8.tensor import MXFP8Tensor
     from tests.test_sm90_fc1 import assert_same_bits
 
     for name in names:
@@ -307,10 +307,10 @@ RECIPES = {"bf16-out": None, "mxfp8": "rceil", "mxfp8-floor": "floor"}
 @pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]],
                          ids=["ragged-with-empty", "many-tiny"])
 def test_decoded_x_in_fc1_matches_the_dequantized_x_bitwise(splits, hidden, ffn, activation, recipe):
-    from gmlp.activations import activation_from
+    from gmlp.contract.activations import activation_from
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
-    from gmlp.mxfp8 import ScaleMode
-    from gmlp.recipe import MXFP8Recipe
+    from gmlp.mxfp8.recipe import MXFP8Recipe
+    from gmlp.mxfp8.spec import ScaleMode
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
     from tests.test_sm90_fc1 import _fc1_operands
 
@@ -333,10 +333,10 @@ def test_decoded_x_in_fc1_matches_the_dequantized_x_bitwise(splits, hidden, ffn,
                          ids=["ragged-with-empty", "many-tiny"])
 def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidden, ffn, activation, recipe):
     """dh (bf16 or both quantizations), dprobs and db1: the same accumulators, the same epilogue."""
-    from gmlp.activations import activation_from
+    from gmlp.contract.activations import activation_from
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
-    from gmlp.mxfp8 import ElementFormat
-    from gmlp.recipe import MXFP8Recipe
+    from gmlp.mxfp8.recipe import MXFP8Recipe
+    from gmlp.mxfp8.spec import ElementFormat
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
     from tests.test_sm90_fc2_dgrad import _fc2_dgrad_operands
 
@@ -357,11 +357,11 @@ def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph(
     """The three decoding kernels: bitwise the same output twice, no host sync in the launch (the
     split sizes stay on the device), and a captured launch replayed over a new routing equal to
     an eager launch on it (the work items come from the device prefix sums)."""
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
-    from gmlp.recipe import MXFP8Recipe
+    from gmlp.mxfp8.recipe import MXFP8Recipe
     from tests.backends import twice_without_sync
 
     torch.manual_seed(2)
@@ -403,7 +403,7 @@ def test_decoded_wgrad_compiles(formats, accumulate):
     4 of B's a thread, masked past the expert's end, K-major bf16 buffers (wgmma without transpose
     bits), 8 stages beside the six buffers."""
     from gmlp.cutedsl.sm90.wgrad import WgradConfig, compile_wgrad
-    from gmlp.mxfp8 import ElementFormat
+    from gmlp.mxfp8.spec import ElementFormat
 
     config = WgradConfig(tile_n=128, accumulate=accumulate, a_format=ElementFormat(formats[0]),
                          b_format=ElementFormat(formats[1]))
@@ -424,8 +424,8 @@ def test_decoded_wgrad_compiles(formats, accumulate):
 def test_decoded_wgrad_rules():
     from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
     from gmlp.cutedsl.sm90.wgrad import WgradConfig
-    from gmlp.mxfp8 import ElementFormat, ScaleMode
-    from gmlp.quantized import MXFP8Tensor, QuantAxis
+    from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+    from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
     with pytest.raises(ValueError, match="both operands decoded, or neither"):
         WgradConfig(tile_n=128, a_format=ElementFormat.E4M3)
@@ -454,8 +454,8 @@ def test_decoded_wgrad_matches_the_dequantized_operands_bitwise(splits, m, n, fo
     dequantized values: the decoder's zeros past each expert's end stand for the bf16 kernel's
     zero fill (T a multiple of 16 in every case)."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
-    from gmlp.mxfp8 import ElementFormat
-    from gmlp.groups import device_groups
+    from gmlp.mxfp8.routing import device_groups
+    from gmlp.mxfp8.spec import ElementFormat
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
     from gmlp.triton_ref.quantize import quantize_mxfp8
     from tests.test_sm90_fc1 import assert_same_bits

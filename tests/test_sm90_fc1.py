@@ -20,11 +20,11 @@ import re
 import pytest
 import torch
 
-from gmlp.activations import Activation, ActivationKind, activation_from
+from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
-from gmlp.mxfp8 import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
-from gmlp.recipe import MXFP8Recipe
-from gmlp.quantize_ref import quantize_columnwise_ref, quantize_rowwise_ref
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.reference import quantize_columnwise_ref, quantize_rowwise_ref
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 from tests.backends import twice_without_sync
 from tests.cases import BANDED_SPLITS, adversarial_matrix, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
@@ -246,7 +246,7 @@ def test_unsupported_shapes_are_refused(shape, match):
 
 
 def test_launcher_refuses_bad_operands():
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
 
     x, w1 = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 64, dtype=torch.bfloat16)
@@ -305,7 +305,7 @@ def _amax_of_keys(keys: torch.Tensor) -> torch.Tensor:
 
 
 def _cast(values: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
-    from gmlp.mxfp8 import cast_to_element
+    from gmlp.mxfp8.spec import cast_to_element
 
     return cast_to_element(values * multiplier, ElementFormat.E4M3).view(torch.uint8).to(torch.int64)
 
@@ -446,8 +446,8 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     delta_a = delta_h * (2 max|h| + 2); against the Triton kernel the same bound (both are fp32
     accumulations, each within delta_h of the exact h). Every row and column is compared, so an
     unwritten (torch.empty) or misplaced element fails."""
+    from gmlp.contract.reference import fc1_forward_ref
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
-    from gmlp.mlp_ref import fc1_forward_ref
     from gmlp.triton_ref.fc1 import fc1_forward as triton_fc1_forward
     from tests.tolerances import within_steps
 
@@ -505,7 +505,7 @@ def test_fc1_fused_b_matches_reference_and_triton(activation, bias, with_probs, 
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc1_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
 
     splits = torch.tensor([0, 300, 7, 129], device="cuda")
@@ -535,7 +535,7 @@ def assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, **kwargs) -> None:
     """The SM90 kernel and the Triton twin with the same recipe: c, and the data and scale bytes of
     Q_row(a) and Q_col(a) (all of them: the unused columnwise scale columns are 0 in both)."""
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
-    from gmlp.quantized import QuantAxis
+    from gmlp.mxfp8.tensor import QuantAxis
     from gmlp.triton_ref.fc1 import fc1_forward as triton_fc1_forward
 
     got = fc1_forward(x, w1, split_sizes, **kwargs)
@@ -613,7 +613,7 @@ def test_fc1_mxfp8_transposed_weight_and_special_values(activation, scale_mode):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc1_mxfp8_is_deterministic_and_syncless():
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
 
     x, w1, split_sizes, _, probs = _fc1_operands([0, 300, 7, 129], 256, 256, SWIGLU, False, True)

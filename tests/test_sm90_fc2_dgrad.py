@@ -16,10 +16,10 @@ import re
 import pytest
 import torch
 
-from gmlp.activations import Activation, ActivationKind, activation_from
+from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.recipe import MXFP8Recipe
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.backends import twice_without_sync
 from tests.cases import BANDED_SPLITS, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
@@ -282,7 +282,7 @@ def test_unsupported_shapes_are_refused(shape, match):
 
 
 def test_launcher_refuses_bad_operands():
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
 
     dy, w2t = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
@@ -342,8 +342,8 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
     test) within 2**-20 + m_g-fold delta_dh plus the bf16 rounding the reference's dh carries
     (2**-8 of the sum of |dh|); against the Triton kernel twice the bounds. Every element is
     compared, so an unwritten (torch.empty) or misplaced one fails."""
+    from gmlp.contract.reference import fc2_dgrad_ref
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
-    from gmlp.mlp_ref import fc2_dgrad_ref
     from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
     from tests.tolerances import within_steps
 
@@ -411,7 +411,7 @@ def test_fc2_dgrad_wide_tiles(activation, with_probs, bias_grad, hidden, ffn, sp
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc2_dgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
 
     splits = torch.tensor([0, 300, 7, 129], device="cuda")
@@ -459,9 +459,9 @@ def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation
     twin's dprobs partials are 64 columns wide, ours 128; db1 sums in other orders), with dh's
     magnitudes from the bf16 reference (``finite``: not with non-finite operands, whose bounds are
     not finite; then only their shapes and dtypes)."""
+    from gmlp.contract.reference import fc2_dgrad_ref
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
-    from gmlp.mlp_ref import fc2_dgrad_ref
-    from gmlp.quantized import QuantAxis
+    from gmlp.mxfp8.tensor import QuantAxis
     from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
     from tests.test_sm90_fc1 import assert_same_bits
     from tests.tolerances import within_steps
@@ -558,7 +558,7 @@ def test_fc2_dgrad_mxfp8_transposed_weight_and_special_values(activation, grad_r
 def test_fc2_dgrad_mxfp8_is_deterministic_and_syncless(grad_recipe):
     """Same inputs, bitwise the same outputs (both orientations' data and scales, dprobs, db1);
     no host sync in the launch."""
-    from gmlp.activations import SWIGLU
+    from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
     from tests.test_sm90_fc1 import assert_same_bits
 
@@ -582,8 +582,8 @@ def test_fc2_dgrad_mxfp8_at_design_shapes(shape, routing):
     every small-shape test and hung at the DeepSeek-V3 shape on the H200. A hang here blocks the
     process: run this file under ``timeout``. Swiglu with probs and db1, E4M3 RCEIL, the bench's
     routings (``gmlp.bench.mlp.split_sizes_for``)."""
-    from gmlp.activations import SWIGLU
     from gmlp.bench.mlp import split_sizes_for
+    from gmlp.contract.activations import SWIGLU
 
     experts, tokens, hidden, ffn = shape
     splits = split_sizes_for(routing, experts, tokens, torch.device("cpu")).tolist()

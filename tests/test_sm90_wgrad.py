@@ -233,8 +233,8 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, variant):
     twice the reorder bound of the reference (torch, per expert) and of the Triton twin; bf16
     out is within one bf16 step; out= adds the same sums (within one fp32 step of the add), and
     an empty expert's block of out is left bit for bit as it was."""
+    from gmlp.contract.reference import grouped_wgrad_ref
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
-    from gmlp.mlp_ref import grouped_wgrad_ref
     from gmlp.triton_ref.wgrad import grouped_wgrad as triton_grouped_wgrad
 
     torch.manual_seed(0)
@@ -274,8 +274,8 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, variant):
 def test_wgrad_design_like_problem(variant):
     """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
     output modes."""
+    from gmlp.contract.reference import grouped_wgrad_ref
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
-    from gmlp.mlp_ref import grouped_wgrad_ref
 
     torch.manual_seed(0)
     splits = [700, 0, 1300, 33, 2000, 63, 0, 4096 - 700 - 1300 - 33 - 2000 - 63]
@@ -296,7 +296,7 @@ def test_wgrad_design_like_problem(variant):
 def test_wgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
-    from gmlp.groups import device_groups
+    from gmlp.mxfp8.routing import device_groups
 
     splits = torch.tensor([0, 300, 7, 129], device="cuda")
     a = torch.randn(436, 256, device="cuda").bfloat16()

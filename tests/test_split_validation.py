@@ -1,4 +1,4 @@
-"""Bad split sizes never give a result: the forward op validates them (gmlp.ops.validate_split_sizes).
+"""Bad split sizes never give a result: the forward op validates them (gmlp.layer.autograd.validate_split_sizes).
 On the CPU a ValueError naming them, eagerly, under torch.compile and from the op itself; on a GPU a
 device-side assert (run in a subprocess: it ends the CUDA context), or with GMLP_VALIDATE=1 a
 synchronous ValueError, which a CUDA graph capture refuses clearly."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
 from tests.backends import kernel_device, triton_op
 from tests.cases import SPLIT_CASES
 

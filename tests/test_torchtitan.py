@@ -20,16 +20,16 @@ import torch
 
 torchtitan = pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
+from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
+
 import gmlp  # noqa: E402
-from gmlp.activations import activation_from  # noqa: E402
-from gmlp.dispatch import FallbackError, FallbackWarning  # noqa: E402
+from gmlp.contract.activations import activation_from  # noqa: E402
+from gmlp.contract.reference import grouped_mlp_backward_ref, grouped_mlp_forward_ref  # noqa: E402
+from gmlp.dispatch.paths import FallbackError, FallbackWarning  # noqa: E402
 from gmlp.integrations.torchtitan import GmlpGroupedExperts, gmlp_experts  # noqa: E402
-from gmlp.mlp_ref import grouped_mlp_backward_ref, grouped_mlp_forward_ref  # noqa: E402
 from tests.backends import kernel_device  # noqa: E402
 from tests.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error  # noqa: E402
 from tests.torchtitan_cases import DIM, GMLP_EXPERTS, built, import_model_package, moe_config, overridden  # noqa: E402
-
-from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
 # roundings between the bf16 operands and each result, stock's and gmlp's (module docstring)
 _FORWARD_ROUNDINGS, _BACKWARD_ROUNDINGS = 5, 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.backends import kernel_device, triton_op
 from tests.cases import adversarial_matrix
 

@@ -15,11 +15,11 @@ import dataclasses
 import pytest
 import torch
 
-from gmlp.activations import Activation, ActivationKind, activation_from
-from gmlp.gate_up import GateUpLayout, gate_up_views
-from gmlp.mlp_ref import fc1_forward_ref
-from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation, ActivationKind, activation_from
+from gmlp.contract.gate_up import GateUpLayout, gate_up_views
+from gmlp.contract.reference import fc1_forward_ref
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
 from tests.backends import SMALL_GEMM, assert_outputs_bitwise_equal, kernel_device, triton_op
 from tests.cases import parametrize_quick, stored_gate_up
 from tests.tolerances import within_steps
@@ -79,7 +79,7 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
 @pytest.mark.parametrize("layout", list(GateUpLayout), ids=lambda layout: layout.value)
 @pytest.mark.parametrize("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
 def test_fc1_reads_every_gate_up_layout_in_place(fc1_forward, layout, recipe):
-    """W1's gate and up in any ``gmlp.gate_up`` layout, read through strided views: outputs bit for
+    """W1's gate and up in any ``gmlp.contract.gate_up`` layout, read through strided views: outputs bit for
     bit those of gmlp's (E, 2F, H) halves with the same values."""
     device = kernel_device()
     splits = [37, 0, 91]

@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 import torch
 
-from gmlp.activations import activation_from
-from gmlp.mlp_ref import fc2_dgrad_ref
-from gmlp.mxfp8 import ElementFormat
-from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import activation_from
+from gmlp.contract.reference import fc2_dgrad_ref
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat
 from tests.backends import SMALL_GEMM, assert_outputs_bitwise_equal, kernel_device, triton_op
 from tests.cases import parametrize_quick
 from tests.tolerances import within_steps

@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 import torch
 
-from gmlp.mlp_ref import expert_matrices, grouped_gemm_ref
-from gmlp.quantize_ref import quantize_mxfp8_ref
+from gmlp.contract.reference import expert_matrices, grouped_gemm_ref
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
 from tests.backends import SMALL_GEMM, kernel_device, triton_op
 
 
@@ -88,7 +88,7 @@ def test_expert_matrices_forms_agree():
 def test_expert_matrices_of_gate_up_forms():
     """W1 as its gate and up views, and W1^T as two operands side by side along K, give the
     values of the (E, 2F, H) halves and of their transpose."""
-    from gmlp.gate_up import GateUpLayout, gate_up_views
+    from gmlp.contract.gate_up import GateUpLayout, gate_up_views
 
     gate, up = ((torch.randn(3, 32, 64) / 8).bfloat16() for _ in range(2))
     halves = torch.cat([gate, up], 1)

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from gmlp.mlp_ref import grouped_wgrad_ref
+from gmlp.contract.reference import grouped_wgrad_ref
 from tests.backends import SMALL_WGRAD, kernel_device, triton_op
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import gmlp
-import gmlp.layer
+import gmlp.layer.steps
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def quantize_calls(monkeypatch):
     """Counts the op calls per site (the torch path forced)."""
     monkeypatch.setenv("GMLP_BACKEND", "torch")
     calls = collections.Counter()
-    real = gmlp.layer.implementation
+    real = gmlp.layer.steps.implementation
 
     def counting(site, path):
         run = real(site, path)
@@ -29,7 +29,7 @@ def quantize_calls(monkeypatch):
             return run(*args, **kwargs)
         return call
 
-    monkeypatch.setattr(gmlp.layer, "implementation", counting)
+    monkeypatch.setattr(gmlp.layer.steps, "implementation", counting)
     return calls
 
 

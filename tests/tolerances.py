@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from gmlp.mxfp8 import ElementFormat
+from gmlp.mxfp8.spec import ElementFormat
 
 BF16_UNIT = 2.0**-8  # 7 stored mantissa bits
 MARGIN = 3.0

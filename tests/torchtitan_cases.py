@@ -16,8 +16,7 @@ def moe_config(experts: int = EXPERTS, dim: int = DIM, hidden: int = HIDDEN, bal
     """torchtitan's ``MoE.Config``: a softmax top-2 router (with ``balanced``, its debug round-robin
     routing: token i's k-th choice is expert (2i + k) mod E), the standard (all-to-all) dispatcher
     and stock ``GroupedExperts``, every weight drawn from N(0, 0.08^2)."""
-    from torchtitan.models.common.config_utils import (make_moe_config, make_routed_experts_config,
-                                                       make_router_config)
+    from torchtitan.models.common.config_utils import make_moe_config, make_routed_experts_config, make_router_config
 
     init = functools.partial(nn.init.normal_, std=0.08)
     router = make_router_config(dim=dim, num_experts=experts, gate_param_init={"weight": init}, top_k=TOP_K,

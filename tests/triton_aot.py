@@ -104,14 +104,13 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
 
 
 def main(out_dir: str) -> None:
-    from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
-    from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
-
+    from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
     from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
     from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
     from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
+    from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
+    from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
     from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
-    from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
 
     kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel, "fc1": fc1_forward_kernel,
                "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,

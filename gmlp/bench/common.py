@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from gmlp.versions import REPORTED_PACKAGES, package_version
+from gmlp.system.versions import REPORTED_PACKAGES, package_version
 
 
 def add_out_argument(parser) -> None:

@@ -31,8 +31,16 @@ import torch
 import torch.distributed as dist
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment
-from gmlp.bench.torchtitan import (ATTENTION, FLAVOR, RUNS, MarkovTokens, model_spec, moving_gap,
-                                   optimizer_and_schedule, torch_shims)
+from gmlp.bench.torchtitan import (
+    ATTENTION,
+    FLAVOR,
+    RUNS,
+    MarkovTokens,
+    model_spec,
+    moving_gap,
+    optimizer_and_schedule,
+    torch_shims,
+)
 from gmlp.bench.torchtitan import build_model as stock_model
 
 SPMD_BACKEND = "partial_dtensor"

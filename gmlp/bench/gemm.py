@@ -38,17 +38,23 @@ from typing import Callable
 
 import torch
 
-from gmlp.activations import SWIGLU
 from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
 from gmlp.bench.mlp import SHAPES, add_shapes_argument, split_sizes_for
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import SWIGLU
+from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp.triton_ref.grouped_gemm import grouped_gemm
 from gmlp.triton_ref.quantize import quantize_mxfp8
-from gmlp.triton_ref.tuning import (FC1_TILING, FC2_DGRAD_TILING, GROUPED_GEMM_TILING, WGRAD_TILING, GemmTiling,
-                                    WgradTiling)
+from gmlp.triton_ref.tuning import (
+    FC1_TILING,
+    FC2_DGRAD_TILING,
+    GROUPED_GEMM_TILING,
+    WGRAD_TILING,
+    GemmTiling,
+    WgradTiling,
+)
 from gmlp.triton_ref.wgrad import grouped_wgrad
 
 # Column tiles fastest (the tilings' default launch order) beat rows fastest for every kernel and

@@ -14,11 +14,11 @@ the MXFP8 recipe and bf16 (recipe=None):
   time; a host sync inside the step makes that impossible: ``host_syncs_per_step`` counts them by
   ``torch.cuda.set_sync_debug_mode``). ``device_wall_ms``: events around a synchronized loop
   without the hold, i.e. what a step costs when the host issues it: about the larger of the two.
-- ``plan_ms``: one planning call as the forward makes it. With ``gmlp.layer_config`` (mode
-  ``cached``): ``cached_plan`` with the arguments ``gmlp.ops._plan`` passes, a cache hit; the op
+- ``plan_ms``: one planning call as the forward makes it. With ``gmlp.dispatch.plan_cache`` (mode
+  ``cached``): ``cached_plan`` with the arguments ``gmlp.layer.autograd._plan`` passes, a cache hit; the op
   calls it in the forward and again in the backward (``plan_calls_per_step`` 2). For comparison
   ``plan_uncached_ms``: ``plan_layer(layer_problem(...), device, strict=...)``, what each forward
-  paid before the cache. Without ``gmlp.layer_config`` (an older checkout, mode ``uncached-old``):
+  paid before the cache. Without ``gmlp.dispatch.plan_cache`` (an older checkout, mode ``uncached-old``):
   ``mlp.plan(x, split_sizes, strict=mlp.strict)``, as the old ``GroupedMLP.forward`` did once per
   call. ``plans_made_per_step`` counts the ``plan_layer`` calls one warm step makes (0 when cached).
 
@@ -154,14 +154,13 @@ def host_syncs(fn: Callable[[], object]) -> int:
 
 
 def has_layer_config() -> bool:
-    """Whether the imported gmlp caches the plan (``gmlp.layer_config``, issue 11), looked for in
-    the imported package's own folder only: an editable install's import hook would otherwise
-    find the module in the installed checkout when an older one is on PYTHONPATH."""
-    import importlib.machinery
-
+    """Whether the imported gmlp caches the plan in ``gmlp.dispatch.plan_cache`` (checkouts since
+    the package tree; older ones are timed as ``uncached-old``), looked for in the imported
+    package's own folder only: an editable install's import hook would otherwise find the module
+    in the installed checkout when an older one is on PYTHONPATH."""
     import gmlp
 
-    return importlib.machinery.PathFinder.find_spec("gmlp.layer_config", list(gmlp.__path__)) is not None
+    return any(os.path.exists(os.path.join(folder, "dispatch", "plan_cache.py")) for folder in gmlp.__path__)
 
 
 def plan_calls(case: Case, mode: str | None = None) -> tuple[str, dict[str, Callable[[], object]]]:
@@ -174,15 +173,15 @@ def plan_calls(case: Case, mode: str | None = None) -> tuple[str, dict[str, Call
         return mode, {"plan": lambda: mlp.plan(x, split_sizes, strict=mlp.strict)}
     if mode != "cached":
         raise ValueError(f"mode must be 'cached' or 'uncached-old', got {mode!r}")
-    from gmlp.layer_config import LayerConfig, cached_plan, decode_config, layer_problem, token_class
-    from gmlp.layer_ops import plan_layer
+    from gmlp.dispatch.plan_cache import LayerConfig, cached_plan, decode_config, layer_problem, token_class
+    from gmlp.dispatch.sites import plan_layer
 
     if hasattr(mlp, "_encoded_config"):  # the string the forward op gets, decoded as the op does
         config = decode_config(mlp._encoded_config(None))
     else:
         config = LayerConfig(mlp.activation, mlp.recipe, mlp.b1 is not None, mlp.strict, None, mlp.accumulate_main_grad)
     w1, w2 = mlp.w1, mlp.w2
-    # gmlp.ops._plan's arguments
+    # gmlp.layer.autograd._plan's arguments
     args = (config, x.shape[0], w1.shape[0], w2.shape[1], w2.shape[2], w1.dtype, x.dtype, x.device)
 
     def uncached():
@@ -194,7 +193,7 @@ def plan_calls(case: Case, mode: str | None = None) -> tuple[str, dict[str, Call
 
 def plans_made(case: Case, mode: str) -> int:
     """``plan_layer`` calls one step makes (the module the forward plans through, wrapped)."""
-    module = importlib.import_module("gmlp.layer_config" if mode == "cached" else "gmlp.mlp")
+    module = importlib.import_module("gmlp.dispatch.plan_cache" if mode == "cached" else "gmlp.layer.module")
     original, count = module.plan_layer, [0]
 
     def counting(*args, **kwargs):
@@ -275,7 +274,7 @@ def environment(device: torch.device) -> dict:
     """Device, versions, the gmlp checkout's commit, date (as ``gmlp.bench.common.environment``,
     which needs CUDA, plus the CPU case)."""
     try:
-        from gmlp.versions import REPORTED_PACKAGES, package_version
+        from gmlp.system.versions import REPORTED_PACKAGES, package_version
     except ImportError:
         from importlib.metadata import version as package_version  # noqa: F401 (old checkouts)
 
@@ -382,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plan-iters", type=int, default=200, help="planning calls per timed loop")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
     parser.add_argument("--mode", choices=("cached", "uncached-old"), default=None,
-                        help="planning measured as (default: cached where gmlp.layer_config exists)")
+                        help="planning measured as (default: cached where gmlp.dispatch.plan_cache exists)")
     parser.add_argument("--before", default=None, help="an earlier run's JSON: print this run's ratios to it")
     parser.add_argument("--out", default=None,
                         help="a .json file, or a folder for host-<date>.json (default bench_results/)")

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
-from gmlp.mlp import GroupedMLP
-from gmlp.recipe import MXFP8Recipe
+from gmlp.layer.module import GroupedMLP
+from gmlp.mxfp8.recipe import MXFP8Recipe
 
 SHAPES = {
     "mixtral-8x7b": (8, 16384, 4096, 14336),

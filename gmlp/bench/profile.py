@@ -16,8 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from gmlp.bench.common import add_out_argument, environment, write_results
 from gmlp.bench.mlp import SHAPES, add_shapes_argument, layer_tensors, split_sizes_for, training_step
-from gmlp.mlp import GroupedMLP
-from gmlp.recipe import MXFP8Recipe
+from gmlp.layer.module import GroupedMLP
+from gmlp.mxfp8.recipe import MXFP8Recipe
 
 STEPS = 5
 

@@ -6,10 +6,10 @@ import argparse
 
 import torch
 
-from gmlp import scale_layout
 from gmlp.bench.common import add_out_argument, copy_bandwidth_gbs, environment, median_ms, write_results
-from gmlp.dispatch import Path, system_reason
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
+from gmlp.dispatch.paths import Path, system_reason
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
 
 SHAPES = [(32768, 7168), (65536, 2048)]
 MODES = {"rowwise": (True, False), "rowwise+columnwise": (True, True)}

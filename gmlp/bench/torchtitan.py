@@ -33,13 +33,11 @@ import pathlib
 import sys
 import time
 import traceback
-
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
-
 from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.protocols.module import Module

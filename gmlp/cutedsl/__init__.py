@@ -2,7 +2,7 @@
 
 Layer map:
 - ``quantize``: launcher of the fused one-pass MXFP8 quantize (``quantize_mxfp8``, same contract
-  as ``gmlp.quantize_ref.quantize_mxfp8_ref``), its ``problem_support``, and
+  as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``), its ``problem_support``, and
   ``compile_quantize_kernel`` (ahead-of-time build for sm_90a / sm_100a, no GPU needed);
 - ``_quantize_kernel``: the jit kernel code;
 - ``sm100``: the SM100 path on cuDNN frontend's fused grouped kernels (its own package map:
@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from gmlp.versions import missing_package_hint, package_version, too_old
+from gmlp.system.versions import missing_package_hint, package_version, too_old
 
 __all__ = ["import_error"]
 

@@ -1,6 +1,6 @@
 """CuTeDSL kernel of the fused MXFP8 quantization (jit code only; the launcher is ``quantize.py``).
 
-Spec: ``gmlp.mxfp8`` (block math) and ``gmlp.scale_layout`` (where each scale byte lives).
+Spec: ``gmlp.mxfp8.spec`` (block math) and ``gmlp.mxfp8.scale_layout`` (where each scale byte lives).
 
 One CTA of 256 threads owns a tile of 128 token rows x 128 K columns:
 
@@ -53,7 +53,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 TILE_ROWS = 128  # token rows per CTA: one 128-row scale tile, 4 columnwise blocks
 TILE_COLS = 128  # K columns per CTA: 4 rowwise blocks, one column of swizzled scale tiles
 NUM_THREADS = 256
-BLOCK = 32  # elements per scale block (gmlp.mxfp8.BLOCK_SIZE)
+BLOCK = 32  # elements per scale block (gmlp.mxfp8.spec.BLOCK_SIZE)
 VEC = 16  # consecutive K values per thread and pass of the rowwise step (32 B of bf16, 64 B of fp32)
 COL_GROUPS = TILE_COLS // VEC  # 8 threads per tile row in the rowwise step
 ROWS_PER_PASS = NUM_THREADS // COL_GROUPS  # 32
@@ -216,7 +216,7 @@ def _amax_of_keys(keys: Uint32, bf16: bool, half=None) -> Uint32:
 
 
 def _scale_byte(amax: Uint32, e5m2: bool, floor_mode: bool) -> Uint32:
-    """E8M0 byte of a block from its amax bits, 0 <= amax <= inf (gmlp.mxfp8.e8m0_from_amax).
+    """E8M0 byte of a block from its amax bits, 0 <= amax <= inf (gmlp.mxfp8.spec.e8m0_from_amax).
 
     RCEIL: v = amax * fp32(1 / max_normal) (a multiply by the fp32 constant, not a division);
     e = ceil(log2(v)) from v's bits, in integer form: (bits + 0x7FFFFF) >> 23 is the exponent
@@ -237,7 +237,7 @@ def _scale_byte(amax: Uint32, e5m2: bool, floor_mode: bool) -> Uint32:
 
 
 def _multiplier(e: Uint32) -> Float32:
-    """fp32 2**(127 - e) (gmlp.mxfp8.quantize_multiplier): 254 -> the subnormal 2**-127 (bits
+    """fp32 2**(127 - e) (gmlp.mxfp8.spec.quantize_multiplier): 254 -> the subnormal 2**-127 (bits
     0x00400000; the multiply keeps subnormals), 255 -> NaN."""
     bits = (Uint32(254) - e) << 23
     bits = _select(e == Uint32(254), 0x00400000, bits)

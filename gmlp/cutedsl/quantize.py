@@ -1,6 +1,6 @@
 """CuTeDSL launcher of the fused one-pass MXFP8 quantize (rowwise and/or columnwise, grouped).
 
-Same signature and bit-identical results as ``gmlp.quantize_ref.quantize_mxfp8_ref``; the kernel
+Same signature and bit-identical results as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``; the kernel
 is in ``_quantize_kernel``. Importing this module imports cutlass-dsl and raises if it is missing
 or broken (``gmlp.cutedsl.import_error`` turns that into a fallback reason).
 
@@ -16,20 +16,19 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from gmlp import scale_layout
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Kernel
-from gmlp.groups import device_groups
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
-from gmlp.quantize_buffers import allocate_buffers
-from gmlp.quantized import MXFP8Quantized
-from gmlp.reasons import Reason, ReasonKind
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.buffers import allocate_buffers
+from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
+from gmlp.mxfp8.routing import device_groups
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized
 
 __all__ = [
     "quantize_mxfp8",
@@ -223,7 +222,7 @@ def quantize_mxfp8(
     element_format: ElementFormat = ElementFormat.E4M3,
     scale_mode: ScaleMode = ScaleMode.RCEIL,
 ) -> MXFP8Quantized:
-    """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
+    """Quantize x (T, K) in one pass; same contract as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``.
 
     Split sizes stay on the device (no host sync): their prefix sums are computed there, every
     buffer is sized from host-known bounds, and the kernel finds each tile's expert itself.

@@ -22,7 +22,7 @@ import contextvars
 from collections.abc import Iterable, Iterator
 
 from gmlp.debug.crosscheck import CrossCheckError, CrossCheckSettings, CrossCheckWarning
-from gmlp.env import env_setting
+from gmlp.system.env import env_setting
 
 __all__ = ["cross_check", "active_settings", "CrossCheckSettings", "CrossCheckError", "CrossCheckWarning"]
 
@@ -38,7 +38,7 @@ def cross_check(ops: str | Iterable[str] | None = None, action: str = "warn",
     """Cross-check the layer's ops inside the block.
 
     Args:
-        ops: a site name (``gmlp.layer_ops.SITES``: "fc1", "quantize x", ...) or op name
+        ops: a site name (``gmlp.dispatch.sites.SITES``: "fc1", "quantize x", ...) or op name
             ("grouped_gemm", "quantize_mxfp8", ...), or several of them, to check; None checks
             all. An unknown name is a ValueError.
         action: "warn" (a ``CrossCheckWarning``, and the run goes on) or "raise" (``CrossCheckError``).

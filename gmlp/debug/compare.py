@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gmlp.activations import Activation
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.contract.activations import Activation
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
 __all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope"]
 

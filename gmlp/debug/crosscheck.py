@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.caller import warn_at_caller
+from gmlp.contract.gate_up import GateUp
+from gmlp.contract.reference import grouped_gemm_ref, grouped_wgrad_ref
 from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
-from gmlp.dispatch import Path
-from gmlp.gate_up import GateUp
-from gmlp.groups import device_groups
-from gmlp.layer_ops import SITES, LayerPlan, Op, implementation, operand_values
-from gmlp.mlp_ref import grouped_gemm_ref, grouped_wgrad_ref
+from gmlp.dispatch.caller import warn_at_caller
+from gmlp.dispatch.paths import Path
+from gmlp.dispatch.sites import SITES, LayerPlan, Op, implementation, operand_values
+from gmlp.mxfp8.routing import device_groups
 
 __all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck", "report", "say_uncompared"]
 

@@ -29,16 +29,16 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config import derive, override
 from torchtitan.models.common.moe import GroupedExperts
 
-from gmlp import ops
-from gmlp.activations import activation_from
-from gmlp.caller import warn_at_caller
-from gmlp.dispatch import FallbackError, FallbackWarning
-from gmlp.gate_up import GateUpLayout
-from gmlp.layer_config import LayerConfig, decode_config, layer_problem, token_class
-from gmlp.layer_ops import plan_layer
-from gmlp.mlp import MXFP8_PARAM_DTYPES
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import activation_from
+from gmlp.contract.gate_up import GateUpLayout
+from gmlp.dispatch.caller import warn_at_caller
+from gmlp.dispatch.paths import FallbackError, FallbackWarning
+from gmlp.dispatch.plan_cache import LayerConfig, decode_config, layer_problem, token_class
+from gmlp.dispatch.sites import plan_layer
+from gmlp.layer import autograd
+from gmlp.layer.module import MXFP8_PARAM_DTYPES
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 
 __all__ = ["GmlpGroupedExperts", "gmlp_experts", "recipe_from_name"]
 
@@ -108,7 +108,7 @@ class GmlpGroupedExperts(GroupedExperts):
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         gate, up, down = self._weights()
-        y = ops.grouped_mlp(x_RD.bfloat16(), num_tokens_per_expert_E, None, gate, None, down, None,
+        y = autograd.grouped_mlp(x_RD.bfloat16(), num_tokens_per_expert_E, None, gate, None, down, None,
                             self._layer_config, w3=up)[0]
         return y.type_as(x_RD)
 

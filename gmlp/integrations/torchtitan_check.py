@@ -18,7 +18,7 @@ from torchtitan.config.manager import ConfigManager
 from torchtitan.config.override import apply_overrides
 from torchtitan.models.common.moe import GroupedExperts
 
-from gmlp.dispatch import FallbackError
+from gmlp.dispatch.paths import FallbackError
 from gmlp.integrations.torchtitan import GmlpGroupedExperts
 
 

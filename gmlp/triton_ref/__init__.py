@@ -1,6 +1,6 @@
 """Triton kernels: the readable reference and the fallback that runs wherever Triton runs.
 
-Launchers (public, each the twin of a reference in ``gmlp.quantize_ref`` / ``gmlp.mlp_ref``),
+Launchers (public, each the twin of a reference in ``gmlp.mxfp8.reference`` / ``gmlp.contract.reference``),
 kernels in the ``_``-prefixed module beside them:
 
 - ``quantize``: fused one-pass MXFP8 quantize (``_quantize_kernel``);
@@ -16,13 +16,13 @@ Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math),
 (the activations' formulas), ``_grouping`` (expert-aligned tiles, swizzled index), ``_epilogue``
 (a tile quantized both ways). ``_interpreter_fixes`` makes Triton's interpreter compute what the
 GPU does (fp8 and bf16 casts, bf16 dots); it is installed at import when TRITON_INTERPRET is true
-(``gmlp.env.env_flag``: a value that is no boolean spelling raises here rather than leaving Triton
+(``gmlp.system.env.env_flag``: a value that is no boolean spelling raises here rather than leaving Triton
 interpreting without the fixes).
 
 Shape rules of the GEMM launchers, shared with the dispatcher: ``shapes``.
 """
 
-from gmlp.env import env_flag
+from gmlp.system.env import env_flag
 
 if env_flag("TRITON_INTERPRET"):
     from gmlp.triton_ref import _interpreter_fixes

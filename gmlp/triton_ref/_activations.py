@@ -1,4 +1,4 @@
-"""Triton device functions of the activations: the formulas of ``gmlp.activations`` (the single
+"""Triton device functions of the activations: the formulas of ``gmlp.contract.activations`` (the single
 definition; tests hold these to it), for fused GEMM epilogues.
 
 KIND codes: 0 swiglu, 1 geglu, 2 qgeglu, 3 srelu (``ACTIVATION_CODES`` in ``gmlp.triton_ref.fc1``).

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_forward, srelu_forward
-from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._epilogue import store_quantized_both_ways
+from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._tiles import load_tile
 
 
@@ -24,12 +24,12 @@ def fc1_forward_kernel(
     gate_ptr, up_ptr,  # W1_g's gate and up (F, H) per expert (srelu: gate only), bf16 (operands.ExpertOperand)
     b1_ptr,  # (E, N1)
     probs_ptr,  # (T,)
-    row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
     # outputs
     c_ptr,  # (T, N1) bf16
     a_ptr, a_scale_ptr,  # (T, F) bf16, or Q_row(a): fp8 (T, F) with compact scales (T, F/32)
     a_col_ptr, a_col_scale_ptr,  # Q_col(a): fp8 (F, T) with compact scales (F, n_blocks)
-    # sizes and the strides (expert, row, column) of gate and up (gmlp.gate_up: any layout)
+    # sizes and the strides (expert, row, column) of gate and up (gmlp.contract.gate_up: any layout)
     NUM_ROWS, HIDDEN, FFN, NUM_COL_BLOCKS, GATE_STRIDE_E, GATE_STRIDE_N, GATE_STRIDE_K,
     UP_STRIDE_E, UP_STRIDE_N, UP_STRIDE_K,
     # what

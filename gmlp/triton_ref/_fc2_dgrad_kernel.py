@@ -24,7 +24,7 @@ def fc2_dgrad_kernel(
     w2t_ptr,  # W2_g^T (F, H) per expert, bf16 (operands.ExpertOperand)
     c_ptr,  # (T, N1) bf16 saved pre-activation
     probs_ptr,  # (T,)
-    row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    row_start_ptr, tile_start_ptr, block_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
     dprobs_partial_ptr,  # (T, n_tiles) fp32
     dh_tile_sums_ptr,  # (max tiles, N1) fp32 column sums of dh per 128-row tile (BIAS_GRAD)
     dh_ptr, dh_scale_ptr, dh_col_ptr, dh_col_scale_ptr,  # dh: (T, N1) bf16 | Q_row + Q_col in the gradient format

@@ -5,7 +5,7 @@ of W1 read in place; see ``operands.ExpertOperand``). Operands are bf16 (MXFP8 o
 dequantized beforehand, ``dequantize``); fp32 accumulation; bf16 output.
 
 With SPLIT_K, B_g is two operands side by side along K, [B_g | B2_g] (FC1 dgrad with W1's gate and
-up stored apart, ``gmlp.gate_up``): the k-tiles are those of the single operand, the one that
+up stored apart, ``gmlp.contract.gate_up``): the k-tiles are those of the single operand, the one that
 straddles column K1 taking its columns from both, so the result is bit for bit the same.
 """
 
@@ -22,7 +22,7 @@ def grouped_gemm_kernel(
     b_ptr,  # B_g (N, K) per expert, bf16 (operands.ExpertOperand); with SPLIT_K its first K1 columns
     b2_ptr,  # with SPLIT_K: the other K - K1 columns, (N, K - K1) per expert
     bias_ptr,  # (E, N)
-    row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
     out_ptr,  # (T, N) bf16
     NUM_ROWS, N, K, K1,
     B_STRIDE_E, B_STRIDE_N, B_STRIDE_K,  # B's strides: expert, row, column

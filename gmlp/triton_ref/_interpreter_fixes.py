@@ -5,7 +5,7 @@
 Triton's interpreter rounds fp32 -> fp8 wrongly (ties away from even, lost exponent carry,
 flushed subnormals, no saturation; docs/design.md). On the GPU the same ``.to(fp8)`` compiles to
 ``cvt.rn.satfinite`` (round to nearest even, saturating, NaN -> 0x7F), which is exactly
-``gmlp.mxfp8.cast_to_element``; the compile tests assert that instruction and the H200 tests
+``gmlp.mxfp8.spec.cast_to_element``; the compile tests assert that instruction and the H200 tests
 check the compiled kernels bit for bit. With this fix the interpreted kernels (CPU tests, and
 users without a GPU who set TRITON_INTERPRET=1) compute what the compiled ones do. The other way,
 the interpreter decodes E4M3's NaN code as +-480 (docs/design.md); the GPU (and torch) give NaN.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gmlp.mxfp8 import ElementFormat, cast_to_element
+from gmlp.mxfp8.spec import ElementFormat, cast_to_element
 
 _installed = False
 

@@ -1,4 +1,4 @@
-"""Triton device functions of the MXFP8 spec (``gmlp.mxfp8``), shared by every Triton kernel.
+"""Triton device functions of the MXFP8 spec (``gmlp.mxfp8.spec``), shared by every Triton kernel.
 
 Each function mirrors one step of the spec; kernels call these rather than restating the math.
 """

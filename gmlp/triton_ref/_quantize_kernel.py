@@ -135,7 +135,7 @@ def quantize_mxfp8_kernel(
     GROUPED: tl.constexpr,
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
-    STRIDED: tl.constexpr,  # x's rows are X_ROW_STRIDE apart (a view: W1's gate or up rows, gmlp.gate_up)
+    STRIDED: tl.constexpr,  # x's rows are X_ROW_STRIDE apart (a view: W1's gate or up rows, gmlp.contract.gate_up)
     # tiling
     CHUNKS_PER_PROGRAM: tl.constexpr,  # 32-column chunks each program walks over
     CHUNKS_FASTEST: tl.constexpr,  # grid (chunk groups, slices), else (slices, chunk groups)

@@ -9,7 +9,7 @@ from gmlp.triton_ref._grouping import group_tile, swizzled_offset
 @triton.jit
 def swizzle_scales_kernel(
     compact_ptr,  # rowwise: (T, C); columnwise: (K, n_blocks)
-    swizzled_ptr,  # flat, layout of gmlp.scale_layout
+    swizzled_ptr,  # flat, layout of gmlp.mxfp8.scale_layout
     row_start_ptr,  # (E+1,) int32 prefix sums of split sizes (GROUPED)
     tile_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/128) (GROUPED)
     block_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/32) (GROUPED)

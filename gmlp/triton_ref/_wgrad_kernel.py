@@ -6,7 +6,7 @@ row-major (MXFP8 ones are Q_col dequantized beforehand, ``dequantize``). One pro
 (BLOCK_M, BLOCK_N) tile of one expert's dW and walks that expert's tokens; fp32 sums, stored as
 fp32 or bf16, or added to an fp32 ``out`` (``ACCUMULATE``, for ``main_grad``). With SPLIT_M
 the rows of dW_g go to two outputs, rows [0, M1) to ``out`` (E, M1, N) and the rest to ``out2``
-(E, M - M1, N): dW1's gate and up rows as the gradients of two weights (``gmlp.gate_up``).
+(E, M - M1, N): dW1's gate and up rows as the gradients of two weights (``gmlp.contract.gate_up``).
 """
 
 import triton
@@ -25,7 +25,7 @@ def _features_by_tokens(ptr, features, feature_mask, tokens, token_mask, NUM_FEA
 def wgrad_kernel(
     a_ptr,  # (T, M) bf16
     b_ptr,  # (T, N) bf16
-    row_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.groups)
+    row_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
     out_ptr,  # (E, M, N) fp32 | bf16 (not ACCUMULATE); with SPLIT_M (E, M1, N)
     out2_ptr,  # with SPLIT_M: (E, M - M1, N), of out's dtype
     M, N, M1,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from gmlp import scale_layout
-from gmlp.groups import DeviceGroups, device_groups, launch_offsets
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.routing import DeviceGroups, device_groups, launch_offsets
+from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
 from gmlp.triton_ref.quantize import search_steps
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.activations import Activation, ActivationKind
-from gmlp.gate_up import GateUp, GateUpLayout, gate_up_views
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.mlp_ref import FC1Output
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_buffers import compact_buffers
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.gate_up import GateUp, GateUpLayout, gate_up_views
+from gmlp.contract.reference import FC1Output
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.buffers import compact_buffers
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
 from gmlp.triton_ref.quantize import search_steps
@@ -56,11 +56,11 @@ def fc1_forward(
     tiling: GemmTiling | None = None,
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Twin of
-    ``gmlp.mlp_ref.fc1_forward_ref`` (same arguments and outputs).
+    ``gmlp.contract.reference.fc1_forward_ref`` (same arguments and outputs).
 
     The operands are bf16: the bf16 layer's, or MXFP8 operands dequantized beforehand
     (``gmlp.triton_ref.dequantize``); ``recipe`` decides whether ``a`` is written quantized. A
-    gated W1 may come in any ``gmlp.gate_up`` layout, as the two views of a ``GateUp``."""
+    gated W1 may come in any ``gmlp.contract.gate_up`` layout, as the two views of a ``GateUp``."""
     # validate
     quantized = recipe is not None  # a is written as Q_row(a) and Q_col(a)
     experts, ffn = split_sizes.numel(), ffn_hidden_size

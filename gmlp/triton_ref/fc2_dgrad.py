@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from gmlp import scale_layout
-from gmlp.activations import Activation
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.mlp_ref import FC2DgradOutput
-from gmlp.mxfp8 import ScaleMode
-from gmlp.quantize_buffers import compact_buffers
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation
+from gmlp.contract.reference import FC2DgradOutput
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.buffers import compact_buffers
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ScaleMode
 from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
@@ -37,7 +37,7 @@ def fc2_dgrad(
     tiling: GemmTiling | None = None,
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic (dprobs partial sums are added in a
-    fixed order). Twin of ``gmlp.mlp_ref.fc2_dgrad_ref``; MXFP8 operands are dequantized first
+    fixed order). Twin of ``gmlp.contract.reference.fc2_dgrad_ref``; MXFP8 operands are dequantized first
     (``gmlp.triton_ref.dequantize``), ``recipe`` decides whether ``dh`` is written quantized."""
     # validate
     quantized = recipe is not None  # dh is written as Q_row(dh) and Q_col(dh)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.groups import DeviceGroups, device_groups
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
 from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
@@ -24,7 +24,7 @@ def grouped_gemm(
     tiling: GemmTiling | None = None,
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed; no host sync.
-    Twin of ``gmlp.mlp_ref.grouped_gemm_ref``; MXFP8 operands are dequantized first
+    Twin of ``gmlp.contract.reference.grouped_gemm_ref``; MXFP8 operands are dequantized first
     (``gmlp.triton_ref.dequantize``). ``b`` may be a pair (B, B2) of (E, N, K1) and (E, N, K - K1)
     operands, B_g = [B_g | B2_g] along K (W1^T with its gate and up stored apart), read in place."""
     # validate

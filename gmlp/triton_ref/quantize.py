@@ -7,13 +7,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from gmlp import scale_layout
-from gmlp.groups import device_groups, launch_offsets
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
-from gmlp.quantize_buffers import allocate_buffers
-from gmlp.quantized import MXFP8Quantized
-from gmlp.reasons import Reason
+from gmlp.contract.reasons import Reason
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.buffers import allocate_buffers
+from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
+from gmlp.mxfp8.routing import device_groups, launch_offsets
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized
 from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
 
 __all__ = ["quantize_mxfp8", "problem_support", "QuantizeConfig", "DEFAULT_QUANTIZE_CONFIG"]
@@ -66,11 +66,11 @@ def quantize_mxfp8(
     scale_mode: ScaleMode = ScaleMode.RCEIL,
     config: QuantizeConfig = DEFAULT_QUANTIZE_CONFIG,
 ) -> MXFP8Quantized:
-    """Quantize x (T, K) in one pass; same contract as ``gmlp.quantize_ref.quantize_mxfp8_ref``.
+    """Quantize x (T, K) in one pass; same contract as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``.
 
     Split sizes stay on the device: offsets are prefix sums computed there, and every buffer is
     sized from host-known bounds. x may be a view whose rows are contiguous but further apart
-    than K (W1's gate or up rows in its interleaved layout, ``gmlp.gate_up``): read in place.
+    than K (W1's gate or up rows in its interleaved layout, ``gmlp.contract.gate_up``): read in place.
     """
     # validate
     problem = validate_quantize_args(

@@ -1,19 +1,19 @@
 """Shape rules of the Triton GEMM launchers, written once: the launchers raise ``ValueError`` with
-their text, and the dispatcher (``gmlp.layer_ops``) plans the op on another path with them.
+their text, and the dispatcher (``gmlp.dispatch.sites``) plans the op on another path with them.
 
 Only two launchers have a rule on the sizes: ``fc1`` (H and F) and ``fc2_dgrad`` (F). It comes
 from their quantizing epilogues (32-column MXFP8 blocks) and applies to their bf16 outputs too. The
 others take any sizes: ``grouped_gemm`` and ``wgrad`` mask every load and store along M, N and
 K, ``segment_sum`` masks its rows and columns, and ``dequantize`` takes MXFP8 tensors, whose K
-is a multiple of 32 by construction (``gmlp.quantize_args``). What those launchers check besides
+is a multiple of 32 by construction (``gmlp.mxfp8.problem``). What those launchers check besides
 is that their operands agree with each other (dtypes, layouts, matching sizes), which is not a
 property of the problem but of the call.
 """
 
 from __future__ import annotations
 
-from gmlp.mxfp8 import BLOCK_SIZE
-from gmlp.reasons import Reason, ReasonKind
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.mxfp8.spec import BLOCK_SIZE
 
 __all__ = ["fc1_shape_reason", "fc2_dgrad_shape_reason"]
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.groups import device_groups, launch_offsets
-from gmlp.mxfp8 import BLOCK_SIZE
-from gmlp.quantized import MXFP8Tensor, QuantAxis
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.routing import device_groups, launch_offsets
+from gmlp.mxfp8.spec import BLOCK_SIZE
+from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
 from gmlp.triton_ref.quantize import search_steps
 

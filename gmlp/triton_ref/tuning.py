@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gmlp.scale_layout import ceil_div
+from gmlp.mxfp8.scale_layout import ceil_div
 
 __all__ = ["GemmTiling", "WgradTiling", "FC1_TILING", "GROUPED_GEMM_TILING", "FC2_DGRAD_TILING", "WGRAD_TILING"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gmlp.groups import DeviceGroups, device_groups
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
 from gmlp.triton_ref.operands import token_operand
 from gmlp.triton_ref.tuning import WGRAD_TILING, WgradTiling
@@ -24,10 +24,10 @@ def grouped_wgrad(
     tiling: WgradTiling | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
-    given. No host sync. Twin of ``gmlp.mlp_ref.grouped_wgrad_ref``; MXFP8 operands (Q_col) are
+    given. No host sync. Twin of ``gmlp.contract.reference.grouped_wgrad_ref``; MXFP8 operands (Q_col) are
     dequantized first (``gmlp.triton_ref.dequantize``). With ``split_rows`` (``out`` then a pair),
     each dW_g's first ``split_rows`` rows and the rest are two (E, ., N) tensors (dW1's gate and up,
-    the gradients of two weights: ``gmlp.gate_up``), written by the same tiles."""
+    the gradients of two weights: ``gmlp.contract.gate_up``), written by the same tiles."""
     # validate
     tokens, m = token_operand("a", a, None)
     _, n = token_operand("b", b, tokens)

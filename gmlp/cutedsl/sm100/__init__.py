@@ -12,8 +12,8 @@ Module map:
   launcher (``CompiledKernels``: build, check, compile once per call signature);
 - ``views``: each finished step seen as gmlp's op at its site, for the cross-check.
 
-Importing this package imports none of them: ``gmlp.ops`` imports ``layer`` (and so the others)
-at its own import, ``gmlp.layer_ops`` and ``gmlp.layer_config`` import ``cudnn_kernels`` and
+Importing this package imports none of them: ``gmlp.layer.autograd`` imports ``layer`` (and so the others)
+at its own import, ``gmlp.dispatch.sites`` and ``gmlp.dispatch.plan_cache`` import ``cudnn_kernels`` and
 ``layout`` inside the functions that need them. None of them imports cutlass-dsl or cuDNN
 frontend at import time: ``cudnn_kernels`` imports the kernel classes when asked for one.
 """

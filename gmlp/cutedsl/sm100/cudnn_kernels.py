@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from gmlp.versions import missing_package_hint, package_version
+from gmlp.system.versions import missing_package_hint, package_version
 
 __all__ = ["KERNELS", "TESTED_TOGETHER", "import_error", "kernel_class"]
 

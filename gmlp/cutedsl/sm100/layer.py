@@ -27,16 +27,33 @@ from typing import Callable
 
 import torch
 
-from gmlp.activations import Activation
-from gmlp.cutedsl.sm100.layout import (PaddedRows, deinterleave_gate_up, from_padded, interleave_gate_up,
-                                       padded_group_sizes, padded_rows, to_padded)
+from gmlp.contract.activations import Activation
+from gmlp.contract.reference import MLPGrads
 from gmlp.cutedsl.sm100 import views
-from gmlp.cutedsl.sm100.steps import (KernelCall, d_col_of, d_row_of, dprobs_of, fc1_call, fc1_dgrad_call, fc1_wgrad_call,
-                                      fc2_dgrad_call, fc2_wgrad_call, grouped_gemm_call)
-from gmlp.layer import quantized_weight
-from gmlp.mlp_ref import MLPGrads
-from gmlp.quantized import MXFP8Tensor
-from gmlp.recipe import MXFP8Recipe
+from gmlp.cutedsl.sm100.layout import (
+    PaddedRows,
+    deinterleave_gate_up,
+    from_padded,
+    interleave_gate_up,
+    padded_group_sizes,
+    padded_rows,
+    to_padded,
+)
+from gmlp.cutedsl.sm100.steps import (
+    KernelCall,
+    d_col_of,
+    d_row_of,
+    dprobs_of,
+    fc1_call,
+    fc1_dgrad_call,
+    fc1_wgrad_call,
+    fc2_dgrad_call,
+    fc2_wgrad_call,
+    grouped_gemm_call,
+)
+from gmlp.layer.steps import quantized_weight
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["CompiledKernels", "Sm100Saved", "sm100_forward", "sm100_backward", "launch_kernel"]
 
@@ -63,7 +80,7 @@ class CompiledKernels:
             kernel = call.kernel()
             if not kernel.check_support():
                 raise RuntimeError(f"{site}: cuDNN frontend's {call.step} kernel refused gmlp's arguments (a gap in "
-                                   "gmlp.layer_ops.sm100_reason; GMLP_BACKEND=triton runs the layer without it)")
+                                   "gmlp.dispatch.sites.sm100_reason; GMLP_BACKEND=triton runs the layer without it)")
             start = time.perf_counter()
             kernel.compile()
             _log.info("%s: compiled cuDNN frontend's %s kernel in %.1f s", site, call.step, time.perf_counter() - start)
@@ -89,7 +106,7 @@ class Sm100Saved:
 
 def _require_sm100_recipe(recipe: MXFP8Recipe | None, b1, b2) -> MXFP8Recipe:
     if recipe is None or b1 is not None or b2 is not None:  # the dispatcher keeps these off this path
-        raise ValueError("the SM100 path runs the MXFP8 recipe without biases (gmlp.layer_ops gives the reasons)")
+        raise ValueError("the SM100 path runs the MXFP8 recipe without biases (gmlp.dispatch.sites gives the reasons)")
     return recipe
 
 
@@ -116,7 +133,7 @@ def _before(run, out: torch.Tensor) -> torch.Tensor | None:
 def sm100_forward(run, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
                   b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, activation: Activation,
                   recipe: MXFP8Recipe | None, launch: Launcher | None = None) -> tuple[torch.Tensor, Sm100Saved]:
-    """y (T, H) bf16 and the saved state; the arguments of ``gmlp.layer.grouped_mlp_forward``."""
+    """y (T, H) bf16 and the saved state; the arguments of ``gmlp.layer.steps.grouped_mlp_forward``."""
     recipe, launch = _require_sm100_recipe(recipe, b1, b2), launch or launch_kernel
     tokens, hidden = x.shape
     experts, ffn = w2.shape[0], w2.shape[2]
@@ -143,7 +160,7 @@ def sm100_backward(run, dy: torch.Tensor, saved: Sm100Saved, activation: Activat
                    weight_grad_dtype: torch.dtype = torch.float32,
                    weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None,
                    launch: Launcher | None = None) -> MLPGrads:
-    """Gradients for dy (T, H); the arguments of ``gmlp.layer.grouped_mlp_backward``. Weight
+    """Gradients for dy (T, H); the arguments of ``gmlp.layer.steps.grouped_mlp_backward``. Weight
     gradients are fp32 sums added into ``weight_grad_out`` when given (dW1 via an fp32 buffer in
     the kernels' interleaved row order), else returned in ``weight_grad_dtype``."""
     recipe, launch = _require_sm100_recipe(recipe, None, None), launch or launch_kernel

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.scale_layout import ceil_div
+from gmlp.mxfp8.scale_layout import ceil_div
 
 __all__ = ["M_ALIGNED", "GLU_BLOCK", "PaddedRows", "padded_rows", "padded_group_sizes", "to_padded", "from_padded",
            "interleave_gate_up", "deinterleave_gate_up", "split_interleaved"]

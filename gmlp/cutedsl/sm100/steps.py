@@ -39,13 +39,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.activations import Activation, ActivationKind
+from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.cutedsl.sm100.cudnn_kernels import kernel_class
 from gmlp.cutedsl.sm100.layout import M_ALIGNED, padded_group_sizes
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantized import MXFP8Tensor, QuantAxis
-from gmlp.scale_layout import SCALE_TILE_ROWS
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
 __all__ = ["SF_VEC_SIZE", "KernelCall", "ungrouped_rowwise", "grouped_gemm_call", "fc1_glu_call", "fc1_srelu_call",
            "fc1_call", "as_matrix", "scale_bytes", "rowwise_of", "d_row_of", "d_col_of", "columnwise_of", "fc2_dgrad_call", "dprobs_of", "fc1_dgrad_call",

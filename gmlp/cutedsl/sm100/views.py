@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.activations import Activation
+from gmlp.contract.activations import Activation
+from gmlp.contract.reference import FC1Output, FC2DgradOutput
 from gmlp.cutedsl.sm100.layout import PaddedRows, deinterleave_gate_up, from_padded, split_interleaved
 from gmlp.cutedsl.sm100.steps import KernelCall, as_matrix, d_col_of, d_row_of
-from gmlp.groups import device_groups
-from gmlp.mlp_ref import FC1Output, FC2DgradOutput
-from gmlp.quantized import MXFP8Tensor
+from gmlp.mxfp8.routing import device_groups
+from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["TokenRows", "fc1_view", "fc2_view", "fc2_dgrad_view", "fc1_dgrad_view", "wgrad_view"]
 

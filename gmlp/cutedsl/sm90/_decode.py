@@ -35,23 +35,22 @@ first k-tile: a row's scales are contiguous bytes).
 
 from __future__ import annotations
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
+import torch
 from cutlass import BFloat16, Int32, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from gmlp.cutedsl._quantize_kernel import _select
-from gmlp.mxfp8 import ElementFormat
-from gmlp.quantized import MXFP8Tensor, QuantAxis
 from gmlp.cutedsl.sm90._compile import sym_stride
 from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, TILE_K, mma_k_tiles
 from gmlp.cutedsl.sm90._schedule import TILE_M
+from gmlp.mxfp8.spec import ElementFormat
+from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
 __all__ = [
     "DECODE_BUFFERS", "BLOCK", "BUFFER_BYTES", "FIRST_BARRIER", "buffers_bytes", "barrier_id",

@@ -1,6 +1,6 @@
 """The fp32 epilogue math of the SM90 kernels, written once: each activation forward and
 backward in the operation order of ``gmlp.triton_ref._activations`` (the formulas of
-``gmlp.activations``), with Triton's lowering of exp and division, so that the CuTeDSL and
+``gmlp.contract.activations``), with Triton's lowering of exp and division, so that the CuTeDSL and
 Triton epilogues can be compared tightly; and the accumulator fragment the epilogues index.
 
 The forward is bitwise Triton's: the expression trees of FC1's ``a`` in the two PTX (Triton 3.9,
@@ -24,7 +24,7 @@ from cutlass import Float32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from gmlp.activations import Activation, ActivationKind
+from gmlp.contract.activations import Activation, ActivationKind
 
 __all__ = ["ptx_f32", "sigmoid", "activation_forward", "activation_backward", "pair_fragment"]
 

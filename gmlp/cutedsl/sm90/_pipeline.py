@@ -16,13 +16,12 @@ rows past N read zeros.
 
 from __future__ import annotations
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
+import torch
 from cutlass import BFloat16, Float32, Int32
 
 from gmlp.cutedsl.sm90._schedule import TILE_M

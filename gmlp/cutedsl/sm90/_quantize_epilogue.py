@@ -67,7 +67,7 @@ from gmlp.cutedsl._quantize_kernel import (
     sq_position,
     store_transposed,
 )
-from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.mxfp8.spec import BLOCK_SIZE
 
 __all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES", "SEGMENT_COLS",
            "check_fragment_layout", "quantize_tile_both_ways"]

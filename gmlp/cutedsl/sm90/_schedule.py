@@ -1,6 +1,6 @@
 """The persistent tile schedule over experts shared by the sm_90a kernels (grouped GEMM, FC1).
 
-The m-tiles are the 128-row tiles of ``gmlp.groups.DeviceGroups.tile_start``: m-tile ``j`` of the
+The m-tiles are the 128-row tiles of ``gmlp.mxfp8.routing.DeviceGroups.tile_start``: m-tile ``j`` of the
 layer is local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j <
 tile_start[g+1]``, first row ``row_start[g] + 128 * local``. Work items are ordered in bands of
 ``GROUP_M`` m-tiles, m fastest within a band: item ``w`` is in band ``w // (GROUP_M * n_tiles)``,
@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import Int32
 
-from gmlp import scale_layout
-from gmlp.scale_layout import SCALE_TILE_ROWS
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items", "grid_size",
            "expert_count_reason", "sm_count"]

@@ -3,14 +3,14 @@
 Q_col(a), from the same registers.
 
 Twin of ``gmlp.triton_ref.fc1.fc1_forward`` (same arguments and outputs, same fp32 epilogue
-formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.activations``). Operands: x (T, H) bf16
+formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.contract.activations``). Operands: x (T, H) bf16
 row-major with rows grouped by expert; W1 (E, N1, H) bf16 with N1 = 2F ([gate; up] rows) for the
 gated activations and F for srelu, K-major (stacked weights) or N-major (a transposed view);
 optional b1 (E, N1) bf16/fp32 and probs (T,) fp32/bf16. Outputs: c (T, N1) bf16; a (T, F) bf16,
 or with an ``MXFP8Recipe`` Q_row(a) (T, F) e4m3 + compact scales (T, F/32) and Q_col(a) (F, T)
 e4m3 + compact grouped scales (F, (T + 31 E) // 32) (each expert's tokens in their own 32-row
 blocks from its first row, the unused columns 0), bit for bit the Triton kernel's.
-Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` (``gmlp.groups.device_groups``; no
+Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` (``gmlp.mxfp8.routing.device_groups``; no
 host sync, any sizes, 0 too).
 
 Kernel design (one compiled kernel per ``FC1Config``; T, H, F, E are runtime values):
@@ -63,21 +63,24 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
-from gmlp import scale_layout
-from gmlp.activations import Activation, ActivationKind
-from gmlp.cutedsl.sm90 import _schedule
+from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.reference import FC1Output
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90._compile import (
+    SUPPORTED_ARCHS,
+    CompiledKernel,
+    compile_ahead,
+    compile_kernel,
+    fake_stream,
+    sym_stride,
+)
 from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue
-from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel,
-                                        fake_stream, sym_stride)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     SMEM_BYTES,
@@ -95,13 +98,14 @@ from gmlp.cutedsl.sm90._pipeline import (
     shared_storage,
     slot_tensors,
 )
+from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.mlp_ref import FC1Output
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.quantize_buffers import compact_buffers
-from gmlp.quantized import MXFP8Tensor
-from gmlp.recipe import MXFP8Recipe
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.buffers import compact_buffers
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Tensor
 from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1_forward", "SUPPORTED_ARCHS"]
@@ -155,7 +159,7 @@ class FC1Config:
 
     def __post_init__(self):
         if not isinstance(self.activation, Activation):
-            raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
+            raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {self.activation!r}")
         if self.floor_scales and not self.quantized:
             raise ValueError("floor_scales needs quantized=True (a bf16 a has no scales)")
         if self.fused_b and not (self.activation.gated and self.b_k_major and not self.quantized):
@@ -538,7 +542,7 @@ def fc1_forward(
     if recipe is not None and not isinstance(recipe, MXFP8Recipe):
         raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
     if not isinstance(activation, Activation):
-        raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
+        raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {activation!r}")
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     n1 = (2 if activation.gated else 1) * ffn
     x_data, x_scales, x_format = _decode.token_operand("x", x)

@@ -3,7 +3,7 @@
 MXFP8 recipe quantized both ways from the fp32 registers) and ``db1``.
 
 Twin of ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad`` (same arguments and outputs, same fp32 epilogue
-formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.activations``). Operands: dy (T, H) bf16
+formulas as ``gmlp.triton_ref._activations``, i.e. ``gmlp.contract.activations``). Operands: dy (T, H) bf16
 row-major with rows grouped by expert; w2t = W2_g^T (E, F, H) bf16, K-major (a stacked W2^T) or
 N-major (the transposed view of a stacked W2 (E, H, F), read in place); c (T, 2F | F) bf16 (the
 saved pre-activation: [gate | up] for the gated activations); optional probs (T,) fp32/bf16.
@@ -82,19 +82,25 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
-from gmlp import scale_layout
-from gmlp.activations import Activation, ActivationKind
+from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.reference import FC2DgradOutput
 from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
-from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel,
-                                        fake_stream, sym_stride)
+from gmlp.cutedsl.sm90._compile import (
+    SUPPORTED_ARCHS,
+    CompiledKernel,
+    compile_ahead,
+    compile_kernel,
+    fake_stream,
+    sym_stride,
+)
+from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     THREADS_PER_WARPGROUP,
@@ -112,15 +118,14 @@ from gmlp.cutedsl.sm90._pipeline import (
     shared_storage,
     slot_tensors,
 )
-from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
-from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.mlp_ref import FC2DgradOutput
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.quantize_buffers import compact_buffers
-from gmlp.quantized import MXFP8Tensor
-from gmlp.recipe import MXFP8Recipe
+from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.buffers import compact_buffers
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Tensor
 from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
@@ -167,7 +172,7 @@ class FC2DgradConfig(StagedConfig):
         if self.tile_n not in TILE_NS:
             raise ValueError(f"tile_n must be one of {TILE_NS}, got {self.tile_n}")
         if not isinstance(self.activation, Activation):
-            raise TypeError(f"activation must be a gmlp.activations.Activation, got {self.activation!r}")
+            raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {self.activation!r}")
         if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
             raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
         if (self.e5m2 or self.floor_scales) and not self.quantized:
@@ -672,7 +677,7 @@ def fc2_dgrad(
     if recipe is not None and tile_n != QUANTIZED_TILE_N:
         raise ValueError(_quantized_tile_n_reason(tile_n))
     if not isinstance(activation, Activation):
-        raise TypeError(f"activation must be a gmlp.activations.Activation, got {activation!r}")
+        raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {activation!r}")
     dy_data, dy_scales, dy_format = _decode.token_operand("dy", dy)
     tokens, hidden = dy_data.shape
     experts = split_sizes.numel()

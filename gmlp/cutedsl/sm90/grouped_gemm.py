@@ -5,7 +5,7 @@ order). Operands: A (T, K) bf16 row-major with rows grouped by expert; B (E, N, 
 K-major (B_g (N, K) row-major: stacked weights, FC2's W2) or N-major (a transposed view of a
 (E, K, N) weight: FC1 dgrad's W1^T read in place); D (T, N) bf16; optional bias (E, N), bf16 or
 fp32; fp32 accumulation. Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` of A and D,
-from the device prefix sums of ``gmlp.groups.device_groups`` (no host sync; any sizes, 0 too).
+from the device prefix sums of ``gmlp.mxfp8.routing.device_groups`` (no host sync; any sizes, 0 too).
 
 Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values; the tile
 schedule, the mainloop and the compile helper are the shared ``_schedule``, ``_pipeline`` and
@@ -48,21 +48,31 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
-from gmlp import scale_layout
 from gmlp.cutedsl.sm90 import _decode, _schedule
-from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel,
-                                        fake_stream, sym_stride)
+from gmlp.cutedsl.sm90._compile import (
+    SUPPORTED_ARCHS,
+    CompiledKernel,
+    compile_ahead,
+    compile_kernel,
+    fake_stream,
+    sym_stride,
+)
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
+)
+from gmlp.cutedsl.sm90._pipeline import (
     ELEMENT_ALIGN as _ELEMENT_ALIGN,
+)
+from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
+)
+from gmlp.cutedsl.sm90._pipeline import (
     TILE_K,
     StagedConfig,
     a_tiles,
@@ -70,19 +80,20 @@ from gmlp.cutedsl.sm90._pipeline import (
     b_tiles,
     consumer_fragments,
     cta_roles,
-    register_split,
-    shared_storage,
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
     produce_k_tiles,
-    slot_tensors,
+    register_split,
+    shared_storage,
     skip_k_tiles,
+    slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat
-from gmlp.quantized import MXFP8Tensor
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
+from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = [
     "KernelConfig",

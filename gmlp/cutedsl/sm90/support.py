@@ -1,5 +1,5 @@
 """What the SM90 kernels run at each GEMM site of the layer, and their launchers (for
-``gmlp.layer_ops``, the dispatcher's per-op rules).
+``gmlp.dispatch.sites``, the dispatcher's per-op rules).
 
 Each site's problem is the kernel's own ``problem_support`` at the layer's sizes (T is the plan's
 token class, an upper bound of the call's rows). On SM90 the MXFP8 recipe's operands are
@@ -15,18 +15,18 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Callable
 
-from gmlp.gate_up import GateUpLayout
-from gmlp.quantized import MXFP8Tensor, QuantAxis
-from gmlp.reasons import Reason, ReasonKind
-from gmlp.versions import missing_package_hint, package_version
+from gmlp.contract.gate_up import GateUpLayout
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
+from gmlp.system.versions import missing_package_hint, package_version
 
 if TYPE_CHECKING:
-    from gmlp.layer_ops import LayerProblem
+    from gmlp.contract.problem import LayerProblem
 
 __all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason", "import_error",
            "launcher", "site_reason"]
 
-# op name (gmlp.layer_ops.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
+# op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
     "fc1_forward": ("fc1", "fc1_forward"),
     "grouped_gemm": ("grouped_gemm", "grouped_gemm"),

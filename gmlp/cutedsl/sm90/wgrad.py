@@ -3,7 +3,7 @@
 Twin of ``gmlp.triton_ref.wgrad.grouped_wgrad`` (same arguments, same result up to the fp32
 summation order): A (T, M) and B (T, N) bf16 row-major with rows grouped by expert (FC2: A = dy,
 B = a; FC1: A = dh, B = x); expert g owns rows ``row_start[g] <= r < row_start[g+1]`` (device
-prefix sums of ``gmlp.groups.device_groups``: no host sync, any sizes, 0 too). The result
+prefix sums of ``gmlp.mxfp8.routing.device_groups``: no host sync, any sizes, 0 too). The result
 (E, M, N) is the fp32 sums stored as ``out_dtype`` (fp32 or bf16), or added to an fp32 ``out``
 (main_grad). The contraction dimension is the ragged one (a varlen-K GEMM).
 
@@ -66,13 +66,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
+import torch
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
@@ -80,23 +79,29 @@ from gmlp.cutedsl.sm90 import _decode
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN as _ALIGN,
+)
+from gmlp.cutedsl.sm90._pipeline import (
     ELEMENT_ALIGN as _ELEMENT_ALIGN,
+)
+from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
+)
+from gmlp.cutedsl.sm90._pipeline import (
     TILE_K,
     StagedConfig,
     cta_roles,
-    register_split,
     make_mainloop_pipeline,
     make_turns,
-    skip_k_tiles,
+    register_split,
     shared_storage,
+    skip_k_tiles,
     slot_tensors,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.mxfp8 import ElementFormat
-from gmlp.quantized import MXFP8Tensor
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ElementFormat
+from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = [
     "WgradConfig",

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.groups import should_check_split_values
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, enum_member
+from gmlp.mxfp8.routing import should_check_split_values
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, enum_member
 
 __all__ = ["QuantizeProblem", "validate_quantize_args", "SUPPORTED_INPUT_DTYPES"]
 
@@ -48,10 +48,10 @@ def validate_quantize_args(
 
     The values of ``split_sizes`` (negative sizes, sum != T) are checked here only where that
     needs no host sync (CPU tensors) or when asked (GMLP_VALIDATE=1); otherwise the kernels
-    poison their output instead (see ``gmlp.groups``). ``check_values=False`` skips them (a
+    poison their output instead (see ``gmlp.mxfp8.routing``). ``check_values=False`` skips them (a
     tracer's tensors, which have shapes but no values). ``strided_rows``: the caller reads x
     through its row stride, so x may be any (M, K) view whose rows are contiguous (a weight's
-    gate or up rows in W1's interleaved layout, ``gmlp.gate_up``); else x must be contiguous.
+    gate or up rows in W1's interleaved layout, ``gmlp.contract.gate_up``); else x must be contiguous.
     An empty x passes either layout check (its strides address nothing). ``element_format`` and
     ``scale_mode`` may be given as their values ("e5m2", "floor"); the problem holds the members.
     """

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
-from gmlp.quantize_args import check_split_values, validate_quantize_args
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.problem import check_split_values, validate_quantize_args
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
 __all__ = ["quantize_mxfp8_ref", "quantize_rowwise_ref", "quantize_columnwise_ref"]
 

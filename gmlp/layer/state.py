@@ -1,7 +1,7 @@
 """A forward's saved state as a flat list of tensors and back, for a custom op to return.
 
 A PyTorch custom op returns tensors only, and none of them may alias one of its inputs or
-another output. The layer's saved state is a tree of dataclasses (``gmlp.layer.LayerSaved``,
+another output. The layer's saved state is a tree of dataclasses (``gmlp.layer.steps.LayerSaved``,
 ``gmlp.cutedsl.sm100.layer.Sm100Saved``, ``MXFP8Tensor`` ...), dicts, tuples, tensors and
 constants. ``flatten`` walks it and returns the tensors the op must output plus a ``Spec``:
 the same tree with every tensor replaced by where it comes from: output ``i``, input ``i``

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gmlp.mxfp8 import ElementFormat, ScaleMode, enum_member
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode, enum_member
 
 __all__ = ["MXFP8Recipe"]
 

@@ -1,6 +1,6 @@
 """The layer as two PyTorch custom ops, so that ``torch.compile`` traces it without graph breaks.
 
-``gmlp::grouped_mlp_forward`` returns y and, flattened (``gmlp.saved_tensors``), what the
+``gmlp::grouped_mlp_forward`` returns y and, flattened (``gmlp.layer.state``), what the
 backward needs; ``gmlp::grouped_mlp_backward`` turns dy and that state into the gradients. Each
 op has a fake implementation that gives its outputs' shapes from its inputs', so
 ``torch.compile(..., fullgraph=True)`` sees two opaque calls whatever path runs inside and
@@ -9,7 +9,7 @@ however the routing changes. A ``torch.autograd.Function`` (``setup_context``,
 ops; in eager mode it calls their implementations directly, which skips the custom-op
 dispatcher's host time. The forward op also has its own ``register_autograd``, for callers of
 ``torch.ops.gmlp.grouped_mlp_forward``. Inside the ops everything is eager: the plan (cached,
-``gmlp.layer_config``), split-size validation, the kernels and, when it is on, the cross-check
+``gmlp.dispatch.plan_cache``), split-size validation, the kernels and, when it is on, the cross-check
 (read where each op runs). The layout of the flattened state is a function of the config, the
 composition and whether there are probs: the forward records it under that key (``_SPECS``)
 and the backward reads it there.
@@ -26,16 +26,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gmlp.contract.gate_up import GateUp, GateUpLayout, gate_up_views
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from gmlp.debug import active_settings as active_cross_check
 from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
-from gmlp.gate_up import GateUp, GateUpLayout, gate_up_views
-from gmlp.groups import should_check_split_values
-from gmlp.layer import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
-from gmlp.layer_config import LayerConfig, cached_plan, decode_config
-from gmlp.quantize_args import check_split_values
-from gmlp.quantize_buffers import empty_quantize
-from gmlp.saved_tensors import Spec, flatten, unflatten
+from gmlp.dispatch.plan_cache import LayerConfig, cached_plan, decode_config
+from gmlp.layer.state import Spec, flatten, unflatten
+from gmlp.layer.steps import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
+from gmlp.mxfp8.buffers import empty_quantize
+from gmlp.mxfp8.problem import check_split_values
+from gmlp.mxfp8.routing import should_check_split_values
 
 __all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes", "allocating_quantize"]
 
@@ -100,7 +100,7 @@ _INPUTS = 8  # x, split_sizes, probs, w1, w3, b1, w2, b2 (then the reused weight
 
 def _w1_operand(layer: LayerConfig, w1: Tensor, w3: Tensor | None) -> Tensor | GateUp:
     """W1 as the layer reads it: the (E, 2F | F, H) tensor, or the gate and up views of the
-    config's layout (``gmlp.gate_up``; w3 holds the up weights of the SEPARATE layout)."""
+    config's layout (``gmlp.contract.gate_up``; w3 holds the up weights of the SEPARATE layout)."""
     if layer.gate_up is GateUpLayout.HALVES:
         if w3 is not None:
             raise ValueError("w3 (the up weights) is given with GateUpLayout.SEPARATE only, and the layer's layout is "
@@ -113,7 +113,7 @@ def _w1_operand(layer: LayerConfig, w1: Tensor, w3: Tensor | None) -> Tensor | G
 
 def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, w3: Tensor | None,
                   b1: Tensor | None, w2: Tensor, b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
-    """[y, *the forward's state] (``gmlp.layer`` or the SM100 composition, as planned)."""
+    """[y, *the forward's state] (``gmlp.layer.steps`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
     validate_split_sizes(split_sizes, x.shape[0])
@@ -300,7 +300,7 @@ def grouped_mlp(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor
                 b2: Tensor | None, config: LayerConfig | str, reused: list[Tensor] | None = None,
                 w3: Tensor | None = None) -> list[Tensor]:
     """[y, *state] of the forward op (``GroupedMLP.forward`` checks the arguments first). W1 is
-    stored as the config's ``gate_up`` layout says (``gmlp.gate_up``; ``w3``: the up weights of
+    stored as the config's ``gate_up`` layout says (``gmlp.contract.gate_up``; ``w3``: the up weights of
     the SEPARATE layout, w1 then the gate's)."""
     text = config if isinstance(config, str) else config.encode()
     return list(_GroupedMLPFunction.apply(x, split_sizes, probs, w1, w3, b1, w2, b2, reused or [], text))

@@ -3,7 +3,7 @@
 This module is the single source of truth for what every kernel (Triton, CuTeDSL) must produce,
 bit for bit. It is written for clarity, runs on any device (CPU included), and is the oracle of
 the quantization tests. Layout index math for swizzled and grouped scales lives in
-``gmlp.scale_layout``; this module only says how one block of 32 values becomes one E8M0 scale
+``gmlp.mxfp8.scale_layout``; this module only says how one block of 32 values becomes one E8M0 scale
 byte and 32 fp8 elements.
 
 A block is 32 consecutive values along the contraction dimension. Its scale is an E8M0 byte

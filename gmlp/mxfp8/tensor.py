@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.mxfp8 import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_to_float
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_to_float
 
 __all__ = ["QuantAxis", "MXFP8Tensor", "MXFP8Quantized"]
 
@@ -21,7 +21,7 @@ class QuantAxis(enum.Enum):
     COLUMNWISE = "columnwise"
     """Blocks along the first dimension M (tokens), per expert when grouped. data is written
     transposed, (K, M), so that it is K-major for the GEMM that contracts over tokens (weight
-    gradients); compact scales (K, n_blocks) (see ``gmlp.scale_layout``)."""
+    gradients); compact scales (K, n_blocks) (see ``gmlp.mxfp8.scale_layout``)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class MXFP8Tensor:
     """One quantized orientation of an (M, K) source tensor.
 
     ``scales`` is uint8 E8M0: a compact matrix, or when ``swizzled`` the flat padded swizzled
-    vector of ``gmlp.scale_layout``. ``split_sizes`` (E,) int on the data's device, when the M
+    vector of ``gmlp.mxfp8.scale_layout``. ``split_sizes`` (E,) int on the data's device, when the M
     rows are grouped by expert; None for a plain matrix.
     """
 
@@ -48,7 +48,7 @@ class MXFP8Tensor:
         return (rows, cols) if self.axis is QuantAxis.ROWWISE else (cols, rows)
 
     def compact_scales(self) -> torch.Tensor:
-        """Scales as the compact matrix of ``gmlp.scale_layout`` (unswizzled if needed)."""
+        """Scales as the compact matrix of ``gmlp.mxfp8.scale_layout`` (unswizzled if needed)."""
         if not self.swizzled:
             return self.scales
         m, k = self.source_shape

@@ -6,12 +6,12 @@ from typing import Callable
 
 import torch
 
+from gmlp.contract.reasons import Reason
 from gmlp.debug import active_settings as active_cross_check
-from gmlp.dispatch import Decision, Path, choose_path, next_path_down
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
-from gmlp.quantized import MXFP8Quantized
-from gmlp.reasons import Reason
+from gmlp.dispatch.paths import Decision, Path, choose_path, next_path_down
+from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized
 
 __all__ = ["quantize_mxfp8", "plan_quantize", "launcher"]
 
@@ -38,7 +38,7 @@ def launcher(path: Path) -> Callable[..., MXFP8Quantized]:
     elif path is Path.TRITON:
         from gmlp.triton_ref.quantize import quantize_mxfp8 as run
     else:
-        from gmlp.quantize_ref import quantize_mxfp8_ref as run
+        from gmlp.mxfp8.reference import quantize_mxfp8_ref as run
     return run
 
 
@@ -74,7 +74,7 @@ def quantize_mxfp8(
         x: (M, K) contiguous, K a multiple of 32. Rows grouped by expert when split_sizes is given.
         rowwise: write 1x32 blocks along K: data (M, K), scales (M, K/32).
         columnwise: write 32x1 blocks along M (per expert): data transposed (K, M), scales
-            (K, n_blocks); see ``gmlp.scale_layout``.
+            (K, n_blocks); see ``gmlp.mxfp8.scale_layout``.
         swizzle: write scales in the swizzled (cuBLAS / tcgen05) layout instead of compact.
         split_sizes: (E,) int tensor on x's device, rows per expert (zeros allowed); stays on
             the device. None: x is one group. Sizes that are negative or do not sum to M are

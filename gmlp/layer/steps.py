@@ -9,7 +9,7 @@ backward: quantize dy (both ways, gradient format) -> ``fc2 dgrad`` with Q_col(W
           dW2 = Q_col(dy)^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``bias grad`` for b2
 
 Each op runs through an ``OpRunner``: the implementation of the site's chosen path
-(``gmlp.layer_ops``), and, when the cross-check is on, the next path down on the same inputs
+(``gmlp.dispatch.sites``), and, when the cross-check is on, the next path down on the same inputs
 (``gmlp.debug``). MXFP8 operands are dequantized to bf16 once, just before the GEMM that reads
 them, and the GEMMs run on bf16 (Hopper has no block-scaled MMA): the same values a GEMM would
 dequantize tile by tile, without repeating that work in every tile. Only the quantized tensors
@@ -28,15 +28,15 @@ from typing import Callable
 
 import torch
 
-from gmlp.activations import Activation
-from gmlp import scale_layout
-from gmlp.gate_up import GateUp
-from gmlp.groups import DeviceGroups, device_groups
-from gmlp.layer_ops import SITES, LayerPlan, implementation
-from gmlp.mlp_ref import MLPGrads
-from gmlp.mxfp8 import ElementFormat
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation
+from gmlp.contract.gate_up import GateUp
+from gmlp.contract.reference import MLPGrads
+from gmlp.dispatch.sites import SITES, LayerPlan, implementation
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ElementFormat
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
 __all__ = ["OpRunner", "quantized_weight", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
            "grouped_mlp_backward"]
@@ -90,7 +90,7 @@ class LayerSaved:
     a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
     probs: torch.Tensor | None
     # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack; W1's gate and up stored
-    # apart (gmlp.gate_up): their GateUp views, or (Q_col(gate), Q_col(up)) of (E * F, H) stacks
+    # apart (gmlp.contract.gate_up): their GateUp views, or (Q_col(gate), Q_col(up)) of (E * F, H) stacks
     w1_col: torch.Tensor | MXFP8Tensor | GateUp | tuple[MXFP8Tensor, MXFP8Tensor]
     w2_col: torch.Tensor | MXFP8Tensor  # (E, H, F) W2 (bf16), or Q_col(W2)
     split_sizes: torch.Tensor
@@ -104,7 +104,7 @@ def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Te
                      recipe: MXFP8Recipe | None) -> LayerSaved:
     """What ``grouped_mlp_forward`` saves, as new empty tensors of the same shapes, dtypes and
     strides (every buffer is sized from host-known bounds): the state of a traced forward
-    (``gmlp.ops``' fake implementation), with symbolic token counts where the tracer has them."""
+    (``gmlp.layer.autograd``' fake implementation), with symbolic token counts where the tracer has them."""
     tokens = x.shape[0]  # the only size a tracer may hold symbolically; the others come from the weights
     apart = isinstance(w1, GateUp)  # W1's gate and up stored apart
     experts, hidden, ffn = w2.shape[0], w2.shape[1], w2.shape[2]
@@ -217,7 +217,7 @@ def grouped_mlp_forward(
     w1: torch.Tensor | GateUp, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
     activation: Activation, recipe: MXFP8Recipe | None,
 ) -> tuple[torch.Tensor, LayerSaved]:
-    """y (T, H) bf16 and the saved state; the arguments of ``gmlp.mlp_ref.grouped_mlp_forward_ref``
+    """y (T, H) bf16 and the saved state; the arguments of ``gmlp.contract.reference.grouped_mlp_forward_ref``
     after the runner (W1 may be its gate and up views, a ``GateUp``)."""
     ffn = w2.shape[2]
     groups = device_groups(split_sizes, x.shape[0])
@@ -246,7 +246,7 @@ def grouped_mlp_forward(
 def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, activation: Activation,
                          recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32,
                          weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
-    """Gradients for dy (T, H); the arguments of ``gmlp.mlp_ref.grouped_mlp_backward_ref`` after
+    """Gradients for dy (T, H); the arguments of ``gmlp.contract.reference.grouped_mlp_backward_ref`` after
     the runner."""
     split_sizes, groups = saved.split_sizes, saved.groups
     experts, hidden = split_sizes.numel(), dy.shape[1]

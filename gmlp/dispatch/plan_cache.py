@@ -1,8 +1,8 @@
 """What a layer call is, as one string, and its plan, cached.
 
-The layer runs as custom ops (``gmlp.ops``), whose arguments are tensors and plain values: the
+The layer runs as custom ops (``gmlp.layer.autograd``), whose arguments are tensors and plain values: the
 call's settings travel as ``LayerConfig.encode()``, a short string made once per module and
-setting, and decoded once per string. The plan (``gmlp.layer_ops.plan_layer``) is made inside
+setting, and decoded once per string. The plan (``gmlp.dispatch.sites.plan_layer``) is made inside
 the op, on the host, from shapes only, and cached: the key holds everything a plan depends on
 (the config, the sizes, the token count's class, the dtypes, the device and its capability,
 and the environment settings the dispatcher reads), so a cached plan is the plan that would be
@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.activations import Activation, ActivationKind
-from gmlp.gate_up import GateUpLayout
-from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_args import QuantizeProblem
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.gate_up import GateUpLayout
+from gmlp.contract.problem import LayerProblem
+from gmlp.dispatch.sites import LayerPlan, plan_layer
+from gmlp.mxfp8.problem import QuantizeProblem
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 
 __all__ = ["WEIGHT_CACHE_MODES", "LayerConfig", "decode_config", "layer_problem", "token_class", "cached_plan", "clear_plan_cache"]
 
@@ -44,7 +45,7 @@ class LayerConfig:
     strict: bool | None
     weight_cache: str | None  # None, "update" or "reuse" (GroupedMLP.forward)
     accumulate_main_grad: bool
-    gate_up: GateUpLayout = GateUpLayout.HALVES  # how a gated W1's gate and up are stored (gmlp.gate_up)
+    gate_up: GateUpLayout = GateUpLayout.HALVES  # how a gated W1's gate and up are stored (gmlp.contract.gate_up)
 
     def encode(self) -> str:
         """The config as a string (a custom op's argument); ``decode_config`` reverses it."""
@@ -72,22 +73,25 @@ def token_class(tokens: int) -> int:
 
 def layer_problem(config: LayerConfig, tokens: int, experts: int, hidden: int, ffn: int, param_dtype: torch.dtype,
                   x_dtype: torch.dtype, device: torch.device) -> LayerProblem:
-    """What the plan of a call with ``tokens`` rows depends on (``gmlp.layer_ops.LayerProblem``)."""
+    """What the plan of a call with ``tokens`` rows depends on (``gmlp.contract.problem.LayerProblem``)."""
     recipe = config.recipe
     e5m2_grads = recipe is not None and recipe.grad_format is ElementFormat.E5M2
     floor_scales = recipe is not None and recipe.scale_mode is ScaleMode.FLOOR
     fc1_outputs = (2 if config.activation.gated else 1) * ffn
     gate_up = config.gate_up if config.activation.gated else GateUpLayout.HALVES  # srelu: W1 is one matrix
     shapes = (tokens, experts, hidden, ffn, fc1_outputs, param_dtype, x_dtype, device, gate_up)
-    return LayerProblem(param_dtype, recipe is not None, config.bias, config.activation.name, e5m2_grads,
-                        _quantize_problems(recipe, *shapes, sm100=False), experts, hidden, ffn, floor_scales,
-                        _quantize_problems(recipe, *shapes, sm100=True), tokens, gate_up)
+    return LayerProblem(param_dtype=param_dtype, mxfp8=recipe is not None, bias=config.bias,
+                        activation=config.activation.name, e5m2_grads=e5m2_grads,
+                        quantize_problems=_quantize_problems(recipe, *shapes, sm100=False), experts=experts,
+                        hidden=hidden, ffn=ffn, floor_scales=floor_scales,
+                        sm100_quantize_problems=_quantize_problems(recipe, *shapes, sm100=True), tokens=tokens,
+                        gate_up=gate_up)
 
 
 def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hidden: int, ffn: int,
                        fc1_outputs: int, param_dtype: torch.dtype, x_dtype: torch.dtype, device: torch.device,
                        gate_up: GateUpLayout, *, sm100: bool) -> dict[str, QuantizeProblem]:
-    """The layer's quantize calls: as ``gmlp.layer`` makes them, or with ``sm100`` as the SM100
+    """The layer's quantize calls: as ``gmlp.layer.steps`` makes them, or with ``sm100`` as the SM100
     composition does (token rows padded, every expert starting at a multiple of 256 rows,
     grouped by the padded sizes and the slack; weight stacks grouped by expert; swizzled scales).
     W1's gate and up stored apart are quantized apart, each an (E * F, H) call (its size here;

@@ -3,18 +3,18 @@
 Every variable is read when it is used (not at import), except ``TRITON_INTERPRET`` in
 ``gmlp.triton_ref``, which decides at import whether the interpreter fixes are installed.
 
-- ``GMLP_STRICT`` (boolean, ``gmlp.dispatch``): raise ``FallbackError`` instead of falling back
+- ``GMLP_STRICT`` (boolean, ``gmlp.dispatch.paths``): raise ``FallbackError`` instead of falling back
   to a slower path.
-- ``GMLP_WARN_FALLBACK`` (boolean, ``gmlp.dispatch``): warn once per (op, path, reason) when an
+- ``GMLP_WARN_FALLBACK`` (boolean, ``gmlp.dispatch.paths``): warn once per (op, path, reason) when an
   op skips a faster path.
-- ``GMLP_BACKEND`` (``cutedsl`` | ``triton`` | ``torch``, ``gmlp.dispatch``): run that path or
+- ``GMLP_BACKEND`` (``cutedsl`` | ``triton`` | ``torch``, ``gmlp.dispatch.paths``): run that path or
   raise ``FallbackError``.
 - ``GMLP_CROSSCHECK`` (``warn`` | ``raise`` or boolean, true = ``warn``, ``gmlp.debug``):
   cross-check every op against the next path down.
-- ``GMLP_VALIDATE`` (boolean, ``gmlp.groups``, ``gmlp.ops``): check split sizes on the host,
+- ``GMLP_VALIDATE`` (boolean, ``gmlp.mxfp8.routing``, ``gmlp.layer.autograd``): check split sizes on the host,
   at the cost of a sync, where tensors are on a GPU, and raise ``ValueError`` with them (the
   layer checks them on the device without it; CPU tensors are always checked on the host).
-- ``TRITON_INTERPRET`` (boolean, Triton's own; read by ``gmlp.dispatch`` and
+- ``TRITON_INTERPRET`` (boolean, Triton's own; read by ``gmlp.dispatch.paths`` and
   ``gmlp.triton_ref``): the Triton kernels run in Triton's interpreter.
 - ``GMLP_COMMIT`` (string, ``gmlp.bench``): the commit recorded in benchmark results.
 

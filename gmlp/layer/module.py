@@ -2,10 +2,10 @@
 
 Rows of ``x`` arrive grouped by expert (``split_sizes`` rows each, zeros allowed). Weights are
 ``w1`` (E, 2F, H) as [gate; up] halves for gated activations, (E, F, H) for srelu, and ``w2``
-(E, H, F). The computation is the dataflow of docs/design.md (``gmlp.layer``, a sequence of ops); the
-dispatcher chooses each op's path separately (``gmlp.layer_ops``): CuTeDSL (the quantize, where
+(E, H, F). The computation is the dataflow of docs/design.md (``gmlp.layer.steps``, a sequence of ops); the
+dispatcher chooses each op's path separately (``gmlp.dispatch.sites``): CuTeDSL (the quantize, where
 cutlass-dsl runs; on SM100 the GEMM steps too, as cuDNN frontend's fused kernels composed by
-``gmlp.cutedsl.sm100.layer``), Triton, or the torch twins of the oracle (``gmlp.mlp_ref``).
+``gmlp.cutedsl.sm100.layer``), Triton, or the torch twins of the oracle (``gmlp.contract.reference``).
 ``explain`` shows the plan; ``gmlp.debug.cross_check`` runs every op on two paths and compares them.
 """
 
@@ -18,11 +18,19 @@ from typing import NoReturn
 import torch
 from torch import nn
 
-from gmlp import ops
-from gmlp.activations import Activation, activation_from
-from gmlp.layer_config import WEIGHT_CACHE_MODES, LayerConfig, cached_plan, decode_config, layer_problem, token_class
-from gmlp.layer_ops import LayerPlan, LayerProblem, plan_layer
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation, activation_from
+from gmlp.contract.problem import LayerProblem
+from gmlp.dispatch.plan_cache import (
+    WEIGHT_CACHE_MODES,
+    LayerConfig,
+    cached_plan,
+    decode_config,
+    layer_problem,
+    token_class,
+)
+from gmlp.dispatch.sites import LayerPlan, plan_layer
+from gmlp.layer import autograd
+from gmlp.mxfp8.recipe import MXFP8Recipe
 
 __all__ = ["GroupedMLP"]
 
@@ -55,7 +63,7 @@ class _KeptWeights:
     """The quantized weights a forward with ``weight_cache="update"`` kept, and what they were made from."""
 
     key: tuple  # GroupedMLP._weight_cache_key: the plan and the weights' storage, shape, dtype, device
-    tensors: list[torch.Tensor]  # the flattened quantized weights (gmlp.ops.kept_weights)
+    tensors: list[torch.Tensor]  # the flattened quantized weights (gmlp.layer.autograd.kept_weights)
     versions: dict[str, int]  # the weights' version counters when they were quantized
 
 
@@ -78,7 +86,7 @@ class GroupedMLP(nn.Module):
         device, dtype: of the parameters; ``device="meta"`` defers their storage
             (``to_empty(device=...)``, then ``reset_parameters()``).
 
-    ``forward`` runs as two custom ops (``gmlp.ops``), so ``torch.compile(mlp, fullgraph=True)``
+    ``forward`` runs as two custom ops (``gmlp.layer.autograd``), so ``torch.compile(mlp, fullgraph=True)``
     traces the layer, forward and backward, without graph breaks; outputs and gradients have
     the dtypes of the tensors they belong to.
     """
@@ -167,7 +175,7 @@ class GroupedMLP(nn.Module):
         """The path of every op of a call with inputs like ``x`` (T, H), and why each faster path
         is skipped. ``strict`` as in the constructor (default here: report, never raise). The
         plan depends on ``split_sizes`` through its length only (``num_experts``), so it may be
-        left out; on T through its class, the next power of two (``gmlp.layer_config``): the
+        left out; on T through its class, the next power of two (``gmlp.dispatch.plan_cache``): the
         plan a forward takes, made anew here."""
         return plan_layer(self._layer_problem(x), x.device, strict=strict)
 
@@ -216,14 +224,14 @@ class GroupedMLP(nn.Module):
         x = x.contiguous()
         probs = probs.contiguous() if probs is not None else None
         if weight_cache is None:
-            return ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config)[0]
+            return autograd.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config)[0]
         plan = cached_plan(decode_config(config), x.shape[0], self.num_experts, self.hidden_size,
                            self.ffn_hidden_size, self.w1.dtype, x.dtype, x.device)
         key = self._weight_cache_key(weight_cache, plan)
         reused = self._kept_weights.tensors if weight_cache == "reuse" else None
-        outputs = ops.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config, reused)
+        outputs = autograd.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config, reused)
         if weight_cache == "update":
-            tensors, _ = ops.kept_weights(outputs, config, x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2)
+            tensors, _ = autograd.kept_weights(outputs, config, x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2)
             self._kept_weights = _KeptWeights(key, tensors, self._weight_versions())
         return outputs[0]
 

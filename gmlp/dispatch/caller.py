@@ -15,7 +15,8 @@ import torch
 
 __all__ = ["warn_at_caller"]
 
-_INTERNAL_DIRS = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, torch.__file__))
+_GMLP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gmlp/, this file in gmlp/dispatch/
+_INTERNAL_DIRS = (_GMLP_DIR + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 def _internal(filename: str) -> bool:

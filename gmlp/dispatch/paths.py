@@ -6,7 +6,7 @@ or a ``Reason``: can this system run the path at all (cached per device), and ca
 this problem. The first path answering yes to both runs the op.
 
 Environment (read at each call; none of them changes which path a setting-free run takes;
-booleans parsed by ``gmlp.env.env_flag``):
+booleans parsed by ``gmlp.system.env.env_flag``):
 
 - ``GMLP_WARN_FALLBACK=1``: warn once per (op, path, reason) when an op skips a faster path.
 - ``GMLP_STRICT=1`` (or ``strict=True``): raise ``FallbackError`` instead of falling back.
@@ -25,10 +25,10 @@ from typing import Callable
 
 import torch
 
-from gmlp.caller import warn_at_caller
-from gmlp.env import env_flag
-from gmlp.reasons import Reason, ReasonKind
-from gmlp.versions import package_version, too_old
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.dispatch.caller import warn_at_caller
+from gmlp.system.env import env_flag
+from gmlp.system.versions import package_version, too_old
 
 __all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path",
            "next_path_down"]

@@ -1,8 +1,8 @@
 """The grouped MLP's ops: their call sites in the layer, their implementations on each path, and
-what each path can run (the per-op half of the dispatch rules; ``gmlp.dispatch`` has the rest).
+what each path can run (the per-op half of the dispatch rules; ``gmlp.dispatch.paths`` has the rest).
 
 Every implementation of an op takes the arguments of its Triton launcher; the torch ones are
-the oracle's twins (``gmlp.mlp_ref``, ``gmlp.quantize_ref``), which ignore the launch-only
+the oracle's twins (``gmlp.contract.reference``, ``gmlp.mxfp8.reference``), which ignore the launch-only
 arguments (``groups``, ``config``). A *site* is one place in the layer where an op runs, with
 its own decision, since the operands (and so the answers) differ: the quantize of x is not the
 quantize of W1.
@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 
-from gmlp.dispatch import Decision, Path, choose_path, forced_path, next_path_down, system_reason
-from gmlp.gate_up import GateUpLayout
-from gmlp.quantize_args import QuantizeProblem
-from gmlp.quantized import MXFP8Tensor
-from gmlp.reasons import Reason, ReasonKind
+from gmlp.contract.gate_up import GateUpLayout
+from gmlp.contract.problem import LayerProblem
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.dispatch.paths import Decision, Path, choose_path, forced_path, next_path_down, system_reason
+from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["Op", "Site", "SITES", "GEMM_OPS", "LayerProblem", "LayerPlan", "plan_layer", "sm100_reason", "implementation"]
 
@@ -112,16 +112,16 @@ def _segment_sum_ref(values: torch.Tensor, starts: torch.Tensor) -> torch.Tensor
 
 
 def _torch_implementation(op: Op) -> Callable:
-    from gmlp import mlp_ref
-    from gmlp.quantize_ref import quantize_mxfp8_ref
+    from gmlp.contract import reference
+    from gmlp.mxfp8.reference import quantize_mxfp8_ref
 
     return {
         Op.QUANTIZE: quantize_mxfp8_ref,
         Op.DEQUANTIZE: _dequantize_ref,
-        Op.FC1: _dequantizing_a(_without("groups", "tiling")(mlp_ref.fc1_forward_ref), _dequantize_ref),
-        Op.GROUPED_GEMM: _dequantizing_a(_without("groups", "tiling")(mlp_ref.grouped_gemm_ref), _dequantize_ref),
-        Op.FC2_DGRAD: _dequantizing_a(_without("groups", "tiling")(mlp_ref.fc2_dgrad_ref), _dequantize_ref),
-        Op.WGRAD: _dequantizing_a(_without("groups", "tiling")(mlp_ref.grouped_wgrad_ref), _dequantize_ref, 2),
+        Op.FC1: _dequantizing_a(_without("groups", "tiling")(reference.fc1_forward_ref), _dequantize_ref),
+        Op.GROUPED_GEMM: _dequantizing_a(_without("groups", "tiling")(reference.grouped_gemm_ref), _dequantize_ref),
+        Op.FC2_DGRAD: _dequantizing_a(_without("groups", "tiling")(reference.fc2_dgrad_ref), _dequantize_ref),
+        Op.WGRAD: _dequantizing_a(_without("groups", "tiling")(reference.grouped_wgrad_ref), _dequantize_ref, 2),
         Op.SEGMENT_SUM: _segment_sum_ref,
     }[op]
 
@@ -178,25 +178,6 @@ def implementation(site: Site, path: Path) -> Callable:
 
 
 # --- what each path can run ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LayerProblem:
-    """What the layer's per-op answers depend on: parameter dtype, recipe, sizes, the quantize calls."""
-
-    param_dtype: torch.dtype
-    mxfp8: bool
-    bias: bool
-    activation: str  # its name: "swiglu", "geglu", "qgeglu", "srelu"
-    e5m2_grads: bool  # gradients quantized to E5M2 (the weights and activations stay E4M3)
-    quantize_problems: dict[str, QuantizeProblem]  # site name -> its quantize call
-    experts: int
-    hidden: int  # H
-    ffn: int  # F
-    floor_scales: bool  # the recipe's scale mode is FLOOR (RCEIL otherwise)
-    sm100_quantize_problems: dict[str, QuantizeProblem]  # site name -> its call in the SM100 composition
-    tokens: int  # T's bound: the plan's token class (gmlp.layer_config.token_class)
-    gate_up: GateUpLayout = GateUpLayout.HALVES  # how W1's gate and up are stored (HALVES for srelu)
 
 
 GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
@@ -331,7 +312,7 @@ class LayerPlan:
 
 
 def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None) -> LayerPlan:
-    """Choose the path of every site (``gmlp.dispatch.choose_path``: strict mode and forced
+    """Choose the path of every site (``gmlp.dispatch.paths.choose_path``: strict mode and forced
     backends apply per site; a fallback warning comes once per op, activation, path and reason,
     naming the first site where it happened). On SM100 the GEMM sites get the same CuTeDSL answer
     (the SM100 composition, all or none); when they take it, nothing is dequantized. On SM90 each

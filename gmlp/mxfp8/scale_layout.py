@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from gmlp.mxfp8 import BLOCK_SIZE
+from gmlp.mxfp8.spec import BLOCK_SIZE
 
 __all__ = [
     "SCALE_TILE_ROWS",

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.activations import Activation
-from gmlp.gate_up import GateUp
-from gmlp.mxfp8 import ElementFormat
-from gmlp.quantize_ref import quantize_mxfp8_ref
-from gmlp.quantized import MXFP8Tensor, QuantAxis
-from gmlp.recipe import MXFP8Recipe
+from gmlp.contract.activations import Activation
+from gmlp.contract.gate_up import GateUp
+from gmlp.mxfp8.recipe import MXFP8Recipe
+from gmlp.mxfp8.reference import quantize_mxfp8_ref
+from gmlp.mxfp8.spec import ElementFormat
+from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
 __all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "expert_matrices", "grouped_gemm_ref", "grouped_wgrad_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
@@ -63,7 +63,7 @@ class MLPGrads:
     dx: torch.Tensor  # (T, H) bf16
     dprobs: torch.Tensor | None  # (T,) fp32
     # (E, 2F | F, H), fp32 sums stored as the backward's weight_grad_dtype; W1's gate and up stored
-    # apart (gmlp.gate_up): the pair of their (E, F, H) gradients
+    # apart (gmlp.contract.gate_up): the pair of their (E, F, H) gradients
     dw1: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
     db1: torch.Tensor | None  # (E, 2F | F) fp32
     dw2: torch.Tensor  # (E, H, F), as dw1

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp import scale_layout
-from gmlp.groups import poison_scales_if_invalid
-from gmlp.mxfp8 import BLOCK_SIZE
-from gmlp.mxfp8 import ElementFormat, ScaleMode
-from gmlp.quantize_args import QuantizeProblem, validate_quantize_args
-from gmlp.quantized import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
+from gmlp.mxfp8.routing import poison_scales_if_invalid
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
 __all__ = ["QuantizeBuffers", "allocate_buffers", "compact_buffers", "empty_quantize"]
 
@@ -27,7 +26,7 @@ class QuantizeBuffers:
 
     def result(self, problem: QuantizeProblem, split_sizes: torch.Tensor | None, groups=None) -> MXFP8Quantized:
         """The filled buffers as the call's result; scales poisoned if the split sizes were
-        invalid (``groups``: their device prefix sums, ``gmlp.groups``)."""
+        invalid (``groups``: their device prefix sums, ``gmlp.mxfp8.routing``)."""
         for scales in (self.row_scales, self.col_scales):
             if scales is not None:
                 poison_scales_if_invalid(scales, groups)

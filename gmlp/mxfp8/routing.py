@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gmlp.env import env_flag
-from gmlp.mxfp8 import BLOCK_SIZE
-from gmlp.scale_layout import SCALE_TILE_ROWS
+from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
+from gmlp.mxfp8.spec import BLOCK_SIZE
+from gmlp.system.env import env_flag
 
 __all__ = ["DeviceGroups", "device_groups", "launch_offsets", "should_check_split_values", "poison_scales_if_invalid"]
 
