@@ -39,12 +39,6 @@ def test_quantize_kernel_ptx(ptx_dir, name):
     assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("swizzle")])
-def test_swizzle_kernel_ptx(ptx_dir, name):
-    ptx = (ptx_dir / f"{name}.ptx").read_text()
-    assert f".target sm_{configs()[name][3]}a" in ptx
-
-
 @pytest.mark.parametrize("name", [n for n in configs() if n.startswith("dequantize")])
 def test_dequantize_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()

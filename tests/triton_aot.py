@@ -12,8 +12,6 @@ import sys
 QUANTIZE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
                       "row_data_ptr": "*{fp8}", "row_scale_ptr": "*u8", "col_data_ptr": "*{fp8}", "col_scale_ptr": "*u8",
                       "NUM_ROWS": "i32", "NUM_COLS": "i32", "NUM_COL_BLOCKS": "i32", "X_ROW_STRIDE": "i32"}
-SWIZZLE_SIGNATURE = {"compact_ptr": "*u8", "swizzled_ptr": "*u8", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
-                     "block_start_ptr": "*i32", "NUM_TOKENS": "i32", "NUM_COMPACT_ROWS": "i32", "NUM_COMPACT_COLS": "i32"}
 
 
 FC1_SIGNATURE = {"x_ptr": "*bf16", "gate_ptr": "*bf16", "up_ptr": "*bf16", "b1_ptr": "*bf16",
@@ -58,9 +56,6 @@ def configs() -> dict[str, tuple]:
                               CHUNKS_PER_PROGRAM=config.chunks_per_program,
                               CHUNKS_FASTEST=config.chunks_fastest)
             out[f"quantize_{fp8}_sm{capability}"] = ("quantize", signature, constexprs, capability, config.num_warps)
-        for columnwise in (False, True):
-            constexprs = dict(COLUMNWISE=columnwise, UNSWIZZLE=columnwise, GROUPED=True, NUM_GROUPS=4, SEARCH_STEPS=2)
-            out[f"swizzle_col{int(columnwise)}_sm{capability}"] = ("swizzle", SWIZZLE_SIGNATURE, constexprs, capability, 1)
         for quantized in (False, True):
             signature = {k: v.format(out="fp8e4nv" if quantized else "bf16") for k, v in FC1_SIGNATURE.items()}
             constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
@@ -109,10 +104,9 @@ def main(out_dir: str) -> None:
     from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
     from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
     from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
-    from gmlp.triton_ref._swizzle_kernel import swizzle_scales_kernel
     from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
 
-    kernels = {"quantize": quantize_mxfp8_kernel, "swizzle": swizzle_scales_kernel, "fc1": fc1_forward_kernel,
+    kernels = {"quantize": quantize_mxfp8_kernel, "fc1": fc1_forward_kernel,
                "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
                "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel}
     folder = pathlib.Path(out_dir)

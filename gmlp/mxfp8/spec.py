@@ -44,7 +44,6 @@ __all__ = [
     "e8m0_to_float",
     "cast_to_element",
     "quantize_blocks",
-    "dequantize_blocks",
 ]
 
 BLOCK_SIZE = 32
@@ -193,8 +192,3 @@ def quantize_blocks(
     multiplier = quantize_multiplier(scales).unsqueeze(-1)
     data = cast_to_element(blocks.float() * multiplier, element_format)
     return data, scales
-
-
-def dequantize_blocks(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """fp32 values of fp8 ``data`` (..., 32) with E8M0 ``scales`` (...)."""
-    return data.float() * e8m0_to_float(scales).unsqueeze(-1)

@@ -4,13 +4,12 @@ Launchers (public, each the twin of a reference in ``gmlp.mxfp8.reference`` / ``
 kernels in the ``_``-prefixed module beside them:
 
 - ``quantize``: fused one-pass MXFP8 quantize (``_quantize_kernel``);
-- ``swizzle``: compact <-> swizzled scale layouts (``_swizzle_kernel``);
 - ``fc1``: grouped FC1 + activation + probs, c and a (``_fc1_kernel``);
 - ``grouped_gemm``: FC2 forward and FC1 dgrad (``_grouped_gemm_kernel``);
 - ``fc2_dgrad``: FC2 dgrad + activation backward, dprobs, dh (``_fc2_dgrad_kernel``);
 - ``wgrad``: weight gradients over each expert's tokens (``_wgrad_kernel``);
 - ``segment_sum``: per-expert bias gradients (``_segment_sum_kernel``);
-- ``mlp``: the grouped MLP's forward and backward composed from the above.
+- ``dequantize``: MXFP8 back to bf16, rowwise or columnwise (``_dequantize_kernel``).
 
 Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math), ``_activations``
 (the activations' formulas), ``_grouping`` (expert-aligned tiles, swizzled index), ``_epilogue``
