@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 from typing import Callable
@@ -18,6 +19,17 @@ from gmlp.system.versions import REPORTED_PACKAGES, package_version
 def add_out_argument(parser) -> None:
     """``--out``: the folder for a bench's JSON results."""
     parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+
+
+def single_process_rendezvous() -> None:
+    """MASTER_ADDR / MASTER_PORT for a process group of one rank started without torchrun (which
+    sets them): a port the system says is free, so that runs side by side (test workers) do not
+    collide on a fixed one."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 100.0, measure_ms: float = 300.0) -> float:

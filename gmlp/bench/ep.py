@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment
+from gmlp.bench.common import PartialResults, add_out_argument, environment, single_process_rendezvous
 from gmlp.bench.torchtitan import (
     ATTENTION,
     FLAVOR,
@@ -322,8 +322,8 @@ def main(argv: list[str]) -> None:
             sys.exit("torchrun -m gmlp.bench ep: no CUDA GPU here (--device cpu runs on gloo)")
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29519")
+    if world == 1:  # torchrun sets the rendezvous; a plain `python -m gmlp.bench ep` is one rank
+        single_process_rendezvous()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed
     shims = torch_shims()

@@ -42,7 +42,7 @@ from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.protocols.module import Module
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment
+from gmlp.bench.common import PartialResults, add_out_argument, environment, single_process_rendezvous
 
 RUNS = {
     "stock": [],
@@ -143,8 +143,7 @@ def fully_sharded(model, device: torch.device):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29517")
+        single_process_rendezvous()
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     mesh = init_device_mesh(device.type, (1,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
