@@ -61,10 +61,11 @@ def validate_quantize_args(
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype=}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)=}")
-    if x.numel() == 0:
-        pass  # no element to address: any strides (an expanded or sliced empty gradient) will do
-    elif strided_rows:
-        if x.shape[1] > 1 and x.stride(1) != 1 or x.shape[0] > 1 and x.stride(0) < x.shape[1]:
+    # torch calls every empty tensor contiguous, whatever its strides (an expanded empty gradient
+    # has (0, 0)): both checks let it through by asking torch first
+    if strided_rows:
+        rows_apart = x.shape[1] > 1 and x.stride(1) != 1 or x.shape[0] > 1 and x.stride(0) < x.shape[1]
+        if rows_apart and not x.is_contiguous():
             raise ValueError(f"x must have contiguous rows (strides (row stride >= K, 1)), got {x.stride()=} for "
                              f"{tuple(x.shape)=}")
     elif not x.is_contiguous():
