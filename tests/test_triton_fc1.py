@@ -96,6 +96,24 @@ def test_fc1_reads_every_gate_up_layout_in_place(fc1_forward, layout, recipe):
     assert_outputs_bitwise_equal(fc1_forward(x, views, split_sizes, tiling=SMALL_GEMM, **kwargs), want)
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+def test_fc1_reads_a_transposed_w1_in_place(fc1_forward, activation):
+    """W1 stored transposed, (E, H, N1), and passed as its (E, N1, H) view (last stride N1, not 1):
+    bit for bit the outputs of the contiguous W1 with the same values."""
+    activation = activation_from(activation)
+    device = kernel_device()
+    splits = [37, 0, 91]
+    tokens, hidden, ffn, experts = sum(splits), 64, 96, len(splits)
+    n1 = (2 if activation.gated else 1) * ffn
+    split_sizes = torch.tensor(splits, device=device)
+    x = torch.randn(tokens, hidden, device=device).bfloat16()
+    w1_t = (torch.randn(experts, hidden, n1, device=device) / 8).bfloat16().transpose(1, 2)
+    assert w1_t.stride(-1) == n1
+    kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=None, tiling=SMALL_GEMM)
+    assert_outputs_bitwise_equal(fc1_forward(x, w1_t, split_sizes, **kwargs),
+                                 fc1_forward(x, w1_t.contiguous(), split_sizes, **kwargs))
+
+
 def test_fc1_refuses_gate_up_views_it_cannot_read(fc1_forward):
     device = kernel_device()
     x, split_sizes = torch.zeros(4, 64, device=device).bfloat16(), torch.tensor([4], device=device)

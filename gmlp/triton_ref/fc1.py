@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gmlp.contract.activations import Activation, ActivationKind
-from gmlp.contract.gate_up import GateUp, GateUpLayout, gate_up_views
+from gmlp.contract.gate_up import GateUp
 from gmlp.contract.reference import FC1Output
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import compact_buffers
@@ -24,18 +24,20 @@ ACTIVATION_CODES = {ActivationKind.SWIGLU: 0, ActivationKind.GEGLU: 1, Activatio
 
 
 def _gate_and_up(w1: torch.Tensor | GateUp, experts: int, hidden: int, ffn: int, gated: bool) -> tuple:
-    """W1's gate and up operands (srelu: W1 itself twice), each checked to hold (F, H) per expert."""
+    """W1's gate and up operands (srelu: W1 itself twice), each checked to hold (F, H) per expert.
+    A plain W1 is sliced here rather than through ``GateUp``, whose views need contiguous rows:
+    the twin reads any strides."""
     if isinstance(w1, GateUp):
         if not gated:
             raise ValueError("w1 is a GateUp (gate and up weights) but the activation is not gated")
-        views = w1
+        gate, up = w1.gate, w1.up
     else:
         w = expert_operand("w1", w1, experts)
         n1 = (2 if gated else 1) * ffn
         if (w.n, w.k) != (n1, hidden):
             raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")
-        views = gate_up_views(GateUpLayout.HALVES, w1) if gated else GateUp(w1, w1)
-    operands = expert_operand("w1's gate", views.gate, experts), expert_operand("w1's up", views.up, experts)
+        gate, up = (w1[:, :ffn], w1[:, ffn:]) if gated else (w1, w1)
+    operands = expert_operand("w1's gate", gate, experts), expert_operand("w1's up", up, experts)
     if (operands[0].n, operands[0].k) != (ffn, hidden):
         raise ValueError(f"w1's gate and up must hold {experts} experts' ({ffn}, {hidden}) matrices, got "
                          f"({operands[0].n}, {operands[0].k}) each")
