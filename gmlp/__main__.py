@@ -76,7 +76,7 @@ def demo() -> int:
         if reason is not None:
             print(f"  {path.value:>8}: not run here ({reason})")
             continue
-        got = launcher(path)(x, **args)
+        got = launcher(path, device)(x, **args)
         checked.append(path.value)
         counts = _mismatches(got, expected)
         failures += sum(counts.values())

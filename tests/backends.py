@@ -23,7 +23,7 @@ def quantize_launcher(path: Path):
     reason = system_reason(path, kernel_device())
     if reason is not None:
         pytest.skip(f"{path.value} cannot run here: {reason}")
-    return launcher(path)
+    return launcher(path, kernel_device())
 
 
 def triton_op(module: str, name: str):

@@ -1,18 +1,17 @@
-"""``python -m gmlp.bench host`` on a tiny layer on the CPU: what it measures and reports, never how fast
-(beyond the structural fact that a cache hit costs less than the plan it saves)."""
+"""``python -m gmlp.bench host`` on a tiny layer on the CPU, and the benches' environment record: what they
+measure and report, never how fast (beyond the structural fact that a cache hit costs less than the plan
+it saves)."""
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from gmlp.bench import host
+from gmlp.bench import common, host
 
 SHAPE = (2, 64, 32, 32)  # experts, tokens, hidden, ffn
 CPU = torch.device("cpu")
@@ -35,13 +34,13 @@ def results():
 
 
 def test_results_have_every_figure_per_recipe(results):
-    assert results["mode"] == "cached" and results["bench"] == "host"
-    for key in ("device", "torch", "triton", "commit", "date", "gmlp_path", "note"):
+    assert results["bench"] == "host"
+    for key in ("device", "torch", "triton", "commit", "date", "gmlp_path", "note", "torch_threads"):
         assert results[key], key
     assert results["shape"] == dict(experts=2, tokens=64, hidden=32, ffn=32)
     assert set(results["recipes"]) == {"mxfp8", "bf16"}
     for name, row in results["recipes"].items():
-        assert row["recipe"] == name and row["mode"] == "cached"
+        assert row["recipe"] == name
         for key in ("fwd_bwd_host_ms", "fwd_host_ms", "plan_ms", "plan_uncached_ms", "plan_per_step_ms"):
             assert isinstance(row[key], float) and row[key] > 0, (name, key)
         assert len(row["fwd_bwd_host"]["samples"]) == FAST["repeats"]
@@ -58,17 +57,8 @@ def test_a_cache_hit_makes_no_plan(recipe):
     """What the cache saves, counted, not timed (a timing margin flaked on two loaded cores): the
     first step of a shape class builds its plan once, forward and backward; the next step none."""
     case = host.Case(recipe, *SHAPE, CPU)
-    assert host.plans_made(case, "cached") == 1
-    assert host.plans_made(case, "cached") == 0
-
-
-def test_planning_as_the_old_forward_did():
-    """Mode ``uncached-old`` (what an old checkout without gmlp.dispatch.plan_cache measures) on this
-    checkout: ``mlp.plan`` each call; the forward here still plans nothing."""
-    row = host.bench_recipe("mxfp8", SHAPE, CPU, mode="uncached-old", **FAST)
-    assert row["mode"] == "uncached-old" and row["plan_calls_per_step"] == 1
-    assert "plan_uncached_ms" not in row and row["plan_ms"] > 0
-    assert row["plans_made_per_step"] == 0  # counted where the old forward planned (gmlp.layer.module)
+    assert host.plans_made(case) == 1
+    assert host.plans_made(case) == 0
 
 
 def test_the_cached_plan_is_the_forwards(results):
@@ -77,7 +67,7 @@ def test_the_cached_plan_is_the_forwards(results):
 
     case = host.Case("bf16", *SHAPE, CPU)
     case.step()
-    _, calls = host.plan_calls(case)
+    calls = host.plan_calls(case)
     count = len(plan_cache._plans)
     assert calls["plan"]() is calls["plan"]()
     assert len(plan_cache._plans) == count
@@ -87,24 +77,34 @@ def test_the_cached_plan_is_the_forwards(results):
 def test_main_writes_json_and_compares(tmp_path, capsys):
     argv = ["--shape", ",".join(map(str, SHAPE)), "--recipes", "bf16", "--iters", "1", "--repeats", "1",
             "--plan-iters", "5", "--warmup", "0"]
-    host.main([*argv, "--out", str(tmp_path / "before.json")])
-    host.main([*argv, "--before", str(tmp_path / "before.json"), "--out", str(tmp_path)])
-    (written,) = tmp_path.glob("host-*.json")
+    host.main([*argv, "--out", str(tmp_path / "before")])
+    (before,) = (tmp_path / "before").glob("host-*.json")
+    host.main([*argv, "--before", str(before), "--out", str(tmp_path / "after")])
+    (written,) = (tmp_path / "after").glob("host-*.json")
     after = json.loads(written.read_text())
-    assert set(after["recipes"]) == {"bf16"}
+    assert set(after["recipes"]) == {"bf16"} and after["complete"] is True
     assert set(after["compared_to"]["after_over_before"]["bf16"]) >= {"fwd_bwd_host_ms", "plan_per_step_ms"}
     out = capsys.readouterr().out
-    assert "mode cached" in out and "fwd+bwd host" in out and "after / before" in out
+    assert "fwd+bwd host" in out and "after / before" in out
 
 
-@pytest.mark.slow
-def test_runs_as_a_file_with_gmlp_from_the_path(tmp_path):
-    """``python gmlp/bench/host.py`` (how an old checkout is measured): gmlp from PYTHONPATH."""
+def git_head(folder: pathlib.Path) -> str | None:
+    done = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def test_the_environment_names_the_imported_gmlps_checkout_not_the_cwds(tmp_path, monkeypatch):
+    """The commit is the imported gmlp's, wherever the bench runs from (here a folder outside git);
+    in a copy outside git, "unknown" and dirtiness unknown, unless GMLP_COMMIT names it."""
     root = pathlib.Path(host.__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    out = tmp_path / "host.json"
-    subprocess.run([sys.executable, str(root / "gmlp" / "bench" / "host.py"), "--shape", ",".join(map(str, SHAPE)),
-                    "--recipes", "bf16", "--iters", "1", "--repeats", "1", "--plan-iters", "5", "--warmup", "0",
-                    "--device", "cpu", "--out", str(out)], check=True, env=env, cwd=tmp_path, capture_output=True)
-    results = json.loads(out.read_text())
-    assert results["gmlp_path"] == str(root) and results["mode"] == "cached"
+    head = git_head(root)
+    monkeypatch.delenv("GMLP_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    env = common.environment(CPU)
+    assert env["gmlp_path"] == str(root) and env["commit"] == (head or "unknown")
+    assert isinstance(env["dirty"], bool) if head else env["dirty"] is None
+    assert env["device"].startswith("cpu (") and env["torch_threads"] == torch.get_num_threads()
+    assert "compute_capability" not in env
+    monkeypatch.setenv("GMLP_COMMIT", "0123abc")
+    env = common.environment(CPU)
+    assert env["commit"] == "0123abc" and env["dirty"] is None

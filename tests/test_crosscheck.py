@@ -87,8 +87,8 @@ def _plant_at(monkeypatch, site: str, chosen: Path, where: list) -> None:
     runs unpatched) return one wrong element; ``where`` receives its index."""
     real = gmlp.layer.steps.implementation
 
-    def implementation(site_, path):
-        run = real(site_, path)
+    def implementation(site_, path, capability=None):
+        run = real(site_, path, capability)
         if site_.name != site or path is not chosen:
             return run
         return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
@@ -204,7 +204,8 @@ def test_standalone_quantize_is_cross_checked(monkeypatch):
     chosen = gmlp.plan_quantize(x).path
     real = gmlp.dispatch.quantize.launcher
     monkeypatch.setattr(gmlp.dispatch.quantize, "launcher",
-                        lambda path: (lambda *a, **k: _planted(real(path)(*a, **k), [])) if path is chosen else real(path))
+                        lambda path, device: (lambda *a, **k: _planted(real(path, device)(*a, **k), []))
+                        if path is chosen else real(path, device))
     with cross_check(action="raise"), pytest.raises(CrossCheckError, match=rf"quantize_mxfp8 on {chosen.value} differs"):
         gmlp.quantize_mxfp8(x, rowwise=True, columnwise=True)
 

@@ -27,7 +27,7 @@ from gmlp.cutedsl.sm90 import support as sm90_support
 from gmlp.dispatch import paths
 from gmlp.dispatch.paths import FallbackError
 from gmlp.dispatch.plan_cache import layer_problem
-from gmlp.dispatch.sites import plan_layer
+from gmlp.dispatch.plan import plan_layer
 
 GOLDEN = FilePath(__file__).parent / "golden" / "explain_plans.txt"
 CACHED_ANSWERS = (paths._device_system_reason, gmlp.cutedsl.import_error, sm90_support.import_error,

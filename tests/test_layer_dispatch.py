@@ -27,7 +27,8 @@ from gmlp.cutedsl.sm90 import support as sm90_support
 from gmlp.dispatch import paths
 from gmlp.dispatch.paths import FallbackError, FallbackWarning, Path
 from gmlp.dispatch.plan_cache import layer_problem
-from gmlp.dispatch.sites import plan_layer, sm100_reason
+from gmlp.dispatch.plan import plan_layer
+from gmlp.dispatch.providers.cutedsl_sm100 import composition_reason
 from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from tests.backends import kernel_device
@@ -391,7 +392,7 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     _with_sm100_packages()
     from gmlp.cutedsl.sm100 import layer
     from gmlp.dispatch import plan_cache
-    from gmlp.dispatch.sites import LayerPlan
+    from gmlp.dispatch.plan import LayerPlan
     from tests.sm100_twins import TorchKernels
 
     mlp = gmlp.GroupedMLP(2, 128, 128)
@@ -438,4 +439,4 @@ def test_w1_stored_apart_keeps_its_sites_off_the_cutedsl_gemms(monkeypatch, layo
     if layout is GateUpLayout.INTERLEAVED:
         assert "2H apart" in str(dict(quantize_w1.skipped)[Path.CUTEDSL])
     assert problem.quantize_problems["quantize w1"].num_rows == 4 * 128  # gate and up quantized apart: E * F rows
-    assert "interleaves W1's (E, 2F, H) halves" in str(sm100_reason(problem))
+    assert "interleaves W1's (E, 2F, H) halves" in str(composition_reason(problem))

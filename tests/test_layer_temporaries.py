@@ -29,8 +29,8 @@ def live_copies_per_gemm(monkeypatch):
     stale: dict[str, list[tuple[int, ...]]] = {}
     real = gmlp.layer.steps.implementation
 
-    def tracking(site, path):
-        run = real(site, path)
+    def tracking(site, path, capability=None):
+        run = real(site, path, capability)
 
         def call(*args, **kwargs):
             if site.name in GEMM_SITES:

@@ -117,7 +117,8 @@ def _sm100_runner(split_sizes: torch.Tensor):
     composition, cross-checked (raise) against the torch twins of gmlp's ops."""
     from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
     from gmlp.dispatch.paths import Decision, Path
-    from gmlp.dispatch.sites import SITES, LayerPlan
+    from gmlp.dispatch.plan import LayerPlan
+    from gmlp.dispatch.sites import SITES
     from gmlp.layer.steps import OpRunner
 
     names = [name for name, site in SITES.items() if name not in ("dequantize", "bias grad")]
@@ -225,7 +226,7 @@ def test_the_sm100_composition_compiles_without_graph_breaks(monkeypatch):
     backward, as the token count and the routing change: its fake implementation is the
     composition itself with allocating quantizes and no launches (``gmlp.layer.autograd``)."""
     from gmlp.dispatch import plan_cache
-    from gmlp.dispatch.sites import LayerPlan
+    from gmlp.dispatch.plan import LayerPlan
 
     def sm100_plan(problem, device, *, strict, plan_layer=plan_cache.plan_layer):
         plan = plan_layer(problem, device, strict=strict)

@@ -21,8 +21,8 @@ def quantize_calls(monkeypatch):
     calls = collections.Counter()
     real = gmlp.layer.steps.implementation
 
-    def counting(site, path):
-        run = real(site, path)
+    def counting(site, path, capability=None):
+        run = real(site, path, capability)
 
         def call(*args, **kwargs):
             calls[site.name] += 1

@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import pathlib
+import platform
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Callable
 
 import torch
 
+import gmlp
 from gmlp.system.versions import REPORTED_PACKAGES, package_version
 
 
@@ -74,26 +76,47 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
 PEER_PACKAGES = ("quack-kernels",)  # other kernel packages a bench may time (bench gemm --variants quack)
 
 
-def _commit() -> str:
+def _checkout() -> dict:
+    """The checkout of the imported gmlp: its folder (``gmlp_path``), ``commit`` (GMLP_COMMIT where
+    set, for a copy outside git; else ``git rev-parse HEAD`` in the package's folder, not the
+    current directory) and ``dirty`` (tracked files changed; None where unknown)."""
+    package = pathlib.Path(gmlp.__file__).resolve().parent
+    checkout = {"gmlp_path": str(package.parent)}
     if os.environ.get("GMLP_COMMIT"):
-        return os.environ["GMLP_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError) as error:
-        return f"unknown ({error})"
+        return {**checkout, "commit": os.environ["GMLP_COMMIT"], "dirty": None}
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {**checkout, "commit": git("rev-parse", "HEAD") or "unknown",
+            "dirty": None if status is None else bool(status)}
 
 
-def environment() -> dict:
-    """Device, versions, commit and date of this run."""
-    props = torch.cuda.get_device_properties(0)
+def environment(device: torch.device | None = None) -> dict:
+    """Device, versions, gmlp checkout and date of this run, on ``device`` (default: cuda if
+    available, else cpu): a GPU's name, compute capability and multiprocessors, or the CPU's
+    processor and cores and torch's threads; python, torch and the reported and peer packages'
+    versions; the gmlp checkout (``_checkout``); TRITON_INTERPRET; the UTC date."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        where = {"device": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                 "multiprocessors": props.multi_processor_count}
+    else:
+        where = {"device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+                 "torch_threads": torch.get_num_threads()}
     return {
-        "device": props.name,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "multiprocessors": props.multi_processor_count,
+        **where,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         **{name: package_version(name) for name in (*REPORTED_PACKAGES, *PEER_PACKAGES) if name != "torch"},
-        "commit": _commit(),
+        **_checkout(),
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

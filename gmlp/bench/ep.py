@@ -334,8 +334,7 @@ def main(argv: list[str]) -> None:
     data = MarkovTokens(model_spec([]).model.vocab_size, args.steps, world * args.batch, args.seq_len, args.seed, device)
     tag = "h200" if device.type == "cuda" else "cpu-smoke"
     results = PartialResults(f"ep{args.ep}-of-{world}-{tag}", args.out) if rank == 0 else None
-    smoke = {"device": "cpu (smoke run, gloo)", "torch": torch.__version__, "commit": "-"}
-    record = {"environment": environment() if device.type == "cuda" else smoke,
+    record = {"environment": environment(device),
               "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
                            "world": world, "flavor": FLAVOR, "attention_core": ATTENTION, "spmd_backend": SPMD_BACKEND,
                            "torch_shims": shims,

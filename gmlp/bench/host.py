@@ -14,44 +14,35 @@ the MXFP8 recipe and bf16 (recipe=None):
   time; a host sync inside the step makes that impossible: ``host_syncs_per_step`` counts them by
   ``torch.cuda.set_sync_debug_mode``). ``device_wall_ms``: events around a synchronized loop
   without the hold, i.e. what a step costs when the host issues it: about the larger of the two.
-- ``plan_ms``: one planning call as the forward makes it. With ``gmlp.dispatch.plan_cache`` (mode
-  ``cached``): ``cached_plan`` with the arguments ``gmlp.layer.autograd._plan`` passes, a cache hit; the op
-  calls it in the forward and again in the backward (``plan_calls_per_step`` 2). For comparison
+- ``plan_ms``: one planning call as the forward makes it: ``gmlp.dispatch.plan_cache.cached_plan``
+  with the arguments ``gmlp.layer.autograd._plan`` passes, a cache hit; the op calls it in the
+  forward and again in the backward (``plan_calls_per_step`` 2). For comparison
   ``plan_uncached_ms``: ``plan_layer(layer_problem(...), device, strict=...)``, what each forward
-  paid before the cache. Without ``gmlp.dispatch.plan_cache`` (an older checkout, mode ``uncached-old``):
-  ``mlp.plan(x, split_sizes, strict=mlp.strict)``, as the old ``GroupedMLP.forward`` did once per
-  call. ``plans_made_per_step`` counts the ``plan_layer`` calls one warm step makes (0 when cached).
+  paid before the cache. ``plans_made_per_step`` counts the ``plan_layer`` calls one warm step
+  makes (0: the plan is cached).
 
 On the CPU the torch path runs (the Triton kernels only run in the interpreter there), and
 synchronously: the host times include the computation itself, and there is no device time.
 
-The script imports nothing at module level from gmlp that old checkouts lack, so the "before"
-figure is this file run against an old worktree: ``PYTHONPATH=/tmp/gmlp-old python
-gmlp/bench/host.py --out bench_results/`` (``--before`` an earlier JSON prints the ratios).
+``--before`` an earlier run's JSON prints this run's ratios to it.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-if __name__ == "__main__":  # run as a file: gmlp/bench/ must not be on sys.path (its profile.py shadows the stdlib's)
-    _HERE = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
-
 import argparse
-import datetime
-import importlib
 import json
 import pathlib
-import platform
 import statistics
-import subprocess
 import time
 import warnings
 from typing import Callable
 
 import torch
+
+import gmlp
+from gmlp.bench.common import add_out_argument, environment, write_results
+from gmlp.dispatch import plan_cache
+from gmlp.dispatch.plan import plan_layer
 
 RECIPES = ("mxfp8", "bf16")
 DEFAULT_SHAPE = (8, 256, 256, 256)  # experts, tokens, hidden, ffn
@@ -66,8 +57,6 @@ class Case:
     """One layer and its inputs: x (T, H) bf16 and probs (T,) fp32 take gradients, balanced routing."""
 
     def __init__(self, recipe_name: str, experts: int, tokens: int, hidden: int, ffn: int, device: torch.device):
-        import gmlp
-
         recipe = gmlp.MXFP8Recipe() if recipe_name == "mxfp8" else None
         torch.manual_seed(0)
         self.mlp = gmlp.GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device, dtype=torch.bfloat16)
@@ -153,58 +142,37 @@ def host_syncs(fn: Callable[[], object]) -> int:
     return sum("synchroniz" in str(warning.message) for warning in caught)
 
 
-def has_layer_config() -> bool:
-    """Whether the imported gmlp caches the plan in ``gmlp.dispatch.plan_cache`` (checkouts since
-    the package tree; older ones are timed as ``uncached-old``), looked for in the imported
-    package's own folder only: an editable install's import hook would otherwise find the module
-    in the installed checkout when an older one is on PYTHONPATH."""
-    import gmlp
-
-    return any(os.path.exists(os.path.join(folder, "dispatch", "plan_cache.py")) for folder in gmlp.__path__)
-
-
-def plan_calls(case: Case, mode: str | None = None) -> tuple[str, dict[str, Callable[[], object]]]:
-    """The mode (``cached`` or ``uncached-old``; default: what the imported gmlp does) and its
-    planning calls by result key: ``plan`` as the forward makes it, ``plan_uncached`` (cached mode)
-    the full plan the cache saves."""
-    mode = mode or ("cached" if has_layer_config() else "uncached-old")
-    mlp, x, split_sizes = case.mlp, case.x, case.split_sizes
-    if mode == "uncached-old":
-        return mode, {"plan": lambda: mlp.plan(x, split_sizes, strict=mlp.strict)}
-    if mode != "cached":
-        raise ValueError(f"mode must be 'cached' or 'uncached-old', got {mode!r}")
-    from gmlp.dispatch.plan_cache import LayerConfig, cached_plan, decode_config, layer_problem, token_class
-    from gmlp.dispatch.sites import plan_layer
-
-    if hasattr(mlp, "_encoded_config"):  # the string the forward op gets, decoded as the op does
-        config = decode_config(mlp._encoded_config(None))
-    else:
-        config = LayerConfig(mlp.activation, mlp.recipe, mlp.b1 is not None, mlp.strict, None, mlp.accumulate_main_grad)
+def plan_calls(case: Case) -> dict[str, Callable[[], object]]:
+    """The planning calls by result key: ``plan`` as the forward makes it (a cache hit once the
+    forward has run), ``plan_uncached`` the full plan the cache saves."""
+    mlp, x = case.mlp, case.x
+    config = mlp.layer_config()  # as the forward op decodes it
     w1, w2 = mlp.w1, mlp.w2
     # gmlp.layer.autograd._plan's arguments
     args = (config, x.shape[0], w1.shape[0], w2.shape[1], w2.shape[2], w1.dtype, x.dtype, x.device)
 
     def uncached():
         tokens, *rest = args[1:]
-        return plan_layer(layer_problem(config, token_class(tokens), *rest), x.device, strict=config.strict)
+        return plan_layer(plan_cache.layer_problem(config, plan_cache.token_class(tokens), *rest), x.device,
+                          strict=config.strict)
 
-    return mode, {"plan": lambda: cached_plan(*args), "plan_uncached": uncached}
+    return {"plan": lambda: plan_cache.cached_plan(*args), "plan_uncached": uncached}
 
 
-def plans_made(case: Case, mode: str) -> int:
-    """``plan_layer`` calls one step makes (the module the forward plans through, wrapped)."""
-    module = importlib.import_module("gmlp.dispatch.plan_cache" if mode == "cached" else "gmlp.layer.module")
-    original, count = module.plan_layer, [0]
+def plans_made(case: Case) -> int:
+    """``plan_layer`` calls one step makes (``gmlp.dispatch.plan_cache.plan_layer``, which the
+    forward's ``cached_plan`` calls on a miss, wrapped)."""
+    original, count = plan_cache.plan_layer, [0]
 
     def counting(*args, **kwargs):
         count[0] += 1
         return original(*args, **kwargs)
 
-    module.plan_layer = counting
+    plan_cache.plan_layer = counting
     try:
         case.step()
     finally:
-        module.plan_layer = original
+        plan_cache.plan_layer = original
     _sync(case.device)
     return count[0]
 
@@ -214,7 +182,7 @@ def _summary(samples: list[float]) -> dict:
 
 
 def bench_recipe(recipe_name: str, shape: tuple[int, int, int, int], device: torch.device, *, iters: int,
-                 repeats: int, plan_iters: int, warmup: int, mode: str | None = None) -> dict:
+                 repeats: int, plan_iters: int, warmup: int) -> dict:
     """The result row of one recipe (see the module docstring for the keys)."""
     case = Case(recipe_name, *shape, device)
     start = time.perf_counter()
@@ -224,9 +192,9 @@ def bench_recipe(recipe_name: str, shape: tuple[int, int, int, int], device: tor
     for _ in range(warmup):
         case.step()
     _sync(device)
-    mode, planners = plan_calls(case, mode)
-    row = {"recipe": recipe_name, "mode": mode, "first_step_s": first_step_s,
-           "plan_calls_per_step": 2 if mode == "cached" else 1, "plans_made_per_step": plans_made(case, mode)}
+    planners = plan_calls(case)
+    row = {"recipe": recipe_name, "first_step_s": first_step_s, "plan_calls_per_step": 2,
+           "plans_made_per_step": plans_made(case)}
     step = _summary(host_ms(case.step, device, iters, repeats))
     fwd = _summary(host_ms(case.forward, device, iters, repeats))
     row.update(fwd_bwd_host_ms=step["median"], fwd_host_ms=fwd["median"], fwd_bwd_host=step, fwd_host=fwd)
@@ -242,88 +210,38 @@ def bench_recipe(recipe_name: str, shape: tuple[int, int, int, int], device: tor
         fn()
         row[f"{key}_ms"] = statistics.median(host_ms(fn, torch.device("cpu"), plan_iters, repeats))
     row["plan_per_step_ms"] = row["plan_ms"] * row["plan_calls_per_step"]
-    try:
-        row["plan_paths"] = {site: d.path.value for site, d in planners["plan"]().decisions.items()}
-    except AttributeError:
-        row["plan_paths"] = None
+    row["plan_paths"] = {site: d.path.value for site, d in planners["plan"]().decisions.items()}
     return row
-
-
-def gmlp_checkout() -> dict:
-    """Where the imported gmlp lives, its commit and whether its tree is dirty (GMLP_COMMIT, where
-    set, is the commit, and dirtiness is not known)."""
-    import gmlp
-
-    folder = os.path.dirname(os.path.dirname(os.path.abspath(gmlp.__file__)))
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, check=True)
-            return done.stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    if os.environ.get("GMLP_COMMIT"):  # a copy outside git, or inside another checkout's tree (git archive)
-        return {"gmlp_path": folder, "commit": os.environ["GMLP_COMMIT"], "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"gmlp_path": folder, "commit": git("rev-parse", "HEAD") or "unknown",
-            "dirty": None if status is None else bool(status)}
-
-
-def environment(device: torch.device) -> dict:
-    """Device, versions, the gmlp checkout's commit, date (as ``gmlp.bench.common.environment``,
-    which needs CUDA, plus the CPU case)."""
-    try:
-        from gmlp.system.versions import REPORTED_PACKAGES, package_version
-    except ImportError:
-        from importlib.metadata import version as package_version  # noqa: F401 (old checkouts)
-
-        REPORTED_PACKAGES = ("torch", "triton")
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        where = {"device": props.name, "compute_capability": f"{props.major}.{props.minor}",
-                 "multiprocessors": props.multi_processor_count}
-    else:
-        where = {"device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-                 "torch_threads": torch.get_num_threads()}
-    versions = {}
-    for name in REPORTED_PACKAGES:
-        if name != "torch":
-            try:
-                versions[name] = package_version(name)
-            except Exception:  # noqa: BLE001 (old checkouts: importlib.metadata raises for a missing one)
-                versions[name] = "not installed"
-    return {**where, "python": sys.version.split()[0], "torch": torch.__version__, **versions, **gmlp_checkout(),
-            "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def run(shape: tuple[int, int, int, int] = DEFAULT_SHAPE, recipes: tuple[str, ...] = RECIPES,
         device: torch.device | str | None = None, *, iters: int | None = None, repeats: int | None = None,
-        plan_iters: int = 200, warmup: int = 3, mode: str | None = None) -> dict:
+        plan_iters: int = 200, warmup: int = 3) -> dict:
     """The bench's results: environment, settings and one row per recipe (``iters`` and ``repeats``
     default to 50 and 7 on a GPU, 5 and 3 on the CPU, where a step computes for a few hundred ms)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     iters = iters or (5 if device.type == "cpu" else 50)
     repeats = repeats or (3 if device.type == "cpu" else 7)
     rows = {name: bench_recipe(name, shape, device, iters=iters, repeats=repeats, plan_iters=plan_iters,
-                               warmup=warmup, mode=mode) for name in recipes}
+                               warmup=warmup) for name in recipes}
     experts, tokens, hidden, ffn = shape
-    paths = sorted({path for row in rows.values() for path in (row["plan_paths"] or {}).values()})
+    paths = sorted({path for row in rows.values() for path in row["plan_paths"].values()})
     note = (f"CPU: the {'/'.join(paths) or 'planned'} path{'s' if len(paths) > 1 else ''} (Triton only in its "
             "interpreter), synchronous: host times include the computation; no device time"
             if device.type == "cpu" else "CUDA: host times are the time to issue the calls (no sync in the loop)")
-    return {"bench": "host", "mode": next(iter(rows.values()))["mode"], **environment(device),
+    return {"bench": "host", **environment(device),
             "shape": {"experts": experts, "tokens": tokens, "hidden": hidden, "ffn": ffn},
             "iters": iters, "repeats": repeats, "plan_iters": plan_iters, "note": note, "recipes": rows}
 
 
 def table(results: dict) -> str:
+    """The results as a few lines of text: the run's checkout and device, then a row per recipe."""
+
     def ms(value) -> str:
         return "-" if value is None else f"{value:.4f}"
 
-    lines = [f"gmlp {results['commit'][:12]}{' (dirty)' if results.get('dirty') else ''} ({results['gmlp_path']}), "
-             f"mode {results['mode']}, {results['device']}, torch {results['torch']}, triton {results.get('triton')}",
+    lines = [f"gmlp {results['commit'][:12]}{' (dirty)' if results['dirty'] else ''} ({results['gmlp_path']}), "
+             f"{results['device']}, torch {results['torch']}, triton {results['triton']}",
              f"shape {results['shape']}; {results['note']}",
              f"{'recipe':<6} {'fwd+bwd host':>12} {'fwd host':>9} {'device':>8} {'dev wall':>8} {'plan':>8} "
              f"{'plan uncached':>13} {'plan/step':>9} {'plans made':>10} {'syncs':>5}  (ms per call)"]
@@ -331,7 +249,7 @@ def table(results: dict) -> str:
         syncs = row["host_syncs_per_step"]
         device = ms(row["device_ms"]) + ("" if row["device_queued"] in (None, True) else "*")
         lines.append(f"{name:<6} {ms(row['fwd_bwd_host_ms']):>12} {ms(row['fwd_host_ms']):>9} {device:>8} "
-                     f"{ms(row['device_wall_ms']):>8} {ms(row['plan_ms']):>8} {ms(row.get('plan_uncached_ms')):>13} "
+                     f"{ms(row['device_wall_ms']):>8} {ms(row['plan_ms']):>8} {ms(row['plan_uncached_ms']):>13} "
                      f"{ms(row['plan_per_step_ms']):>9} {row['plans_made_per_step']:>10} "
                      f"{'-' if syncs is None else syncs:>5}")
     if any(row["device_queued"] is False for row in results["recipes"].values()):
@@ -349,28 +267,11 @@ def compare(results: dict, before: dict) -> dict:
         ratios[name] = {key: row[key] / old[key] for key in ("fwd_bwd_host_ms", "fwd_host_ms", "plan_per_step_ms")
                         if row.get(key) and old.get(key)}
         ratios[name]["fwd_bwd_host_saved_ms"] = old["fwd_bwd_host_ms"] - row["fwd_bwd_host_ms"]
-    return {"commit": before.get("commit"), "mode": before.get("mode"), "device": before.get("device"),
-            "after_over_before": ratios}
-
-
-def write(results: dict, out: str | None) -> pathlib.Path:
-    """The JSON: ``out`` itself if it ends in .json, else a host-<date>.json in the folder ``out``
-    (default bench_results/), by ``gmlp.bench.common.write_results`` where the checkout has it."""
-    if out is not None and out.endswith(".json"):
-        path = pathlib.Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2) + "\n")
-        return path
-    try:
-        from gmlp.bench.common import write_results
-    except ImportError:
-        folder = pathlib.Path(out or "bench_results")
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-        return write(results, str(folder / f"host-{stamp}.json"))
-    return write_results("host", results, out)
+    return {"commit": before.get("commit"), "device": before.get("device"), "after_over_before": ratios}
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m gmlp.bench host``: run, print the table (and the ratios to ``--before``), write the JSON."""
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench host", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="experts,tokens,hidden,ffn")
@@ -380,11 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed loops, the median reported (default 7; CPU 3)")
     parser.add_argument("--plan-iters", type=int, default=200, help="planning calls per timed loop")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
-    parser.add_argument("--mode", choices=("cached", "uncached-old"), default=None,
-                        help="planning measured as (default: cached where gmlp.dispatch.plan_cache exists)")
     parser.add_argument("--before", default=None, help="an earlier run's JSON: print this run's ratios to it")
-    parser.add_argument("--out", default=None,
-                        help="a .json file, or a folder for host-<date>.json (default bench_results/)")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split(","))
     if len(shape) != 4:
@@ -393,15 +291,11 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := set(recipes) - set(RECIPES):
         parser.error(f"unknown recipes {sorted(unknown)}; of {list(RECIPES)}")
     results = run(shape, recipes, args.device, iters=args.iters, repeats=args.repeats, plan_iters=args.plan_iters,
-                  warmup=args.warmup, mode=args.mode)
+                  warmup=args.warmup)
     print(table(results))
     if args.before:
         results["compared_to"] = compare(results, json.loads(pathlib.Path(args.before).read_text()))
         results["compared_to"]["path"] = args.before
         for name, ratios in results["compared_to"]["after_over_before"].items():
             print(f"{name}: after / before " + ", ".join(f"{key} {value:.3f}" for key, value in ratios.items()))
-    print(f"wrote {write(results, args.out)}")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"wrote {write_results('host', results, args.out)}")

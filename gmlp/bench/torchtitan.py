@@ -352,10 +352,10 @@ def main(argv: list[str]) -> None:
     data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
     results = PartialResults("torchtitan-h200" if device.type == "cuda" else "torchtitan-cpu-smoke", args.out)
-    smoke = {"device": "cpu (smoke run)", "torch": torch.__version__, "commit": "-"}
-    record = {"environment": environment() if device.type == "cuda" else smoke, "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
-                                                         "flavor": FLAVOR, "attention_core": ATTENTION, "flags": {n: RUNS[n] for n in names},
-                                                         "torch_shims": shims},
+    record = {"environment": environment(device),
+              "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
+                           "flavor": FLAVOR, "attention_core": ATTENTION, "flags": {n: RUNS[n] for n in names},
+                           "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
     for name in names:

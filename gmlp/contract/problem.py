@@ -1,8 +1,8 @@
 """``LayerProblem``: what every backend is asked about one layer call, as host-known facts.
 
-The dispatcher (``gmlp.dispatch.sites``) builds it from a call's shapes and settings
-(``gmlp.dispatch.plan_cache.layer_problem``); each backend's support rules
-(``gmlp.cutedsl.sm90.support``, the SM100 and Triton reasons) read it and answer with a
+The dispatcher builds it from a call's shapes and settings
+(``gmlp.dispatch.plan_cache.layer_problem``); each provider's support rules
+(``gmlp.dispatch.providers``, with the kernels' own ``problem_support``) read it and answer with a
 ``Reason`` or None.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.contract.gate_up import GateUpLayout
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.mxfp8.problem import QuantizeProblem
 
 __all__ = ["LayerProblem"]
@@ -35,3 +36,14 @@ class LayerProblem:
     sm100_quantize_problems: dict[str, QuantizeProblem]  # site name -> its call in the SM100 composition
     tokens: int  # T's bound: the plan's token class (gmlp.dispatch.plan_cache.token_class)
     gate_up: GateUpLayout = GateUpLayout.HALVES  # how W1's gate and up are stored (HALVES for srelu)
+
+    def bf16_operands_reason(self, kernels: str) -> Reason | None:
+        """Why GEMM kernels on bf16 operands (Triton's, SM90's: ``kernels`` names them) cannot take
+        the layer's parameters, or None."""
+        dtype = self.param_dtype
+        if dtype != torch.bfloat16 and not (self.mxfp8 and dtype == torch.float32):
+            mode = "MXFP8" if self.mxfp8 else "bf16 (recipe=None)"
+            return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the {kernels} GEMMs take bf16 operands, "
+                                             "which are the parameters themselves without a recipe, or their "
+                                             "dequantized MXFP8 values (bf16 or float32 parameters)")
+        return None

@@ -36,7 +36,7 @@ from gmlp.mxfp8.reference import quantize_mxfp8_ref
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "expert_matrices", "grouped_gemm_ref", "grouped_wgrad_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "expert_matrices", "grouped_gemm_ref", "grouped_wgrad_ref", "segment_sum_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -130,15 +130,17 @@ def _segments(split_sizes: list[int]):
         start += rows
 
 
-def _fc1_h(x_values: torch.Tensor, w1_values: torch.Tensor, b1: torch.Tensor | None, sizes: list[int]) -> torch.Tensor:
-    """h = x @ W1_g^T (+ b1) per expert, fp32, from the operands' (dequantized) values."""
-    dtype = torch.promote_types(x_values.dtype, w1_values.dtype)
-    h = torch.empty(x_values.shape[0], w1_values.shape[1], dtype=dtype, device=x_values.device)
+def _grouped_products(a_values: torch.Tensor, b_values: torch.Tensor, bias: torch.Tensor | None,
+                      sizes: list[int]) -> torch.Tensor:
+    """Per expert a_g @ B_g^T (+ bias_g) from the operands' (dequantized) values, in their promoted
+    working precision (fp32, fp64 for fp64 operands): FC1's h, and every grouped GEMM."""
+    dtype = torch.promote_types(a_values.dtype, b_values.dtype)
+    out = torch.empty(a_values.shape[0], b_values.shape[1], dtype=dtype, device=a_values.device)
     for g, rows in _segments(sizes):
-        h[rows] = _matmul(x_values[rows], w1_values[g].t())
-        if b1 is not None:
-            h[rows] += b1[g].to(dtype)
-    return h
+        out[rows] = _matmul(a_values[rows], b_values[g].t())
+        if bias is not None:
+            out[rows] += bias[g].to(dtype)
+    return out
 
 
 def _fc1_a(h: torch.Tensor, probs: torch.Tensor | None, activation: Activation) -> torch.Tensor:
@@ -160,7 +162,7 @@ def fc1_forward_ref(
     """The FC1 step (dataflow steps 2-3) on given operands; twin of ``gmlp.triton_ref.fc1.fc1_forward``."""
     sizes = [int(m) for m in split_sizes.tolist()]
     w1_values = expert_matrices(w1, len(sizes))
-    h = _fc1_h(_values(x), w1_values, b1, sizes)
+    h = _grouped_products(_values(x), w1_values, b1, sizes)
     a = _fc1_a(h, probs, activation)
     if recipe is None:  # unquantized: c and a in x's dtype (bf16 on the Triton path)
         return FC1Output(c=h.to(x.dtype), a=a.to(x.dtype), a_rowwise=None, a_columnwise=None)
@@ -238,14 +240,7 @@ def grouped_gemm_ref(
     """(T, N) = per expert a @ b_g^T (+ bias), fp32 (fp64 for fp64 operands) rounded to
     out_dtype, by default a's dtype (bf16 for an MXFP8 a); twin of ``gmlp.triton_ref.grouped_gemm``."""
     sizes = [int(m) for m in split_sizes.tolist()]
-    a_values = _values(a)
-    b_values = expert_matrices(b, len(sizes))
-    dtype = torch.promote_types(a_values.dtype, b_values.dtype)
-    out = torch.empty(a_values.shape[0], b_values.shape[1], dtype=dtype, device=a_values.device)
-    for g, rows in _segments(sizes):
-        out[rows] = _matmul(a_values[rows], b_values[g].t())
-        if bias is not None:
-            out[rows] += bias[g].to(dtype)
+    out = _grouped_products(_values(a), expert_matrices(b, len(sizes)), bias, sizes)
     if out_dtype is None:
         out_dtype = a.dtype if isinstance(a, torch.Tensor) else torch.bfloat16
     return out.to(out_dtype)
@@ -274,6 +269,14 @@ def grouped_wgrad_ref(
     if out is not None:
         return tuple(target.add_(part) for target, part in zip(out, parts))
     return tuple(part.to(out_dtype).contiguous() for part in parts)
+
+
+def segment_sum_ref(values: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """(G, N) sums of the rows [starts[g], starts[g+1]) of values, accumulated in fp64 and returned in
+    fp32 (fp64 for fp64 values); twin of ``gmlp.triton_ref.segment_sum`` (the bias gradients)."""
+    bounds = starts.tolist()
+    sums = torch.stack([values[bounds[g]:bounds[g + 1]].double().sum(0) for g in range(len(bounds) - 1)])
+    return sums if values.dtype == torch.float64 else sums.float()
 
 
 def unquantized_mlp_fp64(x, split_sizes, probs, w1, b1, w2, b2, activation: Activation):
@@ -310,7 +313,7 @@ def grouped_mlp_forward_ref(
     q = _Quantizer(recipe)
     sizes = [int(m) for m in split_sizes.tolist()]
     tokens, hidden = x.shape
-    h = _fc1_h(q.row(x), torch.stack([q.row(w1[g]) for g in range(len(sizes))]), b1, sizes)
+    h = _grouped_products(q.row(x), torch.stack([q.row(w1[g]) for g in range(len(sizes))]), b1, sizes)
     a = _fc1_a(h, probs, activation)
     a_row = q.row(a)
     y = torch.empty(tokens, hidden, dtype=torch.float32, device=x.device)

@@ -13,65 +13,20 @@ op, each differing output and how many of its elements differ, and the first ele
 expert, both values, the bound, the block scale. The settings in force when the forward runs
 apply to its backward too, and a block is also seen by the threads autograd runs a backward in
 (on a GPU, its own device threads), which a context variable does not reach.
+
+Modules: ``settings`` (the blocks and the environment setting in force), ``crosscheck`` (the
+layer's sites checked, and the reports), ``compare`` (the comparison rules and bounds),
+``quantize_check`` (the public quantize's check).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterable, Iterator
-
 from gmlp.debug.crosscheck import CrossCheckError, CrossCheckSettings, CrossCheckWarning
-from gmlp.system.env import env_setting
+from gmlp.debug.quantize_check import check_quantize
+from gmlp.debug.settings import active_settings, cross_check
+from gmlp.dispatch.quantize import add_quantize_check
 
 __all__ = ["cross_check", "active_settings", "CrossCheckSettings", "CrossCheckError", "CrossCheckWarning"]
 
-_SETTINGS: contextvars.ContextVar[CrossCheckSettings | None] = contextvars.ContextVar("gmlp_cross_check", default=None)
-# the open blocks of the process, innermost last: what a thread without a block of its own sees
-# (autograd's backward threads)
-_OPEN_BLOCKS: list[CrossCheckSettings] = []
-
-
-@contextlib.contextmanager
-def cross_check(ops: str | Iterable[str] | None = None, action: str = "warn",
-                tolerance: tuple[float, float] | None = None) -> Iterator[CrossCheckSettings]:
-    """Cross-check the layer's ops inside the block.
-
-    Args:
-        ops: a site name (``gmlp.dispatch.sites.SITES``: "fc1", "quantize x", ...) or op name
-            ("grouped_gemm", "quantize_mxfp8", ...), or several of them, to check; None checks
-            all. An unknown name is a ValueError.
-        action: "warn" (a ``CrossCheckWarning``, and the run goes on) or "raise" (``CrossCheckError``).
-        tolerance: ``(rtol, atol)`` replacing the derived bounds of the non-bitwise comparisons.
-    """
-    settings = CrossCheckSettings(_names(ops), action, tolerance)
-    token = _SETTINGS.set(settings)
-    _OPEN_BLOCKS.append(settings)
-    try:
-        yield settings
-    finally:
-        _OPEN_BLOCKS.remove(settings)
-        _SETTINGS.reset(token)
-
-
-def _names(ops: str | Iterable[str] | None) -> frozenset[str] | None:
-    """The names ``cross_check`` was given, as a set: a single string is one name, not its letters."""
-    if ops is None:
-        return None
-    return frozenset([ops] if isinstance(ops, str) else ops)
-
-
-def active_settings() -> CrossCheckSettings | None:
-    """The cross-check in force: the innermost ``cross_check`` block of this context, else the
-    innermost open one of the process (a backward thread's case), else GMLP_CROSSCHECK
-    ("warn" or a true boolean spelling such as "1" / "yes": warn; "raise": raise; unset, empty
-    or a false spelling: off), else None."""
-    settings = _SETTINGS.get()
-    if settings is not None:
-        return settings
-    if _OPEN_BLOCKS:
-        return _OPEN_BLOCKS[-1]
-    value = env_setting("GMLP_CROSSCHECK", ("warn", "raise"))
-    if value is None or value is False:
-        return None
-    return CrossCheckSettings(action="warn" if value is True else value)
+# the public quantize's cross-check: the dispatcher runs the checks registered with it
+add_quantize_check(check_quantize)

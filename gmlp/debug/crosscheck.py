@@ -9,11 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.contract.gate_up import GateUp
-from gmlp.contract.reference import grouped_gemm_ref, grouped_wgrad_ref
+from gmlp.contract.reference import grouped_gemm_ref, grouped_wgrad_ref, segment_sum_ref
 from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
 from gmlp.dispatch.caller import warn_at_caller
 from gmlp.dispatch.paths import Path
-from gmlp.dispatch.sites import SITES, LayerPlan, Op, implementation, operand_values
+from gmlp.dispatch.plan import LayerPlan, implementation
+from gmlp.dispatch.providers.adapters import operand_values
+from gmlp.dispatch.sites import SITES, Op
 from gmlp.mxfp8.routing import device_groups
 
 __all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck", "report", "say_uncompared"]
@@ -61,7 +63,7 @@ def _compare(site: str, got, want, args: tuple, kwargs: dict, tolerance) -> Comp
         bitwise(comparison, "out", got, want)
     elif op is Op.SEGMENT_SUM:
         values, starts = args
-        abs_sums = implementation(SITES[site], Path.TORCH)(values.abs(), starts)
+        abs_sums = segment_sum_ref(values.abs(), starts)
         within_bound(comparison, "out", got, want, gemm_delta(abs_sums, values.shape[0] + 1), tolerance)
     elif op is Op.GROUPED_GEMM:
         a, b, split_sizes = args[:3]
@@ -138,7 +140,7 @@ def _compare_fc2_dgrad(comparison: Comparison, got, want, args, kwargs, toleranc
     if want.db1 is not None:
         abs_dh = slope * abs_da * probs
         per_row = delta_dh + gemm_delta(torch.cat([abs_dh, abs_dh], dim=1) if activation.gated else abs_dh, tokens)
-        delta = implementation(SITES["bias grad"], Path.TORCH)(per_row, device_groups(split_sizes, tokens).row_start)
+        delta = segment_sum_ref(per_row, device_groups(split_sizes, tokens).row_start)
         within_bound(comparison, "db1", got.db1, want.db1, delta, tolerance)
 
 
@@ -193,7 +195,7 @@ class CrossCheck:
             return
         if before is not None:  # an accumulating output: the reference starts from the same values
             kwargs = {**kwargs, "out": before}
-        want = implementation(SITES[site], reference)(*args, **kwargs)
+        want = implementation(SITES[site], reference, self.plan.capability)(*args, **kwargs)
         comparison = _compare(site, got, want, args, kwargs, self.settings.tolerance)
         if comparison.mismatches:
             report(f"{site} ({SITES[site].op.value}) on {chosen.value} differs from {reference.value}", comparison,

@@ -1,9 +1,10 @@
 """The dispatch rules: which path runs each op, and why the faster ones could not (single source).
 
 Paths, fastest first: ``cutedsl`` (CuTeDSL kernels), ``triton`` (Triton kernels), ``torch`` (the
-spec, any device). For each op, a path is asked two questions, each answered by ``None`` (yes)
-or a ``Reason``: can this system run the path at all (cached per device), and can the path run
-this problem. The first path answering yes to both runs the op.
+spec, any device). ``PROVIDERS`` lists who serves each path (``gmlp.dispatch.providers``: one per
+path and architecture); the device picks one of them. For each op, that provider is asked two
+questions, each answered by ``None`` (yes) or a ``Reason``: can this system run it at all (cached
+per device), and can it run this problem. The first path answering yes to both runs the op.
 
 Environment (read at each call; none of them changes which path a setting-free run takes;
 booleans parsed by ``gmlp.system.env.env_flag``):
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,11 +27,11 @@ import torch
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.dispatch.caller import warn_at_caller
+from gmlp.dispatch.providers import Provider, cutedsl_sm90, cutedsl_sm100, torch_path, triton_path
 from gmlp.system.env import env_flag
-from gmlp.system.versions import package_version, too_old
 
-__all__ = ["Path", "PATHS_FASTEST_FIRST", "FallbackError", "FallbackWarning", "Decision", "system_reason", "choose_path",
-           "next_path_down"]
+__all__ = ["Path", "PATHS_FASTEST_FIRST", "PROVIDERS", "FallbackError", "FallbackWarning", "Decision", "provider",
+           "system_reason", "choose_path", "next_path_down"]
 
 
 class Path(enum.Enum):
@@ -41,6 +41,14 @@ class Path(enum.Enum):
 
 
 PATHS_FASTEST_FIRST = (Path.CUTEDSL, Path.TRITON, Path.TORCH)
+
+# Who serves each path, by architecture (``Provider.architectures``; None: any device)
+PROVIDERS: dict[Path, tuple[Provider, ...]] = {
+    Path.CUTEDSL: (cutedsl_sm90.PROVIDER, cutedsl_sm100.PROVIDER),
+    Path.TRITON: (triton_path.PROVIDER,),
+    Path.TORCH: (torch_path.PROVIDER,),
+}
+_KERNELS = {Path.CUTEDSL: "CuTeDSL", Path.TRITON: "Triton", Path.TORCH: "torch"}  # in reasons
 
 
 class FallbackError(RuntimeError):
@@ -70,39 +78,21 @@ def _triton_interpreter() -> bool:
     return env_flag("TRITON_INTERPRET")
 
 
+def provider(path: Path, capability: tuple[int, int] | None) -> Provider | None:
+    """The provider of ``path`` for a device of ``capability`` (None: not a GPU), or None if none serves it."""
+    return next((candidate for candidate in PROVIDERS[path] if candidate.serves(capability)), None)
+
+
 @functools.lru_cache(maxsize=None)
 def _device_system_reason(path: Path, device_type: str, capability: tuple[int, int] | None, interpret: bool) -> Reason | None:
-    if path is Path.TORCH:
-        return None
-    if path is Path.TRITON:
-        if interpret:
-            if importlib.util.find_spec("numpy") is None:  # the interpreter computes with numpy arrays
-                return Reason(ReasonKind.SYSTEM, "TRITON_INTERPRET=1, but Triton's interpreter needs numpy, which is "
-                                                 "not installed: pip install numpy")
-            return None
-        if device_type != "cuda":
-            return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the Triton kernels need a CUDA GPU "
-                                             "(or TRITON_INTERPRET=1 to run them in Triton's interpreter)")
-        if capability < (8, 9):
-            return Reason(ReasonKind.SYSTEM, f"compute capability {capability[0]}.{capability[1]} < 8.9: "
-                                             "the fp8 conversions need sm_89 or newer")
-        try:
-            import triton  # noqa: F401
-        except Exception as error:  # report any import failure, with the package version
-            return Reason(ReasonKind.SYSTEM, f"triton {package_version('triton')} failed to import: {error!r}")
-        old = too_old("triton")
-        return Reason(ReasonKind.SYSTEM, old) if old else None
+    chosen = provider(path, capability)
+    if chosen is not None:
+        return chosen.system(device_type, capability, interpret)
     if device_type != "cuda":
-        return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the CuTeDSL kernels need a CUDA GPU")
-    if capability[0] not in (9, 10):
-        return Reason(ReasonKind.SYSTEM, f"compute capability {capability[0]}.{capability[1]}: the CuTeDSL kernels "
-                                         "are built for sm_90a (Hopper) and sm_100a (Blackwell)")
-    from gmlp.cutedsl import import_error
-
-    error = import_error()
-    if error is not None:
-        return Reason(ReasonKind.SYSTEM, error)
-    return None
+        return Reason(ReasonKind.SYSTEM, f"tensors are on {device_type}; the {_KERNELS[path]} kernels need a CUDA GPU")
+    built = " and ".join(candidate.name for candidate in PROVIDERS[path])
+    return Reason(ReasonKind.SYSTEM, f"compute capability {capability[0]}.{capability[1]}: the {_KERNELS[path]} "
+                                     f"kernels are built for {built}")
 
 
 def system_reason(path: Path, device: torch.device) -> Reason | None:

@@ -2,7 +2,7 @@
 
 The layer runs as custom ops (``gmlp.layer.autograd``), whose arguments are tensors and plain values: the
 call's settings travel as ``LayerConfig.encode()``, a short string made once per module and
-setting, and decoded once per string. The plan (``gmlp.dispatch.sites.plan_layer``) is made inside
+setting, and decoded once per string. The plan (``gmlp.dispatch.plan.plan_layer``) is made inside
 the op, on the host, from shapes only, and cached: the key holds everything a plan depends on
 (the config, the sizes, the token count's class, the dtypes, the device and its capability,
 and the environment settings the dispatcher reads), so a cached plan is the plan that would be
@@ -24,7 +24,7 @@ import torch
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.gate_up import GateUpLayout
 from gmlp.contract.problem import LayerProblem
-from gmlp.dispatch.sites import LayerPlan, plan_layer
+from gmlp.dispatch.plan import LayerPlan, plan_layer
 from gmlp.mxfp8.problem import QuantizeProblem
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
@@ -35,7 +35,7 @@ WEIGHT_CACHE_MODES = (None, "update", "reuse")
 _PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerConfig:
     """The settings of one layer call that are not tensors."""
 
@@ -48,22 +48,29 @@ class LayerConfig:
     gate_up: GateUpLayout = GateUpLayout.HALVES  # how a gated W1's gate and up are stored (gmlp.contract.gate_up)
 
     def encode(self) -> str:
-        """The config as a string (a custom op's argument); ``decode_config`` reverses it."""
-        act = self.activation
-        recipe = None if self.recipe is None else [self.recipe.scale_mode.value, self.recipe.grad_format.value]
-        return json.dumps([act.kind.value, act.limit, act.alpha, act.offset, recipe, self.bias, self.strict,
-                           self.weight_cache, self.accumulate_main_grad, self.gate_up.value])
+        """The config as a string (a custom op's argument), each setting keyed by its field's
+        name; ``decode_config`` reverses it."""
+        act, recipe = self.activation, self.recipe
+        return json.dumps({
+            "activation": {"kind": act.kind.value, "limit": act.limit, "alpha": act.alpha, "offset": act.offset},
+            "recipe": None if recipe is None else {"scale_mode": recipe.scale_mode.value,
+                                                   "grad_format": recipe.grad_format.value},
+            "bias": self.bias, "strict": self.strict, "weight_cache": self.weight_cache,
+            "accumulate_main_grad": self.accumulate_main_grad, "gate_up": self.gate_up.value,
+        })
 
 
 @functools.lru_cache(maxsize=256)
 def decode_config(text: str) -> LayerConfig:
     """The ``LayerConfig`` that ``encode`` gave ``text`` (cached: a module sends the same few)."""
-    kind, limit, alpha, offset, recipe, bias, strict, weight_cache, accumulate, gate_up = json.loads(text)
-    activation = Activation(ActivationKind(kind), limit, alpha, offset)
-    recipe = None if recipe is None else MXFP8Recipe(ScaleMode(recipe[0]), ElementFormat(recipe[1]))
-    if weight_cache not in WEIGHT_CACHE_MODES:
-        raise ValueError(f"weight_cache must be one of {WEIGHT_CACHE_MODES}, got {weight_cache!r}")
-    return LayerConfig(activation, recipe, bias, strict, weight_cache, accumulate, GateUpLayout(gate_up))
+    fields = json.loads(text)
+    act, recipe = fields.pop("activation"), fields.pop("recipe")
+    activation = Activation(ActivationKind(act.pop("kind")), **act)
+    if recipe is not None:
+        recipe = MXFP8Recipe(ScaleMode(recipe["scale_mode"]), ElementFormat(recipe["grad_format"]))
+    if fields["weight_cache"] not in WEIGHT_CACHE_MODES:
+        raise ValueError(f"weight_cache must be one of {WEIGHT_CACHE_MODES}, got {fields['weight_cache']!r}")
+    return LayerConfig(activation=activation, recipe=recipe, gate_up=GateUpLayout(fields.pop("gate_up")), **fields)
 
 
 def token_class(tokens: int) -> int:
@@ -107,8 +114,9 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
 
     def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat,
                 row_stride: int | None = None) -> QuantizeProblem:
-        return QuantizeProblem(rows, cols, groups or 1, groups is not None, dtype, device, True, True, sm100, fmt,
-                               recipe.scale_mode, row_stride or cols)
+        return QuantizeProblem(num_rows=rows, num_cols=cols, num_experts=groups or 1, grouped=groups is not None,
+                               dtype=dtype, device=device, rowwise=True, columnwise=True, swizzle=sm100,
+                               element_format=fmt, scale_mode=recipe.scale_mode, row_stride=row_stride or cols)
 
     weight_groups = experts if sm100 else None
     return {

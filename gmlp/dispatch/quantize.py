@@ -1,4 +1,9 @@
-"""``quantize_mxfp8``: the public MXFP8 quantize, dispatched to the fastest path that can run it."""
+"""``quantize_mxfp8``: the public MXFP8 quantize, dispatched to the fastest path that can run it.
+
+Checks registered with ``add_quantize_check`` see every call and its result: that is how the
+cross-check (``gmlp.debug``, a floor above this one) compares the quantize with the next path down,
+without this module importing it.
+"""
 
 from __future__ import annotations
 
@@ -7,45 +12,52 @@ from typing import Callable
 import torch
 
 from gmlp.contract.reasons import Reason
-from gmlp.debug import active_settings as active_cross_check
-from gmlp.dispatch.paths import Decision, Path, choose_path, next_path_down
+from gmlp.dispatch.paths import Decision, Path, choose_path, provider
+from gmlp.dispatch.plan import implementation
+from gmlp.dispatch.sites import Op, Site
 from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Quantized
 
-__all__ = ["quantize_mxfp8", "plan_quantize", "launcher"]
+__all__ = ["quantize_mxfp8", "plan_quantize", "launcher", "problem_reason", "add_quantize_check", "QuantizeCheck"]
 
 OP_NAME = "quantize_mxfp8"
+_PUBLIC = Site(OP_NAME, Op.QUANTIZE)  # not a layer site: the quantize's default launch settings
+
+# (x, the call's quantize arguments, the path that ran, its result)
+QuantizeCheck = Callable[[torch.Tensor, dict, Path, MXFP8Quantized], None]
+_checks: list[QuantizeCheck] = []
 
 
-def _problem_reason(problem: QuantizeProblem) -> Callable[[Path], Reason | None]:
+def add_quantize_check(check: QuantizeCheck) -> None:
+    """Run ``check`` after every ``quantize_mxfp8`` call (once, however often it is added)."""
+    if check not in _checks:
+        _checks.append(check)
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def problem_reason(problem: QuantizeProblem, device: torch.device) -> Callable[[Path], Reason | None]:
+    """Whether each path's provider for ``device`` runs ``problem`` (asked after its system check)."""
+    capability = _capability(device)
+
     def reason(path: Path) -> Reason | None:
-        if path is Path.CUTEDSL:
-            from gmlp.cutedsl.quantize import problem_support
-        elif path is Path.TRITON:
-            from gmlp.triton_ref.quantize import problem_support
-        else:
-            return None
-        return problem_support(problem)
+        return provider(path, capability).supports(Op.QUANTIZE, problem, None)
 
     return reason
 
 
-def launcher(path: Path) -> Callable[..., MXFP8Quantized]:
-    """The ``quantize_mxfp8`` implementation of one path (same signature, no dispatch)."""
-    if path is Path.CUTEDSL:
-        from gmlp.cutedsl.quantize import quantize_mxfp8 as run
-    elif path is Path.TRITON:
-        from gmlp.triton_ref.quantize import quantize_mxfp8 as run
-    else:
-        from gmlp.mxfp8.reference import quantize_mxfp8_ref as run
-    return run
+def launcher(path: Path, device: torch.device) -> Callable[..., MXFP8Quantized]:
+    """The ``quantize_mxfp8`` implementation of one path for ``device`` (same signature, no dispatch)."""
+    return implementation(_PUBLIC, path, _capability(device))
 
 
 def plan_quantize(x: torch.Tensor, *, strict: bool | None = None, **kwargs) -> Decision:
     """The path ``quantize_mxfp8(x, **kwargs)`` would take, and why faster ones would be skipped."""
     problem = validate_quantize_args(x, **_with_defaults(kwargs))
-    return choose_path(OP_NAME, x.device, _problem_reason(problem), strict=strict)
+    return choose_path(OP_NAME, x.device, problem_reason(problem, x.device), strict=strict)
 
 
 def _with_defaults(kwargs: dict) -> dict:
@@ -91,23 +103,7 @@ def quantize_mxfp8(
     args = dict(rowwise=rowwise, columnwise=columnwise, swizzle=swizzle, split_sizes=split_sizes,
                 element_format=element_format, scale_mode=scale_mode)
     decision = plan_quantize(x, strict=strict, **args)
-    result = launcher(decision.path)(x, **args)
-    settings = active_cross_check()
-    if settings is not None and settings.covers_op(OP_NAME):
-        _cross_check(x, args, decision.path, result, settings)
+    result = launcher(decision.path, x.device)(x, **args)
+    for check in _checks:
+        check(x, args, decision.path, result)
     return result
-
-
-def _cross_check(x: torch.Tensor, args: dict, chosen: Path, result: MXFP8Quantized, settings) -> None:
-    """Quantize again on the next path down and compare bit for bit (``gmlp.debug``)."""
-    from gmlp.debug.compare import Comparison, bitwise
-    from gmlp.debug.crosscheck import report, say_uncompared
-
-    reference = next_path_down(chosen, x.device, _problem_reason(validate_quantize_args(x, **args)))
-    if reference is None:
-        say_uncompared(OP_NAME, chosen)
-        return
-    comparison = Comparison()
-    bitwise(comparison, "out", result, launcher(reference)(x, **args))
-    if comparison.mismatches:
-        report(f"{OP_NAME} on {chosen.value} differs from {reference.value}", comparison, settings.action)

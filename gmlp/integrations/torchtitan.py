@@ -34,7 +34,7 @@ from gmlp.contract.gate_up import GateUpLayout
 from gmlp.dispatch.caller import warn_at_caller
 from gmlp.dispatch.paths import FallbackError, FallbackWarning
 from gmlp.dispatch.plan_cache import LayerConfig, decode_config, layer_problem, token_class
-from gmlp.dispatch.sites import plan_layer
+from gmlp.dispatch.plan import plan_layer
 from gmlp.layer import autograd
 from gmlp.layer.module import MXFP8_PARAM_DTYPES
 from gmlp.mxfp8.recipe import MXFP8Recipe
@@ -93,8 +93,9 @@ class GmlpGroupedExperts(GroupedExperts):
         self.recipe = recipe_from_name(config.recipe, config.scale_mode, config.grad_format)
         _check_sizes(self.recipe, config.dim, config.hidden_dim)
         self.dim, self.hidden_dim = config.dim, config.hidden_dim
-        self._layer_config = LayerConfig(activation_from("swiglu"), self.recipe, False, config.strict, None, False,
-                                         GateUpLayout.SEPARATE).encode()
+        self._layer_config = LayerConfig(activation=activation_from("swiglu"), recipe=self.recipe, bias=False,
+                                         strict=config.strict, weight_cache=None, accumulate_main_grad=False,
+                                         gate_up=GateUpLayout.SEPARATE).encode()
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gate, up, down): the local weights in the dtype the recipe reads."""

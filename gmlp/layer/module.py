@@ -28,7 +28,7 @@ from gmlp.dispatch.plan_cache import (
     layer_problem,
     token_class,
 )
-from gmlp.dispatch.sites import LayerPlan, plan_layer
+from gmlp.dispatch.plan import LayerPlan, plan_layer
 from gmlp.layer import autograd
 from gmlp.mxfp8.recipe import MXFP8Recipe
 
@@ -189,8 +189,8 @@ class GroupedMLP(nn.Module):
         return f"{self!r} on {x.device}, x {tuple(x.shape)} {x.dtype}:\n{self.plan(x, split_sizes).explain()}"
 
     def _config(self, weight_cache: str | None, strict: bool | None) -> LayerConfig:
-        return LayerConfig(self.activation, self.recipe, self.b1 is not None, strict, weight_cache,
-                           self.accumulate_main_grad)
+        return LayerConfig(activation=self.activation, recipe=self.recipe, bias=self.b1 is not None, strict=strict,
+                           weight_cache=weight_cache, accumulate_main_grad=self.accumulate_main_grad)
 
     def forward(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None = None, *,
                 weight_cache: str | None = None) -> torch.Tensor:
@@ -234,6 +234,11 @@ class GroupedMLP(nn.Module):
             tensors, _ = autograd.kept_weights(outputs, config, x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2)
             self._kept_weights = _KeptWeights(key, tensors, self._weight_versions())
         return outputs[0]
+
+    def layer_config(self, weight_cache: str | None = None) -> LayerConfig:
+        """The settings a call with ``weight_cache`` hands the forward op (its config string, decoded
+        as the op decodes it)."""
+        return decode_config(self._encoded_config(weight_cache))
 
     def _encoded_config(self, weight_cache: str | None) -> str:
         """The forward op's config string for this call: a lookup of strings made eagerly

@@ -31,14 +31,16 @@ import torch
 from gmlp.contract.activations import Activation
 from gmlp.contract.gate_up import GateUp
 from gmlp.contract.reference import MLPGrads
-from gmlp.dispatch.sites import SITES, LayerPlan, implementation
+from gmlp.contract.weight_reuse import quantized_weight
+from gmlp.dispatch.plan import LayerPlan, implementation
+from gmlp.dispatch.sites import SITES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 
-__all__ = ["OpRunner", "quantized_weight", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
+__all__ = ["OpRunner", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
            "grouped_mlp_backward"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
@@ -57,7 +59,7 @@ class OpRunner:
         self.kept_weights: dict[str, MXFP8Quantized] | None = {} if keep_weights else None
 
     def __call__(self, site: str, *args, **kwargs):
-        run = implementation(SITES[site], self.plan.path(site))
+        run = implementation(SITES[site], self.plan.path(site), self.plan.capability)
         if self.check is None:
             return _naming_site(site, run, args, kwargs)
         # an accumulating output (main_grad; a pair of them for W1's gate and up) is copied
@@ -129,24 +131,6 @@ def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Te
         w2_col = q_col(experts * hidden, ffn, False)
     return LayerSaved(x_col=x_col, c=c, a_col=a_col, probs=probs, w1_col=w1_col, w2_col=w2_col,
                       split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
-
-
-def quantized_weight(run: OpRunner, site: str, stack: Callable[[], torch.Tensor | tuple], **quantize_args):
-    """A weight site's quantization: the one an earlier forward kept (``run.reused_weights``,
-    GroupedMLP's ``weight_cache``), or ``run(site, stack(), **quantize_args)``, kept in
-    ``run.kept_weights`` when the runner keeps weights. ``stack`` builds the (E * N, K) weight
-    stack only when it is quantized (the SM100 path interleaves W1 there); a pair of stacks (W1's
-    gate and up stored apart) is quantized one by one, and the pair of results is the site's."""
-    reused = getattr(run, "reused_weights", {}).get(site)  # a plain quantize function keeps none
-    if reused is not None:
-        return reused
-    stacks = stack()
-    result = (tuple(run(site, part, **quantize_args) for part in stacks) if isinstance(stacks, tuple)
-              else run(site, stacks, **quantize_args))
-    kept = getattr(run, "kept_weights", None)
-    if kept is not None:
-        kept[site] = result
-    return result
 
 
 def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups | None = None) -> torch.Tensor:

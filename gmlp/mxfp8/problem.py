@@ -14,7 +14,7 @@ __all__ = ["QuantizeProblem", "validate_quantize_args", "SUPPORTED_INPUT_DTYPES"
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantizeProblem:
     """The validated, host-known description of one quantize call (no device values)."""
 

@@ -29,6 +29,7 @@ import torch
 
 from gmlp.contract.activations import Activation
 from gmlp.contract.reference import MLPGrads
+from gmlp.contract.weight_reuse import quantized_weight
 from gmlp.cutedsl.sm100 import views
 from gmlp.cutedsl.sm100.layout import (
     PaddedRows,
@@ -51,7 +52,6 @@ from gmlp.cutedsl.sm100.steps import (
     fc2_wgrad_call,
     grouped_gemm_call,
 )
-from gmlp.layer.steps import quantized_weight
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.tensor import MXFP8Tensor
 
@@ -80,7 +80,7 @@ class CompiledKernels:
             kernel = call.kernel()
             if not kernel.check_support():
                 raise RuntimeError(f"{site}: cuDNN frontend's {call.step} kernel refused gmlp's arguments (a gap in "
-                                   "gmlp.dispatch.sites.sm100_reason; GMLP_BACKEND=triton runs the layer without it)")
+                                   "gmlp.dispatch.providers.cutedsl_sm100.composition_reason; GMLP_BACKEND=triton runs the layer without it)")
             start = time.perf_counter()
             kernel.compile()
             _log.info("%s: compiled cuDNN frontend's %s kernel in %.1f s", site, call.step, time.perf_counter() - start)

@@ -1,0 +1,109 @@
+"""The plan of one layer call: the path of every site, why each faster path is skipped, and the
+function each site runs.
+
+``plan_layer`` asks, site by site, each path's provider for the device (``gmlp.dispatch.paths``:
+the table, and how a path is chosen) whether it can run the site's problem: the site's quantize
+call (a ``QuantizeProblem``) for the quantizes, the ``LayerProblem`` for the other ops.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gmlp.contract.problem import LayerProblem
+from gmlp.contract.reasons import Reason
+from gmlp.cutedsl.sm90 import support as sm90_support
+from gmlp.dispatch.paths import Decision, Path, choose_path, forced_path, next_path_down, provider, system_reason
+from gmlp.dispatch.sites import GEMM_OPS, SITES, Op, Site
+
+__all__ = ["LayerPlan", "plan_layer", "implementation"]
+
+
+@functools.lru_cache(maxsize=None)  # looked up for every op call: built once per (site, path, architecture)
+def implementation(site: Site, path: Path, capability: tuple[int, int] | None = None) -> Callable:
+    """The function that runs ``site``'s op on ``path`` for a device of ``capability`` (None: not a
+    GPU), with the arguments of the op's Triton launcher (launch settings such as the quantize
+    config excepted: each path has its own)."""
+    chosen = provider(path, capability)
+    if chosen is None:
+        raise ValueError(f"no {path.value} provider serves compute capability {capability}")
+    return chosen.load(site)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """The path of every site of one layer call, and why each faster path is skipped."""
+
+    decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
+    references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
+    sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100.layer)
+    # sites whose chosen kernel reads its MXFP8 operands as they are, decoding them (no dequantize
+    # pass for them; the weight gradients' only where decodable: ``layer._wgrad_operands``)
+    decoding_sites: frozenset[str] = frozenset()
+    capability: tuple[int, int] | None = None  # the device's (None: not a GPU), which picks each path's provider
+
+    def path(self, site: str) -> Path:
+        return self.decisions[site].path
+
+    def explain(self) -> str:
+        """Each op (where it runs in the layer, which op, which path), then why faster paths were
+        skipped: each reason once, with the ops it applies to."""
+        width = max(len(name) for name in self.decisions)
+        lines = ["the layer's GEMMs run as one Blackwell (SM100) composition of cuDNN frontend's fused kernels, "
+                 "MXFP8 operands as they are; each op and its path:" if self.sm100 else
+                 "each op of the layer and the path it runs on (the fastest that can: cutedsl, triton, torch):"]
+        skipped: dict[tuple[Path, str], list[str]] = {}  # (path, reason) -> the ops that skipped it for it
+        for name, decision in self.decisions.items():
+            decoded = ", MXFP8 operands decoded in the kernel" if name in self.decoding_sites else ""
+            lines.append(f"  {name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}")
+            for path, reason in decision.skipped:
+                skipped.setdefault((path, str(reason)), []).append(name)
+        if skipped:
+            lines.append("why not a faster path:")
+        for (path, reason), names in skipped.items():
+            ops = "every op" if len(names) == len(self.decisions) else ", ".join(names)
+            lines.append(f"  not {path.value} ({ops}): {reason}")
+        return "\n".join(lines)
+
+
+def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None) -> LayerPlan:
+    """Choose the path of every site (``gmlp.dispatch.paths.choose_path``: strict mode and forced
+    backends apply per site; a fallback warning comes once per op, activation, path and reason,
+    naming the first site where it happened). On SM100 the GEMM sites get the same CuTeDSL answer
+    (the SM100 composition, all or none); when they take it, nothing is dequantized and the
+    quantizes are judged as the composition calls them. On SM90 each GEMM site takes its SM90
+    kernel where that runs the site's problem."""
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    sm100 = _sm100_runs(problem, device, capability)
+    quantize_problems = problem.sm100_quantize_problems if sm100 else problem.quantize_problems
+    decisions, references = {}, {}
+    for name, site in SITES.items():
+        if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
+            continue
+        if site.op is Op.DEQUANTIZE and sm100:
+            continue
+        op_problem = quantize_problems[name] if site.op is Op.QUANTIZE else problem
+
+        def problem_reason(path: Path, site: Site = site, op_problem=op_problem) -> Reason | None:
+            return provider(path, capability).supports(site.op, op_problem, site.name)  # asked after its system check
+
+        decision = choose_path(site.op.value, device, problem_reason, strict=strict, detail=problem.activation, where=name)
+        decisions[name] = decision
+        references[name] = next_path_down(decision.path, device, problem_reason)
+    if sm100 and any(decisions[name].path is not Path.CUTEDSL for name in decisions if SITES[name].op in GEMM_OPS):
+        raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
+    decoding_sites = frozenset()
+    if problem.mxfp8 and not sm100:
+        decoding_sites = frozenset(name for name in sm90_support.DECODING_SITES if decisions[name].path is Path.CUTEDSL)
+    return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites, capability=capability)
+
+
+def _sm100_runs(problem: LayerProblem, device: torch.device, capability: tuple[int, int] | None) -> bool:
+    """Whether the GEMM sites will take the SM100 composition (their CuTeDSL answer on an SM100
+    GPU, unforced or forced to CuTeDSL). On SM90 each GEMM site decides on its own."""
+    return (forced_path() in (None, Path.CUTEDSL) and system_reason(Path.CUTEDSL, device) is None
+            and capability[0] == 10 and provider(Path.CUTEDSL, capability).supports(Op.FC1, problem, "fc1") is None)

@@ -1,0 +1,44 @@
+"""What the two CuTeDSL providers (``cutedsl_sm90``, ``cutedsl_sm100``) share: the package check,
+the one-pass quantize kernel (``gmlp.cutedsl.quantize``, built for both architectures) and the
+ops that have no CuTeDSL kernel."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.dispatch.sites import Op
+
+__all__ = ["system", "quantize_support", "no_kernel_reason", "load_quantize"]
+
+
+def system(device_type: str, capability: tuple[int, int] | None, interpret: bool) -> Reason | None:
+    """Whether the CuTeDSL kernel modules import (the device's architecture is the table's question)."""
+    from gmlp.cutedsl import import_error
+
+    error = import_error()
+    return None if error is None else Reason(ReasonKind.SYSTEM, error)
+
+
+def quantize_support(problem) -> Reason | None:
+    """The CuTeDSL quantize kernel's rule for a ``QuantizeProblem``."""
+    from gmlp.cutedsl.quantize import problem_support
+
+    return problem_support(problem)
+
+
+def no_kernel_reason(op: Op) -> Reason | None:
+    """Why ``op`` has no CuTeDSL kernel on either architecture, or None if it has one."""
+    if op is Op.DEQUANTIZE:
+        return Reason(ReasonKind.SYSTEM, "no CuTeDSL dequantize in gmlp: the SM100 steps read MXFP8 operands as "
+                                         "they are, and on SM90 the operands are dequantized before the GEMMs")
+    if op is Op.SEGMENT_SUM:
+        return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
+                                         "no biases)")
+    return None
+
+
+def load_quantize() -> Callable:
+    from gmlp.cutedsl.quantize import quantize_mxfp8
+
+    return quantize_mxfp8

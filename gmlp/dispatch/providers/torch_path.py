@@ -1,0 +1,40 @@
+"""The torch path's provider: the spec and the oracle (``gmlp.mxfp8.reference``,
+``gmlp.contract.reference``), on any device, for every problem the layer validates."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gmlp.contract.reasons import Reason
+from gmlp.dispatch.providers import Provider
+from gmlp.dispatch.providers.adapters import dequantize_ref, dequantizing_a, without
+from gmlp.dispatch.sites import Op, Site
+
+__all__ = ["PROVIDER"]
+
+
+def _system(device_type: str, capability: tuple[int, int] | None, interpret: bool) -> Reason | None:
+    return None
+
+
+def _supports(op: Op, problem, site: str | None) -> Reason | None:
+    return None
+
+
+def _load(site: Site) -> Callable:
+    from gmlp.contract import reference
+    from gmlp.mxfp8.reference import quantize_mxfp8_ref
+
+    launch_only = without("groups", "tiling")
+    return {
+        Op.QUANTIZE: quantize_mxfp8_ref,
+        Op.DEQUANTIZE: dequantize_ref,
+        Op.FC1: dequantizing_a(launch_only(reference.fc1_forward_ref), dequantize_ref),
+        Op.GROUPED_GEMM: dequantizing_a(launch_only(reference.grouped_gemm_ref), dequantize_ref),
+        Op.FC2_DGRAD: dequantizing_a(launch_only(reference.fc2_dgrad_ref), dequantize_ref),
+        Op.WGRAD: dequantizing_a(launch_only(reference.grouped_wgrad_ref), dequantize_ref, 2),
+        Op.SEGMENT_SUM: reference.segment_sum_ref,
+    }[site.op]
+
+
+PROVIDER = Provider("the spec (torch)", None, _system, _supports, _load)
