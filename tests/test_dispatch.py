@@ -109,3 +109,20 @@ def test_fallback_warnings_point_at_the_callers_line(monkeypatch):
     with pytest.warns(FallbackWarning) as record:
         gmlp.quantize_mxfp8(torch.zeros(64, 32, dtype=torch.bfloat16), columnwise=True)
     assert {(w.filename, w.lineno) for w in record} == {(__file__, inspect.currentframe().f_lineno - 1)}
+
+
+def test_each_op_is_its_module_in_every_kernel_package():
+    """``Op.X`` is implemented by ``<package>.x`` with the launcher ``Op.X.value`` (the op's name in
+    plans and cross-check settings), in the Triton package and, for the GEMMs, in the SM90 one."""
+    import importlib
+
+    from gmlp.cutedsl.sm90 import support
+    from gmlp.dispatch.sites import GEMM_OPS, Op
+
+    for op in Op:
+        module = importlib.import_module(f"gmlp.triton_ref.{op.module}")
+        assert callable(getattr(module, op.launcher)), op
+    if support.import_error() is None:
+        for op in GEMM_OPS:
+            assert callable(getattr(importlib.import_module(f"gmlp.cutedsl.sm90.{op.module}"), op.launcher)), op
+    assert callable(getattr(importlib.import_module(f"gmlp.cutedsl.{Op.QUANTIZE.module}"), Op.QUANTIZE.launcher))

@@ -15,6 +15,10 @@ __all__ = ["Op", "Site", "SITES", "GEMM_OPS"]
 
 
 class Op(enum.Enum):
+    """An op of the layer. Its name is its module's in every kernel package (``Op.FC1``:
+    ``gmlp.triton_ref.fc1``, ``gmlp.cutedsl.sm90.fc1``), its value the launcher there, which is also
+    the op's name in plans, warnings and ``gmlp.debug.cross_check(ops=...)``."""
+
     QUANTIZE = "quantize_mxfp8"
     DEQUANTIZE = "dequantize_mxfp8"
     FC1 = "fc1_forward"  # FC1 GEMM + bias + activation + probs, a in bf16 or quantized both ways
@@ -22,6 +26,16 @@ class Op(enum.Enum):
     FC2_DGRAD = "fc2_dgrad"  # FC2 dgrad + activation backward + dprobs, dh in bf16 or quantized
     WGRAD = "grouped_wgrad"  # weight gradients, a ragged contraction over each expert's tokens
     SEGMENT_SUM = "segment_sum"  # per-expert row sums (b2's gradient)
+
+    @property
+    def module(self) -> str:
+        """The module that implements the op in a kernel package (``fc1``, ``wgrad``, ...)."""
+        return self.name.lower()
+
+    @property
+    def launcher(self) -> str:
+        """The launcher's name in that module (``fc1_forward``, ``grouped_wgrad``, ...)."""
+        return self.value
 
 
 @dataclass(frozen=True)

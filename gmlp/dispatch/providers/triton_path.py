@@ -61,17 +61,11 @@ def _load(site: Site) -> Callable:
         from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG, WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
 
         return functools.partial(quantize_mxfp8, config=WEIGHT_QUANTIZE_CONFIG if site.weight_stack else DEFAULT_QUANTIZE_CONFIG)
-    if op is Op.SEGMENT_SUM:
-        from gmlp.triton_ref.segment_sum import segment_sum
-
-        return segment_sum
+    run = getattr(importlib.import_module(f"gmlp.triton_ref.{op.module}"), op.launcher)
+    if op not in GEMM_OPS:
+        return run
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
 
-    if op is Op.DEQUANTIZE:
-        return dequantize_mxfp8
-    module, function = {Op.FC1: ("fc1", "fc1_forward"), Op.GROUPED_GEMM: ("grouped_gemm", "grouped_gemm"),
-                        Op.FC2_DGRAD: ("fc2_dgrad", "fc2_dgrad"), Op.WGRAD: ("wgrad", "grouped_wgrad")}[op]
-    run = getattr(importlib.import_module(f"gmlp.triton_ref.{module}"), function)
     return dequantizing_a(run, dequantize_mxfp8, 2 if op is Op.WGRAD else 1)
 
 
