@@ -19,7 +19,7 @@ import torch
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.problem import validate_quantize_args
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
-from tests.cases import parametrize_quick
+from tests.support.cases import parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")

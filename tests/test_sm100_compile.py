@@ -3,7 +3,7 @@
 No Blackwell GPU runs them here. The composition itself (``gmlp.cutedsl.sm100.layer``) runs,
 forward and backward, for the design shapes on ``meta`` tensors (its quantizes only allocate, as
 gmlp's quantize kernels do), and every kernel call it makes is compiled for sm_100a under
-``simulated_sm100`` and its PTX checked. ``tests/test_sm100_layer.py`` runs the same composition
+``simulated_sm100`` and its PTX checked. ``tests/cutedsl/sm100/test_layer.py`` runs the same composition
 on real tensors with the kernels' own argument checks and torch twins of the kernels; a GPU test
 runs it where an SM100 GPU is present.
 """
@@ -21,8 +21,8 @@ from gmlp.contract.activations import activation_from
 from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from gmlp.layer.autograd import allocating_quantize
-from tests.blackwell import BLOCK_SCALED_MMA, CompilingLauncher
-from tests.cases import parametrize_quick
+from tests.support.blackwell import BLOCK_SCALED_MMA, CompilingLauncher
+from tests.support.cases import parametrize_quick
 
 pytestmark = pytest.mark.skipif(cudnn_kernels.import_error() is not None,
                                 reason=f"cuDNN frontend's kernels do not import: {cudnn_kernels.import_error()}")

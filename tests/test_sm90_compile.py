@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from tests.backends import twice_without_sync
-from tests.cases import BANDED_SPLITS, parametrize_quick
+from tests.support.backends import twice_without_sync
+from tests.support.cases import BANDED_SPLITS, parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -257,7 +257,7 @@ def expert_weights(experts: int, n: int, k: int, transposed: bool) -> torch.Tens
                          ids=["fc2-like", "dgrad-like", "odd-n-long-k", "wide"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n, pingpong):
-    """Tolerance of tests/test_triton_grouped_gemm.py: fp32 accumulation orders differ by at most
+    """Tolerance of tests/triton_ref/test_grouped_gemm.py: fp32 accumulation orders differ by at most
     delta = K * 2**-24 * max sum_k |a_k b_k|, then one bf16 rounding step (2**-7 |v|). Every row
     is compared, so a row left unwritten (torch.empty) or overwritten by the previous expert's
     tile fails."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from tests.cases import parametrize_quick
+from tests.support.cases import parametrize_quick
 from tests.test_sm90_compile import SPLITS, _on_sm90, check_ptx, expert_weights, ptxas_report
 
 _IMPORT_ERROR = import_error()
@@ -270,7 +270,7 @@ def test_decoded_a_over_several_bands_and_items(tile_n):
     """More work items than CTAs and k-tiles than stages: the bf16 buffers rotate across items."""
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
-    from tests.cases import BANDED_SPLITS
+    from tests.support.cases import BANDED_SPLITS
 
     torch.manual_seed(1)
     split_sizes = torch.tensor(BANDED_SPLITS, device="cuda")
@@ -362,7 +362,7 @@ def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph(
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
     from gmlp.mxfp8.recipe import MXFP8Recipe
-    from tests.backends import twice_without_sync
+    from tests.support.backends import twice_without_sync
 
     torch.manual_seed(2)
     splits = torch.tensor([0, 300, 7, 129], device="cuda")

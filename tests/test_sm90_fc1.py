@@ -1,7 +1,7 @@
 """The CuTeDSL sm_90a FC1 forward (gmlp.cutedsl.sm90.fc1) compiled without a GPU, with checks on
 its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py), and (marker
 ``gpu``, H100/H200 only) run against the reference and the Triton twin with the tolerances of
-tests/test_triton_fc1.py (bf16 a) or bit for bit (MXFP8: Q_row(a), Q_col(a) and c).
+tests/triton_ref/test_fc1.py (bf16 a) or bit for bit (MXFP8: Q_row(a), Q_col(a) and c).
 
 The MXFP8 epilogue (gmlp.cutedsl.sm90._quantize_epilogue) is also checked on the CPU by a model:
 its shuffle steps and index functions run on a simulated warp (torch), with the spec's block math,
@@ -25,8 +25,8 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.reference import quantize_columnwise_ref, quantize_rowwise_ref
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
-from tests.backends import twice_without_sync
-from tests.cases import BANDED_SPLITS, adversarial_matrix, parametrize_quick
+from tests.support.backends import twice_without_sync
+from tests.support.cases import BANDED_SPLITS, adversarial_matrix, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -441,7 +441,7 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
 def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, transposed,
                                           fused_b=False):
-    """Tolerance of tests/test_triton_fc1.py (bf16 recipe): c within one bf16 step (2**-7 |v|) +
+    """Tolerance of tests/triton_ref/test_fc1.py (bf16 recipe): c within one bf16 step (2**-7 |v|) +
     delta_h = H * 2**-24 * max sum_k |x_k w_k| of the fp64 reference, a within one bf16 step +
     delta_a = delta_h * (2 max|h| + 2); against the Triton kernel the same bound (both are fp32
     accumulations, each within delta_h of the exact h). Every row and column is compared, so an
@@ -449,7 +449,7 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     from gmlp.contract.reference import fc1_forward_ref
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
     from gmlp.triton_ref.fc1 import fc1_forward as triton_fc1_forward
-    from tests.tolerances import within_steps
+    from tests.support.tolerances import within_steps
 
     activation = activation_from(activation)
     torch.manual_seed(0)

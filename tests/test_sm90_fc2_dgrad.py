@@ -1,7 +1,7 @@
 """The CuTeDSL sm_90a FC2 dgrad (gmlp.cutedsl.sm90.fc2_dgrad) compiled without a GPU, with checks
 on its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py, imported),
 and (marker ``gpu``, H100/H200 only) run against the reference and the Triton twin with the
-tolerances of tests/test_triton_fc2_dgrad.py (bf16 dh) or bit for bit (MXFP8: the data and scale
+tolerances of tests/triton_ref/test_fc2_dgrad.py (bf16 dh) or bit for bit (MXFP8: the data and scale
 bytes of Q_row(dh) and Q_col(dh); dprobs and db1 within the bf16 tests' bounds).
 
 The kernel is shape-generic (T, H, F, E are runtime values), so the design shapes share the
@@ -20,8 +20,8 @@ from gmlp.contract.activations import Activation, ActivationKind, activation_fro
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
-from tests.backends import twice_without_sync
-from tests.cases import BANDED_SPLITS, parametrize_quick
+from tests.support.backends import twice_without_sync
+from tests.support.cases import BANDED_SPLITS, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -336,7 +336,7 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked-w2t", "transposed-w2"])
 def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_grad, hidden, ffn, splits, transposed,
                                                 tile_n=128):
-    """Tolerance of tests/test_triton_fc2_dgrad.py (bf16 recipe): delta_dh = H * 2**-24 * max sum_k
+    """Tolerance of tests/triton_ref/test_fc2_dgrad.py (bf16 recipe): delta_dh = H * 2**-24 * max sum_k
     |dy_k w_k| * L with L = 2 max|c| + 2; dh within one bf16 step + delta_dh, dprobs within 2**-20
     + F * delta_dh * L; db1 (fp32 sums of the fp32 dh over an expert's rows, not in the Triton
     test) within 2**-20 + m_g-fold delta_dh plus the bf16 rounding the reference's dh carries
@@ -345,7 +345,7 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
     from gmlp.contract.reference import fc2_dgrad_ref
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
     from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
-    from tests.tolerances import within_steps
+    from tests.support.tolerances import within_steps
 
     activation = activation_from(activation)
     torch.manual_seed(0)
@@ -464,7 +464,7 @@ def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation
     from gmlp.mxfp8.tensor import QuantAxis
     from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
     from tests.test_sm90_fc1 import assert_same_bits
-    from tests.tolerances import within_steps
+    from tests.support.tolerances import within_steps
 
     kwargs = dict(activation=activation, probs=probs, bias_grad=bias_grad)
     got = fc2_dgrad(dy, w2t, c, split_sizes, recipe=recipe, **kwargs)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from tests.backends import twice_without_sync
-from tests.cases import parametrize_quick
+from tests.support.backends import twice_without_sync
+from tests.support.cases import parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -218,7 +218,7 @@ SPLITS = {
 
 
 def _bound(a: torch.Tensor, b: torch.Tensor) -> float:
-    """tests/test_triton_wgrad.py's delta: fp32 sums in another order move a result by at most
+    """tests/triton_ref/test_wgrad.py's delta: fp32 sums in another order move a result by at most
     T * 2**-24 * max(|A|^T |B|)."""
     return max(a.shape[0], 1) * 2.0**-24 * (a.float().abs().t() @ b.float().abs()).max().item()
 

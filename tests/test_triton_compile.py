@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.triton_aot import configs
+from tests.support.triton_aot import configs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def ptx_dir(tmp_path_factory) -> pathlib.Path:
     folder = tmp_path_factory.mktemp("ptx")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"
-    result = subprocess.run([sys.executable, "-m", "tests.triton_aot", str(folder)], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "tests.support.triton_aot", str(folder)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"ahead-of-time compile failed:\n{result.stdout}\n{result.stderr}"
     return folder

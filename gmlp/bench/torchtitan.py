@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import pathlib
 import sys
 import time

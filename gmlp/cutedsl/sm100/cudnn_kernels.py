@@ -4,7 +4,7 @@ its fused steps onto, and whether they import with the installed cutlass-dsl.
 A cutlass-dsl release once renamed an import these kernels used, and every grouped MLP ran
 unfused, visible only as a slowdown. So the import is checked here, its error text becomes the
 dispatcher's reason, and ``TESTED_TOGETHER`` pins the versions known to work together
-(``tests/test_cudnn_kernels.py`` fails when an installed combination breaks the import).
+(``tests/cutedsl/sm100/test_cudnn_kernels.py`` fails when an installed combination breaks the import).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tests of gmlp.bench: each benchmark's smoke run and its JSON."""

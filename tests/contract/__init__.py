@@ -1,0 +1,1 @@
+"""Tests of gmlp.contract: activations and the gate/up layouts."""

@@ -1,0 +1,1 @@
+"""Tests of gmlp.debug: the cross-check."""

@@ -1,0 +1,118 @@
+"""Compile the Triton kernels ahead of time for sm_90a / sm_100a, no GPU needed.
+
+Run as ``python -m tests.support.triton_aot OUT_DIR`` in a process where TRITON_INTERPRET is unset (the
+interpreter replaces @triton.jit functions at import time); writes OUT_DIR/NAME.ptx per config.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+QUANTIZE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
+                      "row_data_ptr": "*{fp8}", "row_scale_ptr": "*u8", "col_data_ptr": "*{fp8}", "col_scale_ptr": "*u8",
+                      "NUM_ROWS": "i32", "NUM_COLS": "i32", "NUM_COL_BLOCKS": "i32", "X_ROW_STRIDE": "i32"}
+
+
+FC1_SIGNATURE = {"x_ptr": "*bf16", "gate_ptr": "*bf16", "up_ptr": "*bf16", "b1_ptr": "*bf16",
+                 "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "block_start_ptr": "*i32",
+                 "c_ptr": "*bf16", "a_ptr": "*{out}", "a_scale_ptr": "*u8", "a_col_ptr": "*{out}", "a_col_scale_ptr": "*u8",
+                 "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
+                 **{f"{w}_STRIDE_{axis}": "i32" for w in ("GATE", "UP") for axis in "ENK"}}
+
+
+GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "b2_ptr": "*bf16", "bias_ptr": "*bf16", "row_start_ptr": "*i32",
+                  "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "N": "i32", "K": "i32", "K1": "i32",
+                  **{f"{b}_STRIDE_{axis}": "i32" for b in ("B", "B2") for axis in "ENK"}}
+DGRAD_SIGNATURE = {"dy_ptr": "*bf16", "w2t_ptr": "*bf16", "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32",
+                   "tile_start_ptr": "*i32", "block_start_ptr": "*i32", "dprobs_partial_ptr": "*fp32",
+                   "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv", "dh_scale_ptr": "*u8", "dh_col_ptr": "*fp8e4nv",
+                   "dh_col_scale_ptr": "*u8", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "NUM_COL_BLOCKS": "i32",
+                   **{name: "i32" for name in ("W_STRIDE_E", "W_STRIDE_N", "W_STRIDE_K")}}
+WGRAD_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "row_start_ptr": "*i32", "out_ptr": "*fp32", "out2_ptr": "*fp32",
+                   "M": "i32", "N": "i32", "M1": "i32"}
+
+# Weight operands contiguous along K (the launchers' runtime specialization of strides equal to 1).
+UNIT_K_STRIDES = dict(W_STRIDE_K=1)
+
+
+DEQUANTIZE_ROW_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16", "NUM_ROWS": "i32",
+                            "NUM_COLS": "i32"}
+DEQUANTIZE_COL_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
+                            "block_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "NUM_COLS": "i32",
+                            "NUM_COL_BLOCKS": "i32"}
+
+
+def configs() -> dict[str, tuple]:
+    """name -> (kernel name, signature, constexprs, capability, num_warps)."""
+    from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG as config
+
+    out = {}
+    for capability in (90, 100):
+        for fp8, emax, reciprocal in (("fp8e4nv", 8, 1 / 448), ("fp8e5", 15, 1 / 57344)):
+            signature = {k: v.format(fp8=fp8) for k, v in QUANTIZE_SIGNATURE.items()}
+            constexprs = dict(RECIPROCAL_MAX=float(reciprocal), EMAX=emax, FLOOR_MODE=False, ROWWISE=True, COLUMNWISE=True,
+                              SWIZZLE=True, GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, STRIDED=False,
+                              CHUNKS_PER_PROGRAM=config.chunks_per_program,
+                              CHUNKS_FASTEST=config.chunks_fastest)
+            out[f"quantize_{fp8}_sm{capability}"] = ("quantize", signature, constexprs, capability, config.num_warps)
+        for quantized in (False, True):
+            signature = {k: v.format(out="fp8e4nv" if quantized else "bf16") for k, v in FC1_SIGNATURE.items()}
+            constexprs = dict(QUANTIZED=quantized, GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0,
+                              ALPHA=1.702, OFFSET=1.0, RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False,
+                              NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True, GATE_STRIDE_K=1,
+                              UP_STRIDE_K=1)
+            out[f"fc1_{'quantized' if quantized else 'bf16'}_sm{capability}"] = ("fc1", signature, constexprs, capability, 4)
+        grouping = dict(NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=64, BLOCK_K=64, N_FASTEST=True)
+        out[f"gemm_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(HAS_BIAS=True, SPLIT_K=False, B_STRIDE_K=1, **grouping), capability, 4)
+        # FC1 dgrad with W1's gate and up apart: B as two transposed views, side by side along K
+        out[f"gemm_split_k_sm{capability}"] = ("gemm", GEMM_SIGNATURE, dict(
+            HAS_BIAS=False, SPLIT_K=True, B_STRIDE_N=1, B2_STRIDE_N=1, **grouping), capability, 4)
+        out[f"dgrad_quantized_sm{capability}"] = ("dgrad", DGRAD_SIGNATURE, dict(
+            QUANTIZED=True, GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0,
+            RECIPROCAL_MAX=float(1 / 448), EMAX=8, FLOOR_MODE=False, **UNIT_K_STRIDES, **grouping), capability, 4)
+        out[f"dequantize_row_sm{capability}"] = ("dequantize_row", DEQUANTIZE_ROW_SIGNATURE, dict(BLOCK_M=32, BLOCK_K=128),
+                                                  capability, 4)
+        out[f"dequantize_col_sm{capability}"] = ("dequantize_col", DEQUANTIZE_COL_SIGNATURE, dict(
+            GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_K=64), capability, 4)
+        for split in (False, True):  # dW1's gate and up rows to two gradients
+            out[f"wgrad{'_split_m' if split else ''}_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
+                ACCUMULATE=True, SPLIT_M=split, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
+    return out
+
+
+def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_warps: int) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    # What the JIT launcher specializes on at run time for the design shapes: 16-byte aligned
+    # pointers and integer arguments divisible by 16.
+    aligned = [name for name, kind in signature.items()
+               if (kind.startswith("*") or kind == "i32") and name not in constexprs]
+    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(name),): value for name, value in constexprs.items()},
+                       attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned})
+    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=dict(num_warps=num_warps))
+    return compiled.asm["ptx"]
+
+
+def main(out_dir: str) -> None:
+    from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
+    from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
+    from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
+    from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
+    from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
+    from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
+
+    kernels = {"quantize": quantize_mxfp8_kernel, "fc1": fc1_forward_kernel,
+               "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
+               "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel}
+    folder = pathlib.Path(out_dir)
+    for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
+        (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,1 @@
+"""Tests of gmlp.system: environment settings and versions."""
