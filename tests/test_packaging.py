@@ -13,6 +13,7 @@ from packaging.requirements import Requirement
 
 import gmlp.cutedsl
 import gmlp.system.versions
+from gmlp.contract.reasons import ReasonKind
 from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.system.versions import CUTEDSL_PACKAGES, missing_package_hint
 
@@ -87,6 +88,8 @@ def test_the_cutedsl_import_reason_names_the_extra(monkeypatch):
         reason = gmlp.cutedsl.import_error()
     finally:
         gmlp.cutedsl.import_error.cache_clear()
+    assert reason.kind is ReasonKind.SYSTEM
+    reason = reason.message
     assert reason.startswith("gmlp.cutedsl.quantize failed to import with nvidia-cutlass-dsl ")
     assert "ModuleNotFoundError: No module named 'cutlass'" in reason  # the original error text
     assert reason.endswith("; nvidia-cutlass-dsl not installed: pip install 'gmlp[cutedsl]'")

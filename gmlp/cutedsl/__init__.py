@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.system.versions import missing_package_hint, package_version, too_old
 
 __all__ = ["import_error"]
@@ -26,16 +27,17 @@ _PACKAGE = "nvidia-cutlass-dsl"
 
 
 @functools.lru_cache(maxsize=None)
-def import_error() -> str | None:
-    """None if the CuTeDSL kernel modules import, else what failed (package, version, error)."""
+def import_error() -> Reason | None:
+    """None if the CuTeDSL kernel modules import, else what failed (package, version, error), a
+    system reason."""
     old = too_old(_PACKAGE)
     if old:
-        return old
+        return Reason(ReasonKind.SYSTEM, old)
     try:
         importlib.import_module("gmlp.cutedsl.quantize")
     except Exception as error:  # any failure is a reason to fall back; it is reported, not hidden
         reason = (f"gmlp.cutedsl.quantize failed to import with {_PACKAGE} {package_version(_PACKAGE)}: "
                   f"{type(error).__name__}: {error}")
         hint = missing_package_hint(error)
-        return f"{reason}; {hint}" if hint else reason
+        return Reason(ReasonKind.SYSTEM, f"{reason}; {hint}" if hint else reason)
     return None

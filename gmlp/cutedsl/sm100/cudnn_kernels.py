@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.system.versions import missing_package_hint, package_version
 
 __all__ = ["KERNELS", "TESTED_TOGETHER", "import_error", "kernel_class"]
@@ -33,15 +34,16 @@ def _versions() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def import_error() -> str | None:
-    """None if every kernel class imports, else the first failure: module, versions, error."""
+def import_error() -> Reason | None:
+    """None if every kernel class imports, else the first failure (module, versions, error), a
+    system reason."""
     for module, name in KERNELS.values():
         try:
             getattr(importlib.import_module(module), name)
         except Exception as error:  # any failure is a fallback reason; it is reported, not hidden
             reason = f"{module}.{name} failed to import with {_versions()}: {type(error).__name__}: {error}"
             hint = missing_package_hint(error)
-            return f"{reason}; {hint}" if hint else reason
+            return Reason(ReasonKind.SYSTEM, f"{reason}; {hint}" if hint else reason)
     return None
 
 
@@ -49,6 +51,6 @@ def kernel_class(step: str) -> type:
     """The cuDNN frontend class of a fused step (``KERNELS``); raises ImportError with the reason."""
     error = import_error()
     if error is not None:
-        raise ImportError(error)
+        raise ImportError(error.message)
     module, name = KERNELS[step]
     return getattr(importlib.import_module(module), name)

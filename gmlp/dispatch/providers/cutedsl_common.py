@@ -16,8 +16,7 @@ def system(device_type: str, capability: tuple[int, int] | None, interpret: bool
     """Whether the CuTeDSL kernel modules import (the device's architecture is the table's question)."""
     from gmlp.cutedsl import import_error
 
-    error = import_error()
-    return None if error is None else Reason(ReasonKind.SYSTEM, error)
+    return import_error()
 
 
 def quantize_support(problem) -> Reason | None:

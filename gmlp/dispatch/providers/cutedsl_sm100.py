@@ -59,10 +59,7 @@ def _supports(op: Op, problem, site: str | None) -> Reason | None:
         return reason
     from gmlp.cutedsl.sm100.cudnn_kernels import import_error
 
-    error = import_error()
-    if error is not None:
-        return Reason(ReasonKind.SYSTEM, error)
-    return composition_reason(problem)
+    return import_error() or composition_reason(problem)
 
 
 def _load(site: Site) -> Callable:

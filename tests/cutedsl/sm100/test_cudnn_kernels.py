@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import gmlp.system.versions
+from gmlp.contract.reasons import ReasonKind
 from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.system.versions import package_version
 
@@ -44,7 +45,9 @@ def test_an_import_failure_is_reported_with_versions_and_error(monkeypatch):
     monkeypatch.setattr(cudnn_kernels.importlib, "import_module", import_module)
     try:
         reason = cudnn_kernels.import_error()
-        if "not installed" in _installed().values() and reason and "No module named" in reason:
+        assert reason.kind is ReasonKind.SYSTEM
+        reason = reason.message
+        if "not installed" in _installed().values() and "No module named" in reason:
             pytest.skip("cuDNN frontend is not installed here")
         assert reason.startswith("cudnn.gemm.cutedsl.grouped.dglu.api.GroupedGemmDgluSm100 failed to import with")
         assert "nvidia-cutlass-dsl" in reason and "cannot import name 'LayoutEnum'" in reason
@@ -54,7 +57,7 @@ def test_an_import_failure_is_reported_with_versions_and_error(monkeypatch):
         cudnn_kernels.import_error.cache_clear()
 
 
-def _missing(monkeypatch, error: ModuleNotFoundError) -> str | None:
+def _missing(monkeypatch, error: ModuleNotFoundError) -> str:
     """The reason when every cuDNN frontend kernel module import raises ``error``."""
     def import_module(name, *args):
         raise error
@@ -62,7 +65,7 @@ def _missing(monkeypatch, error: ModuleNotFoundError) -> str | None:
     monkeypatch.setattr(cudnn_kernels.importlib, "import_module", import_module)
     cudnn_kernels.import_error.cache_clear()
     try:
-        return cudnn_kernels.import_error()
+        return cudnn_kernels.import_error().message
     finally:
         cudnn_kernels.import_error.cache_clear()
 

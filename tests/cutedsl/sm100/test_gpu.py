@@ -21,7 +21,8 @@ def _why_not_here() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if major != 10:
         return f"needs an SM100 (Blackwell) GPU; this one is sm_{major}{minor}"
-    return cudnn_kernels.import_error()
+    error = cudnn_kernels.import_error()
+    return None if error is None else error.message
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_why_not_here() is not None, reason=str(_why_not_here()))]
