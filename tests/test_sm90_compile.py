@@ -2,9 +2,10 @@
 checks on its PTX and ptxas' resource report, and (marker ``gpu``, H100/H200 only) run against
 the reference and the Triton twin.
 
-The kernel is shape-generic (T, N, K, E are runtime values), so the design shapes share the
-compile of their config (about 1-2 s each, cached); each shape is still checked against the
-kernel's support. Skipped, with the import error, where cutlass-dsl is missing or broken.
+The kernel is shape-generic (T, N, K, E are runtime values): one compile serves every shape of a
+config, so the compile tests are parametrized by config (each compiled and checked once, about 2-3
+s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 
 from __future__ import annotations
@@ -20,16 +21,15 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.support.backends import twice_without_sync
-from tests.support.cases import BANDED_SPLITS, parametrize_quick
+from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 # (E, T, H, F) design shapes: FC2 forward is N = H, K = F; FC1 dgrad N = H, K = 2F.
 DESIGN_SHAPES = [(8, 16384, 4096, 14336), (32, 32768, 7168, 2048), (128, 65536, 2048, 768)]
-GEMMS = [(f"{name}-E{e}-H{h}-F{f}", (t, h, k, e), b_k_major)
-         for e, t, h, f in DESIGN_SHAPES
-         for name, k, b_k_major in (("fc2-fwd", f, True), ("fc1-dgrad", 2 * f, False))]
+# (T, N, K, E) of the layer's GEMMs at the design shapes: FC2 forward, FC1 dgrad
+GEMM_SHAPES = [(t, h, k, e) for e, t, h, f in DESIGN_SHAPES for k in (f, 2 * f)]
 # Odd problems: tiny and empty experts, T and N not multiples of the tile, K below one k-tile.
 ODD_SHAPES = [(1, 8, 8, 1), (37 + 64 + 1 + 90, 40, 96, 5), (3, 264, 72, 4096)]
 
@@ -132,13 +132,18 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
         assert report["registers"] <= 232, report
 
 
-@parametrize_quick("name,shape,b_k_major", GEMMS, ids=[g[0] for g in GEMMS])
-def test_design_shapes_compile(name, shape, b_k_major):
-    """FC2 forward reads stacked W2 (K-major B); FC1 dgrad reads W1^T in place (N-major B)."""
+def _compiled(knobs: dict):
     from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
 
-    config = _config(b_k_major=b_k_major, bias_dtype=torch.bfloat16 if name.startswith("fc2") else None)
-    check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=config.tile_n, b_k_major=b_k_major)
+    return compile_grouped_gemm("sm_90a", _config(**knobs))
+
+
+@parametrize_quick("knobs", [dict(b_k_major=True, bias_dtype=torch.bfloat16), dict(b_k_major=False, bias_dtype=None)],
+                   ids=config_id)
+def test_layer_configs_compile(knobs):
+    """FC2 forward reads stacked W2 (K-major B) and adds b2; FC1 dgrad reads W1^T in place (N-major B)."""
+    compiled = _compiled(knobs)
+    check_ptx(compiled, tile_n=compiled.config.tile_n, b_k_major=compiled.config.b_k_major)
 
 
 # (tile_n, pingpong): one or two consumer warpgroups per tile, or two on alternate tiles
@@ -146,13 +151,21 @@ TILINGS = [(128, False), (256, False), (128, True)]
 TILING_IDS = ["128", "256", "128-pingpong"]
 
 
-@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-N{}-K{}-E{}".format(*s))
-@parametrize_quick("tile_n,pingpong", TILINGS, ids=TILING_IDS)
-def test_odd_shapes_compile(shape, tile_n, pingpong):
-    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+@parametrize_quick("knobs", [dict(tile_n=tile_n, **({"pingpong": True} if pingpong else {}),
+                                  bias_dtype=torch.float32, stages=3) for tile_n, pingpong in TILINGS], ids=config_id)
+def test_tiling_configs_compile(knobs):
+    compiled = _compiled(knobs)
+    config = compiled.config
+    check_ptx(compiled, tile_n=config.tile_n, b_k_major=True, pingpong=config.pingpong)
 
-    config = _config(tile_n=tile_n, bias_dtype=torch.float32, stages=3, pingpong=pingpong)
-    check_ptx(compile_grouped_gemm("sm_90a", config, shape=shape), tile_n=tile_n, b_k_major=True, pingpong=pingpong)
+
+def test_design_and_odd_shapes_are_supported():
+    """The shapes the configs compiled here stand for are ones the kernel runs (its only shape
+    check: the code is shape-generic)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import problem_support
+
+    shapes = GEMM_SHAPES + ODD_SHAPES
+    assert {shape: problem_support(*shape) for shape in shapes} == dict.fromkeys(shapes)
 
 
 @parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])

@@ -8,9 +8,10 @@ its shuffle steps and index functions run on a simulated warp (torch), with the 
 and the assembled tile must equal the spec's quantization of it (this checks the design and the
 index code the kernel traces; the GPU tests check the kernel).
 
-The kernel is shape-generic (T, H, F, E are runtime values), so the design shapes share the
-compile of their config (about 1 s each, cached); each shape is still checked against the
-kernel's support. Skipped, with the import error, where cutlass-dsl is missing or broken.
+The kernel is shape-generic (T, H, F, E are runtime values): one compile serves every shape of a
+config, so the compile tests are parametrized by config (each compiled and checked once, about 2
+s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.reference import quantize_columnwise_ref, quantize_rowwise_ref
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 from tests.support.backends import twice_without_sync
-from tests.support.cases import BANDED_SPLITS, adversarial_matrix, parametrize_quick
+from tests.support.cases import BANDED_SPLITS, adversarial_matrix, config_id, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -38,6 +39,8 @@ DESIGN_SHAPES = [(8, 16384, 4096, 14336), (32, 32768, 7168, 2048), (128, 65536, 
 # tile, H below one 64-wide k-tile, many experts.
 ODD_SHAPES = [(1, 32, 32, 1), (37 + 64 + 1 + 90, 64, 96, 5), (3, 32, 160, 4096), (300, 96, 32, 4)]
 ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu"]
+# of the variant configs: gated, not gated, and qgeglu with a tight clamp
+VARIANT_ACTIVATIONS = ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)]
 
 
 def _config(activation="swiglu", **kwargs):
@@ -97,52 +100,48 @@ def check_activation_math(ptx: str, activation: Activation) -> None:
     assert len(re.findall(r"\bmul\.rn\.f32", ptx)) == (64 if geglu else 0)
 
 
-@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@parametrize_quick("activation", ACTIVATIONS)
-def test_design_shapes_compile(shape, activation):
-    """The layer's FC1: stacked W1 (K-major), bf16 b1, fp32 probs."""
+def _compiled(knobs: dict):
     from gmlp.cutedsl.sm90.fc1 import compile_fc1
 
-    experts, tokens, hidden, ffn = shape
-    config = _config(activation, bias_dtype=torch.bfloat16, probs_dtype=torch.float32)
-    compiled = compile_fc1("sm_90a", config, shape=(tokens, hidden, ffn, experts))
-    check_fc1_ptx(compiled, gated=config.activation.gated)
-    check_activation_math(compiled.ptx, config.activation)
+    return compile_fc1("sm_90a", _config(**knobs))
 
 
-@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@parametrize_quick("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1", "two-stages"])
-@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                   ids=["swiglu", "srelu", "qgeglu-clamped"])
-def test_odd_shapes_compile(shape, variant, activation):
-    from gmlp.cutedsl.sm90.fc1 import compile_fc1
-
-    kwargs = {"plain": {}, "fp32-bias-bf16-probs": dict(bias_dtype=torch.float32, probs_dtype=torch.bfloat16),
-              "n-major-w1": dict(b_k_major=False, probs_dtype=torch.float32), "two-stages": dict(stages=2)}[variant]
-    config = _config(activation, **kwargs)
-    compiled = compile_fc1("sm_90a", config, shape=shape)
-    check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
+# The layer's FC1: stacked W1 (K-major), bf16 b1, fp32 probs
+LAYER = dict(bias_dtype=torch.bfloat16, probs_dtype=torch.float32)
+# The other configs: the defaults (no b1, no probs, as many stages as fit), and fp32 b1 with bf16
+# probs, the transposed view of W1 (N-major) with fp32 probs, two stages
+VARIANTS = [{}, dict(bias_dtype=torch.float32, probs_dtype=torch.bfloat16),
+            dict(b_k_major=False, probs_dtype=torch.float32), dict(stages=2)]
 
 
-@parametrize_quick("shape", [*DESIGN_SHAPES, (1, 32, 32, 1), (3, 32, 160, 4096)],
-                   ids=lambda s: "E{}-T{}-H{}-F{}".format(*s) if s[1] > 32 else "odd-T{}-H{}-F{}-E{}".format(*s))
-@parametrize_quick("activation", ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                   ids=["swiglu", "geglu", "qgeglu-clamped"])
-def test_fused_b_compiles(shape, activation):
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER) for activation in ACTIVATIONS], ids=config_id)
+def test_layer_configs_compile(knobs):
+    """The layer's FC1, each activation."""
+    compiled = _compiled(knobs)
+    check_fc1_ptx(compiled, gated=compiled.config.activation.gated)
+    check_activation_math(compiled.ptx, compiled.config.activation)
+
+
+@parametrize_quick("knobs", [dict(activation=activation, **variant) for variant in VARIANTS
+                             for activation in VARIANT_ACTIVATIONS], ids=config_id)
+def test_variant_configs_compile(knobs):
+    compiled = _compiled(knobs)
+    check_fc1_ptx(compiled, gated=compiled.config.activation.gated, b_k_major=compiled.config.b_k_major)
+
+
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER, fused_b=True)
+                             for activation in ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)]],
+                   ids=config_id)
+def test_fused_b_configs_compile(knobs):
     """fused_b: gate and up rows as the halves of one 256-row B tile (two 128-row TMA boxes), one
     m64n256 wgmma per k-block and warpgroup, the same epilogue math and stores."""
-    from gmlp.cutedsl.sm90.fc1 import compile_fc1
-
-    config = _config(activation, fused_b=True, bias_dtype=torch.bfloat16, probs_dtype=torch.float32)
-    if shape[1] > 32:
-        experts, tokens, hidden, ffn = shape
-        shape = (tokens, hidden, ffn, experts)
-    compiled = compile_fc1("sm_90a", config, shape=shape)
+    compiled = _compiled(knobs)
+    config = compiled.config
     check_fc1_ptx(compiled, gated=True, fused_b=True)
     check_activation_math(compiled.ptx, config.activation)
-    assert config.num_stages() == _config(activation).num_stages() == 4  # the same slot bytes
+    assert config.num_stages() == _config(config.activation).num_stages() == 4  # the same slot bytes
     # two TMA loads of W1 per slot (gate rows, up rows), as without fused_b
-    plain = compile_fc1("sm_90a", _config(activation, bias_dtype=torch.bfloat16, probs_dtype=torch.float32))
+    plain = _compiled({**knobs, "fused_b": False})
     tma = r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile"
     assert len(re.findall(tma, compiled.ptx)) == len(re.findall(tma, plain.ptx))
 
@@ -200,37 +199,42 @@ def test_stage_counts():
         FC1Config("swiglu")
 
 
-@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@parametrize_quick("scale_mode", list(ScaleMode), ids=lambda m: m.value)
-@parametrize_quick("activation", ACTIVATIONS)
-def test_design_shapes_compile_mxfp8(shape, scale_mode, activation):
+def _quantized(scale_mode: ScaleMode) -> dict:
+    """The config knobs of an MXFP8 a (E4M3) with ``scale_mode``'s scale bytes (RCEIL: the default)."""
+    return dict(quantized=True, **({"floor_scales": True} if scale_mode is ScaleMode.FLOOR else {}))
+
+
+# the scale mode of each variant config in MXFP8
+VARIANT_SCALE_MODES = [ScaleMode.RCEIL, ScaleMode.RCEIL, ScaleMode.FLOOR, ScaleMode.RCEIL]
+
+
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER, **_quantized(scale_mode))
+                             for scale_mode in ScaleMode for activation in ACTIVATIONS], ids=config_id)
+def test_layer_configs_compile_mxfp8(knobs):
     """The MXFP8 layer's FC1: a written as Q_row(a) and Q_col(a) from the epilogue."""
-    from gmlp.cutedsl.sm90.fc1 import compile_fc1
-
-    experts, tokens, hidden, ffn = shape
-    floor = scale_mode is ScaleMode.FLOOR
-    config = _config(activation, bias_dtype=torch.bfloat16, probs_dtype=torch.float32, quantized=True,
-                     floor_scales=floor)
-    compiled = compile_fc1("sm_90a", config, shape=(tokens, hidden, ffn, experts))
-    check_fc1_ptx(compiled, gated=config.activation.gated)
-    check_activation_math(compiled.ptx, config.activation)
-    check_quantized_ptx(compiled, floor_scales=floor)
+    compiled = _compiled(knobs)
+    check_fc1_ptx(compiled, gated=compiled.config.activation.gated)
+    check_activation_math(compiled.ptx, compiled.config.activation)
+    check_quantized_ptx(compiled, floor_scales=compiled.config.floor_scales)
 
 
-@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@parametrize_quick("variant", ["plain", "fp32-bias-bf16-probs", "n-major-w1-floor", "two-stages"])
-@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                   ids=["swiglu", "srelu", "qgeglu-clamped"])
-def test_odd_shapes_compile_mxfp8(shape, variant, activation):
-    from gmlp.cutedsl.sm90.fc1 import compile_fc1
+@parametrize_quick("knobs", [dict(activation=activation, **variant, **_quantized(scale_mode))
+                             for variant, scale_mode in zip(VARIANTS, VARIANT_SCALE_MODES)
+                             for activation in VARIANT_ACTIVATIONS], ids=config_id)
+def test_variant_configs_compile_mxfp8(knobs):
+    compiled = _compiled(knobs)
+    check_fc1_ptx(compiled, gated=compiled.config.activation.gated, b_k_major=compiled.config.b_k_major)
+    check_quantized_ptx(compiled, floor_scales=compiled.config.floor_scales)
 
-    kwargs = {"plain": {}, "fp32-bias-bf16-probs": dict(bias_dtype=torch.float32, probs_dtype=torch.bfloat16),
-              "n-major-w1-floor": dict(b_k_major=False, probs_dtype=torch.float32, floor_scales=True),
-              "two-stages": dict(stages=2)}[variant]
-    config = _config(activation, quantized=True, **kwargs)
-    compiled = compile_fc1("sm_90a", config, shape=shape)
-    check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
-    check_quantized_ptx(compiled, floor_scales=config.floor_scales)
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "not-gated"])
+def test_design_and_odd_shapes_are_supported(gated):
+    """The shapes the configs compiled above stand for are ones the kernel runs (its only shape
+    check: the code is shape-generic)."""
+    from gmlp.cutedsl.sm90.fc1 import problem_support
+
+    shapes = [(tokens, hidden, ffn, experts) for experts, tokens, hidden, ffn in DESIGN_SHAPES] + ODD_SHAPES
+    assert {shape: problem_support(*shape, gated=gated) for shape in shapes} == dict.fromkeys(shapes)
 
 
 @pytest.mark.parametrize("shape,match", [

@@ -4,9 +4,10 @@ and (marker ``gpu``, H100/H200 only) run against the reference and the Triton tw
 tolerances of tests/triton_ref/test_fc2_dgrad.py (bf16 dh) or bit for bit (MXFP8: the data and scale
 bytes of Q_row(dh) and Q_col(dh); dprobs and db1 within the bf16 tests' bounds).
 
-The kernel is shape-generic (T, H, F, E are runtime values), so the design shapes share the
-compile of their config (about 1 s each, cached); each shape is still checked against the
-kernel's support. Skipped, with the import error, where cutlass-dsl is missing or broken.
+The kernel is shape-generic (T, H, F, E are runtime values): one compile serves every shape of a
+config, so the compile tests are parametrized by config (each compiled and checked once, about 2
+s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.backends import twice_without_sync
-from tests.support.cases import BANDED_SPLITS, parametrize_quick
+from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
 _IMPORT_ERROR = import_error()
@@ -33,6 +34,8 @@ DESIGN_SHAPES = [(8, 16384, 4096, 14336), (32, 32768, 7168, 2048), (128, 65536, 
 # tile, H below one 64-wide k-tile, many experts.
 ODD_SHAPES = [(1, 32, 32, 1), (37 + 64 + 1 + 90, 64, 96, 5), (3, 32, 160, 4096), (300, 96, 32, 4)]
 ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu"]
+# of the variant configs: gated, not gated, and qgeglu with a tight clamp
+VARIANT_ACTIVATIONS = ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)]
 
 
 def _config(activation="swiglu", **kwargs):
@@ -41,12 +44,15 @@ def _config(activation="swiglu", **kwargs):
     return FC2DgradConfig(activation_from(activation), **kwargs)
 
 
-def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False, bias_grad: bool = False) -> None:
-    """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
-    consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with fp32 accumulators (one B tile, K-major or
-    N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly shuffles for the dprobs partials (quad)
-    and the db1 warp sums, the epilogue's global loads and stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
-    ptx, tile_n, quantized = compiled.ptx, compiled.config.tile_n, compiled.config.quantized
+def check_fc2_dgrad_ptx(compiled) -> None:
+    """What every config's PTX must show (the options read from ``compiled.config``): the target,
+    384 threads (a producer warpgroup and two consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with
+    fp32 accumulators (one B tile, K-major or N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly
+    shuffles for the dprobs partials (quad) and the db1 warp sums, the epilogue's global loads and
+    stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
+    ptx, config = compiled.ptx, compiled.config
+    tile_n, quantized, b_k_major = config.tile_n, config.quantized, config.b_k_major
+    probs, bias_grad = config.probs_dtype is not None, config.bias_grad
     pairs = tile_n // 4  # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
@@ -58,7 +64,7 @@ def check_fc2_dgrad_ptx(compiled, *, b_k_major: bool = True, probs: bool = False
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
-    halves = 2 if compiled.config.activation.gated else 1
+    halves = 2 if config.activation.gated else 1
     # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half;
     # MXFP8: each quantized tile's 41 (check_quantized_ptx)
     quantizing = QUANTIZE_SHUFFLES * halves if quantized else 0
@@ -117,46 +123,47 @@ def check_quantized_ptx(compiled) -> None:
     assert len(re.findall(r"st\.global\.v4\.b32", ptx)) >= 4 * tiles * (2 if config.activation.gated else 1)
 
 
-def check_activation_math(ptx: str, activation: Activation, probs: bool, tile_n: int = 128) -> None:
+def check_activation_math(compiled) -> None:
     """The epilogue's transcendental ops are Triton's (ex2.approx.f32, div.full.f32): one sigmoid
     per element of a thread's tile_n / 2 da values, shared by act(c) (dprobs, with probs) and
     act'(c); none for srelu."""
-    expected = 0 if activation.kind is ActivationKind.SRELU else tile_n // 2
+    ptx, config = compiled.ptx, compiled.config
+    expected = 0 if config.activation.kind is ActivationKind.SRELU else config.tile_n // 2
     assert len(re.findall(r"ex2\.approx\.f32", ptx)) == expected
     assert len(re.findall(r"div\.full\.f32", ptx)) == expected
     assert "ex2.approx.ftz" not in ptx
 
 
-@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@parametrize_quick("activation", ACTIVATIONS)
-@parametrize_quick("tile_n", [128, 256])
-def test_design_shapes_compile(shape, activation, tile_n):
-    """The layer's FC2 dgrad: w2t the transposed view of the stacked W2 (N-major), fp32 probs,
-    db1; both tile widths (the db1 sums written over the accumulators: no spills at 256)."""
+def _compiled(knobs: dict):
     from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
 
-    experts, tokens, hidden, ffn = shape
-    config = _config(activation, b_k_major=False, probs_dtype=torch.float32, bias_grad=True, tile_n=tile_n)
-    compiled = compile_fc2_dgrad("sm_90a", config, shape=(tokens, hidden, ffn, experts))
-    check_fc2_dgrad_ptx(compiled, b_k_major=False, probs=True, bias_grad=True)
-    check_activation_math(compiled.ptx, config.activation, probs=True, tile_n=tile_n)
+    return compile_fc2_dgrad("sm_90a", _config(**knobs))
 
 
-@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@parametrize_quick("variant", ["plain", "bf16-probs", "k-major-w2t-probs", "bias-grad-two-stages"])
-@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                   ids=["swiglu", "srelu", "qgeglu-clamped"])
-def test_odd_shapes_compile(shape, variant, activation):
-    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
+# The layer's FC2 dgrad: w2t the transposed view of the stacked W2 (N-major), fp32 probs, db1
+LAYER = dict(b_k_major=False, probs_dtype=torch.float32, bias_grad=True)
+# The other configs: the defaults (K-major w2t, no probs, no db1, as many stages as fit), and
+# bf16 probs, fp32 probs on a K-major w2t, db1 with two stages
+VARIANTS = [{}, dict(b_k_major=False, probs_dtype=torch.bfloat16), dict(probs_dtype=torch.float32),
+            dict(b_k_major=False, bias_grad=True, stages=2)]
 
-    kwargs = {"plain": {}, "bf16-probs": dict(b_k_major=False, probs_dtype=torch.bfloat16),
-              "k-major-w2t-probs": dict(probs_dtype=torch.float32),
-              "bias-grad-two-stages": dict(b_k_major=False, bias_grad=True, stages=2)}[variant]
-    config = _config(activation, **kwargs)
-    compiled = compile_fc2_dgrad("sm_90a", config, shape=shape)
-    check_fc2_dgrad_ptx(compiled, b_k_major=config.b_k_major, probs=config.probs_dtype is not None,
-                        bias_grad=config.bias_grad)
-    check_activation_math(compiled.ptx, config.activation, probs=config.probs_dtype is not None)
+
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER, tile_n=tile_n)
+                             for tile_n in (128, 256) for activation in ACTIVATIONS], ids=config_id)
+def test_layer_configs_compile(knobs):
+    """The layer's FC2 dgrad, both tile widths (the db1 sums written over the accumulators: no
+    spills at 256)."""
+    compiled = _compiled(knobs)
+    check_fc2_dgrad_ptx(compiled)
+    check_activation_math(compiled)
+
+
+@parametrize_quick("knobs", [dict(activation=activation, **variant) for variant in VARIANTS
+                             for activation in VARIANT_ACTIVATIONS], ids=config_id)
+def test_variant_configs_compile(knobs):
+    compiled = _compiled(knobs)
+    check_fc2_dgrad_ptx(compiled)
+    check_activation_math(compiled)
 
 
 GRAD_RECIPES = {"e4m3-rceil": (ElementFormat.E4M3, ScaleMode.RCEIL),
@@ -165,47 +172,49 @@ GRAD_RECIPES = {"e4m3-rceil": (ElementFormat.E4M3, ScaleMode.RCEIL),
                 "e4m3-floor": (ElementFormat.E4M3, ScaleMode.FLOOR)}
 
 
+# the gradient recipe of each variant config in MXFP8: every format and scale mode
+VARIANT_GRAD_RECIPES = ["e4m3-rceil", "e5m2-rceil", "e4m3-floor", "e5m2-floor"]
+
+
 def _quantized(grad_recipe: str) -> dict:
+    """The config knobs of an MXFP8 dh in ``grad_recipe``'s format and scale mode (those not
+    E4M3, RCEIL)."""
     fmt, mode = GRAD_RECIPES[grad_recipe]
-    return dict(quantized=True, e5m2=fmt is ElementFormat.E5M2, floor_scales=mode is ScaleMode.FLOOR)
+    return dict(quantized=True, **({"e5m2": True} if fmt is ElementFormat.E5M2 else {}),
+                **({"floor_scales": True} if mode is ScaleMode.FLOOR else {}))
 
 
-@parametrize_quick("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
-@parametrize_quick("activation", ACTIVATIONS)
-@parametrize_quick("grad_recipe", ["e4m3-rceil", "e5m2-floor"])
-def test_design_shapes_compile_mxfp8(shape, activation, grad_recipe):
-    """The MXFP8 layer's FC2 dgrad: the transposed view of W2, fp32 probs, db1, dh written as
-    Q_row(dh) and Q_col(dh) in the gradient format (no spills, ptxas -v)."""
-    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
-
-    experts, tokens, hidden, ffn = shape
-    config = _config(activation, b_k_major=False, probs_dtype=torch.float32, bias_grad=True, **_quantized(grad_recipe))
-    compiled = compile_fc2_dgrad("sm_90a", config, shape=(tokens, hidden, ffn, experts))
-    check_fc2_dgrad_ptx(compiled, b_k_major=False, probs=True, bias_grad=True)
-    check_activation_math(compiled.ptx, config.activation, probs=True)
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER, **_quantized(grad_recipe))
+                             for grad_recipe in ("e4m3-rceil", "e5m2-floor") for activation in ACTIVATIONS],
+                   ids=config_id)
+def test_layer_configs_compile_mxfp8(knobs):
+    """The MXFP8 layer's FC2 dgrad: dh written as Q_row(dh) and Q_col(dh) in the gradient format
+    (no spills, ptxas -v)."""
+    compiled = _compiled(knobs)
+    check_fc2_dgrad_ptx(compiled)
+    check_activation_math(compiled)
     check_quantized_ptx(compiled)
 
 
-@parametrize_quick("shape", ODD_SHAPES, ids=lambda s: "T{}-H{}-F{}-E{}".format(*s))
-@parametrize_quick("variant", ["plain", "bf16-probs-e5m2", "k-major-w2t-probs-floor",
-                               "bias-grad-two-stages-e5m2-floor"])
-@parametrize_quick("activation", ["swiglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                   ids=["swiglu", "srelu", "qgeglu-clamped"])
-def test_odd_shapes_compile_mxfp8(shape, variant, activation):
-    """Every gradient format and scale mode, probs and db1 on and off (plain: E4M3, RCEIL)."""
-    from gmlp.cutedsl.sm90.fc2_dgrad import compile_fc2_dgrad
-
-    kwargs = {"plain": _quantized("e4m3-rceil"),
-              "bf16-probs-e5m2": dict(b_k_major=False, probs_dtype=torch.bfloat16, **_quantized("e5m2-rceil")),
-              "k-major-w2t-probs-floor": dict(probs_dtype=torch.float32, **_quantized("e4m3-floor")),
-              "bias-grad-two-stages-e5m2-floor": dict(b_k_major=False, bias_grad=True, stages=2,
-                                                     **_quantized("e5m2-floor"))}[variant]
-    config = _config(activation, **kwargs)
-    compiled = compile_fc2_dgrad("sm_90a", config, shape=shape)
-    check_fc2_dgrad_ptx(compiled, b_k_major=config.b_k_major, probs=config.probs_dtype is not None,
-                        bias_grad=config.bias_grad)
-    check_activation_math(compiled.ptx, config.activation, probs=config.probs_dtype is not None)
+@parametrize_quick("knobs", [dict(activation=activation, **variant, **_quantized(grad_recipe))
+                             for variant, grad_recipe in zip(VARIANTS, VARIANT_GRAD_RECIPES)
+                             for activation in VARIANT_ACTIVATIONS], ids=config_id)
+def test_variant_configs_compile_mxfp8(knobs):
+    """Every gradient format and scale mode, probs and db1 on and off (the default: E4M3, RCEIL)."""
+    compiled = _compiled(knobs)
+    check_fc2_dgrad_ptx(compiled)
+    check_activation_math(compiled)
     check_quantized_ptx(compiled)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "not-gated"])
+def test_design_and_odd_shapes_are_supported(gated):
+    """The shapes the configs compiled above stand for are ones the kernel runs (its only shape
+    check: the code is shape-generic)."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import problem_support
+
+    shapes = [(tokens, hidden, ffn, experts) for experts, tokens, hidden, ffn in DESIGN_SHAPES] + ODD_SHAPES
+    assert {shape: problem_support(*shape, gated=gated) for shape in shapes} == dict.fromkeys(shapes)
 
 
 @pytest.mark.parametrize("ffn", [32, 64, 96, 128, 160, 192, 256, 352])

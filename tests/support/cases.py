@@ -1,7 +1,11 @@
 """Test inputs: random distributions and adversarial blocks for quantization, split sizes; the
-parametrization that keeps the quick run (``-m "not slow"``) to a representative subset."""
+parametrization that keeps the quick run (``-m "not slow"``) to a representative subset, and the
+ids of compile tests parametrized by kernel config."""
 
 from __future__ import annotations
+
+import dataclasses
+import enum
 
 import pytest
 import torch
@@ -126,3 +130,36 @@ def parametrize_quick(argnames: str, argvalues, keep: int = 1, **kwargs):
         return pytest.param(*(value if several else (value,)), marks=pytest.mark.slow)
 
     return pytest.mark.parametrize(argnames, [*argvalues[:keep], *map(slow, argvalues[keep:])], **kwargs)
+
+
+_DTYPE_WORDS = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+# (False, True) of a flag; the others are "no-name", "name"
+_FLAG_WORDS = {"b_k_major": ("n-major-b", "k-major-b"), "ragged_tma": ("smem-mask", "ragged-tma")}
+_LABELS = {"tile_n": "tile"}
+
+
+def _knob_word(name: str, value) -> str:
+    """One knob of a kernel config as an id word: ``probs_dtype=torch.float32`` is ``probs-fp32``."""
+    if dataclasses.is_dataclass(value):  # an Activation: its kind, then the parameters it changes
+        changed = [f"{f.name}{getattr(value, f.name)}" for f in dataclasses.fields(value)
+                   if f.default is not dataclasses.MISSING and getattr(value, f.name) != f.default]
+        return "-".join([value.kind.value, *changed])
+    label = _LABELS.get(name, name.removesuffix("_dtype").removesuffix("_format")).replace("_", "-")
+    if isinstance(value, bool):
+        return _FLAG_WORDS.get(name, (f"no-{label}", label))[value]
+    if value is None:
+        return f"no-{label}"
+    if isinstance(value, torch.dtype):
+        return f"{label}-{_DTYPE_WORDS[value]}"
+    if isinstance(value, enum.Enum):
+        return f"{label}-{value.value}"
+    if isinstance(value, str):  # an activation's name
+        return value
+    return f"{label}{value}"
+
+
+def config_id(knobs: dict) -> str:
+    """The id of a compile test from the knobs of the kernel config it compiles (the others keep
+    the config's defaults), in order: ``dict(activation="swiglu", b_k_major=False, probs_dtype=
+    torch.float32, bias_grad=True, tile_n=256)`` is ``swiglu-n-major-b-probs-fp32-bias-grad-tile256``."""
+    return "-".join(_knob_word(name, value) for name, value in knobs.items())
