@@ -1,5 +1,6 @@
 """gmlp's packages form floors, and imports point down: a reading of every import in ``gmlp/``
-(module level and inside functions), by the standard library's ``ast``.
+(module level and inside functions), by the standard library's ``ast``. The tests follow the same
+tree, and a test module imports no other test module (shared helpers live in ``tests.support``).
 
 ``python -m tests.test_layering`` prints the floors, the upward imports and the import cycles.
 """
@@ -10,13 +11,10 @@ import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "gmlp"
+TESTS = pathlib.Path(__file__).resolve().parent
 # From the ground up: a module may import its own floor and those below.
 FLOORS = ("system", "mxfp8", "contract", "triton_ref", "cutedsl", "dispatch", "debug", "layer",
           "integrations", "bench", "__main__", "__init__")
-# Upward imports allowed: none. The test fails on any (and ``python -m tests.test_layering`` lists them).
-KNOWN_UPWARD: set[tuple[str, str]] = set()
-
-
 def _module(path: pathlib.Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
@@ -87,18 +85,37 @@ def test_every_package_has_a_floor():
 
 
 def test_imports_point_down():
-    assert upward(imports()) == KNOWN_UPWARD
+    assert upward(imports()) == set()
 
 
 def test_no_import_cycle():
     assert cycles(imports()) == []
 
 
+def _tests_imported_by(path: pathlib.Path) -> set[str]:
+    """The ``tests.`` modules a test file imports (module level and inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("tests"))
+    return found
+
+
+def test_no_test_module_imports_another():
+    """Tests share code through ``tests.support`` only, so that a test file can move or go alone."""
+    reaching = {str(path.relative_to(TESTS.parent)): sorted(m for m in _tests_imported_by(path)
+                                                             if not m.startswith("tests.support"))
+                for path in TESTS.rglob("test_*.py")}
+    assert {name: modules for name, modules in reaching.items() if modules} == {}
+
+
 if __name__ == "__main__":
     graph = imports()
     print("floors, from the ground up:", " -> ".join(FLOORS))
     for a, b in sorted(upward(graph)):
-        print(f"upward: {a} -> {b}{'  (known)' if (a, b) in KNOWN_UPWARD else ''}")
+        print(f"upward: {a} -> {b}")
     for component in cycles(graph):
         print("cycle:", " <-> ".join(component))
     print(f"{sum(map(len, graph.values()))} imports among {len(graph)} modules")

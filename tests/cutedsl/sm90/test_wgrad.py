@@ -18,6 +18,8 @@ import torch
 from gmlp.cutedsl import import_error
 from tests.support.backends import twice_without_sync
 from tests.support.cases import config_id, parametrize_quick
+from tests.support.ptx import check_register_split, ptxas_report, sass
+from tests.support.sm90 import on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -50,7 +52,6 @@ def check_ptx(compiled) -> None:
     fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local
     memory, no spills (ptxas -v where a ptxas reads the PTX, else the PTX's ld/st.local), no
     predicated R2UR in the SASS."""
-    from tests.test_sm90_compile import check_register_split, ptxas_report, sass
 
     config, ptx = compiled.config, compiled.ptx
     assert ".target sm_90a" in ptx
@@ -209,10 +210,6 @@ def test_launcher_refuses_bad_operands():
 # ---------------------------------------------------------------------------------------------
 
 
-def _on_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 SPLITS = {
     "ragged-with-empty": [0, 37, 64, 1, 90],  # empty, below one k-step, one k-step, one row
     "one-expert-gets-all": [0, 0, 300, 0],
@@ -230,7 +227,7 @@ def _bound(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("m,n", [(64, 96), (40, 264), (264, 40), (136, 520), (512, 256)], ids=str)
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
@@ -275,7 +272,7 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-256", "pingpong-128"])
 def test_wgrad_design_like_problem(variant):
     """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
@@ -298,7 +295,7 @@ def test_wgrad_design_like_problem(variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_wgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad

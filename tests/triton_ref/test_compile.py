@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.triton_aot import configs
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,7 @@ support without compiling. Skipped, with the import error, where cutlass-dsl is 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 
 import pytest
 import torch
@@ -22,6 +18,8 @@ import torch
 from gmlp.cutedsl import import_error
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
+from tests.support.ptx import check_register_split
+from tests.support.sm90 import SPLITS, check_ptx, expert_weights, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -38,98 +36,6 @@ def _config(**kwargs):
     from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig
 
     return KernelConfig(**kwargs)
-
-
-def _ptxas_candidates() -> list[str]:
-    """ptxas binaries to try: on PATH, then the ones Triton bundles (its ptxas-blackwell is CUDA 13.x)."""
-    candidates = [shutil.which("ptxas")]
-    try:
-        import triton
-
-        bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-        candidates += [os.path.join(bin_dir, "ptxas-blackwell"), os.path.join(bin_dir, "ptxas")]
-    except ImportError:
-        pass
-    return [tool for tool in candidates if tool and os.access(tool, os.X_OK)]
-
-
-def ptxas_report(ptx: str, arch: str) -> dict[str, int] | None:
-    """{"registers", "stack", "spill_stores", "spill_loads"} from ``ptxas -v`` of the first ptxas
-    that reads the PTX's ISA version; None if none does."""
-    with tempfile.TemporaryDirectory() as work:
-        source = os.path.join(work, "kernel.ptx")
-        with open(source, "w") as handle:
-            handle.write(ptx)
-        for tool in _ptxas_candidates():
-            result = subprocess.run([tool, "-v", f"-arch={arch}", source, "-o", os.path.join(work, "kernel.cubin")],
-                                    capture_output=True, text=True)
-            if "Unsupported .version" in result.stderr:
-                continue
-            assert result.returncode == 0, result.stderr
-            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                              result.stderr)
-            registers = re.search(r"Used (\d+) registers", result.stderr)
-            return dict(registers=int(registers.group(1)), stack=int(frame.group(1)),
-                        spill_stores=int(frame.group(2)), spill_loads=int(frame.group(3)))
-    return None
-
-
-def sass(cubin: bytes) -> str | None:
-    """The cubin's SASS (cuobjdump -sass: on PATH or Triton's); None without a cuobjdump."""
-    tools = [shutil.which("cuobjdump")]
-    tools += [os.path.join(os.path.dirname(tool), "cuobjdump") for tool in _ptxas_candidates()]
-    tool = next((t for t in tools if t and os.access(t, os.X_OK)), None)
-    if tool is None:
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        result = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def check_register_split(ptx: str, report: dict[str, int] | None, producer: int = 40, consumer: int = 232) -> None:
-    """The PTX lowers the producer warpgroup to ``producer`` registers and raises each consumer
-    warpgroup to ``consumer``, and the split fits the CTA's launch allocation: ``setmaxnreg.inc``
-    draws on the CTA's pool (SASS ``USETMAXREG.TRY_ALLOC.CTAPOOL``, retried until it succeeds),
-    which holds threads x the launch count (ptxas -v's where a ptxas reads the PTX, else the most
-    a CTA of that size can get, 65536 / threads rounded down to 8): asking for more can hang."""
-    assert re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(producer)]
-    assert re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(consumer)]
-    threads = int(re.search(r"\.reqntid (\d+), 1, 1", ptx).group(1))
-    launch = report["registers"] if report is not None else 65536 // threads // 8 * 8
-    warpgroups = threads // 128
-    assert producer + (warpgroups - 1) * consumer <= warpgroups * launch, (producer, consumer, threads, launch)
-
-
-def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
-    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
-    consumer warpgroups with ping-pong), bf16
-    wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills (ptxas
-    -v where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
-    ptx = compiled.ptx
-    assert ".target sm_90a" in ptx
-    assert f".reqntid {128 * (1 + (2 if pingpong else tile_n // 128))}, 1, 1" in ptx
-    # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
-    # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b (1: B is N-major in smem)
-    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
-                        r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
-    assert wgmmas and all(trans == ("0", "0" if b_k_major else "1") for trans in wgmmas), wgmmas[:2]
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    code = sass(compiled.cubin)
-    if code is not None:
-        assert "HGMMA.64x" in code
-        # A predicated R2UR near TMA issue is an illegal instruction on sm_90a (NVIDIA's hopper
-        # grouped_gemm example works around ptxas emitting one): none here.
-        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report)
-    if report is not None:  # else the PTX check above is the spill check
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= 232, report
 
 
 def _compiled(knobs: dict):
@@ -242,28 +148,8 @@ def test_launcher_refuses_bad_operands():
 # ---------------------------------------------------------------------------------------------
 
 
-def _on_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-SPLITS = {
-    "ragged-with-empty": [0, 37, 64, 1, 90],
-    "one-expert-gets-all": [0, 0, 300, 0],
-    "all-empty-but-last": [0, 0, 0, 5],
-    "tile-multiples": [128, 256, 0, 128],
-    "many-tiny": [1, 2, 3, 0, 5, 8, 13, 0, 21, 34, 55, 0, 89, 1, 1, 1],
-}
-
-
-def expert_weights(experts: int, n: int, k: int, transposed: bool) -> torch.Tensor:
-    """B_g (N, K) per expert: stacked (E, N, K) (K-major), or a transposed view of W (E, K, N)."""
-    if not transposed:
-        return (torch.randn(experts, n, k, device="cuda") / 8).bfloat16()
-    return (torch.randn(experts, k, n, device="cuda") / 8).bfloat16().transpose(1, 2)
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (264, 64, False), (40, 520, True), (512, 2048, False)],
@@ -293,7 +179,7 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
         assert bool(((got.float() - other.float()).abs() <= 2.0**-7 * other.float().abs() + delta).all())
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
 def test_grouped_gemm_over_several_bands(tile_n, pingpong):
     """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert; with
@@ -302,7 +188,7 @@ def test_grouped_gemm_over_several_bands(tile_n, pingpong):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_grouped_gemm_is_deterministic_and_syncless():
     """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm

@@ -1,5 +1,5 @@
 """The CuTeDSL sm_90a FC2 dgrad (gmlp.cutedsl.sm90.fc2_dgrad) compiled without a GPU, with checks
-on its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py, imported),
+on its PTX, SASS and ptxas' resource report (tests/support/ptx.py, tests/support/sm90.py),
 and (marker ``gpu``, H100/H200 only) run against the reference and the Triton twin with the
 tolerances of tests/triton_ref/test_fc2_dgrad.py (bf16 dh) or bit for bit (MXFP8: the data and scale
 bytes of Q_row(dh) and Q_col(dh); dprobs and db1 within the bf16 tests' bounds).
@@ -23,7 +23,7 @@ from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
-from tests.test_sm90_compile import check_register_split, ptxas_report, sass
+from tests.support.sm90 import assert_same_bits, check_fc2_dgrad_ptx, fc2_dgrad_operands, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -42,58 +42,6 @@ def _config(activation="swiglu", **kwargs):
     from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig
 
     return FC2DgradConfig(activation_from(activation), **kwargs)
-
-
-def check_fc2_dgrad_ptx(compiled) -> None:
-    """What every config's PTX must show (the options read from ``compiled.config``): the target,
-    384 threads (a producer warpgroup and two consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with
-    fp32 accumulators (one B tile, K-major or N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly
-    shuffles for the dprobs partials (quad) and the db1 warp sums, the epilogue's global loads and
-    stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
-    ptx, config = compiled.ptx, compiled.config
-    tile_n, quantized, b_k_major = config.tile_n, config.quantized, config.b_k_major
-    probs, bias_grad = config.probs_dtype is not None, config.bias_grad
-    pairs = tile_n // 4  # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups
-    assert ".target sm_90a" in ptx
-    assert ".reqntid 384, 1, 1" in ptx
-    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
-                        r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
-    assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
-    assert len(wgmmas) % 4 == 0, len(wgmmas)
-    producer, consumer = (24, 240) if quantized else (40, 232)  # MXFP8: 8 more a consumer thread
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
-    halves = 2 if config.activation.gated else 1
-    # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half;
-    # MXFP8: each quantized tile's 41 (check_quantized_ptx)
-    quantizing = QUANTIZE_SHUFFLES * halves if quantized else 0
-    assert shuffles == quantizing + (4 if probs else 0) + (3 * pairs * halves if bias_grad else 0), shuffles
-    # one pass: each of the thread's pairs of c (gate, and up) loaded once (MXFP8: as 32-bit words,
-    # beside the schedule's 32-bit loads); bf16 dh pairs, db1 warp sums and dprobs partials stored
-    # as 32-bit words
-    if quantized:
-        assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == 0
-        assert len(re.findall(r"ld\.global\.b32", ptx)) >= pairs * halves
-    else:
-        assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == pairs * halves
-    stores = (0 if quantized else pairs * halves) + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
-    assert len(re.findall(r"st\.global\.b32", ptx)) == stores
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    code = sass(compiled.cubin)
-    if code is not None:
-        assert f"HGMMA.64x{tile_n}x16.F32.BF16" in code
-        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report, producer, consumer)
-    if report is not None:
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= consumer, report
-
-
-# Butterfly shuffles of one quantized 128 x 128 tile: Q_row's quad reduce-scatter (2 row slots x
-# 3), Q_col's column reduce-scatter (16 + 8 + 4) and scale gather (1 + 2 + 4).
-QUANTIZE_SHUFFLES = 2 * 3 + 16 + 8 + 4 + 1 + 2 + 4
 
 
 def check_quantized_ptx(compiled) -> None:
@@ -322,10 +270,6 @@ def test_launcher_refuses_bad_operands():
 # ---------------------------------------------------------------------------------------------
 
 
-def _on_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 SPLITS = {
     "ragged-with-empty": [0, 37, 64, 1, 90],
     "one-expert-gets-all": [0, 0, 300, 0],
@@ -336,7 +280,7 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("with_probs,bias_grad", [(True, True), (False, False), (True, False)],
                          ids=["probs-db1", "plain", "probs"])
@@ -395,7 +339,7 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
         assert got.db1 is None
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", ["swiglu", "srelu"])
 @pytest.mark.parametrize("tile_n", [128, 256])
 def test_fc2_dgrad_over_several_bands(activation, tile_n):
@@ -405,7 +349,7 @@ def test_fc2_dgrad_over_several_bands(activation, tile_n):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("with_probs,bias_grad", [(True, True), (False, False)], ids=["probs-db1", "plain"])
 @pytest.mark.parametrize("hidden,ffn", [(96, 160), (512, 256)], ids=["H96-F160", "H512-F256"])
@@ -417,7 +361,7 @@ def test_fc2_dgrad_wide_tiles(activation, with_probs, bias_grad, hidden, ffn, sp
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc2_dgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU
@@ -445,21 +389,6 @@ MXFP8_VARIANTS = {"e4m3-rceil-probs-db1": ("e4m3-rceil", True, True), "e5m2-floo
                   "e4m3-floor-probs": ("e4m3-floor", True, False), "e5m2-rceil-db1": ("e5m2-rceil", False, True)}
 
 
-def _fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs, transposed=False):
-    torch.manual_seed(0)
-    split_sizes = torch.tensor(splits, device="cuda")
-    tokens, experts = sum(splits), len(splits)
-    n1 = (2 if activation.gated else 1) * ffn
-    dy = torch.randn(tokens, hidden, device="cuda").bfloat16()
-    if transposed:  # the stacked W2 (E, H, F) read as its (E, F, H) transpose
-        w2t = (torch.randn(experts, hidden, ffn, device="cuda") / 8).bfloat16().transpose(1, 2)
-    else:
-        w2t = (torch.randn(experts, ffn, hidden, device="cuda") / 8).bfloat16()
-    c = torch.randn(tokens, n1, device="cuda").bfloat16()
-    probs = torch.rand(tokens, device="cuda") if with_probs else None
-    return dy, w2t, c, split_sizes, probs
-
-
 def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation, recipe, probs, bias_grad,
                                           finite: bool = True) -> None:
     """The SM90 kernel and the Triton twin with the same recipe: the data and scale bytes of
@@ -472,7 +401,6 @@ def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
     from gmlp.mxfp8.tensor import QuantAxis
     from gmlp.triton_ref.fc2_dgrad import fc2_dgrad as triton_fc2_dgrad
-    from tests.test_sm90_fc1 import assert_same_bits
     from tests.support.tolerances import within_steps
 
     kwargs = dict(activation=activation, probs=probs, bias_grad=bias_grad)
@@ -517,7 +445,7 @@ def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("variant", list(MXFP8_VARIANTS))
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (512, 256)], ids=["H64-F96", "H512-F256"])
@@ -532,13 +460,13 @@ def test_fc2_dgrad_mxfp8_matches_triton_bitwise(activation, variant, hidden, ffn
     activation = activation_from(activation)
     grad_recipe, with_probs, bias_grad = MXFP8_VARIANTS[variant]
     fmt, mode = GRAD_RECIPES[grad_recipe]
-    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs)
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs)
     assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, activation=activation,
                                           recipe=MXFP8Recipe(mode, fmt), probs=probs, bias_grad=bias_grad)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", ["swiglu", "srelu"])
 @pytest.mark.parametrize("grad_recipe", list(GRAD_RECIPES))
 def test_fc2_dgrad_mxfp8_transposed_weight_and_special_values(activation, grad_recipe):
@@ -548,7 +476,7 @@ def test_fc2_dgrad_mxfp8_transposed_weight_and_special_values(activation, grad_r
     writes them."""
     activation = activation_from(activation)
     fmt, mode = GRAD_RECIPES[grad_recipe]
-    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands([0, 37, 200, 63, 0], 128, 160, activation, True,
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands([0, 37, 200, 63, 0], 128, 160, activation, True,
                                                          transposed=True)
     dy[3] = float("nan")
     dy[40, :7] = float("inf")
@@ -562,17 +490,16 @@ def test_fc2_dgrad_mxfp8_transposed_weight_and_special_values(activation, grad_r
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("grad_recipe", ["e4m3-rceil", "e5m2-floor"])
 def test_fc2_dgrad_mxfp8_is_deterministic_and_syncless(grad_recipe):
     """Same inputs, bitwise the same outputs (both orientations' data and scales, dprobs, db1);
     no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
-    from tests.test_sm90_fc1 import assert_same_bits
 
     fmt, mode = GRAD_RECIPES[grad_recipe]
-    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands([0, 300, 7, 129], 256, 256, SWIGLU, True)
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands([0, 300, 7, 129], 256, 256, SWIGLU, True)
     kwargs = dict(activation=SWIGLU, recipe=MXFP8Recipe(mode, fmt), probs=probs, bias_grad=True)
     first, second = twice_without_sync(lambda: fc2_dgrad(dy, w2t, c, split_sizes, **kwargs))
     for a, b in ((first.dh_rowwise, second.dh_rowwise), (first.dh_columnwise, second.dh_columnwise)):
@@ -582,7 +509,7 @@ def test_fc2_dgrad_mxfp8_is_deterministic_and_syncless(grad_recipe):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("routing", ["balanced", "skewed"])
 @pytest.mark.parametrize("shape", DESIGN_SHAPES, ids=lambda s: "E{}-T{}-H{}-F{}".format(*s))
 def test_fc2_dgrad_mxfp8_at_design_shapes(shape, routing):
@@ -596,6 +523,6 @@ def test_fc2_dgrad_mxfp8_at_design_shapes(shape, routing):
 
     experts, tokens, hidden, ffn = shape
     splits = split_sizes_for(routing, experts, tokens, torch.device("cpu")).tolist()
-    dy, w2t, c, split_sizes, probs = _fc2_dgrad_operands(splits, hidden, ffn, SWIGLU, True)
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, SWIGLU, True)
     assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, activation=SWIGLU, recipe=MXFP8Recipe(),
                                           probs=probs, bias_grad=True)

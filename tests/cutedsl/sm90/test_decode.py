@@ -15,7 +15,9 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.support.cases import parametrize_quick
-from tests.test_sm90_compile import SPLITS, _on_sm90, check_ptx, expert_weights, ptxas_report
+from tests.support.ptx import ptxas_report
+from tests.support.sm90 import (SPLITS, assert_same_bits, check_fc1_ptx, check_fc2_dgrad_ptx, check_ptx, expert_weights,
+                                fc1_operands, fc2_dgrad_operands, on_sm90)
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -157,7 +159,6 @@ def test_decoded_fc1_compiles(activation, quantized):
     from gmlp.contract.activations import activation_from
     from gmlp.cutedsl.sm90.fc1 import FC1Config, compile_fc1
     from gmlp.mxfp8.spec import ElementFormat
-    from tests.test_sm90_fc1 import check_fc1_ptx
 
     act = activation_from(activation)
     config = FC1Config(act, quantized=quantized, probs_dtype=torch.float32, a_format=ElementFormat.E4M3)
@@ -174,7 +175,6 @@ def test_decoded_fc2_dgrad_compiles(fmt, quantized):
     from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc2_dgrad import FC2DgradConfig, compile_fc2_dgrad
     from gmlp.mxfp8.spec import ElementFormat
-    from tests.test_sm90_fc2_dgrad import check_fc2_dgrad_ptx
 
     config = FC2DgradConfig(SWIGLU, probs_dtype=torch.float32, bias_grad=True, quantized=quantized,
                             e5m2=quantized and fmt == "e5m2", a_format=ElementFormat(fmt))
@@ -240,7 +240,7 @@ def _quantized_a(rows: int, k: int, fmt: str, special: bool):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("tile_n", TILE_NS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
@@ -264,7 +264,7 @@ def test_decoded_a_matches_the_dequantized_a_bitwise(splits, n, k, bias, transpo
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("tile_n", TILE_NS)
 def test_decoded_a_over_several_bands_and_items(tile_n):
     """More work items than CTAs and k-tiles than stages: the bf16 buffers rotate across items."""
@@ -284,7 +284,6 @@ def test_decoded_a_over_several_bands_and_items(tile_n):
 def _assert_outputs_bitwise(got, want, names: tuple[str, ...]) -> None:
     """Every tensor of two FC1 / FC2 dgrad outputs (MXFP8Tensors: data and scales) bit for bit."""
     from gmlp.mxfp8.tensor import MXFP8Tensor
-    from tests.test_sm90_fc1 import assert_same_bits
 
     for name in names:
         mine, theirs = getattr(got, name), getattr(want, name)
@@ -300,7 +299,7 @@ RECIPES = {"bf16-out": None, "mxfp8": "rceil", "mxfp8-floor": "floor"}
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("recipe", list(RECIPES.values()), ids=list(RECIPES))
 @pytest.mark.parametrize("activation", ["swiglu", "srelu"])
 @pytest.mark.parametrize("hidden,ffn", [(96, 96), (544, 256)], ids=["k-tail", "long-k"])
@@ -312,10 +311,9 @@ def test_decoded_x_in_fc1_matches_the_dequantized_x_bitwise(splits, hidden, ffn,
     from gmlp.mxfp8.recipe import MXFP8Recipe
     from gmlp.mxfp8.spec import ScaleMode
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
-    from tests.test_sm90_fc1 import _fc1_operands
 
     act = activation_from(activation)
-    _, w1, split_sizes, b1, probs = _fc1_operands(splits, hidden, ffn, act, True, True)
+    _, w1, split_sizes, b1, probs = fc1_operands(splits, hidden, ffn, act, True, True)
     q = _quantized_a(sum(splits), hidden, "e4m3", special=True)
     kwargs = dict(ffn_hidden_size=ffn, activation=act, b1=b1, probs=probs,
                   recipe=None if recipe is None else MXFP8Recipe(scale_mode=ScaleMode(recipe)))
@@ -325,7 +323,7 @@ def test_decoded_x_in_fc1_matches_the_dequantized_x_bitwise(splits, hidden, ffn,
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("recipe", ["bf16-out", "e4m3", "e5m2"])
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "srelu"])
 @pytest.mark.parametrize("hidden,ffn", [(96, 96), (544, 256)], ids=["k-tail", "long-k"])
@@ -338,10 +336,9 @@ def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidd
     from gmlp.mxfp8.recipe import MXFP8Recipe
     from gmlp.mxfp8.spec import ElementFormat
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
-    from tests.test_sm90_fc2_dgrad import _fc2_dgrad_operands
 
     act = activation_from(activation)
-    _, w2t, c, split_sizes, probs = _fc2_dgrad_operands(splits, hidden, ffn, act, True)
+    _, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, act, True)
     fmt = "e4m3" if recipe == "bf16-out" else recipe
     q = _quantized_a(sum(splits), hidden, fmt, special=False)
     kwargs = dict(activation=act, probs=probs, bias_grad=True,
@@ -352,7 +349,7 @@ def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidd
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph():
     """The three decoding kernels: bitwise the same output twice, no host sync in the launch (the
     split sizes stay on the device), and a captured launch replayed over a new routing equal to
@@ -443,7 +440,7 @@ def test_decoded_wgrad_rules():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("out", ["fp32", "bf16", "main-grad"])
 @pytest.mark.parametrize("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=["e4m3-grads", "e5m2-grads"])
 @pytest.mark.parametrize("m,n", [(64, 96), (264, 520)], ids=["small", "several-tiles"])
@@ -458,7 +455,6 @@ def test_decoded_wgrad_matches_the_dequantized_operands_bitwise(splits, m, n, fo
     from gmlp.mxfp8.spec import ElementFormat
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
     from gmlp.triton_ref.quantize import quantize_mxfp8
-    from tests.test_sm90_fc1 import assert_same_bits
 
     torch.manual_seed(3)
     split_sizes = torch.tensor(splits, device="cuda")

@@ -1,5 +1,5 @@
 """The CuTeDSL sm_90a FC1 forward (gmlp.cutedsl.sm90.fc1) compiled without a GPU, with checks on
-its PTX, SASS and ptxas' resource report (the helpers of tests/test_sm90_compile.py), and (marker
+its PTX, SASS and ptxas' resource report (tests/support/ptx.py, tests/support/sm90.py), and (marker
 ``gpu``, H100/H200 only) run against the reference and the Triton twin with the tolerances of
 tests/triton_ref/test_fc1.py (bf16 a) or bit for bit (MXFP8: Q_row(a), Q_col(a) and c).
 
@@ -28,7 +28,7 @@ from gmlp.mxfp8.reference import quantize_columnwise_ref, quantize_rowwise_ref
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, adversarial_matrix, config_id, parametrize_quick
-from tests.test_sm90_compile import check_register_split, ptxas_report, sass
+from tests.support.sm90 import assert_same_bits, check_fc1_ptx, fc1_operands, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -47,41 +47,6 @@ def _config(activation="swiglu", **kwargs):
     from gmlp.cutedsl.sm90.fc1 import FC1Config
 
     return FC1Config(activation_from(activation), **kwargs)
-
-
-def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: bool = False) -> None:
-    """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
-    consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (two per k-block and
-    warpgroup when gated: gate and up share the A descriptor; with fused_b one m64n256k16 on the
-    256-row [gate; up] tile), TMA loads, no local memory, no spills (ptxas -v where a ptxas reads
-    the PTX), no predicated R2UR in the SASS."""
-    ptx = compiled.ptx
-    n = 256 if fused_b else 128
-    assert ".target sm_90a" in ptx
-    assert ".reqntid 384, 1, 1" in ptx
-    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
-                        r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
-    assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == len(wgmmas)  # no other shape
-    pairs = gated and not fused_b
-    if pairs:  # each A descriptor feeds two wgmmas (gate, up) with different B descriptors
-        by_a = {}
-        for a_desc, b_desc, *_ in wgmmas:
-            by_a.setdefault(a_desc, set()).add(b_desc)
-        assert all(len(b) == 2 for b in by_a.values()), by_a
-    assert len(wgmmas) % (8 if pairs else 4) == 0, len(wgmmas)
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    code = sass(compiled.cubin)
-    if code is not None:
-        assert f"HGMMA.64x{n}x16.F32.BF16" in code
-        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report)
-    if report is not None:
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= 232, report
 
 
 def check_activation_math(ptx: str, activation: Activation) -> None:
@@ -422,10 +387,6 @@ def test_epilogue_model_matches_spec(kind, scale_mode, limits):
 # ---------------------------------------------------------------------------------------------
 
 
-def _on_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 SPLITS = {
     "ragged-with-empty": [0, 37, 64, 1, 90],
     "one-expert-gets-all": [0, 0, 300, 0],
@@ -436,7 +397,7 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False), (True, False)],
                          ids=["bias-probs", "plain", "bias"])
@@ -482,7 +443,7 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
         assert within_steps(got.a, other.a, 2.0**-7, factor * delta_a)
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", ["swiglu", "srelu"])
 def test_fc1_over_several_bands(activation):
     """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert."""
@@ -492,7 +453,7 @@ def test_fc1_over_several_bands(activation):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
                          ids=["swiglu", "geglu", "qgeglu", "qgeglu-clamped"])
 @pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
@@ -506,7 +467,7 @@ def test_fc1_fused_b_matches_reference_and_triton(activation, bias, with_probs, 
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc1_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU
@@ -525,14 +486,6 @@ def test_fc1_is_deterministic_and_syncless():
 # ---------------------------------------------------------------------------------------------
 # On an sm_90 GPU, MXFP8: bit for bit the Triton twin
 # ---------------------------------------------------------------------------------------------
-
-
-def assert_same_bits(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
-    """Bitwise equality of two tensors of the same shape and dtype (NaNs included), with where."""
-    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape, got.dtype, want.dtype)
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
-    differ = (got.contiguous().view(as_int) != want.contiguous().view(as_int)).nonzero()
-    assert differ.numel() == 0, f"{name}: {differ.shape[0]} elements differ, first at {differ[:5].tolist()}"
 
 
 def assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, **kwargs) -> None:
@@ -556,26 +509,11 @@ def assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, **kwargs) -> None:
         assert_same_bits(mine.data, theirs.data, f"{name} data")
 
 
-def _fc1_operands(splits, hidden, ffn, activation, bias, with_probs, transposed=False):
-    torch.manual_seed(0)
-    split_sizes = torch.tensor(splits, device="cuda")
-    tokens, experts = sum(splits), len(splits)
-    n1 = (2 if activation.gated else 1) * ffn
-    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
-    if transposed:  # W1^T stored (E, H, N1), read as the (E, N1, H) view
-        w1 = (torch.randn(experts, hidden, n1, device="cuda") / 8).bfloat16().transpose(1, 2)
-    else:
-        w1 = (torch.randn(experts, n1, hidden, device="cuda") / 8).bfloat16()
-    b1 = (torch.randn(experts, n1, device="cuda") * 0.1).bfloat16() if bias else None
-    probs = torch.rand(tokens, device="cuda") if with_probs else None
-    return x, w1, split_sizes, b1, probs
-
-
 MXFP8_SPLITS = {**SPLITS, "banded": BANDED_SPLITS}
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
 @pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False), (True, False), (False, True)],
@@ -588,20 +526,20 @@ def test_fc1_mxfp8_matches_triton_bitwise(activation, scale_mode, bias, with_pro
     (the module docstring of gmlp.cutedsl.sm90._epilogue_math), then the spec's block math: every
     byte must agree. If c differs, the accumulation does (not the epilogue)."""
     activation = activation_from(activation)
-    x, w1, split_sizes, b1, probs = _fc1_operands(splits, hidden, ffn, activation, bias, with_probs)
+    x, w1, split_sizes, b1, probs = fc1_operands(splits, hidden, ffn, activation, bias, with_probs)
     assert_fc1_mxfp8_matches_triton(x, w1, split_sizes, ffn_hidden_size=ffn, activation=activation,
                                     recipe=MXFP8Recipe(scale_mode), b1=b1, probs=probs)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("activation", ["swiglu", "srelu"])
 @pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
 def test_fc1_mxfp8_transposed_weight_and_special_values(activation, scale_mode):
     """N-major W1, and x rows that make a NaN, +-inf, huge or zero (probs 0): NaN skipped by the
     amax and written as 0x7F, saturation, scale bytes 0 and 254, as Triton writes them."""
     activation = activation_from(activation)
-    x, w1, split_sizes, b1, probs = _fc1_operands([0, 37, 200, 63, 0], 128, 160, activation, True, True,
+    x, w1, split_sizes, b1, probs = fc1_operands([0, 37, 200, 63, 0], 128, 160, activation, True, True,
                                                   transposed=True)
     x[3] = float("nan")
     x[40, :7] = float("inf")
@@ -615,12 +553,12 @@ def test_fc1_mxfp8_transposed_weight_and_special_values(activation, scale_mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc1_mxfp8_is_deterministic_and_syncless():
     from gmlp.contract.activations import SWIGLU
     from gmlp.cutedsl.sm90.fc1 import fc1_forward
 
-    x, w1, split_sizes, _, probs = _fc1_operands([0, 300, 7, 129], 256, 256, SWIGLU, False, True)
+    x, w1, split_sizes, _, probs = fc1_operands([0, 300, 7, 129], 256, 256, SWIGLU, False, True)
     kwargs = dict(ffn_hidden_size=256, activation=SWIGLU, recipe=MXFP8Recipe(), probs=probs)
     first, second = twice_without_sync(lambda: fc1_forward(x, w1, split_sizes, **kwargs))
     assert_same_bits(first.c, second.c, "c")

@@ -1,0 +1,76 @@
+"""What a compiled kernel's PTX and cubin say once assembled: ptxas' resource report (registers,
+stack, spills), the SASS (cuobjdump), and the register split of a warp-specialized kernel. The
+tools are the ones on PATH or Triton's bundled ones; each helper returns None where none runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+__all__ = ["ptxas_report", "sass", "check_register_split"]
+
+
+def _ptxas_candidates() -> list[str]:
+    """ptxas binaries to try: on PATH, then the ones Triton bundles (its ptxas-blackwell is CUDA 13.x)."""
+    candidates = [shutil.which("ptxas")]
+    try:
+        import triton
+
+        bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+        candidates += [os.path.join(bin_dir, "ptxas-blackwell"), os.path.join(bin_dir, "ptxas")]
+    except ImportError:
+        pass
+    return [tool for tool in candidates if tool and os.access(tool, os.X_OK)]
+
+
+def ptxas_report(ptx: str, arch: str) -> dict[str, int] | None:
+    """{"registers", "stack", "spill_stores", "spill_loads"} from ``ptxas -v`` of the first ptxas
+    that reads the PTX's ISA version; None if none does."""
+    with tempfile.TemporaryDirectory() as work:
+        source = os.path.join(work, "kernel.ptx")
+        with open(source, "w") as handle:
+            handle.write(ptx)
+        for tool in _ptxas_candidates():
+            result = subprocess.run([tool, "-v", f"-arch={arch}", source, "-o", os.path.join(work, "kernel.cubin")],
+                                    capture_output=True, text=True)
+            if "Unsupported .version" in result.stderr:
+                continue
+            assert result.returncode == 0, result.stderr
+            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                              result.stderr)
+            registers = re.search(r"Used (\d+) registers", result.stderr)
+            return dict(registers=int(registers.group(1)), stack=int(frame.group(1)),
+                        spill_stores=int(frame.group(2)), spill_loads=int(frame.group(3)))
+    return None
+
+
+def sass(cubin: bytes) -> str | None:
+    """The cubin's SASS (cuobjdump -sass: on PATH or Triton's); None without a cuobjdump."""
+    tools = [shutil.which("cuobjdump")]
+    tools += [os.path.join(os.path.dirname(tool), "cuobjdump") for tool in _ptxas_candidates()]
+    tool = next((t for t in tools if t and os.access(t, os.X_OK)), None)
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        result = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def check_register_split(ptx: str, report: dict[str, int] | None, producer: int = 40, consumer: int = 232) -> None:
+    """The PTX lowers the producer warpgroup to ``producer`` registers and raises each consumer
+    warpgroup to ``consumer``, and the split fits the CTA's launch allocation: ``setmaxnreg.inc``
+    draws on the CTA's pool (SASS ``USETMAXREG.TRY_ALLOC.CTAPOOL``, retried until it succeeds),
+    which holds threads x the launch count (ptxas -v's where a ptxas reads the PTX, else the most
+    a CTA of that size can get, 65536 / threads rounded down to 8): asking for more can hang."""
+    assert re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(producer)]
+    assert re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(consumer)]
+    threads = int(re.search(r"\.reqntid (\d+), 1, 1", ptx).group(1))
+    launch = report["registers"] if report is not None else 65536 // threads // 8 * 8
+    warpgroups = threads // 128
+    assert producer + (warpgroups - 1) * consumer <= warpgroups * launch, (producer, consumer, threads, launch)

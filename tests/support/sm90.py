@@ -1,0 +1,189 @@
+"""What the SM90 kernels' tests share: the GPU check, the routings and operands of the GPU tests,
+bitwise comparison, and what every config's PTX must show per kernel (grouped GEMM, FC1, FC2
+dgrad), which the decoding variants' tests check too."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from tests.support.ptx import check_register_split, ptxas_report, sass
+
+__all__ = ["on_sm90", "SPLITS", "expert_weights", "assert_same_bits", "fc1_operands", "fc2_dgrad_operands",
+           "check_ptx", "check_fc1_ptx", "check_fc2_dgrad_ptx", "QUANTIZE_SHUFFLES"]
+
+
+def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
+    consumer warpgroups with ping-pong), bf16
+    wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills (ptxas
+    -v where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
+    ptx = compiled.ptx
+    assert ".target sm_90a" in ptx
+    assert f".reqntid {128 * (1 + (2 if pingpong else tile_n // 128))}, 1, 1" in ptx
+    # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
+    # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b (1: B is N-major in smem)
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+                        r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(trans == ("0", "0" if b_k_major else "1") for trans in wgmmas), wgmmas[:2]
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert "HGMMA.64x" in code
+        # A predicated R2UR near TMA issue is an illegal instruction on sm_90a (NVIDIA's hopper
+        # grouped_gemm example works around ptxas emitting one): none here.
+        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+    report = ptxas_report(ptx, "sm_90a")
+    check_register_split(ptx, report)
+    if report is not None:  # else the PTX check above is the spill check
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+        assert report["registers"] <= 232, report
+
+
+def on_sm90() -> bool:
+    """Whether an sm_90 GPU (H100/H200) is here, for the kernels' GPU tests."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+SPLITS = {
+    "ragged-with-empty": [0, 37, 64, 1, 90],
+    "one-expert-gets-all": [0, 0, 300, 0],
+    "all-empty-but-last": [0, 0, 0, 5],
+    "tile-multiples": [128, 256, 0, 128],
+    "many-tiny": [1, 2, 3, 0, 5, 8, 13, 0, 21, 34, 55, 0, 89, 1, 1, 1],
+}
+
+
+def expert_weights(experts: int, n: int, k: int, transposed: bool) -> torch.Tensor:
+    """B_g (N, K) per expert: stacked (E, N, K) (K-major), or a transposed view of W (E, K, N)."""
+    if not transposed:
+        return (torch.randn(experts, n, k, device="cuda") / 8).bfloat16()
+    return (torch.randn(experts, k, n, device="cuda") / 8).bfloat16().transpose(1, 2)
+
+
+def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: bool = False) -> None:
+    """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
+    consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (two per k-block and
+    warpgroup when gated: gate and up share the A descriptor; with fused_b one m64n256k16 on the
+    256-row [gate; up] tile), TMA loads, no local memory, no spills (ptxas -v where a ptxas reads
+    the PTX), no predicated R2UR in the SASS."""
+    ptx = compiled.ptx
+    n = 256 if fused_b else 128
+    assert ".target sm_90a" in ptx
+    assert ".reqntid 384, 1, 1" in ptx
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+                        r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == len(wgmmas)  # no other shape
+    pairs = gated and not fused_b
+    if pairs:  # each A descriptor feeds two wgmmas (gate, up) with different B descriptors
+        by_a = {}
+        for a_desc, b_desc, *_ in wgmmas:
+            by_a.setdefault(a_desc, set()).add(b_desc)
+        assert all(len(b) == 2 for b in by_a.values()), by_a
+    assert len(wgmmas) % (8 if pairs else 4) == 0, len(wgmmas)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert f"HGMMA.64x{n}x16.F32.BF16" in code
+        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+    report = ptxas_report(ptx, "sm_90a")
+    check_register_split(ptx, report)
+    if report is not None:
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+        assert report["registers"] <= 232, report
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """Bitwise equality of two tensors of the same shape and dtype (NaNs included), with where."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape, got.dtype, want.dtype)
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
+    differ = (got.contiguous().view(as_int) != want.contiguous().view(as_int)).nonzero()
+    assert differ.numel() == 0, f"{name}: {differ.shape[0]} elements differ, first at {differ[:5].tolist()}"
+
+
+def fc1_operands(splits, hidden, ffn, activation, bias, with_probs, transposed=False):
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens, experts = sum(splits), len(splits)
+    n1 = (2 if activation.gated else 1) * ffn
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    if transposed:  # W1^T stored (E, H, N1), read as the (E, N1, H) view
+        w1 = (torch.randn(experts, hidden, n1, device="cuda") / 8).bfloat16().transpose(1, 2)
+    else:
+        w1 = (torch.randn(experts, n1, hidden, device="cuda") / 8).bfloat16()
+    b1 = (torch.randn(experts, n1, device="cuda") * 0.1).bfloat16() if bias else None
+    probs = torch.rand(tokens, device="cuda") if with_probs else None
+    return x, w1, split_sizes, b1, probs
+
+
+def check_fc2_dgrad_ptx(compiled) -> None:
+    """What every config's PTX must show (the options read from ``compiled.config``): the target,
+    384 threads (a producer warpgroup and two consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with
+    fp32 accumulators (one B tile, K-major or N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly
+    shuffles for the dprobs partials (quad) and the db1 warp sums, the epilogue's global loads and
+    stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
+    ptx, config = compiled.ptx, compiled.config
+    tile_n, quantized, b_k_major = config.tile_n, config.quantized, config.b_k_major
+    probs, bias_grad = config.probs_dtype is not None, config.bias_grad
+    pairs = tile_n // 4  # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups
+    assert ".target sm_90a" in ptx
+    assert ".reqntid 384, 1, 1" in ptx
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+                        r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
+    assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
+    assert len(wgmmas) % 4 == 0, len(wgmmas)
+    producer, consumer = (24, 240) if quantized else (40, 232)  # MXFP8: 8 more a consumer thread
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
+    halves = 2 if config.activation.gated else 1
+    # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half;
+    # MXFP8: each quantized tile's 41 (check_quantized_ptx)
+    quantizing = QUANTIZE_SHUFFLES * halves if quantized else 0
+    assert shuffles == quantizing + (4 if probs else 0) + (3 * pairs * halves if bias_grad else 0), shuffles
+    # one pass: each of the thread's pairs of c (gate, and up) loaded once (MXFP8: as 32-bit words,
+    # beside the schedule's 32-bit loads); bf16 dh pairs, db1 warp sums and dprobs partials stored
+    # as 32-bit words
+    if quantized:
+        assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == 0
+        assert len(re.findall(r"ld\.global\.b32", ptx)) >= pairs * halves
+    else:
+        assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == pairs * halves
+    stores = (0 if quantized else pairs * halves) + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
+    assert len(re.findall(r"st\.global\.b32", ptx)) == stores
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert f"HGMMA.64x{tile_n}x16.F32.BF16" in code
+        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+    report = ptxas_report(ptx, "sm_90a")
+    check_register_split(ptx, report, producer, consumer)
+    if report is not None:
+        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+        assert report["registers"] <= consumer, report
+
+
+# Butterfly shuffles of one quantized 128 x 128 tile: Q_row's quad reduce-scatter (2 row slots x
+# 3), Q_col's column reduce-scatter (16 + 8 + 4) and scale gather (1 + 2 + 4).
+QUANTIZE_SHUFFLES = 2 * 3 + 16 + 8 + 4 + 1 + 2 + 4
+
+
+def fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs, transposed=False):
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    tokens, experts = sum(splits), len(splits)
+    n1 = (2 if activation.gated else 1) * ffn
+    dy = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    if transposed:  # the stacked W2 (E, H, F) read as its (E, F, H) transpose
+        w2t = (torch.randn(experts, hidden, ffn, device="cuda") / 8).bfloat16().transpose(1, 2)
+    else:
+        w2t = (torch.randn(experts, ffn, hidden, device="cuda") / 8).bfloat16()
+    c = torch.randn(tokens, n1, device="cuda").bfloat16()
+    probs = torch.rand(tokens, device="cuda") if with_probs else None
+    return dy, w2t, c, split_sizes, probs
