@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
 
+from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.quantize import artifact_text  # the quantize kernel's compile reads its artifacts the same way
 from gmlp.cutedsl.sm90._pipeline import ELEMENT_ALIGN
 
@@ -52,12 +53,12 @@ def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> Compil
     return CompiledKernel(config, arch, function, ptx, cubin)
 
 
-def compile_ahead(kernel: str, compile_config, config, arch: str, shape_reason: str | None) -> CompiledKernel:
+def compile_ahead(kernel: str, compile_config, config, arch: str, shape_reason: Reason | None) -> CompiledKernel:
     """The checks behind each kernel module's ``compile_*`` (ahead of time, no GPU): ``arch`` one
     of ``SUPPORTED_ARCHS``, then no ``shape_reason`` (the module's ``problem_support`` of a shape
     given), then ``compile_config(config, arch)`` (the module's cached compile)."""
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
     if shape_reason is not None:
-        raise ValueError(f"the sm90 {kernel} cannot run this problem: {shape_reason}")
+        raise ValueError(f"the sm90 {kernel} cannot run this problem: {shape_reason.message}")
     return compile_config(config, arch)

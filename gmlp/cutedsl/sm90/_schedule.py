@@ -23,6 +23,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import Int32
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 
@@ -72,10 +73,10 @@ def num_work_items(mTileStart: cute.Tensor, n_tiles: Int32) -> Int32:
     return mTileStart[mTileStart.shape[0] - 1] * n_tiles
 
 
-def expert_count_reason(num_experts: int) -> str | None:
+def expert_count_reason(num_experts: int) -> Reason | None:
     """None if the expert search covers E experts, else why not."""
     if not 0 < num_experts <= MAX_EXPERTS:
-        return f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)"
+        return Reason(ReasonKind.SHAPE, f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)")
     return None
 
 

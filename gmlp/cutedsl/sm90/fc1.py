@@ -70,6 +70,7 @@ from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.contract.reference import FC1Output
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._compile import (
@@ -485,17 +486,18 @@ def _compile(config: FC1Config, arch: str | None) -> CompiledKernel:
     return compile_kernel(FC1ForwardSm90(config), _fake_arguments(config), config, arch)
 
 
-def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
     """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
     rule, TMA alignment, search depth, 32-bit coordinates)."""
     reason = _schedule.expert_count_reason(num_experts)
     if reason is not None:
         return reason
     if hidden <= 0 or ffn <= 0 or hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
-        return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
+        return Reason(ReasonKind.SHAPE, f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}")
     n1 = (2 if gated else 1) * ffn
     if max(num_rows, n1, hidden) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n1 >= 2**31:
-        return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit "
+                                        "tile coordinates")
     return None
 
 
@@ -552,7 +554,7 @@ def fc1_forward(
         raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")
     reason = problem_support(tokens, hidden, ffn, experts, gated=activation.gated)
     if reason is not None:
-        raise ValueError(f"the sm90 fc1 kernel cannot run this problem: {reason}")
+        raise ValueError(f"the sm90 fc1 kernel cannot run this problem: {reason.message}")
     b_k_major = b_is_k_major("w1", w1)  # a layout TMA reads, else ValueError
     if any(t.device.type != "cuda" or t.data_ptr() % ALIGN for t in (x_data, w1)):
         raise ValueError("x and w1 must be 16-byte aligned CUDA tensors")

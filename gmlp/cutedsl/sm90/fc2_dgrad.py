@@ -89,6 +89,7 @@ from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.contract.reference import FC2DgradOutput
 from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
@@ -613,7 +614,7 @@ def _compile(config: FC2DgradConfig, arch: str | None) -> CompiledKernel:
     return compile_kernel(FC2DgradSm90(config), _fake_arguments(config), config, arch)
 
 
-def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
     """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
     rule for F, TMA alignment of H, search depth, 32-bit coordinates, the db1 warp sums' rows
     included)."""
@@ -621,11 +622,12 @@ def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gate
     if reason is not None:
         return reason
     if hidden <= 0 or ffn <= 0 or hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
-        return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
+        return Reason(ReasonKind.SHAPE, f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}")
     n1 = (2 if gated else 1) * ffn
     tiles = scale_layout.max_row_tiles(num_rows, num_experts)
     if max(num_rows, n1, hidden) * 2 >= 2**31 or tiles * WARPS_PER_TILE * n1 >= 2**31:
-        return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit "
+                                        "tile coordinates")
     return None
 
 
@@ -691,7 +693,7 @@ def fc2_dgrad(
                          f"strides {c.stride()}")
     reason = problem_support(tokens, hidden, ffn, experts, gated=activation.gated)
     if reason is not None:
-        raise ValueError(f"the sm90 fc2_dgrad kernel cannot run this problem: {reason}")
+        raise ValueError(f"the sm90 fc2_dgrad kernel cannot run this problem: {reason.message}")
     b_k_major = b_is_k_major("w2t", w2t)  # a layout TMA reads, else ValueError
     if any(t.device.type != "cuda" or t.data_ptr() % ALIGN for t in (dy_data, w2t, c)) or c.stride(0) % 8:
         raise ValueError("dy, w2t and c must be 16-byte aligned CUDA tensors")

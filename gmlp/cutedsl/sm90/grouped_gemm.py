@@ -54,6 +54,7 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode, _schedule
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
@@ -355,15 +356,17 @@ def _compile(config: KernelConfig, arch: str | None) -> CompiledGroupedGemm:
     return compile_kernel(GroupedGemmSm90(config), _fake_arguments(config), config, arch)
 
 
-def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> str | None:
+def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> Reason | None:
     """None if the kernel runs a (T, N, K, E) problem, else why not (TMA alignment, search depth)."""
     reason = _schedule.expert_count_reason(num_experts)
     if reason is not None:
         return reason
     if k == 0 or k % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
-        return f"K={k} and N={n} must be positive multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
+        return Reason(ReasonKind.SHAPE, f"K={k} and N={n} must be positive multiples of {_ELEMENT_ALIGN} (TMA's "
+                                        "16-byte strides)")
     if max(num_rows, n, k) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n >= 2**31:
-        return f"T={num_rows}, N={n}, K={k}, E={num_experts} too large for 32-bit tile coordinates"
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, N={n}, K={k}, E={num_experts} too large for 32-bit tile "
+                                        "coordinates")
     return None
 
 
@@ -411,7 +414,7 @@ def grouped_gemm(
         raise ValueError(f"b must hold {split_sizes.numel()} experts' (N, K={k}) matrices, got shape {tuple(b.shape)}")
     reason = problem_support(tokens, n, k, experts)
     if reason is not None:
-        raise ValueError(f"the sm90 grouped GEMM cannot run this problem: {reason}")
+        raise ValueError(f"the sm90 grouped GEMM cannot run this problem: {reason.message}")
     if any(t.device.type != "cuda" or t.data_ptr() % _ALIGN for t in (a, b)):
         raise ValueError("a and b must be 16-byte aligned CUDA tensors")
     if bias is not None and (bias.shape != (experts, n) or not bias.is_contiguous()):

@@ -75,6 +75,7 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode
 from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel
 from gmlp.cutedsl.sm90._pipeline import (
@@ -552,14 +553,16 @@ def _compile(config: WgradConfig, arch: str | None) -> CompiledKernel:
     return compile_kernel(GroupedWgradSm90(config), _fake_arguments(config), config, arch)
 
 
-def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> str | None:
+def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> Reason | None:
     """None if the kernel runs a (T, M, N, E) problem, else why not (TMA alignment, coordinates)."""
     if num_experts < 1:
-        return f"E={num_experts}: needs at least one expert"
+        return Reason(ReasonKind.SHAPE, f"E={num_experts}: needs at least one expert")
     if m % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
-        return f"M={m} and N={n} must be multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
+        return Reason(ReasonKind.SHAPE, f"M={m} and N={n} must be multiples of {_ELEMENT_ALIGN} (TMA's 16-byte "
+                                        "strides)")
     if num_rows >= _BIG or max(m, n) * 2 >= 2**31 or num_experts * (m // 8 + 1) * (n // 8 + 1) >= 2**31:
-        return f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile coordinates"
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile "
+                                        "coordinates")
     return None
 
 
@@ -602,7 +605,7 @@ def grouped_wgrad(
     if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
         reason = decoded_wgrad_reason(a, b)
         if reason is not None:
-            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason}")
+            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason.message}")
         formats = (a.element_format, b.element_format)
         (m, tokens), (n, _) = a.data.shape, b.data.shape
         scales = (a.scales, b.scales)
@@ -626,7 +629,7 @@ def grouped_wgrad(
         raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
     reason = problem_support(tokens, m, n, experts)
     if reason is not None:
-        raise ValueError(f"the sm90 grouped wgrad cannot run this problem: {reason}")
+        raise ValueError(f"the sm90 grouped wgrad cannot run this problem: {reason.message}")
     if tokens > 0 and any(t.device.type != "cuda" or t.data_ptr() % _ALIGN for t in (a, b)):
         raise ValueError("a and b must be 16-byte aligned CUDA tensors")
     if out is not None and out.data_ptr() % _ALIGN:
