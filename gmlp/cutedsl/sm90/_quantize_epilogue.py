@@ -73,11 +73,13 @@ from gmlp.cutedsl._quantize_kernel import (
     store_transposed,
 )
 from gmlp.cutedsl.sm90._compile import fake_matrix, fake_vector
+from gmlp.cutedsl.sm90._pipeline import smem_array
 from gmlp.mxfp8.buffers import QuantizeBuffers, compact_buffers
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
 
 __all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES", "SEGMENT_COLS",
-           "check_fragment_layout", "quantize_tile_both_ways", "output_arguments", "fake_outputs"]
+           "check_fragment_layout", "smem_fields", "smem_tensors", "quantize_tile_both_ways", "output_arguments",
+           "fake_outputs"]
 
 TILE_ROWS = 128  # two consumer warpgroups of 64 rows
 TILE_COLS = 128  # one m64n128 accumulator per warpgroup
@@ -122,6 +124,18 @@ def check_fragment_layout(tiled_mma: cute.TiledMma) -> None:
                 raise ValueError(f"accumulator value {v} of thread {t} is at {tuple(coordinates[v])}, the "
                                  f"quantizing epilogue assumes {_fragment_coordinate(t, v)}")
     _CHECKED_LAYOUTS.add(key)
+
+
+def smem_fields() -> dict:
+    """The epilogue's fields of a kernel's ``_pipeline.shared_storage``, 128-byte aligned: ``sQ``,
+    the transposed fp8 tile, and ``sKeys``, the 16-row amax keys."""
+    return dict(sQ=smem_array(Uint32, SQ_WORDS, 128), sKeys=smem_array(Uint32, KEY_WORDS, 128))
+
+
+def smem_tensors(storage) -> tuple:
+    """(sQ, sKeys) of a kernel's shared storage (``smem_fields``): ``quantize_tile_both_ways``'
+    ``smem_q``."""
+    return (storage.sQ.get_tensor(cute.make_layout(SQ_WORDS)), storage.sKeys.get_tensor(cute.make_layout(KEY_WORDS)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.reasons import Reason
@@ -96,20 +96,24 @@ from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
-    a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
-    produce_k_tiles,
+    mma_thread,
+    produce_token_items,
     register_split,
     shared_storage,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -251,34 +255,26 @@ class FC1ForwardSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (N1, H, E)
-        ops = make_mainloop_operands(mX, mW_nke, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
+        ops = make_mainloop_operands(mX, mW, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
                                      a_dtype=self.a_dtype)
-        b_elements = cute.cosize(ops.b_smem_layout)
         a16_layout = _decode.buffer_layout(mX, (TILE_M, self.mma_n, TILE_K))  # decoded: x's bf16 buffers
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024],  # gate (h for srelu; fused: both)
-        )
+        # sB: the gate tile (h for srelu; fused_b: gate and up)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
         if const_expr(self.gated and not self.fused_b):
-            fields["sU"] = cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # up
+            fields["sU"] = smem_array(BFloat16, cute.cosize(ops.b_smem_layout))  # up
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
-            fields["sQ"] = cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            fields["sKeys"] = cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
+            fields.update(_quantize_epilogue.smem_fields())
         if const_expr(self.decoded):
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         if const_expr(self.fused_b):
             check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
-        self.kernel(
-            ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart,
-            mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart,
+                           mTileStart, mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
+                           ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.kernel
     def kernel(
@@ -313,49 +309,37 @@ class FC1ForwardSm90:
                                           stage_bytes)
 
         ffn = mRowData.shape[1] if const_expr(self.quantized) else mAct.shape[1]
-        num_experts = mTileStart.shape[0] - 1
-        n_tiles = (ffn + TILE_N - 1) // TILE_N
-        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
         k_tiles = (mX.shape[1] + TILE_K - 1) // TILE_K
         # B tiles of an item's n-tile: W1_g rows n_tile * 128 + [0, 128) (gate, or h for srelu)
         # and, gated, F + n_tile * 128 + [0, 128) (up)
         smem_b = (sB,)
         if const_expr(self.fused_b):  # rows [0, 128) of the 256-row tile: gate; [128, 256): up
-            tBsB, tBgB = b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N)
-            tUsU, tUgU = b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)), TILE_N,
-                                 row_offset=ffn)
+            b_parts = (b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N),
+                       b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)), TILE_N,
+                               row_offset=ffn))
         else:
-            tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)
+            b_parts = (b_tiles(tma_atom_b, mW, sB, TILE_N),)
             if const_expr(self.gated):
                 sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-                tUsU, tUgU = b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn)
+                b_parts += (b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn),)
                 smem_b = (sB, sU)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
-            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tAsA, tAgA = a_tiles(tma_atom_a, mX, sA, first_row)
-                if const_expr(self.gated):
-                    loads = ((tBgB[(None, n_tile, None, g)], tBsB), (tUgU[(None, n_tile, None, g)], tUsU))
-                else:
-                    loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
-                item += grid
-            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, tma_atom_b,
+                                b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
             # decoded: the wgmmas read x's bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mXScales, warpgroup,
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mXScales, mma_warpgroup,
                                                    _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
                                                    self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, smem_b)
+            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
             # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups; fused_b:
@@ -372,17 +356,15 @@ class FC1ForwardSm90:
                 up_offset = 0
                 operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
             if const_expr(self.quantized):
-                smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
-                          storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
+                smem_q = _quantize_epilogue.smem_tensors(storage)
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
-            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
 
             item = bidx
-            while item < num_items:
-                g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+            while item < items.count:
+                g, m_tile, n_tile, first_row, end_row = items.tile(item)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(
                     decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
                     decoded)

@@ -117,20 +117,24 @@ from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
-    a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
-    produce_k_tiles,
+    mma_thread,
+    produce_token_items,
     register_split,
     shared_storage,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -258,30 +262,20 @@ class FC2DgradSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (F, H, E)
-        ops = make_mainloop_operands(mDy, mW_nke, self.tile_n, self.stages, self.atom_layout_mnk,
-                                     a_dtype=self.a_dtype)
+        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
         a16_layout = _decode.buffer_layout(mDy, (TILE_M, self.tile_n, TILE_K))  # decoded: dy's bf16 buffers
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024],
-        )
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
-            fields["sQ"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            fields["sKeys"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.KEY_WORDS],
-                                                128]
+            fields.update(_quantize_epilogue.smem_fields())
         if const_expr(self.decoded):
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        self.kernel(
-            ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart,
-            mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData, mColScale,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart,
+                           mTileStart, mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData,
+                           mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.kernel
     def kernel(
@@ -315,36 +309,27 @@ class FC2DgradSm90:
                                           stage_bytes)
 
         ffn = mW.shape[0]
-        num_experts = mTileStart.shape[0] - 1
-        n_tiles = (ffn + self.tile_n - 1) // self.tile_n
-        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        items = TokenItems.of(mRowStart, mTileStart, ffn, self.tile_n)
         k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
-        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, self.tile_n)  # w2t_g rows n_tile * BN + [0, BN)
+        b_parts = (b_tiles(tma_atom_b, mW, sB, self.tile_n),)  # w2t_g rows n_tile * BN + [0, BN)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (dy, w2t) k-tile of this CTA's items
-            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tAsA, tAgA = a_tiles(tma_atom_a, mDy, sA, first_row)
-                loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
-                item += grid
-            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_b,
+                                b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
             # decoded: the wgmmas read dy's bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mDyScales, warpgroup,
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mDyScales, mma_warpgroup,
                                                    _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
                                                    self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, (sB,))
+            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
             # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
@@ -353,19 +338,17 @@ class FC2DgradSm90:
             operands = ((acc, tCrBs[0]),)
             if const_expr(self.quantized):
                 values = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # a quantized tile's fp32 dh
-                smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
-                          storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
+                smem_q = _quantize_epilogue.smem_tensors(storage)
             group_sums = cute.make_rmem_tensor((4,), Float32)  # bias_grad: a group's d gate, d up column sums
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
             row_dprobs = cute.make_rmem_tensor((2,), Float32)
-            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
 
             item = bidx
-            while item < num_items:
-                g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+            while item < items.count:
+                g, m_tile, n_tile, first_row, end_row = items.tile(item)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(
                     decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
                     decoded)

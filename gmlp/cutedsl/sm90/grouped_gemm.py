@@ -72,21 +72,25 @@ from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
-    a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
-    produce_k_tiles,
+    mma_thread,
+    produce_token_items,
     register_split,
     shared_storage,
     skip_k_tiles,
     slot_tensors,
+    smem_array,
 )
-from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
@@ -179,26 +183,15 @@ class GroupedGemmSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        # B as the (N, K, E) tensor that the dense Hopper GEMMs read (L = experts)
-        mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
-        ops = make_mainloop_operands(mA, mB_nke, self.tile_n, self.stages, self.atom_layout_mnk,
-                                     a_dtype=self.a_dtype)
+        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
         a16_layout = _decode.buffer_layout(mA, self.tile_shape_mnk)  # decoded: the bf16 buffers of A
-
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            order_barriers=cute.struct.MemRange[cutlass.Int64, 2],  # ping-pong: whose mainloop is next
-            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024],
-        )
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, turns=self.pingpong)
         if const_expr(self.decoded):
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         self.shared_storage = shared_storage(fields)
-        self.kernel(
-            ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart, mD,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart,
+                           mD, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.kernel
     def kernel(
@@ -228,34 +221,20 @@ class GroupedGemmSm90:
             order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
 
         # Work items over the m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule).
-        num_rows, n = mD.shape
-        num_experts = mTileStart.shape[0] - 1
-        n_tiles = (n + self.tile_n - 1) // self.tile_n
-        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], self.tile_n)
         k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
-        tBsB, tBgB = b_tiles(tma_atom_b, mB, sB, self.tile_n)
+        b_parts = (b_tiles(tma_atom_b, mB, sB, self.tile_n),)  # B_g rows n_tile * BN + [0, BN)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b,
-                                        ((tBgB[(None, n_tile, None, g)], tBsB),))
-                item += grid
-            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_b,
+                                b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            # the thread's index in the tiled MMA, which spans the consumer warpgroups of one tile:
-            # both for BN = 256; with ping-pong each warpgroup's own (so both are MMA warpgroup 1)
-            mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
-            if const_expr(self.pingpong):
-                mma_tidx = tidx - warpgroup * THREADS_PER_WARPGROUP
+            # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
             # decoded: the wgmmas read the bf16 buffers, which the decoder fills
             sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mScales, mma_warpgroup,
                                                    self.num_mma_warpgroups, tidx % THREADS_PER_WARPGROUP,
@@ -267,8 +246,7 @@ class GroupedGemmSm90:
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
             acc = cute.make_rmem_tensor(tCcD.shape, Float32)
             out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
-            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
 
             item = bidx
             item_step = grid
@@ -280,8 +258,8 @@ class GroupedGemmSm90:
                     read_state = skip_k_tiles(read_state, k_tiles)
                     release_state = skip_k_tiles(release_state, k_tiles)
                 order_state = order.state.clone()  # carried explicitly through the item loop
-            while item < num_items:
-                g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+            while item < items.count:
+                g, _, n_tile, first_row, end_row = items.tile(item)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(

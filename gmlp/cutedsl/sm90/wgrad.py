@@ -93,13 +93,20 @@ from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
+    consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_pipeline,
     make_turns,
+    mma_thread,
+    produce_k_tiles,
     register_split,
     shared_storage,
     skip_k_tiles,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
@@ -265,21 +272,15 @@ class GroupedWgradSm90:
             cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
         )
 
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            order_barriers=cute.struct.MemRange[cutlass.Int64, 2],  # ping-pong: whose mainloop is next
-            sA=cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(b_smem_layout)], 1024],
-        )
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.operand_dtype, self.operand_dtype,
+                                 turns=self.pingpong)
         if const_expr(self.decoded):  # the wgmmas' bf16 A and B buffers
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
-            fields["sB16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
+            fields["sB16"] = smem_array(BFloat16, cute.cosize(b16_layout))
         self.shared_storage = shared_storage(fields)
-        self.kernel(
-            tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut, tiled_mma,
-            a_smem_layout, b_smem_layout, a16_layout, b16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut,
+                           tiled_mma, a_smem_layout, b_smem_layout, a16_layout, b16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.jit
     def zero_rows(self, sA: cute.Tensor, sB: cute.Tensor, slot: Int32, first: Int32, tidx: Int32):
@@ -354,26 +355,15 @@ class GroupedWgradSm90:
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                 tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-                for k_tile in range((rows + TILE_K - 1) // TILE_K):
-                    mainloop.producer_acquire(state)
-                    barrier = mainloop.producer_get_barrier(state)
-                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
-                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
-                    state.advance()
+                state = produce_k_tiles(mainloop, state, (rows + TILE_K - 1) // TILE_K, tma_atom_a, tAgA, tAsA,
+                                        tma_atom_b, ((tBgB, tBsB),))
                 item += grid
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            # the thread's index in the tiled MMA, which spans the warpgroups of one tile (with
-            # ping-pong each warpgroup's own: both are its warpgroup 1)
-            mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
-            if const_expr(self.pingpong):
-                mma_tidx = tidx - warpgroup * THREADS_PER_WARPGROUP
-            # A/B smem descriptors are per warpgroup; C fragments are per thread.
-            thr_mma_wg = tiled_mma.get_slice((mma_warpgroup - 1) * THREADS_PER_WARPGROUP)
+            # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
             sA_mma, sB_mma = sA, sB
             if const_expr(self.decoded):  # the wgmmas read the bf16 buffers the consumer threads fill
                 sA_mma = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
@@ -388,15 +378,14 @@ class GroupedWgradSm90:
                 a_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
                 b_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA_mma))  # (MMA, MMA_M, MMA_K, stages | buffers)
-            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB_mma))
+            # A/B smem descriptors are per warpgroup, (MMA, MMA_M | N, MMA_K, stages | buffers); C fragments per thread
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB_mma,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
             acc = cute.make_rmem_tensor(tCcD.shape, Float32)
             k_blocks = cute.size(tCrA, mode=[2])
-            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
             item = bidx
