@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["rowwise_operand", "token_operand", "token_scalars", "ExpertOperand", "expert_operand"]
+__all__ = ["describe", "rowwise_operand", "token_operand", "token_scalars", "ExpertOperand", "expert_operand"]
 
 
-def _describe(value) -> str:
+def describe(value) -> str:
     """dtype and shape of a tensor, else its type, for error messages."""
     if isinstance(value, torch.Tensor):
         return f"{value.dtype} {tuple(value.shape)}{'' if value.is_contiguous() else ' (not contiguous)'}"
@@ -21,7 +21,7 @@ def rowwise_operand(name: str, value) -> tuple[torch.Tensor, tuple[int, int]]:
     if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() >= 2
             and value.is_contiguous()):
         raise TypeError(f"{name} must be a contiguous bf16 matrix (MXFP8 operands are dequantized first, "
-                        f"gmlp.triton_ref.dequantize), got {_describe(value)}")
+                        f"gmlp.triton_ref.dequantize), got {describe(value)}")
     matrix = value.reshape(-1, value.shape[-1])
     return matrix, tuple(matrix.shape)
 
@@ -30,7 +30,7 @@ def token_operand(name: str, value, tokens: int | None) -> tuple[int, int]:
     """(T, features) of a contiguous bf16 (T, features) matrix; checks T when ``tokens`` is given."""
     if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() == 2
             and value.is_contiguous()):
-        raise TypeError(f"{name} must be a contiguous bf16 (T, features) tensor, got {_describe(value)}")
+        raise TypeError(f"{name} must be a contiguous bf16 (T, features) tensor, got {describe(value)}")
     if tokens is not None and value.shape[0] != tokens:
         raise ValueError(f"{name} must have {tokens} token rows, got {tuple(value.shape)}")
     return tuple(value.shape)
@@ -43,7 +43,7 @@ def token_scalars(name: str, value, tokens: int) -> None:
         return
     if not (isinstance(value, torch.Tensor) and value.is_floating_point() and tuple(value.shape) == (tokens,)
             and value.is_contiguous()):
-        raise ValueError(f"{name} must be a contiguous float ({tokens},) tensor, got {_describe(value)}")
+        raise ValueError(f"{name} must be a contiguous float ({tokens},) tensor, got {describe(value)}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def expert_operand(name: str, value, experts: int) -> ExpertOperand:
     """Describe a bf16 (E, N, K) tensor of any strides as per-expert B_g = value[g], without
     copying it (so a transposed view of a weight is read in place)."""
     if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() == 3):
-        raise TypeError(f"{name} must be a bf16 (E, N, K) tensor, got {_describe(value)}")
+        raise TypeError(f"{name} must be a bf16 (E, N, K) tensor, got {describe(value)}")
     if value.shape[0] != experts:
         raise ValueError(f"{name} must hold {experts} experts' matrices, got shape {tuple(value.shape)}")
     return ExpertOperand(value, value.shape[1], value.shape[2], tuple(value.stride()))

@@ -14,11 +14,13 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
 
 Shared machinery: ``_schedule`` (persistent work items over experts, found on the device),
 ``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
-``_compile`` (ahead-of-time compilation without a GPU, for the tests), ``_epilogue_math`` (the
-activations forward and backward in the Triton epilogues' fp32 operation order),
-``_quantize_epilogue`` (MXFP8 Q_row and Q_col of a 128 x 128 accumulator tile with the quantize
-kernel's block math and transposed store). ``support`` says what each kernel runs at each GEMM
-site of the layer and gives the dispatcher the launchers (imported lazily: this package imports
-without cutlass-dsl). Verified on the H200 against the oracle and the Triton twins (the MXFP8
+``_decode`` (MXFP8 operands decoded to bf16 in the mainloop), ``_epilogue_math`` (the activations
+forward and backward in the Triton epilogues' fp32 operation order), ``_quantize_epilogue`` (MXFP8
+Q_row and Q_col of a 128 x 128 accumulator tile with the quantize kernel's block math and
+transposed store), ``_compile`` (the cached compile of a config, ahead of time without a GPU for
+the tests, and the symbolic stand-ins of the arguments), ``_launch`` (the launchers' common
+checks, one message each, the FC1 / FC2 dgrad problem rule, the run of a compiled config).
+``support`` says what each kernel runs at each GEMM site of the layer and gives the dispatcher
+the launchers (imported lazily: this package imports without cutlass-dsl). Verified on the H200 against the oracle and the Triton twins (the MXFP8
 FC1 and FC2 dgrad epilogues not yet: compiled only); the dispatcher takes them on capability 9.0.
 """

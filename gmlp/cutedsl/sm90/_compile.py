@@ -1,18 +1,25 @@
-"""Ahead-of-time compilation of the sm_90a kernels without a GPU, shared by every kernel module:
-symbolic stand-ins of the arguments, and the compile that keeps the PTX and cubin."""
+"""Compilation of the sm_90a kernels, shared by every kernel module: the cached compile of a config
+(for the current GPU, the launchers' runtime build, or ahead of time without a GPU, for the tests,
+with the PTX and cubin kept) and the symbolic stand-ins of the kernels' arguments it compiles on."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from dataclasses import dataclass
+from typing import Callable
 
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
+from cutlass import BFloat16
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.quantize import artifact_text  # the quantize kernel's compile reads its artifacts the same way
-from gmlp.cutedsl.sm90._pipeline import ELEMENT_ALIGN
+from gmlp.cutedsl.sm90._launch import check_problem
+from gmlp.cutedsl.sm90._pipeline import ALIGN, ELEMENT_ALIGN
 
-__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "compile_kernel", "compile_ahead"]
+__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "fake_matrix", "fake_vector",
+           "fake_experts", "compile_kernel", "config_compiler", "compile_ahead"]
 
 SUPPORTED_ARCHS = ("sm_90a",)
 _OPTIONS = "--enable-tvm-ffi"
@@ -38,6 +45,24 @@ def fake_stream():
     return make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
+def fake_matrix(dtype, rows, cols, *, divisibility: int = ELEMENT_ALIGN, align: int = ALIGN):
+    """A row-major (rows, cols) stand-in: its row stride symbolic, a multiple of ``divisibility``
+    elements, its base ``align``-byte aligned (defaults: what TMA needs)."""
+    return make_fake_tensor(dtype, (rows, cols), stride=(sym_stride(divisibility), 1), assumed_align=align)
+
+
+def fake_vector(dtype, length):
+    """A dense (length,) stand-in (the expert prefix sums, probs), 4-byte aligned."""
+    return make_fake_tensor(dtype, (length,), stride=(1,), assumed_align=4)
+
+
+def fake_experts(experts, n, k, k_major: bool):
+    """A bf16 (E, N, K) stand-in of per-expert matrices B_g read through TMA: K-major (strides (.,
+    K', 1)) or N-major (strides (., 1, N')), as ``_pipeline.b_is_k_major`` tells them apart."""
+    strides = (sym_stride(), sym_stride(), 1) if k_major else (sym_stride(), 1, sym_stride())
+    return make_fake_tensor(BFloat16, (experts, n, k), stride=strides, assumed_align=ALIGN)
+
+
 def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> CompiledKernel:
     """Compile ``kernel`` (a ``@cute.jit`` callable object) on symbolic ``arguments``; arch None
     targets the current GPU (the runtime path), else e.g. "sm_90a" with the PTX and cubin kept."""
@@ -52,12 +77,23 @@ def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> Compil
     return CompiledKernel(config, arch, function, ptx, cubin)
 
 
-def compile_ahead(kernel: str, compile_config, config, arch: str, shape_reason: str | None) -> CompiledKernel:
+def config_compiler(kernel_class: type, fake_arguments: Callable) -> Callable[[object, str | None], CompiledKernel]:
+    """A kernel module's compile of a config, cached per config and architecture: ``(config,
+    arch) -> CompiledKernel`` of ``kernel_class(config)`` on ``fake_arguments(config)`` (arch None:
+    the current GPU, the runtime path)."""
+
+    @functools.lru_cache(maxsize=None)
+    def compile_config(config, arch: str | None) -> CompiledKernel:
+        return compile_kernel(kernel_class(config), fake_arguments(config), config, arch)
+
+    return compile_config
+
+
+def compile_ahead(kernel: str, compile_config, config, arch: str, shape_reason: Reason | None) -> CompiledKernel:
     """The checks behind each kernel module's ``compile_*`` (ahead of time, no GPU): ``arch`` one
     of ``SUPPORTED_ARCHS``, then no ``shape_reason`` (the module's ``problem_support`` of a shape
     given), then ``compile_config(config, arch)`` (the module's cached compile)."""
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
-    if shape_reason is not None:
-        raise ValueError(f"the sm90 {kernel} cannot run this problem: {shape_reason}")
+    check_problem(kernel, shape_reason)
     return compile_config(config, arch)

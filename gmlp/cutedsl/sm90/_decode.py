@@ -42,19 +42,19 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Int32, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from gmlp.cutedsl._quantize_kernel import _select
-from gmlp.cutedsl.sm90._compile import sym_stride
-from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, TILE_K, mma_k_tiles
+from gmlp.cutedsl.sm90._compile import fake_matrix
+from gmlp.cutedsl.sm90._pipeline import THREADS_PER_WARPGROUP, TILE_K, mma_k_tiles
 from gmlp.cutedsl.sm90._schedule import TILE_M
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
+from gmlp.triton_ref.operands import describe
 
 __all__ = [
     "DECODE_BUFFERS", "BLOCK", "BUFFER_BYTES", "FIRST_BARRIER", "buffers_bytes", "barrier_id",
-    "decoded_operand", "token_operand", "fake_operand", "Decoder", "make_decoder", "mainloop",
+    "decoded_operand", "token_operand", "fake_operand", "fake_token_operand", "Decoder", "make_decoder", "mainloop",
     "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit", "load_scales", "decode_k_tile",
     "decode_rows", "publish", "mma_decoded_k_tiles"
 ]
@@ -89,9 +89,8 @@ def token_operand(name: str, value) -> tuple[torch.Tensor, torch.Tensor | None, 
         return decoded_operand(name, value)
     if not (isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 and value.dim() == 2
             and value.is_contiguous()):
-        got = (f"{value.dtype} {tuple(value.shape)}{'' if value.is_contiguous() else ' (not contiguous)'}"
-               if isinstance(value, torch.Tensor) else type(value).__name__)
-        raise TypeError(f"{name} must be a contiguous bf16 (T, K) matrix or a rowwise MXFP8Tensor, got {got}")
+        raise TypeError(f"{name} must be a contiguous bf16 (T, K) matrix or a rowwise MXFP8Tensor, got "
+                        f"{describe(value)}")
     return value, None, None
 
 
@@ -114,9 +113,17 @@ def fake_operand(rows, k, row_alignment: int = BLOCK) -> tuple:
     as uint8 (row stride a multiple of ``row_alignment``: K for a rowwise quantization, a multiple
     of 32; T for a columnwise one, a multiple of 16 for TMA) and its compact scales (rows,
     blocks)."""
-    data = make_fake_tensor(Uint8, (rows, k), stride=(sym_stride(row_alignment), 1), assumed_align=ALIGN)
-    scales = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
+    data = fake_matrix(Uint8, rows, k, divisibility=row_alignment)
+    scales = fake_matrix(Uint8, rows, cute.sym_int(), divisibility=1, align=1)
     return data, scales
+
+
+def fake_token_operand(rows, k, a_format: ElementFormat | None) -> tuple:
+    """Symbolic stand-ins of a token-row operand as ``token_operand`` gives it: a bf16 (rows, K)
+    matrix and no scales (``a_format`` None), else the decoded operand's (``fake_operand``)."""
+    if a_format is None:
+        return fake_matrix(BFloat16, rows, k), None
+    return fake_operand(rows, k)
 
 
 def buffer_layout(mA: cute.Tensor, tile_shape_mnk: tuple[int, int, int]) -> cute.ComposedLayout:

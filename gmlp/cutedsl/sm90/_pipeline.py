@@ -1,11 +1,12 @@
-"""The warp-specialized TMA + wgmma mainloop shared by the sm_90a kernels (grouped GEMM, FC1).
+"""The warp-specialized TMA + wgmma mainloop shared by the sm_90a kernels (grouped GEMM, FC1, FC2
+dgrad; the weight gradient takes its CTA skeleton and k-loops, with its own operands and schedule).
 
 One CTA: warpgroup 0 holds the TMA producer (warp 0; the warpgroup's registers lowered to
 ``PRODUCER_REGISTERS``), the next warpgroups are the consumers issuing ``wgmma`` (bf16 x bf16 ->
 fp32, operands from smem; registers raised to ``CONSUMER_REGISTERS``). ``stages`` smem slots each
 hold one A tile (128 x 64) and one or more B tiles (BN x 64), 128B-swizzled, behind full/empty
 mbarriers (``PipelineTmaAsync``): the producer runs ahead across work items, so the next item's
-loads overlap this item's epilogue.
+loads overlap this item's epilogue. A persistent grid (``launch``): one CTA an SM, no clusters.
 
 A is read through a TMA descriptor of the whole (T, K) tensor at the expert's first row (rows
 past the expert's end are the next expert's, or TMA's zero fill past T: they only reach
@@ -24,12 +25,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float32, Int32
 
-from gmlp.cutedsl.sm90._schedule import TILE_M
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
-           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "cta_roles", "slot_tensors", "MainloopOperands",
-           "make_mainloop_operands", "make_mainloop_pipeline", "make_turns", "shared_storage",
-           "b_is_k_major", "a_tiles", "b_tiles", "produce_k_tiles", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
+           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "cta_roles", "mma_thread",
+           "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline", "make_turns",
+           "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major", "a_tiles",
+           "b_tiles", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
 
 TILE_K = 64  # one 128-byte swizzle row of bf16
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
@@ -100,6 +102,15 @@ def cta_roles(tma_atoms: tuple):
     return tidx, bidx, grid, warp_idx, warpgroup
 
 
+def mma_thread(tidx, warpgroup, pingpong: bool):
+    """(MMA warpgroup, index in the tiled MMA) of a consumer thread. The tiled MMA spans the
+    consumer warpgroups that share a tile (MMA warpgroups 1, 2, ..., threads from 0 in the first);
+    with ping-pong each warpgroup owns whole tiles, so both are MMA warpgroup 1, threads from 0."""
+    if pingpong:
+        return 1, tidx - warpgroup * THREADS_PER_WARPGROUP
+    return warpgroup, tidx - THREADS_PER_WARPGROUP
+
+
 def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
                  b_tiles_per_slot: int = 1, a_dtype=BFloat16):
     """(sA, sB, stage_bytes): the staged A and B tiles of ``storage`` (fields ``sA``, ``sB``) and
@@ -111,11 +122,37 @@ def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cut
     return sA, sB, stage_bytes
 
 
+def smem_array(dtype, elements: int, align: int = 1024):
+    """A shared-memory field of ``elements`` values of ``dtype`` at an ``align``-byte boundary
+    (1024: the period of the 128B swizzle, which TMA and wgmma address from the buffer's base)."""
+    return cute.struct.Align[cute.struct.MemRange[dtype, elements], align]
+
+
+def mainloop_fields(stages: int, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
+                    a_dtype=BFloat16, b_dtype=BFloat16, turns: bool = False) -> dict:
+    """The first fields of a kernel's ``shared_storage``: the full and empty mbarriers of the
+    slots, with ``turns`` the two ping-pong ones (``make_turns``), then the staged A and B tiles
+    (``slot_tensors``). A kernel adds its own after them (more B tiles, epilogue, decode buffers)."""
+    fields = dict(pipeline_barriers=cute.struct.MemRange[cutlass.Int64, stages * 2])  # full, empty
+    if turns:
+        fields["order_barriers"] = cute.struct.MemRange[cutlass.Int64, 2]  # whose mainloop is next
+    fields["sA"] = smem_array(a_dtype, cute.cosize(a_smem_layout))
+    fields["sB"] = smem_array(b_dtype, cute.cosize(b_smem_layout))
+    return fields
+
+
 def shared_storage(fields: dict):
     """A ``cute.struct`` of ``fields`` (name -> MemRange / Align annotation, in order): the shared
     memory of a kernel whose optional parts (an epilogue's buffers, decode buffers) come and go
     with its config."""
     return cute.struct(type("SharedStorage", (), {"__annotations__": dict(fields)}))
+
+
+def launch(kernel, num_ctas: Int32, threads: int, stream) -> None:
+    """Launch ``kernel`` (a ``@cute.kernel`` applied to its arguments) over ``num_ctas`` persistent
+    CTAs of ``threads``: one CTA an SM (its shared memory and registers), no clusters."""
+    kernel.launch(grid=[num_ctas, 1, 1], block=[threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
+                  stream=stream)
 
 
 class MainloopOperands:
@@ -143,16 +180,18 @@ def b_is_k_major(name: str, b: torch.Tensor) -> bool:
                      f"the other strides multiples of {ELEMENT_ALIGN}, got strides {b.stride()}")
 
 
-def make_mainloop_operands(mA: cute.Tensor, mB_nke: cute.Tensor, tile_n: int, stages: int,
+def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages: int,
                            atom_layout_mnk: tuple[int, int, int], b_box_rows: int | None = None,
                            a_dtype=BFloat16) -> MainloopOperands:
-    """Tiles (128, tile_n, 64); the tiled MMA covers (64 * atom_layout_mnk[0], tile_n) per call
-    (one m64 wgmma per consumer warpgroup and repeated over the tile's remaining rows). B's TMA
-    box is ``b_box_rows`` x 64 (default tile_n): a B tile of several boxes is filled by several
-    loads (FC1's gate and up rows into one 256-row tile; the boxes must then be stacked row
-    blocks of the smem tile, which holds for K-major B). ``a_dtype`` Uint8: A's slots hold the
-    fp8 bytes of an MXFP8 A (64B-swizzled, decoded to bf16 by the consumers: ``_decode``); the
-    MMA stays bf16."""
+    """Tiles (128, tile_n, 64) of A (T, K) and B (E, N, K), B read as the (N, K, E) tensor of the
+    dense Hopper GEMMs (L = experts: ``b_tiles``' coordinates); the tiled MMA covers (64 *
+    atom_layout_mnk[0], tile_n) per call (one m64 wgmma per consumer warpgroup and repeated over
+    the tile's remaining rows). B's TMA box is ``b_box_rows`` x 64 (default tile_n): a B tile of
+    several boxes is filled by several loads (FC1's gate and up rows into one 256-row tile; the
+    boxes must then be stacked row blocks of the smem tile, which holds for K-major B).
+    ``a_dtype`` Uint8: A's slots hold the fp8 bytes of an MXFP8 A (64B-swizzled, decoded to bf16
+    by the consumers: ``_decode``); the MMA stays bf16."""
+    mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
     tile_shape_mnk = (TILE_M, tile_n, TILE_K)
     a_layout = utils.LayoutEnum.from_tensor(mA)
     b_layout = utils.LayoutEnum.from_tensor(mB_nke)
@@ -200,6 +239,12 @@ def make_turns(barrier_ptr, warpgroup):
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
 
 
+def consumer_states(stages: int):
+    """(read_state, release_state): a consumer's next slot to wait for and next slot to release."""
+    return (pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages),
+            pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages))
+
+
 def a_tiles(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, first_row: Int32):
     """(tAsA, tAgA): TMA partitions of the (128, 64) k-tiles of A from row ``first_row`` (an
     expert's row, not tile-aligned): ((TMA), stages) and ((TMA), RestK)."""
@@ -236,6 +281,24 @@ def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, 
         mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
         state.advance()
     return state
+
+
+@cute.jit
+def produce_token_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: Int32, step: Int32,
+                        k_tiles: Int32, tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor,
+                        tma_atom_b: cute.CopyAtom, b_parts: tuple):
+    """The producer warp of a token-row kernel: for its CTA's work items (``item``, ``item +
+    step``, ...), the TMA loads of every k-tile (``produce_k_tiles``): A at the expert's first row,
+    and per (tBsB, tBgB) of ``b_parts`` (``b_tiles``) the expert's B tile of the item's n-tile.
+    Then waits until the consumers freed every slot."""
+    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    while item < items.count:
+        g, _, n_tile, first_row, _ = items.tile(item)
+        tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
+        loads = tuple((tBgB[(None, n_tile, None, g)], tBsB) for tBsB, tBgB in b_parts)
+        state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
+        item += step
+    mainloop.producer_tail(state)
 
 
 @cute.jit

@@ -47,13 +47,18 @@ Shared memory: ``sQ`` 16 KB + ``sKeys`` 4 KB (``SMEM_BYTES``). Barriers A and B 
 barrier id) also order the reuse of both buffers across work items: a tile's writes of sKeys
 come after every thread passed the previous tile's B, its writes of sQ after every thread passed
 its A (so after the previous tile's transposed store).
+
+Host side, for the launchers of FC1 and FC2 dgrad: the epilogue's output arguments (a bf16
+tensor, or the Q_row and Q_col buffers) allocated (``output_arguments``) and as symbolic
+stand-ins for the compile (``fake_outputs``).
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8, Uint16, Uint32, const_expr
+import torch
+from cutlass import BFloat16, Float32, Int32, Uint8, Uint16, Uint32, const_expr
 
 from gmlp.cutedsl._quantize_kernel import (
     _amax_keys,
@@ -67,10 +72,14 @@ from gmlp.cutedsl._quantize_kernel import (
     sq_position,
     store_transposed,
 )
-from gmlp.mxfp8.spec import BLOCK_SIZE
+from gmlp.cutedsl.sm90._compile import fake_matrix, fake_vector
+from gmlp.cutedsl.sm90._pipeline import smem_array
+from gmlp.mxfp8.buffers import QuantizeBuffers, compact_buffers
+from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
 
 __all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES", "SEGMENT_COLS",
-           "check_fragment_layout", "quantize_tile_both_ways"]
+           "check_fragment_layout", "smem_fields", "smem_tensors", "quantize_tile_both_ways", "output_arguments",
+           "fake_outputs"]
 
 TILE_ROWS = 128  # two consumer warpgroups of 64 rows
 TILE_COLS = 128  # one m64n128 accumulator per warpgroup
@@ -115,6 +124,18 @@ def check_fragment_layout(tiled_mma: cute.TiledMma) -> None:
                 raise ValueError(f"accumulator value {v} of thread {t} is at {tuple(coordinates[v])}, the "
                                  f"quantizing epilogue assumes {_fragment_coordinate(t, v)}")
     _CHECKED_LAYOUTS.add(key)
+
+
+def smem_fields() -> dict:
+    """The epilogue's fields of a kernel's ``_pipeline.shared_storage``, 128-byte aligned: ``sQ``,
+    the transposed fp8 tile, and ``sKeys``, the 16-row amax keys."""
+    return dict(sQ=smem_array(Uint32, SQ_WORDS, 128), sKeys=smem_array(Uint32, KEY_WORDS, 128))
+
+
+def smem_tensors(storage) -> tuple:
+    """(sQ, sKeys) of a kernel's shared storage (``smem_fields``): ``quantize_tile_both_ways``'
+    ``smem_q``."""
+    return (storage.sQ.get_tensor(cute.make_layout(SQ_WORDS)), storage.sKeys.get_tensor(cute.make_layout(KEY_WORDS)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,3 +392,37 @@ def quantize_tile_both_ways(
             start, valid = segments[b]
             store_transposed(sQb, mColData, tidx, start, first_row, valid_rows,
                              start + cutlass.min(valid, Int32(SEGMENT_COLS)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: the output arguments of a kernel with this epilogue (FC1's a, FC2 dgrad's dh)
+# ---------------------------------------------------------------------------------------------
+
+
+def output_arguments(tokens: int, cols: int, experts: int, element_format: ElementFormat | None,
+                     device: torch.device) -> tuple[QuantizeBuffers | None, tuple]:
+    """(buffers, outputs): the kernel's five output arguments (bf16 (T, cols); Q_row's data and
+    scales; Q_col's data and scales), allocated. ``element_format`` None: no buffers, the bf16
+    tensor and four Nones; else the compact buffers of Q_row and Q_col (their unused columnwise
+    scale columns 0, as the Triton launchers leave them) and None then their data as uint8 and
+    their scales."""
+    if element_format is None:
+        return None, (torch.empty(tokens, cols, dtype=torch.bfloat16, device=device), None, None, None, None)
+    buffers = compact_buffers(tokens, cols, experts, element_format, device)
+    return buffers, (None, buffers.row_data.view(torch.uint8), buffers.row_scales, buffers.col_data.view(torch.uint8),
+                     buffers.col_scales)
+
+
+def fake_outputs(rows, cols, starts, quantized: bool) -> tuple:
+    """Symbolic stand-ins of ``output_arguments`` and of the expert block starts that the
+    quantized outputs need: (block_start, outputs), block_start an (E + 1,) int32 (``starts``
+    values) or None. The fp8 bytes and scales as uint8; Q_col's (cols, T) rows any T (its stores
+    need 1-byte aligned rows)."""
+    if not quantized:
+        return None, (fake_matrix(BFloat16, rows, cols), None, None, None, None)
+    block_start = fake_vector(Int32, starts)
+    row_data = fake_matrix(Uint8, rows, cols, divisibility=BLOCK_SIZE)
+    row_scales = fake_matrix(Uint8, rows, cute.sym_int(), divisibility=1, align=1)
+    col_data = fake_matrix(Uint8, cols, rows, divisibility=1)
+    col_scales = fake_matrix(Uint8, cols, cute.sym_int(), divisibility=1, align=1)
+    return block_start, (None, row_data, row_scales, col_data, col_scales)

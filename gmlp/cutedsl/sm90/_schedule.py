@@ -1,4 +1,5 @@
-"""The persistent tile schedule over experts shared by the sm_90a kernels (grouped GEMM, FC1).
+"""The persistent tile schedule over experts shared by the sm_90a kernels (grouped GEMM, FC1, FC2
+dgrad; ``TokenItems``).
 
 The m-tiles are the 128-row tiles of ``gmlp.mxfp8.routing.DeviceGroups.tile_start``: m-tile ``j`` of the
 layer is local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j <
@@ -17,17 +18,19 @@ b + grid, ... below ``tile_start[E] * n_tiles`` (read on the device: no host syn
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Int32
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 
-__all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items", "grid_size",
-           "expert_count_reason", "sm_count"]
+__all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items",
+           "TokenItems", "grid_size", "expert_count_reason", "sm_count"]
 
 TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
 GROUP_M = 8  # m-tiles per band of the item order (L2 reuse of B tiles; see the module docstring)
@@ -72,10 +75,31 @@ def num_work_items(mTileStart: cute.Tensor, n_tiles: Int32) -> Int32:
     return mTileStart[mTileStart.shape[0] - 1] * n_tiles
 
 
-def expert_count_reason(num_experts: int) -> str | None:
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class TokenItems:
+    """The work items of one launch (built in the kernel, ``of``): the m-tiles of ``tile_start`` x
+    the n-tiles of N, ``count`` of them (read on the device); ``tile(item)`` is ``work_tile``."""
+
+    mRowStart: cute.Tensor
+    mTileStart: cute.Tensor
+    num_experts: Int32
+    n_tiles: Int32
+    count: Int32
+
+    @staticmethod
+    def of(mRowStart: cute.Tensor, mTileStart: cute.Tensor, n: Int32, tile_n: int) -> TokenItems:
+        num_experts = mTileStart.shape[0] - 1
+        n_tiles = (n + tile_n - 1) // tile_n
+        return TokenItems(mRowStart, mTileStart, num_experts, n_tiles, num_work_items(mTileStart, n_tiles))
+
+    def tile(self, item: Int32):
+        return work_tile(self.mRowStart, self.mTileStart, item, self.n_tiles, self.num_experts)
+
+
+def expert_count_reason(num_experts: int) -> Reason | None:
     """None if the expert search covers E experts, else why not."""
     if not 0 < num_experts <= MAX_EXPERTS:
-        return f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)"
+        return Reason(ReasonKind.SHAPE, f"E={num_experts} outside [1, {MAX_EXPERTS}] (the expert search's depth)")
     return None
 
 

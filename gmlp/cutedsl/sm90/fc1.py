@@ -60,56 +60,69 @@ Kernel design (one compiled kernel per ``FC1Config``; T, H, F, E are runtime val
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
-from cutlass.cute.runtime import make_fake_tensor
+from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.reasons import Reason
 from gmlp.contract.reference import FC1Output
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
     compile_ahead,
-    compile_kernel,
+    config_compiler,
+    fake_experts,
+    fake_matrix,
     fake_stream,
-    sym_stride,
+    fake_vector,
 )
 from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
+from gmlp.cutedsl.sm90._launch import (
+    check_activation,
+    check_optional,
+    check_problem,
+    check_recipe,
+    check_tma_bases,
+    expert_matrices,
+    ffn_problem_support,
+    run,
+)
 from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN,
-    SMEM_BYTES,
     THREADS_PER_WARPGROUP,
     TILE_K,
-    a_tiles,
+    StagedConfig,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
-    produce_k_tiles,
+    mma_thread,
+    produce_token_items,
     register_split,
     shared_storage,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.mxfp8 import scale_layout
-from gmlp.mxfp8.buffers import compact_buffers
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Tensor
-from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1_forward", "SUPPORTED_ARCHS"]
 
+_NAME = "fc1 kernel"  # in the errors of compile_fc1 and fc1_forward
 TILE_N = 128  # a columns per work item (gated: 2 x 128 h columns)
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
@@ -142,7 +155,7 @@ def check_fused_pairs(tiled_mma: cute.TiledMma) -> None:
 
 
 @dataclass(frozen=True)
-class FC1Config:
+class FC1Config(StagedConfig):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     activation: Activation
@@ -158,8 +171,7 @@ class FC1Config:
     a_format: ElementFormat | None = None  # an MXFP8 x (rowwise, compact scales) decoded in the kernel
 
     def __post_init__(self):
-        if not isinstance(self.activation, Activation):
-            raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {self.activation!r}")
+        check_activation(self.activation)
         if self.floor_scales and not self.quantized:
             raise ValueError("floor_scales needs quantized=True (a bf16 a has no scales)")
         if self.fused_b and not (self.activation.gated and self.b_k_major and not self.quantized):
@@ -171,9 +183,7 @@ class FC1Config:
             dtype = getattr(self, name)
             if dtype is not None and dtype not in _FLOAT_DTYPES:
                 raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
-        if self.stages is not None and not 2 <= self.stages <= self.max_stages():
-            raise ValueError(f"stages must be in [2, {self.max_stages()}] for {self.activation.name}"
-                             f"{' (quantized)' if self.quantized else ''}, got {self.stages}")
+        self.check_stages()
 
     @property
     def b_tiles(self) -> int:
@@ -184,17 +194,18 @@ class FC1Config:
         """Shared memory of one pipeline slot: an A tile (bf16, or fp8 when decoded) and the bf16 B tiles."""
         return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.b_tiles * TILE_N * TILE_K * 2
 
+    def fixed_bytes(self) -> int:
+        """Outside the slot ring: the epilogue's and the decoded x's bf16 buffers."""
+        decode = _decode.buffers_bytes(1) if self.a_format is not None else 0
+        return self.epilogue_bytes() + decode
+
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
         (20 KB), none for bf16."""
         return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
 
-    def max_stages(self) -> int:
-        decode = _decode.buffers_bytes(1) if self.a_format is not None else 0
-        return (SMEM_BYTES - self.epilogue_bytes() - decode) // self.stage_bytes()
-
-    def num_stages(self) -> int:
-        return self.stages if self.stages is not None else self.max_stages()
+    def slot_name(self) -> str:
+        return f"{self.activation.name}{' (quantized)' if self.quantized else ''}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,34 +255,26 @@ class FC1ForwardSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (N1, H, E)
-        ops = make_mainloop_operands(mX, mW_nke, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
+        ops = make_mainloop_operands(mX, mW, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
                                      a_dtype=self.a_dtype)
-        b_elements = cute.cosize(ops.b_smem_layout)
         a16_layout = _decode.buffer_layout(mX, (TILE_M, self.mma_n, TILE_K))  # decoded: x's bf16 buffers
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024],  # gate (h for srelu; fused: both)
-        )
+        # sB: the gate tile (h for srelu; fused_b: gate and up)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
         if const_expr(self.gated and not self.fused_b):
-            fields["sU"] = cute.struct.Align[cute.struct.MemRange[BFloat16, b_elements], 1024]  # up
+            fields["sU"] = smem_array(BFloat16, cute.cosize(ops.b_smem_layout))  # up
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
-            fields["sQ"] = cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            fields["sKeys"] = cute.struct.Align[cute.struct.MemRange[Uint32, _quantize_epilogue.KEY_WORDS], 128]
+            fields.update(_quantize_epilogue.smem_fields())
         if const_expr(self.decoded):
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         if const_expr(self.fused_b):
             check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
-        self.kernel(
-            ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart, mTileStart,
-            mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart,
+                           mTileStart, mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
+                           ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.kernel
     def kernel(
@@ -306,49 +309,37 @@ class FC1ForwardSm90:
                                           stage_bytes)
 
         ffn = mRowData.shape[1] if const_expr(self.quantized) else mAct.shape[1]
-        num_experts = mTileStart.shape[0] - 1
-        n_tiles = (ffn + TILE_N - 1) // TILE_N
-        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
         k_tiles = (mX.shape[1] + TILE_K - 1) // TILE_K
         # B tiles of an item's n-tile: W1_g rows n_tile * 128 + [0, 128) (gate, or h for srelu)
         # and, gated, F + n_tile * 128 + [0, 128) (up)
         smem_b = (sB,)
         if const_expr(self.fused_b):  # rows [0, 128) of the 256-row tile: gate; [128, 256): up
-            tBsB, tBgB = b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N)
-            tUsU, tUgU = b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)), TILE_N,
-                                 row_offset=ffn)
+            b_parts = (b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N),
+                       b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)), TILE_N,
+                               row_offset=ffn))
         else:
-            tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, TILE_N)
+            b_parts = (b_tiles(tma_atom_b, mW, sB, TILE_N),)
             if const_expr(self.gated):
                 sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-                tUsU, tUgU = b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn)
+                b_parts += (b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn),)
                 smem_b = (sB, sU)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
-            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tAsA, tAgA = a_tiles(tma_atom_a, mX, sA, first_row)
-                if const_expr(self.gated):
-                    loads = ((tBgB[(None, n_tile, None, g)], tBsB), (tUgU[(None, n_tile, None, g)], tUsU))
-                else:
-                    loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
-                item += grid
-            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, tma_atom_b,
+                                b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
             # decoded: the wgmmas read x's bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mXScales, warpgroup,
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mXScales, mma_warpgroup,
                                                    _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
                                                    self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, smem_b)
+            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
             # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups; fused_b:
@@ -365,17 +356,15 @@ class FC1ForwardSm90:
                 up_offset = 0
                 operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
             if const_expr(self.quantized):
-                smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
-                          storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
+                smem_q = _quantize_epilogue.smem_tensors(storage)
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
-            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
 
             item = bidx
-            while item < num_items:
-                g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+            while item < items.count:
+                g, m_tile, n_tile, first_row, end_row = items.tile(item)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(
                     decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
                     decoded)
@@ -451,52 +440,26 @@ def _fake_arguments(config: FC1Config) -> tuple:
     rows, hidden = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts = cute.sym_int(), cute.sym_int()
-    x = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    x_scales = None
-    if config.a_format is not None:  # x's fp8 bytes and compact scales
-        x, x_scales = _decode.fake_operand(rows, hidden)
-    w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
-    w = make_fake_tensor(BFloat16, (experts, n1, hidden), stride=w_strides, assumed_align=ALIGN)
+    x, x_scales = _decode.fake_token_operand(rows, hidden, config.a_format)
+    w = fake_experts(experts, n1, hidden, config.b_k_major)
     bias = probs = None
     if config.bias_dtype is not None:
-        bias = make_fake_tensor(_FLOAT_DTYPES[config.bias_dtype], (experts, n1), stride=(sym_stride(1), 1),
-                                assumed_align=4)
+        bias = fake_matrix(_FLOAT_DTYPES[config.bias_dtype], experts, n1, divisibility=1, align=4)
     if config.probs_dtype is not None:
-        probs = make_fake_tensor(_FLOAT_DTYPES[config.probs_dtype], (rows,), stride=(1,), assumed_align=4)
-    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    block_start = a = row_data = row_scale = col_data = col_scale = None
-    if config.quantized:  # fp8 and scale bytes as uint8; a (F, T) transposed: T any (1-byte aligned rows)
-        block_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-        row_data = make_fake_tensor(Uint8, (rows, ffn), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
-        row_scale = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
-        col_data = make_fake_tensor(Uint8, (ffn, rows), stride=(sym_stride(1), 1), assumed_align=ALIGN)
-        col_scale = make_fake_tensor(Uint8, (ffn, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
-    else:
-        a = make_fake_tensor(BFloat16, (rows, ffn), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    return (x, x_scales, w, bias, probs, row_start, tile_start, block_start, c, a, row_data, row_scale, col_data, col_scale,
-            Int32(1), fake_stream())
+        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
+    row_start, tile_start = fake_vector(Int32, starts), fake_vector(Int32, starts)
+    c = fake_matrix(BFloat16, rows, n1)
+    block_start, outputs = _quantize_epilogue.fake_outputs(rows, ffn, starts, config.quantized)  # a's
+    return (x, x_scales, w, bias, probs, row_start, tile_start, block_start, c, *outputs, Int32(1), fake_stream())
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(config: FC1Config, arch: str | None) -> CompiledKernel:
-    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
-    return compile_kernel(FC1ForwardSm90(config), _fake_arguments(config), config, arch)
+_compile = config_compiler(FC1ForwardSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
 
 
-def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
     """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
-    rule, TMA alignment, search depth, 32-bit coordinates)."""
-    reason = _schedule.expert_count_reason(num_experts)
-    if reason is not None:
-        return reason
-    if hidden <= 0 or ffn <= 0 or hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
-        return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
-    n1 = (2 if gated else 1) * ffn
-    if max(num_rows, n1, hidden) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n1 >= 2**31:
-        return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
-    return None
+    rule, TMA alignment, search depth, 32-bit coordinates: ``_launch.ffn_problem_support``)."""
+    return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated, tile_rows=1)
 
 
 def compile_fc1(
@@ -510,7 +473,7 @@ def compile_fc1(
     shape of a config; ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
     config = config if config is not None else FC1Config(Activation(ActivationKind.SWIGLU))
     reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    return compile_ahead("fc1 kernel", _compile, config, arch, reason)
+    return compile_ahead(_NAME, _compile, config, arch, reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,27 +502,18 @@ def fc1_forward(
     rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
     as on its Triton-dequantized bf16 values."""
     # validate
-    if recipe is not None and not isinstance(recipe, MXFP8Recipe):
-        raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
-    if not isinstance(activation, Activation):
-        raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {activation!r}")
+    check_recipe(recipe)
+    check_activation(activation)
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     n1 = (2 if activation.gated else 1) * ffn
     x_data, x_scales, x_format = _decode.token_operand("x", x)
     tokens, hidden = x_data.shape
-    w = expert_operand("w1", w1, experts)
-    if (w.n, w.k) != (n1, hidden):
-        raise ValueError(f"w1 must hold {experts} experts' ({n1}, {hidden}) matrices, got ({w.n}, {w.k}) each")
-    reason = problem_support(tokens, hidden, ffn, experts, gated=activation.gated)
-    if reason is not None:
-        raise ValueError(f"the sm90 fc1 kernel cannot run this problem: {reason}")
+    expert_matrices("w1", w1, experts, N1=n1, H=hidden)
+    check_problem(_NAME, problem_support(tokens, hidden, ffn, experts, gated=activation.gated))
     b_k_major = b_is_k_major("w1", w1)  # a layout TMA reads, else ValueError
-    if any(t.device.type != "cuda" or t.data_ptr() % ALIGN for t in (x_data, w1)):
-        raise ValueError("x and w1 must be 16-byte aligned CUDA tensors")
-    if b1 is not None and (b1.shape != (experts, n1) or not b1.is_contiguous()):
-        raise ValueError(f"b1 must be a contiguous ({experts}, {n1}) tensor, got {tuple(b1.shape)}")
-    if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
-        raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
+    check_tma_bases(x=x_data, w1=w1)
+    check_optional("b1", b1, (experts, n1))
+    check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
@@ -571,22 +525,13 @@ def fc1_forward(
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     device = x_data.device
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
-    if quantized:
-        a = None
-        quantized_a = compact_buffers(tokens, ffn, experts, A_FORMAT, device)
-        outputs = (None, quantized_a.row_data.view(torch.uint8), quantized_a.row_scales,
-                   quantized_a.col_data.view(torch.uint8), quantized_a.col_scales)
-        block_start = groups.block_start
-    else:
-        a = torch.empty(tokens, ffn, dtype=torch.bfloat16, device=device)
-        outputs = (a, None, None, None, None)
-        block_start = None
+    quantized_a, outputs = _quantize_epilogue.output_arguments(tokens, ffn, experts, A_FORMAT if quantized else None,
+                                                               device)
+    block_start = groups.block_start if quantized else None
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, TILE_N), device)
-    if num_ctas > 0:
-        with torch.cuda.device(device):
-            kernel = _compile(config, None).function
-            kernel(x_data, x_scales, w1, b1, probs, groups.row_start, groups.tile_start, block_start, c, *outputs, num_ctas)
+    run(_compile, config, device, num_ctas, x_data, x_scales, w1, b1, probs, groups.row_start, groups.tile_start,
+        block_start, c, *outputs)
     if not quantized:
-        return FC1Output(c=c, a=a, a_rowwise=None, a_columnwise=None)
+        return FC1Output(c=c, a=outputs[0], a_rowwise=None, a_columnwise=None)
     a_rowwise, a_columnwise = quantized_a.tensors(False, A_FORMAT, recipe.scale_mode, split_sizes)
     return FC1Output(c=c, a=None, a_rowwise=a_rowwise, a_columnwise=a_columnwise)

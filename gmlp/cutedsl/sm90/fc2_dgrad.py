@@ -79,16 +79,15 @@ MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
-from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.reasons import Reason
 from gmlp.contract.reference import FC2DgradOutput
 from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
@@ -96,41 +95,56 @@ from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
     compile_ahead,
-    compile_kernel,
+    config_compiler,
+    fake_experts,
+    fake_matrix,
     fake_stream,
-    sym_stride,
+    fake_vector,
 )
 from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
+from gmlp.cutedsl.sm90._launch import (
+    check_activation,
+    check_optional,
+    check_problem,
+    check_recipe,
+    check_tma_bases,
+    expert_matrices,
+    ffn_problem_support,
+    run,
+)
 from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN,
+    ELEMENT_ALIGN,
     THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
-    a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
-    produce_k_tiles,
+    mma_thread,
+    produce_token_items,
     register_split,
     shared_storage,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
-from gmlp.cutedsl.sm90._schedule import TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.mxfp8 import scale_layout
-from gmlp.mxfp8.buffers import compact_buffers
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Tensor
-from gmlp.triton_ref.operands import expert_operand
 
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
            "SUPPORTED_ARCHS", "WARPS_PER_TILE", "DEFAULT_TILE_N"]
 
+_NAME = "fc2_dgrad kernel"  # in the errors of compile_fc2_dgrad and fc2_dgrad
 TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
@@ -171,8 +185,7 @@ class FC2DgradConfig(StagedConfig):
     def __post_init__(self):
         if self.tile_n not in TILE_NS:
             raise ValueError(f"tile_n must be one of {TILE_NS}, got {self.tile_n}")
-        if not isinstance(self.activation, Activation):
-            raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {self.activation!r}")
+        check_activation(self.activation)
         if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
             raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
         if (self.e5m2 or self.floor_scales) and not self.quantized:
@@ -249,30 +262,20 @@ class FC2DgradSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # (F, H, E)
-        ops = make_mainloop_operands(mDy, mW_nke, self.tile_n, self.stages, self.atom_layout_mnk,
-                                     a_dtype=self.a_dtype)
+        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
         a16_layout = _decode.buffer_layout(mDy, (TILE_M, self.tile_n, TILE_K))  # decoded: dy's bf16 buffers
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024],
-        )
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
-            fields["sQ"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.SQ_WORDS], 128]
-            fields["sKeys"] = cute.struct.Align[cute.struct.MemRange[cutlass.Uint32, _quantize_epilogue.KEY_WORDS],
-                                                128]
+            fields.update(_quantize_epilogue.smem_fields())
         if const_expr(self.decoded):
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        self.kernel(
-            ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart,
-            mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData, mColScale,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart,
+                           mTileStart, mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData,
+                           mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.kernel
     def kernel(
@@ -306,36 +309,27 @@ class FC2DgradSm90:
                                           stage_bytes)
 
         ffn = mW.shape[0]
-        num_experts = mTileStart.shape[0] - 1
-        n_tiles = (ffn + self.tile_n - 1) // self.tile_n
-        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        items = TokenItems.of(mRowStart, mTileStart, ffn, self.tile_n)
         k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
-        tBsB, tBgB = b_tiles(tma_atom_b, mW, sB, self.tile_n)  # w2t_g rows n_tile * BN + [0, BN)
+        b_parts = (b_tiles(tma_atom_b, mW, sB, self.tile_n),)  # w2t_g rows n_tile * BN + [0, BN)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (dy, w2t) k-tile of this CTA's items
-            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tAsA, tAgA = a_tiles(tma_atom_a, mDy, sA, first_row)
-                loads = ((tBgB[(None, n_tile, None, g)], tBsB),)
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
-                item += grid
-            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_b,
+                                b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
             # decoded: the wgmmas read dy's bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mDyScales, warpgroup,
+            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mDyScales, mma_warpgroup,
                                                    _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
                                                    self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA_mma, (sB,))
+            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
             # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
@@ -344,19 +338,17 @@ class FC2DgradSm90:
             operands = ((acc, tCrBs[0]),)
             if const_expr(self.quantized):
                 values = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # a quantized tile's fp32 dh
-                smem_q = (storage.sQ.get_tensor(cute.make_layout(_quantize_epilogue.SQ_WORDS)),
-                          storage.sKeys.get_tensor(cute.make_layout(_quantize_epilogue.KEY_WORDS)))
+                smem_q = _quantize_epilogue.smem_tensors(storage)
             group_sums = cute.make_rmem_tensor((4,), Float32)  # bias_grad: a group's d gate, d up column sums
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
             row_dprobs = cute.make_rmem_tensor((2,), Float32)
-            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
 
             item = bidx
-            while item < num_items:
-                g, m_tile, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+            while item < items.count:
+                g, m_tile, n_tile, first_row, end_row = items.tile(item)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(
                     decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
                     decoded)
@@ -579,54 +571,29 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
     rows, hidden = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts, n_tiles, sum_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-    dy = make_fake_tensor(BFloat16, (rows, hidden), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    dy_scales = None
-    if config.a_format is not None:  # dy's fp8 bytes and compact scales
-        dy, dy_scales = _decode.fake_operand(rows, hidden)
-    w_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
-    w = make_fake_tensor(BFloat16, (experts, ffn, hidden), stride=w_strides, assumed_align=ALIGN)
-    c = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
+    dy, dy_scales = _decode.fake_token_operand(rows, hidden, config.a_format)
+    w = fake_experts(experts, ffn, hidden, config.b_k_major)
+    c = fake_matrix(BFloat16, rows, n1)
     probs = dprobs_partial = warp_sums = None
     if config.probs_dtype is not None:
-        probs = make_fake_tensor(_FLOAT_DTYPES[config.probs_dtype], (rows,), stride=(1,), assumed_align=4)
-        dprobs_partial = make_fake_tensor(Float32, (rows, n_tiles), stride=(sym_stride(1), 1), assumed_align=4)
+        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
+        dprobs_partial = fake_matrix(Float32, rows, n_tiles, divisibility=1, align=4)
     if config.bias_grad:
-        warp_sums = make_fake_tensor(Float32, (sum_rows, n1), stride=(sym_stride(1), 1), assumed_align=4)
-    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    block_start = dh = row_data = row_scale = col_data = col_scale = None
-    if config.quantized:  # fp8 and scale bytes as uint8; dh (N1, T) transposed: T any (1-byte aligned rows)
-        block_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-        row_data = make_fake_tensor(Uint8, (rows, n1), stride=(sym_stride(BLOCK_SIZE), 1), assumed_align=ALIGN)
-        row_scale = make_fake_tensor(Uint8, (rows, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
-        col_data = make_fake_tensor(Uint8, (n1, rows), stride=(sym_stride(1), 1), assumed_align=ALIGN)
-        col_scale = make_fake_tensor(Uint8, (n1, cute.sym_int()), stride=(sym_stride(1), 1), assumed_align=1)
-    else:
-        dh = make_fake_tensor(BFloat16, (rows, n1), stride=(sym_stride(), 1), assumed_align=ALIGN)
-    return (dy, dy_scales, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, dh, row_data, row_scale,
-            col_data, col_scale, Int32(1), fake_stream())
+        warp_sums = fake_matrix(Float32, sum_rows, n1, divisibility=1, align=4)
+    row_start, tile_start = fake_vector(Int32, starts), fake_vector(Int32, starts)
+    block_start, outputs = _quantize_epilogue.fake_outputs(rows, n1, starts, config.quantized)  # dh's
+    return (dy, dy_scales, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, *outputs, Int32(1),
+            fake_stream())
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(config: FC2DgradConfig, arch: str | None) -> CompiledKernel:
-    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
-    return compile_kernel(FC2DgradSm90(config), _fake_arguments(config), config, arch)
+_compile = config_compiler(FC2DgradSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
 
 
-def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> str | None:
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
     """None if the kernel runs a (T, H, F, E) problem, else why not (the Triton twin's 32-column
     rule for F, TMA alignment of H, search depth, 32-bit coordinates, the db1 warp sums' rows
-    included)."""
-    reason = _schedule.expert_count_reason(num_experts)
-    if reason is not None:
-        return reason
-    if hidden <= 0 or ffn <= 0 or hidden % BLOCK_SIZE or ffn % BLOCK_SIZE:
-        return f"H={hidden} and F={ffn} must be positive multiples of {BLOCK_SIZE}"
-    n1 = (2 if gated else 1) * ffn
-    tiles = scale_layout.max_row_tiles(num_rows, num_experts)
-    if max(num_rows, n1, hidden) * 2 >= 2**31 or tiles * WARPS_PER_TILE * n1 >= 2**31:
-        return f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit tile coordinates"
-    return None
+    included: ``_launch.ffn_problem_support``)."""
+    return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated, tile_rows=WARPS_PER_TILE)
 
 
 def compile_fc2_dgrad(
@@ -640,7 +607,7 @@ def compile_fc2_dgrad(
     ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
     config = config if config is not None else FC2DgradConfig(Activation(ActivationKind.SWIGLU))
     reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    return compile_ahead("fc2_dgrad kernel", _compile, config, arch, reason)
+    return compile_ahead(_NAME, _compile, config, arch, reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,33 +637,25 @@ def fc2_dgrad(
     rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
     as on its Triton-dequantized bf16 values."""
     # validate
-    if recipe is not None and not isinstance(recipe, MXFP8Recipe):
-        raise TypeError(f"recipe must be None or a gmlp.MXFP8Recipe, got {recipe!r}")
+    check_recipe(recipe)
     if tile_n is None:
         tile_n = DEFAULT_TILE_N["bf16" if recipe is None and not isinstance(dy, MXFP8Tensor) else "mxfp8"]
     if recipe is not None and tile_n != QUANTIZED_TILE_N:
         raise ValueError(_quantized_tile_n_reason(tile_n))
-    if not isinstance(activation, Activation):
-        raise TypeError(f"activation must be a gmlp.contract.activations.Activation, got {activation!r}")
+    check_activation(activation)
     dy_data, dy_scales, dy_format = _decode.token_operand("dy", dy)
     tokens, hidden = dy_data.shape
     experts = split_sizes.numel()
-    w = expert_operand("w2t", w2t, experts)
-    ffn = w.n
+    ffn = expert_matrices("w2t", w2t, experts, F=None, H=hidden).n
     n1 = (2 if activation.gated else 1) * ffn
-    if w.k != hidden:
-        raise ValueError(f"w2t must hold {experts} experts' (F, H={hidden}) matrices, got ({w.n}, {w.k}) each")
-    if tuple(c.shape) != (tokens, n1) or c.dtype != torch.bfloat16 or c.stride(1) != 1:
-        raise ValueError(f"c must be bf16 row-major ({tokens}, {n1}), got {c.dtype} {tuple(c.shape)} "
-                         f"strides {c.stride()}")
-    reason = problem_support(tokens, hidden, ffn, experts, gated=activation.gated)
-    if reason is not None:
-        raise ValueError(f"the sm90 fc2_dgrad kernel cannot run this problem: {reason}")
+    # the kernel is compiled for a row stride of c that is a multiple of 8 (_fake_arguments)
+    if tuple(c.shape) != (tokens, n1) or c.dtype != torch.bfloat16 or c.stride(1) != 1 or c.stride(0) % ELEMENT_ALIGN:
+        raise ValueError(f"c must be bf16 row-major ({tokens}, {n1}) with a row stride a multiple of {ELEMENT_ALIGN}, "
+                         f"got {c.dtype} {tuple(c.shape)} strides {c.stride()}")
+    check_problem(_NAME, problem_support(tokens, hidden, ffn, experts, gated=activation.gated))
     b_k_major = b_is_k_major("w2t", w2t)  # a layout TMA reads, else ValueError
-    if any(t.device.type != "cuda" or t.data_ptr() % ALIGN for t in (dy_data, w2t, c)) or c.stride(0) % 8:
-        raise ValueError("dy, w2t and c must be 16-byte aligned CUDA tensors")
-    if probs is not None and (probs.shape != (tokens,) or not probs.is_contiguous()):
-        raise ValueError(f"probs must be a contiguous ({tokens},) tensor, got {tuple(probs.shape)}")
+    check_tma_bases(dy=dy_data, w2t=w2t, c=c)
+    check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
@@ -710,25 +669,14 @@ def fc2_dgrad(
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     n_tiles = scale_layout.ceil_div(ffn, tile_n)
-    if quantized:
-        dh = None
-        quantized_dh = compact_buffers(tokens, n1, experts, fmt, device)
-        outputs = (None, quantized_dh.row_data.view(torch.uint8), quantized_dh.row_scales,
-                   quantized_dh.col_data.view(torch.uint8), quantized_dh.col_scales)
-        block_start = groups.block_start
-    else:
-        dh = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
-        outputs = (dh, None, None, None, None)
-        block_start = None
+    quantized_dh, outputs = _quantize_epilogue.output_arguments(tokens, n1, experts, fmt, device)
+    block_start = groups.block_start if quantized else None
     dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
                  if bias_grad else None)
     num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
-    if num_ctas > 0:
-        with torch.cuda.device(device):
-            kernel = _compile(config, None).function
-            kernel(dy_data, dy_scales, w2t, c, probs, groups.row_start, groups.tile_start, block_start, dprobs_partial, warp_sums,
-                   *outputs, num_ctas)
+    run(_compile, config, device, num_ctas, dy_data, dy_scales, w2t, c, probs, groups.row_start, groups.tile_start,
+        block_start, dprobs_partial, warp_sums, *outputs)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = None
     if bias_grad:
@@ -737,6 +685,6 @@ def fc2_dgrad(
         tile_sums = warp_sums.view(-1, WARPS_PER_TILE, n1).sum(dim=1)  # fixed order
         db1 = segment_sum(tile_sums, groups.tile_start)
     if not quantized:
-        return FC2DgradOutput(dprobs=dprobs, dh=dh, dh_rowwise=None, dh_columnwise=None, db1=db1)
+        return FC2DgradOutput(dprobs=dprobs, dh=outputs[0], dh_rowwise=None, dh_columnwise=None, db1=db1)
     dh_rowwise, dh_columnwise = quantized_dh.tensors(False, fmt, recipe.scale_mode, split_sizes)
     return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1, dh_rowwise=dh_rowwise, dh_columnwise=dh_columnwise)

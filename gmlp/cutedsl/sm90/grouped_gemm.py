@@ -8,8 +8,9 @@ fp32; fp32 accumulation. Expert g owns rows ``row_start[g] <= r < row_start[g+1]
 from the device prefix sums of ``gmlp.mxfp8.routing.device_groups`` (no host sync; any sizes, 0 too).
 
 Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values; the tile
-schedule, the mainloop and the compile helper are the shared ``_schedule``, ``_pipeline`` and
-``_compile`` of this package, also used by ``fc1``):
+schedule, the mainloop, the compile and the launcher's common checks are the shared ``_schedule``,
+``_pipeline``, ``_compile`` and ``_launch`` of this package, also used by ``fc1`` and
+``fc2_dgrad``):
 
 - Tiles: BM = 128 rows (one 128-row tile of ``groups.tile_start``: m-tile ``j`` of the layer is
   local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j < tile_start[g+1]``,
@@ -52,48 +53,50 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
-from cutlass.cute.runtime import make_fake_tensor
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode, _schedule
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
     compile_ahead,
-    compile_kernel,
+    config_compiler,
+    fake_experts,
+    fake_matrix,
     fake_stream,
-    sym_stride,
+    fake_vector,
 )
+from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, expert_matrices, run
 from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN as _ALIGN,
-)
-from gmlp.cutedsl.sm90._pipeline import (
-    ELEMENT_ALIGN as _ELEMENT_ALIGN,
-)
-from gmlp.cutedsl.sm90._pipeline import (
-    THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
-)
-from gmlp.cutedsl.sm90._pipeline import (
+    ELEMENT_ALIGN,
+    THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
-    a_tiles,
     b_is_k_major,
     b_tiles,
     consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
-    produce_k_tiles,
+    mma_thread,
+    produce_token_items,
     register_split,
     shared_storage,
     skip_k_tiles,
     slot_tensors,
+    smem_array,
 )
-from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, work_tile
+from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
+
+_NAME = "grouped GEMM"  # in the errors of compile_grouped_gemm and grouped_gemm
 
 __all__ = [
     "KernelConfig",
@@ -162,7 +165,7 @@ class GroupedGemmSm90:
         # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
         # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
-        self.threads = (1 + self.num_consumers) * _THREADS_PER_WARPGROUP
+        self.threads = (1 + self.num_consumers) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
@@ -180,26 +183,15 @@ class GroupedGemmSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        # B as the (N, K, E) tensor that the dense Hopper GEMMs read (L = experts)
-        mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
-        ops = make_mainloop_operands(mA, mB_nke, self.tile_n, self.stages, self.atom_layout_mnk,
-                                     a_dtype=self.a_dtype)
+        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
         a16_layout = _decode.buffer_layout(mA, self.tile_shape_mnk)  # decoded: the bf16 buffers of A
-
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            order_barriers=cute.struct.MemRange[cutlass.Int64, 2],  # ping-pong: whose mainloop is next
-            sA=cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(ops.a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(ops.b_smem_layout)], 1024],
-        )
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, turns=self.pingpong)
         if const_expr(self.decoded):
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         self.shared_storage = shared_storage(fields)
-        self.kernel(
-            ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart, mD,
-            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart,
+                           mD, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.kernel
     def kernel(
@@ -229,37 +221,23 @@ class GroupedGemmSm90:
             order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
 
         # Work items over the m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule).
-        num_rows, n = mD.shape
-        num_experts = mTileStart.shape[0] - 1
-        n_tiles = (n + self.tile_n - 1) // self.tile_n
-        num_items = _schedule.num_work_items(mTileStart, n_tiles)
+        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], self.tile_n)
         k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
-        tBsB, tBgB = b_tiles(tma_atom_b, mB, sB, self.tile_n)
+        b_parts = (b_tiles(tma_atom_b, mB, sB, self.tile_n),)  # B_g rows n_tile * BN + [0, BN)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, _, n_tile, first_row, _ = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
-                tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b,
-                                        ((tBgB[(None, n_tile, None, g)], tBsB),))
-                item += grid
-            mainloop.producer_tail(state)  # wait until the consumers freed every slot
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_b,
+                                b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            # the thread's index in the tiled MMA, which spans the consumer warpgroups of one tile:
-            # both for BN = 256; with ping-pong each warpgroup's own (so both are MMA warpgroup 1)
-            mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
-            mma_tidx = tidx - _THREADS_PER_WARPGROUP
-            if const_expr(self.pingpong):
-                mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
+            # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
             # decoded: the wgmmas read the bf16 buffers, which the decoder fills
             sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mScales, mma_warpgroup,
-                                                   self.num_mma_warpgroups, tidx % _THREADS_PER_WARPGROUP,
+                                                   self.num_mma_warpgroups, tidx % THREADS_PER_WARPGROUP,
                                                    self.config.a_format)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
             tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
@@ -268,8 +246,7 @@ class GroupedGemmSm90:
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
             acc = cute.make_rmem_tensor(tCcD.shape, Float32)
             out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
-            read_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
 
             item = bidx
             item_step = grid
@@ -281,8 +258,8 @@ class GroupedGemmSm90:
                     read_state = skip_k_tiles(read_state, k_tiles)
                     release_state = skip_k_tiles(release_state, k_tiles)
                 order_state = order.state.clone()  # carried explicitly through the item loop
-            while item < num_items:
-                g, _, n_tile, first_row, end_row = work_tile(mRowStart, mTileStart, item, n_tiles, num_experts)
+            while item < items.count:
+                g, _, n_tile, first_row, end_row = items.tile(item)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(
@@ -328,42 +305,34 @@ class GroupedGemmSm90:
 
 def _fake_arguments(config: KernelConfig) -> tuple:
     """Symbolic stand-ins of the kernel's arguments, in order: T, N, K, E are runtime values;
-    alignments are what the launcher guarantees (16-byte bases; K, N and strides multiples of 8)."""
-    rows, n, k = cute.sym_int(), cute.sym_int(divisibility=_ELEMENT_ALIGN), cute.sym_int(divisibility=_ELEMENT_ALIGN)
-    starts = cute.sym_int()  # E + 1
-    experts = cute.sym_int()
-    a = make_fake_tensor(BFloat16, (rows, k), stride=(sym_stride(), 1), assumed_align=_ALIGN)
-    scales = None
-    if config.a_format is not None:  # the fp8 bytes (K a multiple of 32) and the compact scales
-        k = cute.sym_int(divisibility=BLOCK_SIZE)
-        a, scales = _decode.fake_operand(rows, k)
-    b_strides = (sym_stride(), sym_stride(), 1) if config.b_k_major else (sym_stride(), 1, sym_stride())
-    b = make_fake_tensor(BFloat16, (experts, n, k), stride=b_strides, assumed_align=_ALIGN)
+    alignments are what the launcher guarantees (16-byte bases; K, N and strides multiples of 8,
+    K of 32 for a decoded A)."""
+    rows, n = cute.sym_int(), cute.sym_int(divisibility=ELEMENT_ALIGN)
+    starts, experts = cute.sym_int(), cute.sym_int()  # E + 1, E
+    k = cute.sym_int(divisibility=BLOCK_SIZE if config.a_format is not None else ELEMENT_ALIGN)
+    a, scales = _decode.fake_token_operand(rows, k, config.a_format)
+    b = fake_experts(experts, n, k, config.b_k_major)
     bias = None
     if config.bias_dtype is not None:
-        bias = make_fake_tensor(_BIAS_DTYPES[config.bias_dtype], (experts, n), stride=(sym_stride(1), 1),
-                                assumed_align=4)
-    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    tile_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    d = make_fake_tensor(BFloat16, (rows, n), stride=(sym_stride(), 1), assumed_align=_ALIGN)
-    return (a, scales, b, bias, row_start, tile_start, d, Int32(1), fake_stream())
+        bias = fake_matrix(_BIAS_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
+    return (a, scales, b, bias, fake_vector(Int32, starts), fake_vector(Int32, starts), fake_matrix(BFloat16, rows, n),
+            Int32(1), fake_stream())
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(config: KernelConfig, arch: str | None) -> CompiledGroupedGemm:
-    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
-    return compile_kernel(GroupedGemmSm90(config), _fake_arguments(config), config, arch)
+_compile = config_compiler(GroupedGemmSm90, _fake_arguments)  # (config, arch) -> CompiledGroupedGemm, cached
 
 
-def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> str | None:
+def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> Reason | None:
     """None if the kernel runs a (T, N, K, E) problem, else why not (TMA alignment, search depth)."""
     reason = _schedule.expert_count_reason(num_experts)
     if reason is not None:
         return reason
-    if k == 0 or k % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
-        return f"K={k} and N={n} must be positive multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
+    if k == 0 or k % ELEMENT_ALIGN or n % ELEMENT_ALIGN:
+        return Reason(ReasonKind.SHAPE, f"K={k} and N={n} must be positive multiples of {ELEMENT_ALIGN} (TMA's "
+                                        "16-byte strides)")
     if max(num_rows, n, k) * 2 >= 2**31 or scale_layout.max_row_tiles(num_rows, num_experts) * n >= 2**31:
-        return f"T={num_rows}, N={n}, K={k}, E={num_experts} too large for 32-bit tile coordinates"
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, N={n}, K={k}, E={num_experts} too large for 32-bit tile "
+                                        "coordinates")
     return None
 
 
@@ -376,7 +345,7 @@ def compile_grouped_gemm(
     """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
     is shape-generic (T, N, K, E at run time), so one compile serves every shape of a config;
     ``shape`` (T, N, K, E), when given, is checked against ``problem_support``."""
-    return compile_ahead("grouped GEMM", _compile, config, arch, None if shape is None else problem_support(*shape))
+    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,18 +373,11 @@ def grouped_gemm(
     dequantized bf16 values (``tile_n`` then without ``pingpong``)."""
     # validate
     a, scales, a_format = _decode.token_operand("a", a)
-    if not (b.dtype == torch.bfloat16 and b.dim() == 3):
-        raise TypeError(f"b must be a bf16 (E, N, K) tensor, got {b.dtype} {tuple(b.shape)}")
-    (tokens, k), (experts, n, b_k) = a.shape, b.shape
-    if experts != split_sizes.numel() or b_k != k:
-        raise ValueError(f"b must hold {split_sizes.numel()} experts' (N, K={k}) matrices, got shape {tuple(b.shape)}")
-    reason = problem_support(tokens, n, k, experts)
-    if reason is not None:
-        raise ValueError(f"the sm90 grouped GEMM cannot run this problem: {reason}")
-    if any(t.device.type != "cuda" or t.data_ptr() % _ALIGN for t in (a, b)):
-        raise ValueError("a and b must be 16-byte aligned CUDA tensors")
-    if bias is not None and (bias.shape != (experts, n) or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous ({experts}, {n}) tensor, got {tuple(bias.shape)}")
+    (tokens, k), experts = a.shape, split_sizes.numel()
+    n = expert_matrices("b", b, experts, N=None, K=k).n
+    check_problem(_NAME, problem_support(tokens, n, k, experts))
+    check_tma_bases(a=a, b=b)
+    check_optional("bias", bias, (experts, n))
     config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
                           pingpong=pingpong, a_format=a_format)
 
@@ -423,8 +385,5 @@ def grouped_gemm(
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.device)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, tile_n), a.device)
-    if num_ctas > 0:
-        with torch.cuda.device(a.device):
-            kernel = _compile(config, None).function
-            kernel(a, scales, b, bias, groups.row_start, groups.tile_start, out, num_ctas)
+    run(_compile, config, a.device, num_ctas, a, scales, b, bias, groups.row_start, groups.tile_start, out)
     return out

@@ -47,19 +47,19 @@ DECODING_SITES: tuple[str, ...] = ()
 DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
 
 
-def decoded_wgrad_reason(a, b) -> str | None:
+def decoded_wgrad_reason(a, b) -> Reason | None:
     """None if ``a`` and ``b`` are MXFP8 operands the kernel decodes (columnwise quantizations,
     compact grouped scales, contiguous, T a multiple of 16), else why not."""
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, MXFP8Tensor) or value.axis is not QuantAxis.COLUMNWISE or value.swizzled:
-            return f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}"
+            return Reason(ReasonKind.SHAPE, f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}")
         if not (value.data.is_contiguous() and value.scales.is_contiguous()):
-            return f"{name}'s data and scales must be contiguous"
+            return Reason(ReasonKind.SHAPE, f"{name}'s data and scales must be contiguous")
         if value.data.shape[1] % DECODED_TOKEN_ALIGN:
-            return (f"T={value.data.shape[1]}: a decoded Q_col needs T a multiple of {DECODED_TOKEN_ALIGN} (its rows "
-                    f"are TMA strides)")
+            return Reason(ReasonKind.SHAPE, f"T={value.data.shape[1]}: a decoded Q_col needs T a multiple of "
+                                            f"{DECODED_TOKEN_ALIGN} (its rows are TMA strides)")
     if a.data.shape[1] != b.data.shape[1]:
-        return f"a and b must have the same tokens, got {a.data.shape[1]} and {b.data.shape[1]}"
+        return Reason(ReasonKind.SHAPE, f"a and b must have the same tokens, got {a.data.shape[1]} and {b.data.shape[1]}")
     return None
 
 
@@ -113,4 +113,4 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     else:  # fc2 wgrad: (H, F) per expert; fc1 wgrad: (2F | F, H)
         m, n = (hidden, ffn) if site == "fc2 wgrad" else (n1, hidden)
         reason = module.problem_support(tokens, m, n, experts)
-    return None if reason is None else Reason(ReasonKind.SHAPE, f"the SM90 {op} kernel: {reason}")
+    return None if reason is None else Reason(reason.kind, f"the SM90 {op} kernel: {reason.message}")

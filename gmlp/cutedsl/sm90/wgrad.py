@@ -63,7 +63,6 @@ launch, none spilled).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import cutlass
@@ -73,35 +72,48 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_tensor
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode
-from gmlp.cutedsl.sm90._compile import SUPPORTED_ARCHS, CompiledKernel, compile_ahead, compile_kernel
-from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN as _ALIGN,
+from gmlp.cutedsl.sm90._compile import (
+    SUPPORTED_ARCHS,
+    CompiledKernel,
+    compile_ahead,
+    config_compiler,
+    fake_matrix,
+    fake_stream,
+    fake_vector,
+    sym_stride,
 )
+from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
 from gmlp.cutedsl.sm90._pipeline import (
-    ELEMENT_ALIGN as _ELEMENT_ALIGN,
-)
-from gmlp.cutedsl.sm90._pipeline import (
-    THREADS_PER_WARPGROUP as _THREADS_PER_WARPGROUP,
-)
-from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN,
+    ELEMENT_ALIGN,
+    THREADS_PER_WARPGROUP,
     TILE_K,
     StagedConfig,
+    consumer_fragments,
+    consumer_states,
     cta_roles,
+    launch,
+    mainloop_fields,
     make_mainloop_pipeline,
     make_turns,
+    mma_thread,
+    produce_k_tiles,
     register_split,
     shared_storage,
     skip_k_tiles,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
+from gmlp.triton_ref.operands import describe
 
 __all__ = [
     "WgradConfig",
@@ -113,6 +125,7 @@ __all__ = [
     "SUPPORTED_ARCHS",
 ]
 
+_NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
@@ -215,9 +228,9 @@ class GroupedWgradSm90:
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
         self.add_chunk = _ADD_CHUNK
         self.ragged_tma = config.ragged_tma
-        self.consumer_threads = self.num_mma_warpgroups * _THREADS_PER_WARPGROUP
+        self.consumer_threads = self.num_mma_warpgroups * THREADS_PER_WARPGROUP
         self.pingpong = config.pingpong
-        self.threads = (1 + (2 if config.pingpong else self.num_mma_warpgroups)) * _THREADS_PER_WARPGROUP
+        self.threads = (1 + (2 if config.pingpong else self.num_mma_warpgroups)) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.decoded
         self.operand_dtype = Uint8 if config.decoded else BFloat16
@@ -259,21 +272,15 @@ class GroupedWgradSm90:
             cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
         )
 
-        fields = dict(
-            pipeline_barriers=cute.struct.MemRange[cutlass.Int64, self.stages * 2],  # full, empty
-            order_barriers=cute.struct.MemRange[cutlass.Int64, 2],  # ping-pong: whose mainloop is next
-            sA=cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(a_smem_layout)], 1024],
-            sB=cute.struct.Align[cute.struct.MemRange[self.operand_dtype, cute.cosize(b_smem_layout)], 1024],
-        )
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.operand_dtype, self.operand_dtype,
+                                 turns=self.pingpong)
         if const_expr(self.decoded):  # the wgmmas' bf16 A and B buffers
-            fields["sA16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a16_layout)], 1024]
-            fields["sB16"] = cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b16_layout)], 1024]
+            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
+            fields["sB16"] = smem_array(BFloat16, cute.cosize(b16_layout))
         self.shared_storage = shared_storage(fields)
-        self.kernel(
-            tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut, tiled_mma,
-            a_smem_layout, b_smem_layout, a16_layout, b16_layout,
-        ).launch(grid=[num_ctas, 1, 1], block=[self.threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
-                 stream=stream)
+        launch(self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut,
+                           tiled_mma, a_smem_layout, b_smem_layout, a16_layout, b16_layout),
+               num_ctas, self.threads, stream)
 
     @cute.jit
     def zero_rows(self, sA: cute.Tensor, sB: cute.Tensor, slot: Int32, first: Int32, tidx: Int32):
@@ -348,26 +355,15 @@ class GroupedWgradSm90:
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                 tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-                for k_tile in range((rows + TILE_K - 1) // TILE_K):
-                    mainloop.producer_acquire(state)
-                    barrier = mainloop.producer_get_barrier(state)
-                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
-                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
-                    state.advance()
+                state = produce_k_tiles(mainloop, state, (rows + TILE_K - 1) // TILE_K, tma_atom_a, tAgA, tAsA,
+                                        tma_atom_b, ((tBgB, tBsB),))
                 item += grid
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            # the thread's index in the tiled MMA, which spans the warpgroups of one tile (with
-            # ping-pong each warpgroup's own: both are its warpgroup 1)
-            mma_warpgroup = 1 if const_expr(self.pingpong) else warpgroup
-            mma_tidx = tidx - _THREADS_PER_WARPGROUP
-            if const_expr(self.pingpong):
-                mma_tidx = tidx - warpgroup * _THREADS_PER_WARPGROUP
-            # A/B smem descriptors are per warpgroup; C fragments are per thread.
-            thr_mma_wg = tiled_mma.get_slice((mma_warpgroup - 1) * _THREADS_PER_WARPGROUP)
+            # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
+            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
             sA_mma, sB_mma = sA, sB
             if const_expr(self.decoded):  # the wgmmas read the bf16 buffers the consumer threads fill
                 sA_mma = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
@@ -382,15 +378,14 @@ class GroupedWgradSm90:
                 a_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
                 b_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA_mma))  # (MMA, MMA_M, MMA_K, stages | buffers)
-            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB_mma))
+            # A/B smem descriptors are per warpgroup, (MMA, MMA_M | N, MMA_K, stages | buffers); C fragments per thread
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB_mma,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
             acc = cute.make_rmem_tensor(tCcD.shape, Float32)
             k_blocks = cute.size(tCrA, mode=[2])
-            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            read_state, release_state = consumer_states(self.stages)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
             item = bidx
@@ -436,7 +431,7 @@ class GroupedWgradSm90:
                                                 blocks)
                             _decode.decode_rows(split, sources[0], sources[1], decode_row, decode_chunk,
                                                 read_state.index, operand_index, scales, valid)
-                        _decode.publish(_decode.barrier_id(1), _THREADS_PER_WARPGROUP)
+                        _decode.publish(_decode.barrier_id(1), THREADS_PER_WARPGROUP)
                         decoded += 1
                     elif const_expr(not self.ragged_tma):
                         tail = rows - k_tile * TILE_K  # the expert's rows left; < BK on its last step
@@ -522,44 +517,36 @@ def _fake_arguments(config: WgradConfig) -> tuple:
     """Symbolic stand-ins of the kernel's arguments, in order: T, M, N, E are runtime values;
     alignments are what the launcher guarantees (16-byte bases; M, N and strides multiples of 8)."""
     rows = cute.sym_int()
-    m, n = cute.sym_int(divisibility=_ELEMENT_ALIGN), cute.sym_int(divisibility=_ELEMENT_ALIGN)
+    m, n = cute.sym_int(divisibility=ELEMENT_ALIGN), cute.sym_int(divisibility=ELEMENT_ALIGN)
     experts, starts = cute.sym_int(), cute.sym_int()  # E, E + 1
-
-    def stride():
-        return cute.sym_int64(divisibility=_ELEMENT_ALIGN)
-
-    a = make_fake_tensor(BFloat16, (rows, m), stride=(stride(), 1), assumed_align=_ALIGN)
-    b = make_fake_tensor(BFloat16, (rows, n), stride=(stride(), 1), assumed_align=_ALIGN)
-    a_scales = b_scales = block_start = None
     if config.decoded:  # Q_col's fp8 bytes (features, T): T a multiple of 16 for TMA's row stride
         tokens = cute.sym_int(divisibility=16)
         a, a_scales = _decode.fake_operand(m, tokens, row_alignment=16)
         b, b_scales = _decode.fake_operand(n, tokens, row_alignment=16)
-        block_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    row_start = make_fake_tensor(Int32, (starts,), stride=(1,), assumed_align=4)
-    out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(stride(), stride(), 1),
-                           assumed_align=_ALIGN)
-    return (a, b, a_scales, b_scales, block_start, row_start, out, Int32(1),
-            make_fake_stream(use_tvm_ffi_env_stream=True))
+        block_start = fake_vector(Int32, starts)
+    else:
+        a, b = fake_matrix(BFloat16, rows, m), fake_matrix(BFloat16, rows, n)
+        a_scales = b_scales = block_start = None
+    row_start = fake_vector(Int32, starts)
+    out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(sym_stride(), sym_stride(), 1),
+                           assumed_align=ALIGN)
+    return (a, b, a_scales, b_scales, block_start, row_start, out, Int32(1), fake_stream())
 
 
 CompiledWgrad = CompiledKernel  # the callable (runs on a matching GPU), its PTX and cubin
+_compile = config_compiler(GroupedWgradSm90, _fake_arguments)  # (config, arch) -> CompiledWgrad, cached
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(config: WgradConfig, arch: str | None) -> CompiledKernel:
-    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
-    return compile_kernel(GroupedWgradSm90(config), _fake_arguments(config), config, arch)
-
-
-def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> str | None:
+def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> Reason | None:
     """None if the kernel runs a (T, M, N, E) problem, else why not (TMA alignment, coordinates)."""
     if num_experts < 1:
-        return f"E={num_experts}: needs at least one expert"
-    if m % _ELEMENT_ALIGN or n % _ELEMENT_ALIGN:
-        return f"M={m} and N={n} must be multiples of {_ELEMENT_ALIGN} (TMA's 16-byte strides)"
+        return Reason(ReasonKind.SHAPE, f"E={num_experts}: needs at least one expert")
+    if m % ELEMENT_ALIGN or n % ELEMENT_ALIGN:
+        return Reason(ReasonKind.SHAPE, f"M={m} and N={n} must be multiples of {ELEMENT_ALIGN} (TMA's 16-byte "
+                                        "strides)")
     if num_rows >= _BIG or max(m, n) * 2 >= 2**31 or num_experts * (m // 8 + 1) * (n // 8 + 1) >= 2**31:
-        return f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile coordinates"
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile "
+                                        "coordinates")
     return None
 
 
@@ -572,7 +559,7 @@ def compile_wgrad(
     """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
     is shape-generic (T, M, N, E at run time), so one compile serves every shape of a config;
     ``shape`` (T, M, N, E), when given, is checked against ``problem_support``."""
-    return compile_ahead("grouped wgrad", _compile, config, arch, None if shape is None else problem_support(*shape))
+    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,15 +589,15 @@ def grouped_wgrad(
     if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
         reason = decoded_wgrad_reason(a, b)
         if reason is not None:
-            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason}")
+            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason.message}")
         formats = (a.element_format, b.element_format)
         (m, tokens), (n, _) = a.data.shape, b.data.shape
         scales = (a.scales, b.scales)
         a, b = a.data.view(torch.uint8), b.data.view(torch.uint8)
     elif not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and a.is_contiguous()
               and b.is_contiguous()):
-        raise TypeError(f"a and b must be contiguous bf16 (T, M) and (T, N) matrices, got a {a.dtype} "
-                        f"{tuple(a.shape)}, b {b.dtype} {tuple(b.shape)}")
+        raise TypeError(f"a and b must be contiguous bf16 (T, M) and (T, N) matrices, got a {describe(a)}, b "
+                        f"{describe(b)}")
     else:
         (tokens, m), (b_tokens, n) = a.shape, b.shape
         scales = (None, None)
@@ -624,13 +611,12 @@ def grouped_wgrad(
                          f"{tuple(out.shape)}")
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
-    reason = problem_support(tokens, m, n, experts)
-    if reason is not None:
-        raise ValueError(f"the sm90 grouped wgrad cannot run this problem: {reason}")
-    if tokens > 0 and any(t.device.type != "cuda" or t.data_ptr() % _ALIGN for t in (a, b)):
-        raise ValueError("a and b must be 16-byte aligned CUDA tensors")
-    if out is not None and out.data_ptr() % _ALIGN:
-        raise ValueError("out must be 16-byte aligned")
+    check_problem(_NAME, problem_support(tokens, m, n, experts))
+    if tokens > 0:
+        check_tma_bases(a=a, b=b)
+    if out is not None and out.data_ptr() % ALIGN:
+        raise ValueError(f"out must be 16-byte aligned, got an address {out.data_ptr() % ALIGN} bytes past a 16-byte "
+                         "boundary")
 
     # allocate; no tokens: zeros (nothing added to out), else launch over min(#SMs, tiles) CTAs
     accumulate = out is not None
@@ -645,7 +631,6 @@ def grouped_wgrad(
                              b_format=None if formats is None else formats[1])
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
         block_start = groups.block_start if formats is not None else None
-        with torch.cuda.device(a.device):
-            kernel = _compile(config, None).function
-            kernel(a, b, *scales, block_start, groups.row_start, out, min(items, sm_count(a.device.index)))
+        run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, *scales, block_start,
+            groups.row_start, out)
     return out

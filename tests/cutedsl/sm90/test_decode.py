@@ -434,9 +434,9 @@ def test_decoded_wgrad_rules():
                            QuantAxis.COLUMNWISE, False, ElementFormat.E4M3, ScaleMode.RCEIL, torch.tensor([tokens]))
 
     assert decoded_wgrad_reason(q_col(192), q_col(192)) is None
-    assert "T=200: a decoded Q_col needs T a multiple of 16" in decoded_wgrad_reason(q_col(200), q_col(200))
-    assert "same tokens" in decoded_wgrad_reason(q_col(192), q_col(208))
-    assert "b must be a columnwise MXFP8Tensor" in decoded_wgrad_reason(q_col(192), torch.zeros(192, 64))
+    assert "T=200: a decoded Q_col needs T a multiple of 16" in decoded_wgrad_reason(q_col(200), q_col(200)).message
+    assert "same tokens" in decoded_wgrad_reason(q_col(192), q_col(208)).message
+    assert "b must be a columnwise MXFP8Tensor" in decoded_wgrad_reason(q_col(192), torch.zeros(192, 64)).message
 
 
 @pytest.mark.gpu

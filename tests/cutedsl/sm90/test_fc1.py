@@ -223,7 +223,7 @@ def test_launcher_refuses_bad_operands():
     kwargs = dict(ffn_hidden_size=32, activation=SWIGLU, recipe=None)
     with pytest.raises(ValueError, match="16-byte aligned CUDA tensors"):
         fc1_forward(x, w1, splits, **kwargs)
-    with pytest.raises(ValueError, match=r"w1 must hold 2 experts' \(64, 64\) matrices, got \(64, 32\) each"):
+    with pytest.raises(ValueError, match=r"w1 must hold 2 experts' \(N1=64, H=64\) matrices, got \(64, 32\) each"):
         fc1_forward(x, w1[:, :, :32], splits, **kwargs)
     with pytest.raises(ValueError, match="H=64 and F=48"):
         fc1_forward(x, torch.zeros(2, 96, 64, dtype=torch.bfloat16), splits, **{**kwargs, "ffn_hidden_size": 48})
