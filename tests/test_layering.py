@@ -88,6 +88,20 @@ def test_imports_point_down():
     assert upward(imports()) == set()
 
 
+KERNEL_PACKAGES = ("triton_ref", "cutedsl")
+BELOW_THE_KERNELS = ("system", "mxfp8", "contract")
+
+
+def test_kernels_import_only_the_format_the_contract_and_their_own_package():
+    """A kernel package reads the format and the contract, never another backend (each is a twin
+    of the others, not a client) nor anything above."""
+    graph = imports()
+    crossing = {(a, b) for a, targets in graph.items() for b in targets
+                if floor(a) is not None and FLOORS[floor(a)] in KERNEL_PACKAGES and floor(b) is not None
+                and FLOORS[floor(b)] not in (*BELOW_THE_KERNELS, FLOORS[floor(a)])}
+    assert crossing == set()
+
+
 def test_no_import_cycle():
     assert cycles(imports()) == []
 

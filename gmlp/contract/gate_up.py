@@ -16,6 +16,8 @@ from enum import Enum
 
 import torch
 
+from gmlp.contract.operands import describe
+
 __all__ = ["GateUpLayout", "GateUp", "gate_up_views"]
 
 
@@ -44,23 +46,17 @@ class GateUp:
     def __post_init__(self):
         for name, view in (("gate", self.gate), ("up", self.up)):
             if not isinstance(view, torch.Tensor) or view.dim() != 3:
-                raise TypeError(f"GateUp.{name} must be an (E, F, H) tensor, got {_describe(view)}")
+                raise TypeError(f"GateUp.{name} must be an (E, F, H) tensor, got {describe(view)}")
             if view.shape[-1] > 1 and view.stride(-1) != 1:
                 raise ValueError(f"GateUp.{name} must have contiguous rows (last stride 1), got strides {view.stride()}")
         if self.gate.shape != self.up.shape or self.gate.dtype != self.up.dtype or self.gate.device != self.up.device:
             raise ValueError(f"GateUp.gate and GateUp.up must match in shape, dtype and device, got "
-                             f"{_describe(self.gate)} on {self.gate.device} and {_describe(self.up)} on {self.up.device}")
+                             f"{describe(self.gate)} on {self.gate.device} and {describe(self.up)} on {self.up.device}")
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(E, F, H): experts, ffn and hidden sizes."""
         return tuple(self.gate.shape)
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {tuple(value.shape)}"
-    return type(value).__name__
 
 
 def gate_up_views(layout: GateUpLayout, w1: torch.Tensor, w3: torch.Tensor | None = None) -> GateUp:
@@ -76,7 +72,7 @@ def gate_up_views(layout: GateUpLayout, w1: torch.Tensor, w3: torch.Tensor | Non
     ndim = 4 if layout is GateUpLayout.INTERLEAVED else 3
     if not isinstance(w1, torch.Tensor) or w1.dim() != ndim or (layout is GateUpLayout.INTERLEAVED and w1.shape[2] != 2) \
             or (layout is GateUpLayout.HALVES and w1.shape[1] % 2):
-        raise ValueError(f"w1 in the {layout.name} layout must be {expected}, got {_describe(w1)}")
+        raise ValueError(f"w1 in the {layout.name} layout must be {expected}, got {describe(w1)}")
     if layout is GateUpLayout.HALVES:
         ffn = w1.shape[1] // 2
         return GateUp(w1[:, :ffn], w1[:, ffn:])

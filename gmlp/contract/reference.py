@@ -31,12 +31,13 @@ import torch
 
 from gmlp.contract.activations import Activation
 from gmlp.contract.gate_up import GateUp
+from gmlp.contract.outputs import FC1Output, FC2DgradOutput, MLPGrads
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.reference import quantize_mxfp8_ref
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 
-__all__ = ["ForwardSaved", "MLPGrads", "FC1Output", "fc1_forward_ref", "FC2DgradOutput", "fc2_dgrad_ref", "expert_matrices", "grouped_gemm_ref", "grouped_wgrad_ref", "segment_sum_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
+__all__ = ["ForwardSaved", "fc1_forward_ref", "fc2_dgrad_ref", "expert_matrices", "grouped_gemm_ref", "grouped_wgrad_ref", "segment_sum_ref", "unquantized_mlp_fp64", "grouped_mlp_forward_ref", "grouped_mlp_backward_ref"]
 
 ACCUMULATE = torch.float64  # accumulation of the oracle's GEMMs
 
@@ -54,31 +55,6 @@ class ForwardSaved:
     split_sizes: list[int]
     has_b1: bool
     has_b2: bool
-
-
-@dataclass
-class MLPGrads:
-    """Gradients of the grouped MLP's inputs and parameters (None where there is no input)."""
-
-    dx: torch.Tensor  # (T, H) bf16
-    dprobs: torch.Tensor | None  # (T,) fp32
-    # (E, 2F | F, H), fp32 sums stored as the backward's weight_grad_dtype; W1's gate and up stored
-    # apart (gmlp.contract.gate_up): the pair of their (E, F, H) gradients
-    dw1: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-    db1: torch.Tensor | None  # (E, 2F | F) fp32
-    dw2: torch.Tensor  # (E, H, F), as dw1
-    db2: torch.Tensor | None  # (E, H) fp32
-
-
-@dataclass(frozen=True)
-class FC1Output:
-    """FC1 step's outputs: c = bf16(h) (T, 2F | F), and a = act(h) * probs as bf16 (T, F), or
-    quantized both ways (compact scales) under MXFP8."""
-
-    c: torch.Tensor
-    a: torch.Tensor | None  # bf16 mode
-    a_rowwise: MXFP8Tensor | None  # MXFP8: FC2's forward operand
-    a_columnwise: MXFP8Tensor | None  # MXFP8: FC2's weight-gradient operand
 
 
 class _Quantizer:
@@ -171,18 +147,6 @@ def fc1_forward_ref(
     return FC1Output(c=h.to(torch.bfloat16), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
 
 
-@dataclass(frozen=True)
-class FC2DgradOutput:
-    """FC2 dgrad step's outputs: dprobs (T,) fp32 (None without probs), and dh = act'(c) applied
-    to da * probs: bf16 (T, 2F | F), or quantized both ways in the gradient format."""
-
-    dprobs: torch.Tensor | None
-    dh: torch.Tensor | None  # bf16 mode
-    dh_rowwise: MXFP8Tensor | None  # MXFP8: FC1 dgrad operand
-    dh_columnwise: MXFP8Tensor | None  # MXFP8: FC1 wgrad operand
-    db1: torch.Tensor | None = None  # (E, 2F | F) fp32 per-expert sums of dh, when asked (bias_grad)
-
-
 def fc2_dgrad_ref(
     dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) in the gradient format
     w2t: torch.Tensor | MXFP8Tensor,  # W2_g^T (F, H) per expert, any form of ``expert_matrices`` (Q_col(W2) read as such)
@@ -216,7 +180,7 @@ def expert_matrices(b: torch.Tensor | MXFP8Tensor | GateUp | tuple, experts: int
     """(E, N, K) fp32 values of per-expert matrices B_g given as: bf16 (E, N, K) (any strides); a
     rowwise MXFP8Tensor of the (E * N, K) stack; or a columnwise MXFP8Tensor of an (E * K, N)
     stack S, meaning B_g = S_g^T (Q_col of a weight, read by the backward GEMMs). The forms that
-    ``gmlp.triton_ref.operands.expert_operand`` accepts; and W1 as its gate and up (a ``GateUp``:
+    ``gmlp.contract.operands.expert_operand`` accepts; and W1 as its gate and up (a ``GateUp``:
     B_g = [gate_g; up_g]) or a pair of operands side by side along K (B_g = [B_g | B2_g])."""
     if isinstance(b, GateUp):
         return torch.cat([_values(b.gate), _values(b.up)], 1)

@@ -30,7 +30,7 @@ import torch
 
 from gmlp.contract.activations import Activation
 from gmlp.contract.gate_up import GateUp
-from gmlp.contract.reference import MLPGrads
+from gmlp.contract.outputs import MLPGrads
 from gmlp.contract.weight_reuse import quantized_weight
 from gmlp.dispatch.plan import LayerPlan, implementation
 from gmlp.dispatch.sites import SITES

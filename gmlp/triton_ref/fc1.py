@@ -6,14 +6,14 @@ import torch
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.gate_up import GateUp
-from gmlp.contract.reference import FC1Output
+from gmlp.contract.operands import expert_operand, rowwise_operand, token_scalars
+from gmlp.contract.outputs import FC1Output
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import compact_buffers
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.shapes import fc1_shape_reason
 from gmlp.triton_ref.tuning import FC1_TILING, GemmTiling

@@ -6,7 +6,8 @@ import torch
 import triton
 
 from gmlp.contract.activations import Activation
-from gmlp.contract.reference import FC2DgradOutput
+from gmlp.contract.operands import expert_operand, rowwise_operand, token_scalars
+from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import compact_buffers
 from gmlp.mxfp8.recipe import MXFP8Recipe
@@ -14,7 +15,6 @@ from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ScaleMode
 from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand, token_scalars
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.segment_sum import segment_sum
 from gmlp.triton_ref.shapes import fc2_dgrad_shape_reason

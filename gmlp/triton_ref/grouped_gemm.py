@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from gmlp.contract.operands import expert_operand, rowwise_operand
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.triton_ref._grouped_gemm_kernel import grouped_gemm_kernel
-from gmlp.triton_ref.operands import expert_operand, rowwise_operand
 from gmlp.triton_ref.quantize import search_steps
 from gmlp.triton_ref.tuning import GROUPED_GEMM_TILING, GemmTiling
 

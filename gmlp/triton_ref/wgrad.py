@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from gmlp.contract.operands import token_operand
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.triton_ref._wgrad_kernel import wgrad_kernel
-from gmlp.triton_ref.operands import token_operand
 from gmlp.triton_ref.tuning import WGRAD_TILING, WgradTiling
 
 __all__ = ["grouped_wgrad"]

@@ -12,7 +12,7 @@ import torch
 
 import gmlp
 import gmlp.layer.steps
-from gmlp.contract.reference import FC1Output, FC2DgradOutput
+from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.debug import CrossCheckError, CrossCheckWarning, cross_check
 from gmlp.dispatch.paths import Path
 from gmlp.dispatch.sites import SITES

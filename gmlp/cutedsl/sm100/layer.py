@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from gmlp.contract.activations import Activation
-from gmlp.contract.reference import MLPGrads
+from gmlp.contract.outputs import MLPGrads
 from gmlp.contract.weight_reuse import quantized_weight
 from gmlp.cutedsl.sm100 import views
 from gmlp.cutedsl.sm100.layout import (

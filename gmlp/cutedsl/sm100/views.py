@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.contract.activations import Activation
-from gmlp.contract.reference import FC1Output, FC2DgradOutput
+from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.cutedsl.sm100.layout import PaddedRows, deinterleave_gate_up, from_padded, split_interleaved
 from gmlp.cutedsl.sm100.steps import KernelCall, as_matrix, d_col_of, d_row_of
 from gmlp.mxfp8.routing import device_groups

@@ -10,7 +10,7 @@ The values are the Triton dequantize's (``gmlp.triton_ref._dequantize_kernel``),
 f16 -> fp32 is exact, so going through ``cvt.rn.f16x2.{e4m3,e5m2}x2`` changes nothing. The GEMM
 that reads the decoded tile therefore equals the bf16 GEMM of the dequantized operand bit for bit.
 
-Layouts (checked against cute's swizzled layouts in tests/test_sm90_decode.py):
+Layouts (checked against cute's swizzled layouts in tests/cutedsl/sm90/test_decode.py):
 - fp8 slot (TMA, one per pipeline stage): 128 rows x 64 bytes, 64B-swizzled: row r's 16-byte
   chunk c (bytes 16c .. 16c + 15) is chunk ``4 r + (c ^ ((r >> 1) & 3))`` of the slot;
 - bf16 buffer (the wgmma operand): 128 rows x 64 bf16, 128B-swizzled: row r's 16-byte chunk c
@@ -44,13 +44,13 @@ from cutlass import BFloat16, Int32, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from gmlp.contract.operands import describe
 from gmlp.cutedsl._quantize_kernel import _select
 from gmlp.cutedsl.sm90._compile import fake_matrix
 from gmlp.cutedsl.sm90._pipeline import THREADS_PER_WARPGROUP, TILE_K, mma_k_tiles
 from gmlp.cutedsl.sm90._schedule import TILE_M
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
-from gmlp.triton_ref.operands import describe
 
 __all__ = [
     "DECODE_BUFFERS", "BLOCK", "BUFFER_BYTES", "FIRST_BARRIER", "buffers_bytes", "barrier_id",

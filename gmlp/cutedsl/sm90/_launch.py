@@ -12,13 +12,13 @@ from typing import Callable
 import torch
 
 from gmlp.contract.activations import Activation
+from gmlp.contract.operands import ExpertOperand, describe, expert_operand
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._pipeline import ALIGN
 from gmlp.cutedsl.sm90._schedule import expert_count_reason
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import BLOCK_SIZE
-from gmlp.triton_ref.operands import ExpertOperand, describe, expert_operand
 
 __all__ = ["ffn_problem_support", "check_problem", "check_recipe", "check_activation", "expert_matrices",
            "check_optional", "check_tma_bases", "run"]

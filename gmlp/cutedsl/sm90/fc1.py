@@ -68,8 +68,8 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
-from gmlp.contract.reference import FC1Output
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,

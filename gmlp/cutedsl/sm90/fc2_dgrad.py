@@ -38,7 +38,7 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   butterfly shuffles over the warp's 8 quads: 16 rows) written by lanes 0-3 to
   ``dh_warp_sums[m_tile * 8 + warp, :]``
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
-  expert's tiles in order (``segment_sum`` over ``tile_start``): deterministic, no atomics.
+  expert's tiles in order (``torch.segment_reduce`` over ``tile_start``): deterministic, no atomics.
 
 MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only;
 ``_quantize_epilogue.quantize_tile_both_ways`` with ``segments`` and ``column_first``):
@@ -87,8 +87,8 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
-from gmlp.contract.reference import FC2DgradOutput
 from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._compile import (
@@ -680,10 +680,9 @@ def fc2_dgrad(
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = None
     if bias_grad:
-        from gmlp.triton_ref.segment_sum import segment_sum
-
         tile_sums = warp_sums.view(-1, WARPS_PER_TILE, n1).sum(dim=1)  # fixed order
-        db1 = segment_sum(tile_sums, groups.tile_start)
+        # each expert's tiles in order, one thread per output element: deterministic, no atomics
+        db1 = torch.segment_reduce(tile_sums, "sum", offsets=groups.tile_start, axis=0)
     if not quantized:
         return FC2DgradOutput(dprobs=dprobs, dh=outputs[0], dh_rowwise=None, dh_columnwise=None, db1=db1)
     dh_rowwise, dh_columnwise = quantized_dh.tensors(False, fmt, recipe.scale_mode, split_sizes)

@@ -41,7 +41,7 @@ schedule, the mainloop, the compile and the launcher's common checks are the sha
   ping-pong the epilogue is not overlapped with the next mainloop.
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.4, sm_90a): 168
-registers at launch (232 in consumers after setmaxnreg), no spills; see tests/test_sm90_compile.py.
+registers at launch (232 in consumers after setmaxnreg), no spills; see tests/cutedsl/sm90/test_grouped_gemm.py.
 """
 
 from __future__ import annotations

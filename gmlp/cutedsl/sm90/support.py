@@ -1,5 +1,5 @@
-"""What the SM90 kernels run at each GEMM site of the layer, and their launchers (for
-``gmlp.dispatch.sites``, the dispatcher's per-op rules).
+"""What the SM90 kernels run at each GEMM site of the layer, and their launchers (for the
+dispatcher's SM90 provider, ``gmlp.dispatch.providers.cutedsl_sm90``).
 
 Each site's problem is the kernel's own ``problem_support`` at the layer's sizes (T is the plan's
 token class, an upper bound of the call's rows). On SM90 the MXFP8 recipe's operands are
@@ -68,9 +68,9 @@ def _module(op: str):
 
 
 @functools.lru_cache(maxsize=None)
-def import_error() -> str | None:
+def import_error() -> Reason | None:
     """None if every SM90 kernel module imports, else the first failure (module, package version,
-    error)."""
+    error), a system reason."""
     for op in KERNEL_MODULES:
         try:
             _module(op)
@@ -79,7 +79,7 @@ def import_error() -> str | None:
             reason = (f"{name} failed to import with nvidia-cutlass-dsl {package_version('nvidia-cutlass-dsl')}: "
                       f"{type(error).__name__}: {error}")
             hint = missing_package_hint(error)
-            return f"{reason}; {hint}" if hint else reason
+            return Reason(ReasonKind.SYSTEM, f"{reason}; {hint}" if hint else reason)
     return None
 
 
@@ -96,7 +96,7 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     imports: ``import_error`` is checked first)."""
     error = import_error()
     if error is not None:
-        return Reason(ReasonKind.SYSTEM, error)
+        return error
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
     if site in W1_SITES and problem.gate_up is not GateUpLayout.HALVES:

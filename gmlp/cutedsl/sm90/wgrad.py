@@ -56,7 +56,7 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.x, sm_90a), every
 config: 168 registers at launch for BN = 256 (232 for BN = 128; 232 in consumers after
 setmaxnreg), no stack, no spills; HGMMA.64x{BN}x16.F32.BF16 with both transpose bits; 4-D (2-D
-with ``ragged_tma=False``) TMA loads; see tests/test_sm90_wgrad.py. Verified on the H200
+with ``ragged_tma=False``) TMA loads; see tests/cutedsl/sm90/test_wgrad.py. Verified on the H200
 (the ``gpu`` tests there), except ping-pong, which has only been compiled (168 registers at
 launch, none spilled).
 """
@@ -74,6 +74,7 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
+from gmlp.contract.operands import describe
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode
 from gmlp.cutedsl.sm90._compile import (
@@ -113,7 +114,6 @@ from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
-from gmlp.triton_ref.operands import describe
 
 __all__ = [
     "WgradConfig",

@@ -1,4 +1,5 @@
-"""Validation of the Triton launchers' bf16 operands: one function per operand layout."""
+"""Argument checks the launchers of every backend share (Triton, CuTeDSL): one function per bf16
+operand layout, and ``describe`` for their messages."""
 
 from __future__ import annotations
 
