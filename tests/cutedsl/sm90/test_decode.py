@@ -330,9 +330,11 @@ def test_decoded_x_in_fc1_matches_the_dequantized_x_bitwise(splits, hidden, ffn,
 @pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]],
                          ids=["ragged-with-empty", "many-tiny"])
 def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidden, ffn, activation, recipe):
-    """dh (bf16 or both quantizations), dprobs and db1: the same accumulators, the same epilogue."""
+    """dh (bf16 or both quantizations), dprobs and db1: the same accumulators, the same epilogue,
+    given the same tile width (the launcher's default differs: 128 for an MXFP8 dy, 256 for a
+    bf16 one with recipe=None, and a different width sums dprobs' partials in another order)."""
     from gmlp.contract.activations import activation_from
-    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+    from gmlp.cutedsl.sm90.fc2_dgrad import QUANTIZED_TILE_N, fc2_dgrad
     from gmlp.mxfp8.recipe import MXFP8Recipe
     from gmlp.mxfp8.spec import ElementFormat
     from gmlp.triton_ref.dequantize import dequantize_mxfp8
@@ -341,7 +343,7 @@ def test_decoded_dy_in_fc2_dgrad_matches_the_dequantized_dy_bitwise(splits, hidd
     _, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, act, True)
     fmt = "e4m3" if recipe == "bf16-out" else recipe
     q = _quantized_a(sum(splits), hidden, fmt, special=False)
-    kwargs = dict(activation=act, probs=probs, bias_grad=True,
+    kwargs = dict(activation=act, probs=probs, bias_grad=True, tile_n=QUANTIZED_TILE_N,
                   recipe=None if recipe == "bf16-out" else MXFP8Recipe(grad_format=ElementFormat(fmt)))
     got = fc2_dgrad(q, w2t, c, split_sizes, **kwargs)
     want = fc2_dgrad(dequantize_mxfp8(q), w2t, c, split_sizes, **kwargs)
