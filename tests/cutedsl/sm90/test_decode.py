@@ -16,8 +16,17 @@ import torch
 from gmlp.cutedsl import import_error
 from tests.support.cases import parametrize_quick
 from tests.support.ptx import ptxas_report
-from tests.support.sm90 import (SPLITS, assert_same_bits, check_fc1_ptx, check_fc2_dgrad_ptx, check_ptx, expert_weights,
-                                fc1_operands, fc2_dgrad_operands, on_sm90)
+from tests.support.sm90 import (
+    SPLITS,
+    assert_same_bits,
+    check_fc1_ptx,
+    check_fc2_dgrad_ptx,
+    check_ptx,
+    expert_weights,
+    fc1_operands,
+    fc2_dgrad_operands,
+    on_sm90,
+)
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")

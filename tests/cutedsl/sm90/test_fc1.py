@@ -23,6 +23,7 @@ import torch
 
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from gmlp.debug.compare import gemm_delta
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.reference import quantize_columnwise_ref, quantize_rowwise_ref
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
@@ -433,7 +434,7 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     want = fc1_forward_ref(x, w1, split_sizes, **kwargs)
     twin = triton_fc1_forward(x, w1, split_sizes, **kwargs)
     magnitude = max((x.float().abs() @ w1[g].float().abs().t()).max().item() for g in range(experts))
-    delta_h = hidden * 2.0**-24 * magnitude
+    delta_h = gemm_delta(magnitude, hidden)
     delta_a = delta_h * (2 * want.c.float().abs().max().item() + 2)
     assert got.c.shape == want.c.shape == (tokens, n1) and got.c.dtype == torch.bfloat16
     assert got.a.shape == want.a.shape == (tokens, ffn) and got.a.dtype == torch.bfloat16

@@ -19,6 +19,7 @@ import torch
 
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from gmlp.debug.compare import gemm_delta
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.backends import twice_without_sync
@@ -318,7 +319,7 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
     twin = triton_fc2_dgrad(dy, w2t, c, split_sizes, **kwargs)
     magnitude = max((dy.float().abs() @ w2t[g].float().abs().t()).max().item() for g in range(experts))
     lipschitz = 2 * c.float().abs().max().item() + 2
-    delta_dh = hidden * 2.0**-24 * magnitude * lipschitz
+    delta_dh = gemm_delta(magnitude, hidden) * lipschitz
     assert got.dh.shape == (tokens, n1) and got.dh.dtype == torch.bfloat16
     assert got.dh_rowwise is None and got.dh_columnwise is None
     for other, factor in ((want, 1), (twin, 2)):
@@ -427,7 +428,7 @@ def assert_fc2_dgrad_mxfp8_matches_triton(dy, w2t, c, split_sizes, *, activation
     splits = split_sizes.tolist()
     magnitude = max((dy.float().abs() @ w2t[g].float().abs().t()).max().item() for g in range(experts))
     lipschitz = 2 * c.float().abs().max().item() + 2
-    delta_dh = hidden * 2.0**-24 * magnitude * lipschitz
+    delta_dh = gemm_delta(magnitude, hidden) * lipschitz
     if probs is not None:
         assert got.dprobs.dtype == torch.float32
         assert within_steps(got.dprobs, twin.dprobs, 2.0**-20, 2 * ffn * delta_dh * lipschitz)

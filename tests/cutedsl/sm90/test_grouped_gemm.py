@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 from tests.support.ptx import check_register_split
@@ -173,7 +174,7 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
     want = grouped_gemm_ref(a, b, split_sizes, bias=bias_values)
     twin = triton_grouped_gemm(a, b, split_sizes, bias=bias_values)
     magnitude = max((a.float().abs() @ b[g].float().abs().t()).max().item() for g in range(len(splits)))
-    delta = k * 2.0**-24 * magnitude
+    delta = gemm_delta(magnitude, k)
     assert got.shape == want.shape == (sum(splits), n) and got.dtype == torch.bfloat16
     for other in (want, twin):
         assert bool(((got.float() - other.float()).abs() <= 2.0**-7 * other.float().abs() + delta).all())

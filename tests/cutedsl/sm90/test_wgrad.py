@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import config_id, parametrize_quick
 from tests.support.ptx import check_register_split, ptxas_report, sass
@@ -223,7 +224,7 @@ SPLITS = {
 def _bound(a: torch.Tensor, b: torch.Tensor) -> float:
     """tests/triton_ref/test_wgrad.py's delta: fp32 sums in another order move a result by at most
     T * 2**-24 * max(|A|^T |B|)."""
-    return max(a.shape[0], 1) * 2.0**-24 * (a.float().abs().t() @ b.float().abs()).max().item()
+    return gemm_delta((a.float().abs().t() @ b.float().abs()).max().item(), max(a.shape[0], 1))
 
 
 @pytest.mark.gpu
