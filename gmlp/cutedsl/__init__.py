@@ -1,5 +1,8 @@
 """CuTeDSL kernels: the production fast path (SM90 kernels of our own; SM100 adds cuDNN's).
 
+Floor 4, on the format and the contract only (it imports no other backend); the dispatcher's
+providers ``cutedsl_sm90`` and ``cutedsl_sm100`` load it.
+
 Layer map:
 - ``quantize``: launcher of the fused one-pass MXFP8 quantize (``quantize_mxfp8``, same contract
   as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``), its ``problem_support``, and

@@ -1,5 +1,8 @@
 """Triton kernels: the readable reference and the fallback that runs wherever Triton runs.
 
+Floor 3, on the format and the contract, which are all it imports besides itself; the
+dispatcher's Triton provider (``gmlp.dispatch.providers.triton_path``) loads its launchers.
+
 Launchers (public, each the twin of a reference in ``gmlp.mxfp8.reference`` / ``gmlp.contract.reference``),
 kernels in the ``_``-prefixed module beside them:
 
