@@ -1,6 +1,6 @@
 """The Triton FC2 dgrad kernel (grouped GEMM + fused activation backward) against its twin.
 
-Tolerance (as in test_triton_fc1): the fp32 accumulation order moves da by at most
+Tolerance (as in tests/triton_ref/test_fc1.py): the fp32 accumulation order moves da by at most
 delta_da = H * 2**-24 * max sum_k |dy_k w_k|; through act' that becomes delta_dh = delta_da * L
 with L = 2 * max|c| + 2 bounding |d act / d h| * 2 (probs <= 1); dprobs sums F such terms times
 |act(c)| <= L * max|c|. Outputs may round one step of their format away from the reference.

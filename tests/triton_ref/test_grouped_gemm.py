@@ -1,6 +1,6 @@
 """The Triton grouped GEMM (FC2 forward, FC1 dgrad) against its reference twin.
 
-Tolerance as in test_triton_fc1: the fp32 accumulation order moves a result by at most
+Tolerance as in tests/triton_ref/test_fc1.py: the fp32 accumulation order moves a result by at most
 delta = K * 2**-24 * max sum_k |a_k b_k|, and the bf16 output may then round one step
 (at most 2**-7 |v|) away from the reference's.
 """
