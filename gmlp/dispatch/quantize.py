@@ -41,7 +41,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 def problem_reason(problem: QuantizeProblem, device: torch.device) -> Callable[[Path], Reason | None]:
     """Whether each path's provider for ``device`` runs ``problem`` (asked after its system check)."""
-    capability = _capability(device)
+    capability = _capability(device)  # once, not per path asked
 
     def reason(path: Path) -> Reason | None:
         return provider(path, capability).supports(Op.QUANTIZE, problem, None)

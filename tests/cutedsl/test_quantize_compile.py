@@ -6,11 +6,7 @@ where cutlass-dsl is missing or broken.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +16,7 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8.problem import validate_quantize_args
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.cases import parametrize_quick
+from tests.support.ptx import cuobjdump
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -56,30 +53,12 @@ def vector_bytes(ptx: str, op: str) -> int:
     return sum(n * len(re.findall(rf"\b{op}\.global\.{re.escape(kind)}\b", ptx)) for kind, n in widths.items())
 
 
-def _cuobjdump() -> str | None:
-    """A cuobjdump for the cubin's resource usage: on PATH, or the one Triton bundles."""
-    found = shutil.which("cuobjdump")
-    if found is None:
-        try:
-            import triton
-
-            bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-            found = bundled if os.access(bundled, os.X_OK) else None
-        except ImportError:
-            pass
-    return found
-
-
 def resource_usage(cubin: bytes) -> dict[str, int] | None:
     """{"REG", "STACK", "SHARED", "LOCAL"} of the cubin's kernel (cuobjdump -res-usage); None
     without a cuobjdump that reads it."""
-    tool = _cuobjdump()
-    if tool is None:
+    result = cuobjdump(cubin, "-res-usage")
+    if result is None:
         return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        result = subprocess.run([tool, "-res-usage", handle.name], capture_output=True, text=True)
     match = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", result.stdout)
     return None if match is None else dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, match.groups())))
 

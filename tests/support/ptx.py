@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["ptxas_report", "sass", "check_register_split"]
+__all__ = ["ptxas_report", "cuobjdump", "sass", "check_register_split"]
 
 
 def _ptxas_candidates() -> list[str]:
@@ -47,8 +47,9 @@ def ptxas_report(ptx: str, arch: str) -> dict[str, int] | None:
     return None
 
 
-def sass(cubin: bytes) -> str | None:
-    """The cubin's SASS (cuobjdump -sass: on PATH or Triton's); None without a cuobjdump."""
+def cuobjdump(cubin: bytes, option: str) -> subprocess.CompletedProcess | None:
+    """``cuobjdump OPTION`` of the cubin (the one on PATH, else the one beside a ptxas Triton
+    bundles); None without a cuobjdump."""
     tools = [shutil.which("cuobjdump")]
     tools += [os.path.join(os.path.dirname(tool), "cuobjdump") for tool in _ptxas_candidates()]
     tool = next((t for t in tools if t and os.access(t, os.X_OK)), None)
@@ -57,7 +58,14 @@ def sass(cubin: bytes) -> str | None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        result = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True)
+        return subprocess.run([tool, option, handle.name], capture_output=True, text=True)
+
+
+def sass(cubin: bytes) -> str | None:
+    """The cubin's SASS (``cuobjdump -sass``); None without a cuobjdump."""
+    result = cuobjdump(cubin, "-sass")
+    if result is None:
+        return None
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -9,7 +9,7 @@ from typing import Callable
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.dispatch.sites import Op
 
-__all__ = ["system", "quantize_support", "no_kernel_reason", "load_quantize"]
+__all__ = ["system", "supports", "no_kernel_reason", "load_quantize"]
 
 
 def system(device_type: str, capability: tuple[int, int] | None, interpret: bool) -> Reason | None:
@@ -19,11 +19,15 @@ def system(device_type: str, capability: tuple[int, int] | None, interpret: bool
     return import_error()
 
 
-def quantize_support(problem) -> Reason | None:
-    """The CuTeDSL quantize kernel's rule for a ``QuantizeProblem``."""
-    from gmlp.cutedsl.quantize import problem_support
+def supports(op: Op, problem, gemms: Callable[[], Reason | None]) -> Reason | None:
+    """What both CuTeDSL providers answer alike: the quantize kernel's rule for a ``QuantizeProblem``,
+    no kernel for the dequantize and the per-expert sum; the GEMM ops get ``gemms()``, the
+    architecture's own answer."""
+    if op is Op.QUANTIZE:
+        from gmlp.cutedsl.quantize import problem_support
 
-    return problem_support(problem)
+        return problem_support(problem)
+    return no_kernel_reason(op) or gemms()
 
 
 def no_kernel_reason(op: Op) -> Reason | None:

@@ -52,14 +52,12 @@ def composition_reason(problem: LayerProblem) -> Reason | None:
 
 
 def _supports(op: Op, problem, site: str | None) -> Reason | None:
-    if op is Op.QUANTIZE:
-        return cutedsl_common.quantize_support(problem)
-    reason = cutedsl_common.no_kernel_reason(op)
-    if reason is not None:
-        return reason
-    from gmlp.cutedsl.sm100.cudnn_kernels import import_error
+    def gemms() -> Reason | None:
+        from gmlp.cutedsl.sm100.cudnn_kernels import import_error
 
-    return import_error() or composition_reason(problem)
+        return import_error() or composition_reason(problem)
+
+    return cutedsl_common.supports(op, problem, gemms)
 
 
 def _load(site: Site) -> Callable:

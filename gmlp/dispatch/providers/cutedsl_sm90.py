@@ -15,21 +15,20 @@ __all__ = ["PROVIDER"]
 
 
 def _supports(op: Op, problem, site: str | None) -> Reason | None:
-    if op is Op.QUANTIZE:
-        return cutedsl_common.quantize_support(problem)
-    reason = cutedsl_common.no_kernel_reason(op)
-    if reason is not None:
-        return reason
-    from gmlp.cutedsl.sm90.support import site_reason
+    def gemms() -> Reason | None:
+        from gmlp.cutedsl.sm90.support import site_reason
 
-    return problem.bf16_operands_reason("SM90 CuTeDSL") or site_reason(site, op.value, problem)
+        return problem.bf16_operands_reason("SM90 CuTeDSL") or site_reason(site, op.value, problem)
+
+    return cutedsl_common.supports(op, problem, gemms)
 
 
 def _load(site: Site) -> Callable:
     if site.op is Op.QUANTIZE:
         return cutedsl_common.load_quantize()
-    if cutedsl_common.no_kernel_reason(site.op) is not None:
-        raise ValueError(f"{site.op.value} has no CuTeDSL implementation: {cutedsl_common.no_kernel_reason(site.op)}")
+    missing = cutedsl_common.no_kernel_reason(site.op)
+    if missing is not None:
+        raise ValueError(f"{site.op.value} has no CuTeDSL implementation: {missing}")
     from gmlp.cutedsl.sm90.support import launcher
 
     return launcher(site.op.value)

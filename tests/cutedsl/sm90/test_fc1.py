@@ -418,17 +418,9 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     from tests.support.tolerances import within_steps
 
     activation = activation_from(activation)
-    torch.manual_seed(0)
-    split_sizes = torch.tensor(splits, device="cuda")
+    x, w1, split_sizes, b1, probs = fc1_operands(splits, hidden, ffn, activation, bias, with_probs, transposed)
     tokens, experts = sum(splits), len(splits)
     n1 = (2 if activation.gated else 1) * ffn
-    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
-    if transposed:  # W1^T stored (E, H, N1), read as the (E, N1, H) view
-        w1 = (torch.randn(experts, hidden, n1, device="cuda") / 8).bfloat16().transpose(1, 2)
-    else:
-        w1 = (torch.randn(experts, n1, hidden, device="cuda") / 8).bfloat16()
-    b1 = (torch.randn(experts, n1, device="cuda") * 0.1).bfloat16() if bias else None
-    probs = torch.rand(tokens, device="cuda") if with_probs else None
     kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=None, b1=b1, probs=probs)
     got = fc1_forward(x, w1, split_sizes, fused_b=fused_b, **kwargs)
     want = fc1_forward_ref(x, w1, split_sizes, **kwargs)

@@ -302,17 +302,9 @@ def test_fc2_dgrad_matches_reference_and_triton(activation, with_probs, bias_gra
     from tests.support.tolerances import within_steps
 
     activation = activation_from(activation)
-    torch.manual_seed(0)
-    split_sizes = torch.tensor(splits, device="cuda")
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs, transposed)
     tokens, experts = sum(splits), len(splits)
     n1 = (2 if activation.gated else 1) * ffn
-    dy = torch.randn(tokens, hidden, device="cuda").bfloat16()
-    if transposed:  # the stacked W2 (E, H, F) read as its (E, F, H) transpose
-        w2t = (torch.randn(experts, hidden, ffn, device="cuda") / 8).bfloat16().transpose(1, 2)
-    else:
-        w2t = (torch.randn(experts, ffn, hidden, device="cuda") / 8).bfloat16()
-    c = torch.randn(tokens, n1, device="cuda").bfloat16()
-    probs = torch.rand(tokens, device="cuda") if with_probs else None
     kwargs = dict(activation=activation, recipe=None, probs=probs, bias_grad=bias_grad)
     got = fc2_dgrad(dy, w2t, c, split_sizes, tile_n=tile_n, **kwargs)
     want = fc2_dgrad_ref(dy, w2t, c, split_sizes, **kwargs)
