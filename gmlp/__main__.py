@@ -1,11 +1,15 @@
-"""``python -m gmlp [demo|doctor]``: the main job on an embedded default, and the environment report.
+"""``python -m gmlp [demo|doctor|cache]``: the main job on an embedded default, the environment
+report, and the compiled-kernel cache.
 
 ``demo`` (the default) runs a small MoE layer (8 experts, skewed routing with an empty expert)
 on whatever device is there: ``GroupedMLP`` forward and backward in MXFP8 with the cross-check
 on (every op also runs on the next path down and is compared), checked against the
 unquantized layer in float64, and the MXFP8 quantize of its activations on every kernel path
 that can run, compared with the spec bit for bit. ``doctor`` prints versions, the
-device, and which path each op takes and why.
+device, and which path each op takes and why. ``cache`` reports the persistent cache of compiled
+CuTeDSL kernels (``gmlp.cutedsl.compile_cache``); ``cache clear`` empties it; ``cache warm --shape
+E,T,H,F --recipes mxfp8,bf16`` runs one forward + backward of such a layer on the GPU so that
+every kernel it needs is compiled and kept before a training run starts.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -154,11 +159,85 @@ def doctor() -> int:
     return 0
 
 
+def cache_report() -> int:
+    """Print the compile cache's directory, state and entries; always 0."""
+    from gmlp.cutedsl import compile_cache  # a plain module of the package: no CuTeDSL import
+
+    directory, found = compile_cache.cache_directory(), compile_cache.entries()
+    state = "on" if compile_cache.cache_enabled() else f"off ({compile_cache.ENABLE_ENV}=0)"
+    size = sum(path.stat().st_size for path in found)
+    print(f"compile cache: {directory} ({state}; {compile_cache.CACHE_DIR_ENV} moves it)")
+    print(f"{len(found)} compiled kernels, {size / 2**20:.1f} MiB")
+    for path in found:
+        print(f"  {path.name}")
+    return 0
+
+
+def cache_clear() -> int:
+    """Empty the compile cache; always 0."""
+    from gmlp.cutedsl import compile_cache
+
+    print(f"removed {compile_cache.clear()} compiled kernels from {compile_cache.cache_directory()}")
+    return 0
+
+
+def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
+    """One forward + backward of a (E, T, H, F) layer per recipe on the GPU, balanced routing, so
+    that every kernel its plan runs is compiled into the cache; 1 without a GPU."""
+    from gmlp.cutedsl import compile_cache
+    from gmlp.mxfp8.recipe import MXFP8Recipe
+
+    if not torch.cuda.is_available():
+        print("cache warm: no CUDA GPU here; the CuTeDSL kernels are compiled for the GPU they run on")
+        return 1
+    experts, tokens, hidden, ffn = shape
+    before = len(compile_cache.entries())
+    for name in recipes:
+        start = time.perf_counter()
+        mlp = GroupedMLP(experts, hidden, ffn, recipe=MXFP8Recipe() if name == "mxfp8" else None, device="cuda")
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        probs = torch.rand(tokens, device="cuda", requires_grad=True)
+        split_sizes = torch.full((experts,), tokens // experts, dtype=torch.int32)
+        split_sizes[: tokens % experts] += 1
+        mlp(x, split_sizes.cuda(), probs).backward(torch.randn_like(x))
+        torch.cuda.synchronize()
+        print(f"{name}: forward + backward of (E, T, H, F) = {shape} in {time.perf_counter() - start:.1f} s")
+    state = "" if compile_cache.cache_enabled() else f" (the cache is off: {compile_cache.ENABLE_ENV}=0)"
+    print(f"compile cache {compile_cache.cache_directory()}: {len(compile_cache.entries()) - before} kernels "
+          f"added, {len(compile_cache.entries())} in all{state}")
+    return 0
+
+
+def _shape(text: str) -> tuple[int, int, int, int]:
+    """argparse type of --shape: four positive integers E,T,H,F."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"expected four positive integers experts,tokens,hidden,ffn, got {text!r}")
+    return shape
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gmlp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="demo", choices=["demo", "doctor"])
+    parser.add_argument("command", nargs="?", default="demo", choices=["demo", "doctor", "cache"])
+    parser.add_argument("action", nargs="?", choices=["info", "clear", "warm"],
+                        help="cache only: info (the default), clear, or warm")
+    parser.add_argument("--shape", type=_shape, default=(8, 4096, 1024, 1024),
+                        help="cache warm: the layer's experts,tokens,hidden,ffn (default 8,4096,1024,1024)")
+    parser.add_argument("--recipes", default="mxfp8,bf16", help="cache warm: of mxfp8,bf16 (default both)")
     args = parser.parse_args(argv)
+    if args.action is not None and args.command != "cache":
+        parser.error(f"{args.action!r} is an action of the cache command, not of {args.command!r}")
+    recipes = [name for name in args.recipes.split(",") if name]
+    if not recipes or set(recipes) - {"mxfp8", "bf16"}:
+        parser.error(f"--recipes takes mxfp8 and/or bf16, comma-separated, got {args.recipes!r}")
+    if args.command == "cache":
+        if args.action == "clear":
+            return cache_clear()
+        return cache_warm(args.shape, recipes) if args.action == "warm" else cache_report()
     return demo() if args.command == "demo" else doctor()
 
 

@@ -1,12 +1,14 @@
 """``python -m gmlp`` (the main job on its embedded default) and ``python -m gmlp doctor``: what a
 new user runs first. The demo's figures are the same run after run and it ends with one PASS or
 FAIL line; the doctor reports every package gmlp may use, with how to install a missing one; a
-layer's plan says each reason once."""
+layer's plan says each reason once; ``cache`` reports, clears and (on a GPU) warms the compile
+cache."""
 
 from __future__ import annotations
 
 import importlib.util
 
+import pytest
 import torch
 
 import gmlp
@@ -73,3 +75,34 @@ def test_the_interpreter_without_numpy_is_a_reason(monkeypatch):
         _device_system_reason.cache_clear()
     assert reason is not None and "Triton's interpreter needs numpy" in str(reason) and "pip install numpy" in str(reason)
 
+
+
+def test_the_cache_command_reports_and_clears_the_compile_cache(tmp_path, monkeypatch, capsys):
+    kept = tmp_path / "cutedsl"
+    kept.mkdir()
+    for name in ("fc1forwardsm90-0123.o", "groupedgemmsm90-4567.o"):
+        (kept / name).write_bytes(b"x" * 1024)
+    monkeypatch.setenv("GMLP_CACHE_DIR", str(tmp_path))
+    assert main_job.main(["cache"]) == 0
+    report = capsys.readouterr().out
+    assert str(kept) in report and "2 compiled kernels" in report and "fc1forwardsm90-0123.o" in report
+    assert main_job.main(["cache", "clear"]) == 0
+    assert "removed 2 compiled kernels" in capsys.readouterr().out and not list(kept.iterdir())
+    monkeypatch.setenv("GMLP_COMPILE_CACHE", "0")
+    main_job.main(["cache", "info"])
+    assert "off (GMLP_COMPILE_CACHE=0)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer: a GPU warms the cache")
+def test_cache_warm_without_a_gpu_says_why_it_cannot(capsys):
+    assert main_job.main(["cache", "warm"]) == 1
+    assert "no CUDA GPU here" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, expected", [(["doctor", "clear"], "an action of the cache command"),
+                                            (["cache", "warm", "--shape", "8,64"], "four positive integers"),
+                                            (["cache", "warm", "--recipes", "fp4"], "--recipes takes mxfp8")])
+def test_bad_cache_arguments_are_named(argv, expected, capsys):
+    with pytest.raises(SystemExit):
+        main_job.main(argv)
+    assert expected in capsys.readouterr().err

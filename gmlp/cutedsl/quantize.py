@@ -22,6 +22,7 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.cutedsl import compile_cache
 from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Kernel
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import allocate_buffers
@@ -161,12 +162,15 @@ def artifact_text(value) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _compile(config: KernelConfig, arch: str | None) -> CompiledQuantizeKernel:
-    """Compile ``config``; arch None targets the current GPU (the runtime path)."""
+    """Compile ``config``; arch None targets the current GPU (the runtime path, through the
+    persistent ``compile_cache``)."""
     options = "--enable-tvm-ffi"
     kernel = _kernel(config)
     resources = dict(min_blocks_per_sm=kernel.min_blocks_per_sm, smem_bytes=kernel.smem_bytes())
     if arch is None:
-        function = cute.compile(kernel, *_fake_arguments(config), options=options)
+        key = compile_cache.kernel_key(type(kernel), config, compile_cache.current_arch(), options)
+        function = compile_cache.load_or_compile(key, lambda: cute.compile(kernel, *_fake_arguments(config),
+                                                                             options=options))
         return CompiledQuantizeKernel(config, "native", function, ptx="", cubin=b"", **resources)
     with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
         function = cute.compile(kernel, *_fake_arguments(config),

@@ -16,6 +16,10 @@ Every variable is read when it is used (not at import), except ``TRITON_INTERPRE
   layer checks them on the device without it; CPU tensors are always checked on the host).
 - ``TRITON_INTERPRET`` (boolean, Triton's own; read by ``gmlp.dispatch.paths`` and
   ``gmlp.triton_ref``): the Triton kernels run in Triton's interpreter.
+- ``GMLP_CACHE_DIR`` (path, ``gmlp.cutedsl.compile_cache``): where compiled CuTeDSL kernels are kept
+  (default ``$XDG_CACHE_HOME/gmlp`` or ``~/.cache/gmlp``).
+- ``GMLP_COMPILE_CACHE`` (boolean, ``gmlp.cutedsl.compile_cache``): keep and load compiled CuTeDSL
+  kernels (default on).
 - ``GMLP_COMMIT`` (string, ``gmlp.bench``): the commit recorded in benchmark results.
 
 Boolean values: ``1``/``0``, ``true``/``false``, ``yes``/``no``, ``on``/``off``, in any case;

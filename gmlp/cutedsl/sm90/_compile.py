@@ -14,6 +14,7 @@ from cutlass import BFloat16
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp.contract.reasons import Reason
+from gmlp.cutedsl import compile_cache
 from gmlp.cutedsl.quantize import artifact_text  # the quantize kernel's compile reads its artifacts the same way
 from gmlp.cutedsl.sm90._launch import check_problem
 from gmlp.cutedsl.sm90._pipeline import ALIGN, ELEMENT_ALIGN
@@ -65,9 +66,12 @@ def fake_experts(experts, n, k, k_major: bool):
 
 def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> CompiledKernel:
     """Compile ``kernel`` (a ``@cute.jit`` callable object) on symbolic ``arguments``; arch None
-    targets the current GPU (the runtime path), else e.g. "sm_90a" with the PTX and cubin kept."""
+    targets the current GPU (the runtime path, through the persistent ``compile_cache``), else e.g.
+    "sm_90a" with the PTX and cubin kept."""
     if arch is None:
-        return CompiledKernel(config, "native", cute.compile(kernel, *arguments, options=_OPTIONS), ptx="", cubin=b"")
+        key = compile_cache.kernel_key(type(kernel), config, compile_cache.current_arch(), _OPTIONS)
+        function = compile_cache.load_or_compile(key, lambda: cute.compile(kernel, *arguments, options=_OPTIONS))
+        return CompiledKernel(config, "native", function, ptx="", cubin=b"")
     with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
         function = cute.compile(kernel, *arguments,
                                 options=f"{_OPTIONS} --gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
