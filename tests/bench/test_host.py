@@ -8,12 +8,13 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 
 import pytest
 import torch
 
 import gmlp
-from gmlp.bench import common, host, host_profile, host_report
+from gmlp.bench import common, host, host_profile, host_report, host_timing
 
 SHAPE = (2, 64, 32, 32)  # experts, tokens, hidden, ffn
 SHAPE_NAME = "2,64,32,32"
@@ -301,3 +302,59 @@ def test_the_environment_names_the_imported_gmlps_checkout_not_the_cwds(tmp_path
     monkeypatch.setenv("GMLP_COMMIT", "0123abc")
     env = common.environment(CPU)
     assert env["commit"] == "0123abc" and env["dirty"] is None
+
+
+class FakeCuda:
+    """torch.cuda's calls that the CUDA timing makes, on the host: events read the clock when
+    recorded, a sleep is remembered, and the sleep's end is ``sleep_over`` (what an event recorded
+    after it answers)."""
+
+    def __init__(self, sleep_over: bool):
+        self.sleep_over, self.sleeps, self.mode = sleep_over, [], 0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool):
+                assert enable_timing
+                self.at = None
+
+            def record(self) -> None:
+                self.at = time.perf_counter()
+
+            def query(self) -> bool:
+                return fake.sleep_over
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end) -> float:
+                return (end.at - self.at) * 1e3
+
+        self.Event = Event
+
+    def install(self, monkeypatch) -> None:
+        for name, value in (("Event", self.Event), ("synchronize", lambda device=None: None),
+                            ("_sleep", self.sleeps.append), ("get_sync_debug_mode", lambda: self.mode),
+                            ("set_sync_debug_mode", lambda mode: setattr(self, "mode", mode))):
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+@pytest.mark.parametrize("sleep_over", [False, True])
+def test_the_cuda_timing_holds_the_stream_while_the_host_issues_each_loop(sleep_over, monkeypatch):
+    """The CUDA branch on a simulated device: a sleep before every loop, long enough for the loop
+    (a multiple of the synchronized loop's wall time), and the flag when the sleep ended first."""
+    cuda = FakeCuda(sleep_over)
+    cuda.install(monkeypatch)
+    calls = []
+    figures = host_timing.step_figures(lambda: calls.append("step"), lambda: calls.append("forward"),
+                                       torch.device("cuda"), iters=3, repeats=2)
+    # the synchronized loops, the held loops of steps and of forwards, one step counting syncs
+    assert calls.count("step") == 2 * 3 + 2 * 3 + 1 and calls.count("forward") == 2 * 3
+    assert len(cuda.sleeps) == 4 and min(cuda.sleeps) >= host_timing.CYCLES_PER_MS  # at least 1 ms
+    assert figures["sleep_ended_early"] is sleep_over
+    assert len(figures["fwd_bwd_host"]["samples"]) == 2 and figures["fwd_host_ms"] > 0
+    assert figures["device_ms"] >= 0 and figures["device_wall_ms"] >= 0 and figures["host_syncs_per_step"] == 0
+    profile = host_profile.profile_steps(lambda: calls.append("profiled"), 5, torch.device("cuda"), iters=2,
+                                         sleep_ms=2.0, unprofiled_host_ms=1.0, gmlp_side=False)
+    assert calls.count("profiled") == 5 and len(cuda.sleeps) == 4 + 3  # loops of 2, 2 and 1
+    assert cuda.sleeps[-1] == 2 * host_timing.CYCLES_PER_MS and profile["sleep_ended_early"] is sleep_over
