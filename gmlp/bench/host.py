@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import pathlib
@@ -161,6 +160,12 @@ def forced_backend(path: str) -> Iterator[None]:
             os.environ["GMLP_BACKEND"] = previous
 
 
+def torch_layer(x: torch.Tensor, probs: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                offsets: torch.Tensor) -> torch.Tensor:
+    """torch's eager layer (``gmlp.bench.mlp.baseline_layer`` with the eager SwiGLU times probs)."""
+    return baseline_layer(x, probs, w1, w2, offsets, swiglu_probs)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -189,8 +194,7 @@ class ShapeCase:
 
     def torch_run(self, compiled: bool = False) -> Run:
         """torch's eager layer (or its function compiled with ``mode="reduce-overhead"``) and its leaves."""
-        layer = functools.partial(baseline_layer, activation=swiglu_probs)
-        call = torch.compile(layer, mode="reduce-overhead") if compiled else layer
+        call = torch.compile(torch_layer, mode="reduce-overhead") if compiled else torch_layer
         w1, w2 = self.torch_weights
         return (lambda: call(self.x, self.probs, w1, w2, self.offsets)), [self.x, self.probs, w1, w2]
 

@@ -358,3 +358,26 @@ def test_the_cuda_timing_holds_the_stream_while_the_host_issues_each_loop(sleep_
                                          sleep_ms=2.0, unprofiled_host_ms=1.0, gmlp_side=False)
     assert calls.count("profiled") == 5 and len(cuda.sleeps) == 4 + 3  # loops of 2, 2 and 1
     assert cuda.sleeps[-1] == 2 * host_timing.CYCLES_PER_MS and profile["sleep_ended_early"] is sleep_over
+
+
+def test_reduce_overhead_records_a_failed_compile_and_times_one_that_runs(monkeypatch):
+    """On a simulated device: the exception of a compile that fails is the row's reason (the run
+    goes on); a step that runs (here the eager one, standing in for the compiled) gets the CUDA
+    figures; --no-compile and the CPU give their reasons."""
+    FakeCuda(sleep_over=False).install(monkeypatch)
+    case = host.ShapeCase(SHAPE, CPU)
+    settings = host.Settings(torch.device("cuda"), iters=2, repeats=2, warmup=0)
+
+    def failing_compile():
+        raise RuntimeError("inductor could not lower _grouped_mm\nthe rest of its traceback")
+
+    assert host.reduce_overhead(case, failing_compile, settings) == {
+        "reason": "torch.compile(mode='reduce-overhead'): RuntimeError: inductor could not lower _grouped_mm\n"
+                  "the rest of its traceback"}
+    row = host.reduce_overhead(case, case.torch_run, settings)
+    assert row["fwd_bwd_host_ms"] > 0 and row["sleep_ended_early"] is False and row["cudagraph_skips"] == 0
+    assert "fwd_host_ms" not in row and "profile" not in row
+    assert host.reduce_overhead(case, case.torch_run, host.Settings(torch.device("cuda"), 2, 2, compile=False)) == {
+        "reason": "not run (--no-compile)"}
+    assert host.reduce_overhead(case, case.torch_run, host.Settings(CPU, 2, 2)) == {
+        "reason": "needs CUDA (CUDA graphs)"}
