@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
-from gmlp.bench.mlp import SHAPES, add_shapes_argument, split_sizes_for
+from gmlp.bench.mlp import SHAPES, add_shapes_argument, expert_offsets, split_sizes_for
 from gmlp.contract.activations import SWIGLU
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
@@ -72,7 +72,7 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
     """bf16 tensors of one layer step and their MXFP8 quantizations (as the layer makes them)."""
     torch.manual_seed(0)
     split_sizes = split_sizes_for("balanced", experts, tokens, device)
-    t = dict(split_sizes=split_sizes, offsets=torch.cumsum(split_sizes, 0, dtype=torch.int32))
+    t = dict(split_sizes=split_sizes, offsets=expert_offsets(split_sizes))
     t["cu_seqlens"] = torch.cat([t["offsets"].new_zeros(1), t["offsets"]])  # (E + 1,): QuACK's varlen bounds
     t["x"] = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
     t["a"] = torch.randn(tokens, ffn, device=device, dtype=torch.bfloat16)

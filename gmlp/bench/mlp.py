@@ -66,6 +66,11 @@ def split_sizes_for(routing: str, experts: int, tokens: int, device: torch.devic
     return sizes.to(device=device, dtype=torch.int32)
 
 
+def expert_offsets(split_sizes: torch.Tensor) -> torch.Tensor:
+    """The cumulative rows per expert (E,) int32: ``torch._grouped_mm``'s ``offs`` for ``split_sizes``."""
+    return torch.cumsum(split_sizes, 0, dtype=torch.int32)
+
+
 def swiglu_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up * probs[:, None]`` of FC1's output h (T, 2F) as [gate | up] halves, in h's
     dtype (fp32 probs promote the product; FC2 takes bf16)."""
@@ -103,7 +108,7 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
     """Every side of one routing by name: both torch baselines, gmlp's layers, and the MXFP8 layer
     with the weights it quantizes here (``weight_cache="update"``) reused. All take x and probs."""
     w1, w2 = torch_weights
-    offsets = torch.cumsum(split_sizes, 0, dtype=torch.int32)
+    offsets = expert_offsets(split_sizes)
     runs = {name: (lambda activation=activation: baseline_layer(x, probs, w1, w2, offsets, activation),
                    [x, probs, w1, w2])
             for name, activation in ((EAGER_ACT, swiglu_probs), (COMPILED_ACT, compiled_act))}
