@@ -27,7 +27,7 @@ from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Ker
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import allocate_buffers
 from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
-from gmlp.mxfp8.routing import device_groups
+from gmlp.mxfp8.routing import DeviceGroups, given_or_device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Quantized
 
@@ -225,6 +225,7 @@ def quantize_mxfp8(
     split_sizes: torch.Tensor | None = None,
     element_format: ElementFormat = ElementFormat.E4M3,
     scale_mode: ScaleMode = ScaleMode.RCEIL,
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
 ) -> MXFP8Quantized:
     """Quantize x (T, K) in one pass; same contract as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``.
 
@@ -248,7 +249,7 @@ def quantize_mxfp8(
     if x.data_ptr() % _ALIGN != 0:
         x = x.clone()
     row_start = tile_start = block_start = None
-    groups = device_groups(split_sizes, rows) if split_sizes is not None else None
+    groups = given_or_device_groups(split_sizes, rows, groups)
     if groups is not None:
         row_start, tile_start = groups.row_start, groups.tile_start
         if columnwise and not swizzle:

@@ -35,7 +35,7 @@ from gmlp.layer.state import Spec, flatten, unflatten
 from gmlp.layer.steps import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.mxfp8.buffers import empty_quantize
 from gmlp.mxfp8.problem import check_split_values
-from gmlp.mxfp8.routing import should_check_split_values
+from gmlp.mxfp8.routing import DeviceGroups, device_groups, should_check_split_values
 
 __all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes", "allocating_quantize"]
 
@@ -64,19 +64,21 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def validate_split_sizes(split_sizes: Tensor, tokens: int) -> None:
+def validate_split_sizes(split_sizes: Tensor, tokens: int) -> DeviceGroups:
     """No bad split sizes may give a result: on the CPU, or with ``GMLP_VALIDATE=1``, a
     ``ValueError`` naming them (a host read); on a GPU otherwise a device-side assert
-    (``torch._assert_async``: no sync, safe in CUDA graphs)."""
+    (``torch._assert_async``: no sync, safe in CUDA graphs) on the validity flag of their device
+    prefix sums, which are returned: every op of the step reads them."""
+    groups = device_groups(split_sizes, tokens)
     if should_check_split_values(split_sizes):
         if _capturing():
             raise RuntimeError("GMLP_VALIDATE=1 reads split_sizes on the host, which a CUDA graph capture cannot do; "
                                "unset it while capturing (the device-side check stays on)")
         check_split_values(split_sizes, tokens)
-        return
-    sizes = split_sizes.to(torch.int64)
-    torch._assert_async((sizes >= 0).all() & (sizes.sum() == tokens), "gmlp: split_sizes are negative or do not sum to x.shape[0] "
-                                         "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
+        return groups
+    torch._assert_async(groups.invalid.logical_not(), "gmlp: split_sizes are negative or do not sum to x.shape[0] "
+                                                      "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
+    return groups
 
 
 def _runner(config: LayerConfig, plan, split_sizes: Tensor, reused: dict | None,
@@ -116,12 +118,11 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     """[y, *the forward's state] (``gmlp.layer.steps`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
-    validate_split_sizes(split_sizes, x.shape[0])
+    groups = validate_split_sizes(split_sizes, x.shape[0])
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
-    forward = sm100_forward if plan.sm100 else grouped_mlp_forward
-    y, saved = forward(run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation,
-                       layer.recipe)
+    args = (run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation, layer.recipe)
+    y, saved = sm100_forward(*args) if plan.sm100 else grouped_mlp_forward(*args, groups=groups)
     state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, w3, b1, w2, b2, *reused])
     _remember_spec(_structure_key(config, plan.sm100, probs), spec)
     return [y.to(x.dtype), *state]

@@ -199,17 +199,18 @@ def _forward_weight(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: 
 def grouped_mlp_forward(
     run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None,
     w1: torch.Tensor | GateUp, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
-    activation: Activation, recipe: MXFP8Recipe | None,
+    activation: Activation, recipe: MXFP8Recipe | None, groups: DeviceGroups | None = None,
 ) -> tuple[torch.Tensor, LayerSaved]:
     """y (T, H) bf16 and the saved state; the arguments of ``gmlp.contract.reference.grouped_mlp_forward_ref``
-    after the runner (W1 may be its gate and up views, a ``GateUp``)."""
+    after the runner (W1 may be its gate and up views, a ``GateUp``); ``groups``: the device prefix
+    sums of ``split_sizes`` when the caller has them (computed here otherwise), read by every op."""
     ffn = w2.shape[2]
-    groups = device_groups(split_sizes, x.shape[0])
+    groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
     if recipe is None:
         x_fc1, x_col = x, x
     else:
         xq = run("quantize x", x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
-                 scale_mode=recipe.scale_mode)
+                 scale_mode=recipe.scale_mode, groups=groups)
         x_fc1, x_col = _a_operand(run, "fc1", xq.rowwise), xq.columnwise
         del xq  # Q_row(x) is not kept once FC1's operand is made
     w1_fc1, w1_col = _forward_weight(run, "quantize w1", w1, recipe)
@@ -238,7 +239,7 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
         dy_row = dy_col = dy
     else:
         dyq = run("quantize dy", dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
-                  element_format=recipe.grad_format, scale_mode=recipe.scale_mode)
+                  element_format=recipe.grad_format, scale_mode=recipe.scale_mode, groups=groups)
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
         del dyq
     # operands made for one GEMM are passed as temporaries, and each quantized tensor is dropped

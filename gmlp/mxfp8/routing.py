@@ -19,7 +19,8 @@ from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 from gmlp.mxfp8.spec import BLOCK_SIZE
 from gmlp.system.env import env_flag
 
-__all__ = ["DeviceGroups", "device_groups", "launch_offsets", "should_check_split_values", "poison_scales_if_invalid"]
+__all__ = ["DeviceGroups", "device_groups", "given_or_device_groups", "launch_offsets", "should_check_split_values",
+           "poison_scales_if_invalid"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ def device_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
     return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32), invalid)
 
 
+def given_or_device_groups(split_sizes: torch.Tensor | None, num_rows: int,
+                           groups: DeviceGroups | None) -> DeviceGroups | None:
+    """A quantize launcher's groups: ``groups`` when the caller has them (the layer computes them
+    once per step), else those of ``split_sizes``; None for an ungrouped tensor."""
+    if groups is not None and split_sizes is None:
+        raise ValueError("groups (the device prefix sums of split_sizes) were given without split_sizes")
+    if split_sizes is not None and groups is None:
+        return device_groups(split_sizes, num_rows)
+    return groups
+
+
 def launch_offsets(groups: DeviceGroups | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(row_start, tile_start, block_start) for a kernel launch: those of ``groups``, or, for an
     ungrouped tensor (None), one-element placeholders that kernels built with GROUPED=False never read."""
@@ -61,4 +73,4 @@ def should_check_split_values(split_sizes: torch.Tensor) -> bool:
 def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) -> None:
     """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync."""
     if groups is not None:
-        scales.bitwise_or_(groups.invalid.to(torch.uint8) * 0xFF)  # 0-dim, broadcast: 0xFF or unchanged
+        scales.masked_fill_(groups.invalid, 0xFF)  # a 0-dim mask, broadcast: every byte 0xFF, or unchanged

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,7 @@ from gmlp.contract.reasons import Reason
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import allocate_buffers
 from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
-from gmlp.mxfp8.routing import device_groups, launch_offsets
+from gmlp.mxfp8.routing import DeviceGroups, given_or_device_groups, launch_offsets
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Quantized
 from gmlp.triton_ref._quantize_kernel import quantize_mxfp8_kernel
@@ -50,6 +51,12 @@ def problem_support(problem: QuantizeProblem) -> Reason | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _reciprocal_max(element_format: ElementFormat) -> float:
+    """1 / the format's largest normal value, rounded to fp32 (as the kernel multiplies by it)."""
+    return float(torch.tensor(1.0 / element_format.max_normal, dtype=torch.float32))
+
+
 def search_steps(num_groups: int) -> int:
     """Binary-search steps that find a group among num_groups (ceil(log2(num_groups)))."""
     return (num_groups - 1).bit_length()
@@ -65,6 +72,7 @@ def quantize_mxfp8(
     element_format: ElementFormat = ElementFormat.E4M3,
     scale_mode: ScaleMode = ScaleMode.RCEIL,
     config: QuantizeConfig = DEFAULT_QUANTIZE_CONFIG,
+    groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
 ) -> MXFP8Quantized:
     """Quantize x (T, K) in one pass; same contract as ``gmlp.mxfp8.reference.quantize_mxfp8_ref``.
 
@@ -83,7 +91,7 @@ def quantize_mxfp8(
     device = x.device
 
     # canonicalize: device prefix sums of rows, 128-row tiles and 32-row blocks
-    groups = device_groups(split_sizes, rows) if split_sizes is not None else None
+    groups = given_or_device_groups(split_sizes, rows, groups)
     row_start, tile_start, block_start = launch_offsets(groups, device)
     num_tiles = scale_layout.max_row_tiles(rows, experts)
     num_col_blocks = scale_layout.max_column_blocks(rows, experts)
@@ -100,7 +108,7 @@ def quantize_mxfp8(
             out.row_data if rowwise else placeholder, out.row_scales if rowwise else placeholder,
             out.col_data if columnwise else placeholder, out.col_scales if columnwise else placeholder,
             rows, cols, num_col_blocks, row_stride,
-            RECIPROCAL_MAX=float(torch.tensor(1.0 / element_format.max_normal, dtype=torch.float32)),
+            RECIPROCAL_MAX=_reciprocal_max(element_format),
             EMAX=element_format.emax,
             FLOOR_MODE=scale_mode is ScaleMode.FLOOR,
             ROWWISE=rowwise, COLUMNWISE=columnwise, SWIZZLE=swizzle,

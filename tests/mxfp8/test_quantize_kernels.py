@@ -137,3 +137,23 @@ def test_only_readers_of_strided_rows_take_them():
     assert validate_quantize_args(rows, strided_rows=True, **common).num_cols == 32
     with pytest.raises(ValueError, match="x must have contiguous rows"):
         validate_quantize_args(torch.zeros(64, 32, dtype=torch.bfloat16).t(), strided_rows=True, **common)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda p: p.value)
+def test_given_groups_are_the_ones_read(path):
+    """The layer hands its quantizes the device prefix sums it computed once per step: a launcher
+    reads the ``groups`` it is given (here those of another routing of the same rows, so that
+    recomputing them from ``split_sizes`` would show), and refuses groups without split sizes."""
+    from gmlp.mxfp8.routing import device_groups
+
+    device = kernel_device()
+    torch.manual_seed(5)
+    x = random_matrix("normal", 96, 64, torch.bfloat16, device)
+    given, other = (torch.tensor(sizes, dtype=torch.int32, device=device) for sizes in ([40, 0, 56], [8, 80, 8]))
+    args = {"rowwise": True, "columnwise": True, "swizzle": False}
+    launcher = quantize_launcher(path)
+    got = launcher(x, split_sizes=other, groups=device_groups(given, 96), **args)
+    want = quantize_mxfp8_ref(x, split_sizes=given, **args)
+    assert_bit_exact(got, want)
+    with pytest.raises(ValueError, match="groups .* without split_sizes"):
+        launcher(x, groups=device_groups(given, 96), **args)

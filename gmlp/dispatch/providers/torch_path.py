@@ -27,7 +27,7 @@ def _load(site: Site) -> Callable:
 
     launch_only = without("groups", "tiling")
     return {
-        Op.QUANTIZE: quantize_mxfp8_ref,
+        Op.QUANTIZE: without("groups")(quantize_mxfp8_ref),
         Op.DEQUANTIZE: dequantize_ref,
         Op.FC1: dequantizing_a(launch_only(reference.fc1_forward_ref), dequantize_ref),
         Op.GROUPED_GEMM: dequantizing_a(launch_only(reference.grouped_gemm_ref), dequantize_ref),
