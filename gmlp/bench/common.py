@@ -10,17 +10,39 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 from typing import Callable
 
 import torch
 
 import gmlp
+from gmlp.cutedsl import compile_cache
 from gmlp.system.versions import REPORTED_PACKAGES, package_version
 
 
 def add_out_argument(parser) -> None:
     """``--out``: the folder for a bench's JSON results."""
     parser.add_argument("--out", default=None, help="folder for the JSON results (default bench_results/)")
+
+
+def add_cold_cache_argument(parser) -> None:
+    """``--cold-cache``: the run starts with an empty compile cache, so that its first step is a
+    first use's (every CuTeDSL kernel compiled); without it kernels an earlier run kept load."""
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="compile every CuTeDSL kernel afresh (an empty temporary compile cache): the first step "
+                             "as on a first use; default: kernels kept by earlier runs load from the cache")
+
+
+def use_cold_cache(cold: bool) -> None:
+    """Point the compile cache at a new empty directory when ``cold`` (``--cold-cache``)."""
+    if cold:
+        os.environ[compile_cache.CACHE_DIR_ENV] = tempfile.mkdtemp(prefix="gmlp-cold-cache-")
+
+
+def compile_cache_state() -> dict:
+    """The compile cache as a run finds it: directory, on or off, and kept kernels (0: a cold start)."""
+    return {"directory": str(compile_cache.cache_directory()), "enabled": compile_cache.cache_enabled(),
+            "entries": len(compile_cache.entries())}
 
 
 def single_process_rendezvous() -> None:
@@ -101,7 +123,8 @@ def environment(device: torch.device | None = None) -> dict:
     """Device, versions, gmlp checkout and date of this run, on ``device`` (default: cuda if
     available, else cpu): a GPU's name, compute capability and multiprocessors, or the CPU's
     processor and cores and torch's threads; python, torch and the reported and peer packages'
-    versions; the gmlp checkout (``_checkout``); TRITON_INTERPRET; the UTC date."""
+    versions; the gmlp checkout (``_checkout``); TRITON_INTERPRET; the compile cache as the run
+    finds it (``compile_cache_state``); the UTC date."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -117,6 +140,7 @@ def environment(device: torch.device | None = None) -> dict:
         **{name: package_version(name) for name in (*REPORTED_PACKAGES, *PEER_PACKAGES) if name != "torch"},
         **_checkout(),
         "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
+        "compile_cache": compile_cache_state(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment
+from gmlp.bench.common import PartialResults, add_cold_cache_argument, add_out_argument, environment, use_cold_cache
 from gmlp.bench.host_profile import profile_steps
 from gmlp.bench.host_report import SHAPE_KEYS, compare, table
 from gmlp.bench.host_timing import cpu_loop_ms, hold_ms, step_figures
@@ -413,7 +413,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-steps", type=int, default=20, help="steps profiled per side (default 20)")
     parser.add_argument("--before", default=None, help="an earlier run's JSON: print this run's ratios to it")
     add_out_argument(parser)
+    add_cold_cache_argument(parser)
     args = parser.parse_args(argv)
+    use_cold_cache(args.cold_cache)
     for name in ("iters", "repeats", "plan_iters", "profile_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")

@@ -35,7 +35,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
+from gmlp.bench.common import (
+    PartialResults,
+    add_cold_cache_argument,
+    add_out_argument,
+    environment,
+    median_ms,
+    use_cold_cache,
+)
 from gmlp.layer.module import GroupedMLP
 from gmlp.mxfp8.recipe import MXFP8Recipe
 
@@ -211,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     add_shapes_argument(parser, ",".join(SHAPES))
     parser.add_argument("--routing", default="balanced,skewed")
     add_out_argument(parser)
+    add_cold_cache_argument(parser)
     args = parser.parse_args(argv)
+    use_cold_cache(args.cold_cache)
     device = torch.device("cuda")
     env = environment()
     compiled_act = compiled_swiglu_probs()

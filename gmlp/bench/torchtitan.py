@@ -41,7 +41,14 @@ from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.protocols.module import Module
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment, single_process_rendezvous
+from gmlp.bench.common import (
+    PartialResults,
+    add_cold_cache_argument,
+    add_out_argument,
+    environment,
+    single_process_rendezvous,
+    use_cold_cache,
+)
 
 RUNS = {
     "stock": [],
@@ -197,7 +204,8 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     losses, tokens_per_step = [], args.batch * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
     positions = torch.arange(args.seq_len, device=data.device).expand(args.batch, -1)  # one document per sequence
-    start = time.perf_counter()
+    first_step_s = None
+    start = first_start = time.perf_counter()
     for step in range(args.steps):
         if step == timed_from:
             _synchronize(data.device)
@@ -211,6 +219,9 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
+        if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
+            _synchronize(data.device)
+            first_step_s = time.perf_counter() - first_start
         if (step + 1) % 25 == 0 or step + 1 == args.steps:
             progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss.detach()):.4f}")
     _synchronize(data.device)
@@ -218,7 +229,7 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     timed_steps = args.steps - timed_from
     peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None
     return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
-            "step_ms": 1000 * seconds / timed_steps, "peak_memory_gb": peak}
+            "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "peak_memory_gb": peak}
 
 
 def moving_gap(losses: list[float], stock: list[float], window: int) -> list[float]:
@@ -327,7 +338,9 @@ def main(argv: list[str]) -> None:
                         help="only plot results JSON: one file's curves beside it, or several seeds' gaps (--plot-out)")
     parser.add_argument("--plot-out", type=pathlib.Path, default=None, help="the PNG of several --plot files")
     add_out_argument(parser)
+    add_cold_cache_argument(parser)
     args = parser.parse_args(argv)
+    use_cold_cache(args.cold_cache)
     if args.plot is not None:
         if len(args.plot) == 1:
             print(plot(args.plot[0]))

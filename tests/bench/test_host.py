@@ -304,6 +304,20 @@ def test_the_environment_names_the_imported_gmlps_checkout_not_the_cwds(tmp_path
     assert env["commit"] == "0123abc" and env["dirty"] is None
 
 
+def test_a_cold_cache_run_starts_from_an_empty_compile_cache_and_the_record_says_so(tmp_path, monkeypatch):
+    kept = tmp_path / "cutedsl"
+    kept.mkdir()
+    (kept / "fc1forwardsm90-0123.o").write_bytes(b"x")
+    monkeypatch.setenv("GMLP_CACHE_DIR", str(tmp_path))
+    assert common.environment(CPU)["compile_cache"] == {"directory": str(kept), "enabled": True, "entries": 1}
+    common.use_cold_cache(False)
+    assert os.environ["GMLP_CACHE_DIR"] == str(tmp_path)
+    common.use_cold_cache(True)
+    cold = common.environment(CPU)["compile_cache"]
+    assert cold["entries"] == 0 and not cold["directory"].startswith(str(tmp_path))
+    assert "gmlp-cold-cache-" in cold["directory"]
+
+
 class FakeCuda:
     """torch.cuda's calls that the CUDA timing makes, on the host: events read the clock when
     recorded, a sleep is remembered, and the sleep's end is ``sleep_over`` (what an event recorded
