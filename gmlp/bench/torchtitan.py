@@ -243,12 +243,16 @@ def summary(runs: dict, window: int) -> dict:
     mean over a moving ``window``), and tokens/s as a ratio of stock's."""
     stock = runs.get("stock")
     out = {}
+
+    def final_loss(losses: list[float]) -> float:  # over the steps there are, when fewer than the window
+        return sum(losses[-window:]) / len(losses[-window:])
+
     for name, run in runs.items():
         losses = run["loss"]
-        entry = {"final_loss": sum(losses[-window:]) / len(losses[-window:])}
+        entry = {"final_loss": final_loss(losses)}
         if stock is not None:
             entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving_gap(losses, stock["loss"], window)), default=0.0)
-            entry["final_gap_to_stock_relative"] = (entry["final_loss"] / (sum(stock["loss"][-window:]) / window)) - 1
+            entry["final_gap_to_stock_relative"] = entry["final_loss"] / final_loss(stock["loss"]) - 1
             entry["tokens_per_s_vs_stock"] = run["tokens_per_s"] / stock["tokens_per_s"]
         out[name] = entry
     return out

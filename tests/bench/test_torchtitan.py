@@ -32,6 +32,9 @@ def test_summary_gaps_and_ratios():
     assert got["max_moving_gap_to_stock"] == pytest.approx(0.2)
     assert got["final_loss"] == 1.0 and got["final_gap_to_stock_relative"] == 0.0
     assert got["tokens_per_s_vs_stock"] == 0.5
+    short = summary(runs, 20)  # a window longer than the run: means over the steps there are
+    assert short["stock"]["final_gap_to_stock_relative"] == 0.0
+    assert short["other"]["final_gap_to_stock_relative"] == pytest.approx(5.4 / 5.0 - 1)
 
 
 def test_the_causal_core_is_causal_attention_and_refuses_masks():
