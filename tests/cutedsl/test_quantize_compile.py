@@ -16,7 +16,7 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8.problem import validate_quantize_args
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.cases import parametrize_quick
-from tests.support.ptx import cuobjdump
+from tests.support.ptx import kernel_resources
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -51,16 +51,6 @@ def vector_bytes(ptx: str, op: str) -> int:
     """Bytes moved by the global vector loads ("ld") or stores ("st") of one thread's code."""
     widths = {"v2.b64": 16, "v4.b32": 16, "v4.b64": 32, "v8.b32": 32}
     return sum(n * len(re.findall(rf"\b{op}\.global\.{re.escape(kind)}\b", ptx)) for kind, n in widths.items())
-
-
-def resource_usage(cubin: bytes) -> dict[str, int] | None:
-    """{"REG", "STACK", "SHARED", "LOCAL"} of the cubin's kernel (cuobjdump -res-usage); None
-    without a cuobjdump that reads it."""
-    result = cuobjdump(cubin, "-res-usage")
-    if result is None:
-        return None
-    match = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", result.stdout)
-    return None if match is None else dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, match.groups())))
 
 
 def compile_case(arch: str, case: Case):
@@ -98,10 +88,10 @@ def test_quantize_kernel_ptx(arch, case):
     # and registers within the budget of the CTAs per SM it is built for.
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert compiled.smem_bytes * compiled.min_blocks_per_sm <= 228 * 1024
-    usage = resource_usage(compiled.cubin)
-    if usage is not None:
-        assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
-        assert usage["REG"] * 256 * compiled.min_blocks_per_sm <= 65536, (usage, compiled.min_blocks_per_sm)
+    resources = kernel_resources(compiled.cubin)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+        assert resources["registers"] * 256 * compiled.min_blocks_per_sm <= 65536, (resources, compiled.min_blocks_per_sm)
     # rowwise: one 16-byte data store per pass; columnwise: 16-byte transposed chunks (4 passes,
     # and the tail pass where the compiler cannot rule it out); swizzled: one 16-byte store of
     # each 512-byte scale tile.

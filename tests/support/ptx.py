@@ -1,6 +1,6 @@
-"""What a compiled kernel's PTX and cubin say once assembled: ptxas' resource report (registers,
-stack, spills), the SASS (cuobjdump), and the register split of a warp-specialized kernel. The
-tools are the ones on PATH or Triton's bundled ones; each helper returns None where none runs."""
+"""What a compiled kernel's PTX and cubin say once assembled: the cubin's resources (registers,
+stack, local memory: cuobjdump), its SASS, and the register split of a warp-specialized kernel.
+The tools are the ones on PATH or the ones Triton bundles; each helper returns None where none runs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["ptxas_report", "cuobjdump", "sass", "check_register_split"]
+__all__ = ["kernel_resources", "cuobjdump", "sass", "check_register_split"]
 
 
 def _ptxas_candidates() -> list[str]:
-    """ptxas binaries to try: on PATH, then the ones Triton bundles (its ptxas-blackwell is CUDA 13.x)."""
+    """ptxas binaries on PATH, then the ones Triton bundles: a cuobjdump sits beside them."""
     candidates = [shutil.which("ptxas")]
     try:
         import triton
@@ -26,25 +26,16 @@ def _ptxas_candidates() -> list[str]:
     return [tool for tool in candidates if tool and os.access(tool, os.X_OK)]
 
 
-def ptxas_report(ptx: str, arch: str) -> dict[str, int] | None:
-    """{"registers", "stack", "spill_stores", "spill_loads"} from ``ptxas -v`` of the first ptxas
-    that reads the PTX's ISA version; None if none does."""
-    with tempfile.TemporaryDirectory() as work:
-        source = os.path.join(work, "kernel.ptx")
-        with open(source, "w") as handle:
-            handle.write(ptx)
-        for tool in _ptxas_candidates():
-            result = subprocess.run([tool, "-v", f"-arch={arch}", source, "-o", os.path.join(work, "kernel.cubin")],
-                                    capture_output=True, text=True)
-            if "Unsupported .version" in result.stderr:
-                continue
-            assert result.returncode == 0, result.stderr
-            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                              result.stderr)
-            registers = re.search(r"Used (\d+) registers", result.stderr)
-            return dict(registers=int(registers.group(1)), stack=int(frame.group(1)),
-                        spill_stores=int(frame.group(2)), spill_loads=int(frame.group(3)))
-    return None
+def kernel_resources(cubin: bytes) -> dict[str, int] | None:
+    """{"registers", "stack", "shared", "local"} of the cubin's kernel as its compiler built it
+    (``cuobjdump -res-usage``; a spill shows as a stack frame in local memory); None without a
+    cuobjdump that reads the cubin. Reading the cubin the kernel runs is also cheaper than a
+    second ``ptxas -v`` of its PTX (milliseconds against seconds per config)."""
+    result = cuobjdump(cubin, "-res-usage")
+    if result is None:
+        return None
+    match = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", result.stdout)
+    return None if match is None else dict(zip(("registers", "stack", "shared", "local"), map(int, match.groups())))
 
 
 def cuobjdump(cubin: bytes, option: str) -> subprocess.CompletedProcess | None:
@@ -74,8 +65,9 @@ def check_register_split(ptx: str, report: dict[str, int] | None, producer: int 
     """The PTX lowers the producer warpgroup to ``producer`` registers and raises each consumer
     warpgroup to ``consumer``, and the split fits the CTA's launch allocation: ``setmaxnreg.inc``
     draws on the CTA's pool (SASS ``USETMAXREG.TRY_ALLOC.CTAPOOL``, retried until it succeeds),
-    which holds threads x the launch count (ptxas -v's where a ptxas reads the PTX, else the most
-    a CTA of that size can get, 65536 / threads rounded down to 8): asking for more can hang."""
+    which holds threads x the launch count (the cubin's, ``kernel_resources``, where a cuobjdump
+    reads it, else the most a CTA of that size can get, 65536 / threads rounded down to 8): asking
+    for more can hang."""
     assert re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(producer)]
     assert re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx) == [str(consumer)]
     threads = int(re.search(r"\.reqntid (\d+), 1, 1", ptx).group(1))

@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from tests.support.ptx import check_register_split, ptxas_report, sass
+from tests.support.ptx import check_register_split, kernel_resources, sass
 
 __all__ = ["on_sm90", "SPLITS", "expert_weights", "assert_same_bits", "fc1_operands", "fc2_dgrad_operands",
            "check_ptx", "check_fc1_ptx", "check_fc2_dgrad_ptx", "QUANTIZE_SHUFFLES"]
@@ -17,8 +17,8 @@ __all__ = ["on_sm90", "SPLITS", "expert_weights", "assert_same_bits", "fc1_opera
 def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
     """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
     consumer warpgroups with ping-pong), bf16
-    wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills (ptxas
-    -v where a ptxas reads the PTX, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
+    wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills (the
+    cubin's resources where a cuobjdump reads it, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx
     assert f".reqntid {128 * (1 + (2 if pingpong else tile_n // 128))}, 1, 1" in ptx
@@ -36,11 +36,11 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
         # A predicated R2UR near TMA issue is an illegal instruction on sm_90a (NVIDIA's hopper
         # grouped_gemm example works around ptxas emitting one): none here.
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report)
-    if report is not None:  # else the PTX check above is the spill check
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= 232, report
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources)
+    if resources is not None:  # else the PTX check above is the spill check
+        assert resources["stack"] == resources["local"] == 0, resources
+        assert resources["registers"] <= 232, resources
 
 
 def on_sm90() -> bool:
@@ -68,8 +68,8 @@ def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: boo
     """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
     consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (two per k-block and
     warpgroup when gated: gate and up share the A descriptor; with fused_b one m64n256k16 on the
-    256-row [gate; up] tile), TMA loads, no local memory, no spills (ptxas -v where a ptxas reads
-    the PTX), no predicated R2UR in the SASS."""
+    256-row [gate; up] tile), TMA loads, no local memory, no spills (the cubin's resources where
+    a cuobjdump reads them), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
     n = 256 if fused_b else 128
     assert ".target sm_90a" in ptx
@@ -92,11 +92,11 @@ def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: boo
     if code is not None:
         assert f"HGMMA.64x{n}x16.F32.BF16" in code
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report)
-    if report is not None:
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= 232, report
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+        assert resources["registers"] <= 232, resources
 
 
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
@@ -127,7 +127,7 @@ def check_fc2_dgrad_ptx(compiled) -> None:
     384 threads (a producer warpgroup and two consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with
     fp32 accumulators (one B tile, K-major or N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly
     shuffles for the dprobs partials (quad) and the db1 warp sums, the epilogue's global loads and
-    stores, no local memory, no spills (ptxas -v), no predicated R2UR in the SASS."""
+    stores, no local memory, no spills (the cubin's resources), no predicated R2UR in the SASS."""
     ptx, config = compiled.ptx, compiled.config
     tile_n, quantized, b_k_major = config.tile_n, config.quantized, config.b_k_major
     probs, bias_grad = config.probs_dtype is not None, config.bias_grad
@@ -162,11 +162,11 @@ def check_fc2_dgrad_ptx(compiled) -> None:
     if code is not None:
         assert f"HGMMA.64x{tile_n}x16.F32.BF16" in code
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report, producer, consumer)
-    if report is not None:
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= consumer, report
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources, producer, consumer)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+        assert resources["registers"] <= consumer, resources
 
 
 # Butterfly shuffles of one quantized 128 x 128 tile: Q_row's quad reduce-scatter (2 row slots x

@@ -15,7 +15,7 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.support.cases import parametrize_quick
-from tests.support.ptx import ptxas_report
+from tests.support.ptx import kernel_resources
 from tests.support.sm90 import (
     SPLITS,
     assert_same_bits,
@@ -415,7 +415,8 @@ def test_decoded_wgrad_compiles(formats, accumulate):
 
     config = WgradConfig(tile_n=128, accumulate=accumulate, a_format=ElementFormat(formats[0]),
                          b_format=ElementFormat(formats[1]))
-    ptx = compile_wgrad("sm_90a", config, shape=(32768, 7168, 2048, 32)).ptx
+    compiled = compile_wgrad("sm_90a", config, shape=(32768, 7168, 2048, 32))
+    ptx = compiled.ptx
     wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, "
                         r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(w == ("0", "0") for w in wgmmas), wgmmas[:2]
@@ -424,9 +425,9 @@ def test_decoded_wgrad_compiles(formats, accumulate):
     assert cvts == 8 * 8 and len(re.findall(r"ld\.shared\.v4", ptx)) == 8
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert config.num_stages() == 8
-    report = ptxas_report(ptx, "sm_90a")
-    if report is not None:
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
+    resources = kernel_resources(compiled.cubin)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
 
 
 def test_decoded_wgrad_rules():

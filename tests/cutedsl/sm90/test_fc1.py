@@ -1,5 +1,5 @@
 """The CuTeDSL sm_90a FC1 forward (gmlp.cutedsl.sm90.fc1) compiled without a GPU, with checks on
-its PTX, SASS and ptxas' resource report (tests/support/ptx.py, tests/support/sm90.py), and (marker
+its PTX, SASS and the cubin's resources (tests/support/ptx.py, tests/support/sm90.py), and (marker
 ``gpu``, H100/H200 only) run against the reference and the Triton twin with the tolerances of
 tests/triton_ref/test_fc1.py (bf16 a) or bit for bit (MXFP8: Q_row(a), Q_col(a) and c).
 
@@ -10,7 +10,7 @@ index code the kernel traces; the GPU tests check the kernel).
 
 The kernel is shape-generic (T, H, F, E are runtime values): one compile serves every shape of a
 config, so the compile tests are parametrized by config (each compiled and checked once, about 2
-s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+s with its cuobjdump checks), and the design and odd shapes are checked against the kernel's
 support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 

@@ -1,12 +1,12 @@
 """The CuTeDSL sm_90a FC2 dgrad (gmlp.cutedsl.sm90.fc2_dgrad) compiled without a GPU, with checks
-on its PTX, SASS and ptxas' resource report (tests/support/ptx.py, tests/support/sm90.py),
+on its PTX, SASS and the cubin's resources (tests/support/ptx.py, tests/support/sm90.py),
 and (marker ``gpu``, H100/H200 only) run against the reference and the Triton twin with the
 tolerances of tests/triton_ref/test_fc2_dgrad.py (bf16 dh) or bit for bit (MXFP8: the data and scale
 bytes of Q_row(dh) and Q_col(dh); dprobs and db1 within the bf16 tests' bounds).
 
 The kernel is shape-generic (T, H, F, E are runtime values): one compile serves every shape of a
 config, so the compile tests are parametrized by config (each compiled and checked once, about 2
-s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+s with its cuobjdump checks), and the design and odd shapes are checked against the kernel's
 support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 
@@ -138,7 +138,7 @@ def _quantized(grad_recipe: str) -> dict:
                    ids=config_id)
 def test_layer_configs_compile_mxfp8(knobs):
     """The MXFP8 layer's FC2 dgrad: dh written as Q_row(dh) and Q_col(dh) in the gradient format
-    (no spills, ptxas -v)."""
+    (no spills in the cubin)."""
     compiled = _compiled(knobs)
     check_fc2_dgrad_ptx(compiled)
     check_activation_math(compiled)

@@ -1,10 +1,10 @@
 """The CuTeDSL sm_90a grouped GEMM (gmlp.cutedsl.sm90.grouped_gemm) compiled without a GPU, with
-checks on its PTX and ptxas' resource report, and (marker ``gpu``, H100/H200 only) run against
+checks on its PTX and the cubin's resources, and (marker ``gpu``, H100/H200 only) run against
 the reference and the Triton twin.
 
 The kernel is shape-generic (T, N, K, E are runtime values): one compile serves every shape of a
 config, so the compile tests are parametrized by config (each compiled and checked once, about 2-3
-s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+s with its cuobjdump checks), and the design and odd shapes are checked against the kernel's
 support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 

@@ -1,10 +1,10 @@
 """The CuTeDSL sm_90a grouped weight gradient (gmlp.cutedsl.sm90.wgrad) compiled without a GPU,
-with checks on its PTX, SASS and ptxas' resource report, and (marker ``gpu``, H100/H200 only) run
+with checks on its PTX, SASS and the cubin's resources, and (marker ``gpu``, H100/H200 only) run
 against the reference and the Triton twin.
 
 The kernel is shape-generic (T, M, N, E are runtime values): one compile serves every shape of a
 config, so the compile tests are parametrized by config (each compiled and checked once, about 3
-s with ptxas and cuobjdump), and the design and odd shapes are checked against the kernel's
+s with its cuobjdump checks), and the design and odd shapes are checked against the kernel's
 support without compiling. Skipped, with the import error, where cutlass-dsl is missing or broken.
 """
 
@@ -19,7 +19,7 @@ from gmlp.cutedsl import import_error
 from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import config_id, parametrize_quick
-from tests.support.ptx import check_register_split, ptxas_report, sass
+from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 
 _IMPORT_ERROR = import_error()
@@ -51,7 +51,8 @@ def check_ptx(compiled) -> None:
     wgmma with fp32 accumulators and both operands MN-major (transpose bits 1, 1), 4-D TMA loads
     (the ragged token view) or 2-D ones and the consumers' smem zeroing of the K tail (a proxy
     fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local
-    memory, no spills (ptxas -v where a ptxas reads the PTX, else the PTX's ld/st.local), no
+    memory, no spills (the cubin's resources where a cuobjdump reads them, else the PTX's
+    ld/st.local), no
     predicated R2UR in the SASS."""
 
     config, ptx = compiled.config, compiled.ptx
@@ -79,11 +80,11 @@ def check_ptx(compiled) -> None:
         assert f"HGMMA.64x{config.tile_n}x16.F32.BF16" in code
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)  # illegal on sm_90a near TMA issue
         assert "LDL" not in code and "STL" not in code
-    report = ptxas_report(ptx, "sm_90a")
-    check_register_split(ptx, report)
-    if report is not None:  # else the PTX check above is the spill check
-        assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, report
-        assert report["registers"] <= 232, report
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources)
+    if resources is not None:  # else the PTX check above is the spill check
+        assert resources["stack"] == resources["local"] == 0, resources
+        assert resources["registers"] <= 232, resources
 
 
 def _compiled(knobs: dict):
