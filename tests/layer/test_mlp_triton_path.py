@@ -194,3 +194,33 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     assert torch.equal(got_y, want_y)
     for name in ("dx", "dprobs", "dw1", "db1", "dw2", "db2"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
+def test_a_step_computes_the_expert_offsets_once(monkeypatch, recipe):
+    """Host time: the device prefix sums of the split sizes (about 20 small launches) are computed
+    once per forward + backward and handed to every op, the quantizes of x and dy included."""
+    import sys
+
+    from gmlp.mxfp8 import routing
+
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
+    device = kernel_device()
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, recipe=recipe, device=device)
+    if mlp.plan(torch.zeros(1, device=device)).path("fc1") is not Path.TRITON:
+        pytest.skip("the Triton path does not run here")
+    calls, original = [], routing.device_groups
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    for module in list(sys.modules.values()):  # every module that imported the function by name
+        if module is not None and module.__name__.startswith("gmlp") and getattr(module, "device_groups", None) is \
+                original:
+            monkeypatch.setattr(module, "device_groups", counting)
+    tokens = sum(SPLITS)
+    x = torch.randn(tokens, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(tokens, device=device, requires_grad=True)
+    mlp(x, torch.tensor(SPLITS, device=device), probs).backward(torch.randn_like(x))
+    assert len(calls) == 1
