@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from gmlp.bench.host import parse_shapes
+from gmlp.bench.mlp import layer_tensors, router_probs, split_sizes_for
 from gmlp.contract.reference import unquantized_mlp_fp64
 from gmlp.debug import CrossCheckError, cross_check
 from gmlp.dispatch.paths import PATHS_FASTEST_FIRST, Path, system_reason
@@ -191,15 +193,14 @@ def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
         print("cache warm: no CUDA GPU here; the CuTeDSL kernels are compiled for the GPU they run on")
         return 1
     experts, tokens, hidden, ffn = shape
+    device = torch.device("cuda")
     before = len(compile_cache.entries())
+    x, dy = layer_tensors(tokens, hidden, device)
+    probs, split_sizes = router_probs(tokens, device), split_sizes_for("balanced", experts, tokens, device)
     for name in recipes:
         start = time.perf_counter()
-        mlp = GroupedMLP(experts, hidden, ffn, recipe=MXFP8Recipe() if name == "mxfp8" else None, device="cuda")
-        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        probs = torch.rand(tokens, device="cuda", requires_grad=True)
-        split_sizes = torch.full((experts,), tokens // experts, dtype=torch.int32)
-        split_sizes[: tokens % experts] += 1
-        mlp(x, split_sizes.cuda(), probs).backward(torch.randn_like(x))
+        mlp = GroupedMLP(experts, hidden, ffn, recipe=MXFP8Recipe() if name == "mxfp8" else None, device=device)
+        mlp(x, split_sizes, probs).backward(dy)
         torch.cuda.synchronize()
         print(f"{name}: forward + backward of (E, T, H, F) = {shape} in {time.perf_counter() - start:.1f} s")
     state = "" if compile_cache.cache_enabled() else f" (the cache is off: {compile_cache.ENABLE_ENV}=0)"
@@ -209,14 +210,12 @@ def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
-    """argparse type of --shape: four positive integers E,T,H,F."""
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        shape = ()
-    if len(shape) != 4 or min(shape) <= 0:
-        raise argparse.ArgumentTypeError(f"expected four positive integers experts,tokens,hidden,ffn, got {text!r}")
-    return shape
+    """argparse type of --shape: one shape as ``gmlp.bench host --shapes`` reads it (a preset or
+    E,T,H,F)."""
+    shapes = parse_shapes(text)
+    if len(shapes) != 1:
+        raise argparse.ArgumentTypeError(f"expected one shape, got {len(shapes)} in {text!r}")
+    return shapes[0][1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", nargs="?", choices=["info", "clear", "warm"],
                         help="cache only: info (the default), clear, or warm")
     parser.add_argument("--shape", type=_shape, default=(8, 4096, 1024, 1024),
-                        help="cache warm: the layer's experts,tokens,hidden,ffn (default 8,4096,1024,1024)")
+                        help="cache warm: the layer's experts,tokens,hidden,ffn or a bench host preset "
+                             "(default 8,4096,1024,1024)")
     parser.add_argument("--recipes", default="mxfp8,bf16", help="cache warm: of mxfp8,bf16 (default both)")
     args = parser.parse_args(argv)
     if args.action is not None and args.command != "cache":

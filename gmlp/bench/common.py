@@ -56,6 +56,12 @@ def single_process_rendezvous() -> None:
             os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s work (a CUDA device; the CPU's is done when issued)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 100.0, measure_ms: float = 300.0) -> float:
     """Median device time of one fn() call in milliseconds, by CUDA events, after a timed warm-up.
 

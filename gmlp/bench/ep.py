@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment, single_process_rendezvous
+from gmlp.bench.common import PartialResults, add_out_argument, environment, single_process_rendezvous, synchronize
 from gmlp.bench.torchtitan import (
     ATTENTION,
     FLAVOR,
@@ -203,8 +203,7 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
             began = time.perf_counter()
             with torch.profiler.profile(activities=activities) as profile:
                 losses.append(step(index))
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                synchronize(device)
                 step_ms = 1000 * (time.perf_counter() - began)
             # the events exist once the profiler has stopped
             events = profile.key_averages()

@@ -63,7 +63,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from gmlp.bench.common import PartialResults, add_cold_cache_argument, add_out_argument, environment, use_cold_cache
+from gmlp.bench.common import (
+    PartialResults,
+    add_cold_cache_argument,
+    add_out_argument,
+    environment,
+    synchronize,
+    use_cold_cache,
+)
 from gmlp.bench.host_profile import profile_steps
 from gmlp.bench.host_report import SHAPE_KEYS, compare, table
 from gmlp.bench.host_timing import cpu_loop_ms, hold_ms, step_figures
@@ -166,11 +173,6 @@ def torch_layer(x: torch.Tensor, probs: torch.Tensor, w1: torch.Tensor, w2: torc
     return baseline_layer(x, probs, w1, w2, offsets, swiglu_probs)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class ShapeCase:
     """One shape's data, shared by every side: x and probs (leaves that take gradients), dy,
     balanced routing, gmlp's layer per recipe and torch's weights, all with the same weights."""
@@ -234,7 +236,7 @@ def plans_made(step: Callable[[], object], device: torch.device) -> int:
         step()
     finally:
         plan_cache.plan_layer = original
-    _sync(device)
+    synchronize(device)
     return count[0]
 
 
@@ -242,7 +244,7 @@ def first_step_s(step: Callable[[], object], device: torch.device) -> float:
     """Wall seconds of one step, waited for (the cold one: compilations included)."""
     start = time.perf_counter()
     step()
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -251,7 +253,7 @@ def side_figures(step: Callable[[], object], forward: Callable[[], object] | Non
     """A side's timing figures after ``settings.warmup`` steps, and its profile when asked for."""
     for _ in range(settings.warmup):
         step()
-    _sync(settings.device)
+    synchronize(settings.device)
     figures = step_figures(step, forward, settings.device, iters=settings.iters, repeats=settings.repeats)
     if settings.profile_steps:
         sleep_ms = hold_ms(figures["device_wall_ms"] or 0.0, settings.iters, margin=PROFILE_HOLD_MARGIN)

@@ -47,6 +47,7 @@ from gmlp.bench.common import (
     add_out_argument,
     environment,
     single_process_rendezvous,
+    synchronize,
     use_cold_cache,
 )
 
@@ -187,11 +188,6 @@ class MarkovTokens:
         return self.tokens[step * self.batch_size:(step + 1) * self.batch_size]
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def optimizer_and_schedule(model, args):
     """AdamW with torchtitan's default settings (``default_adamw``) and a linear warm-up."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -208,7 +204,7 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     start = first_start = time.perf_counter()
     for step in range(args.steps):
         if step == timed_from:
-            _synchronize(data.device)
+            synchronize(data.device)
             start = time.perf_counter()
         tokens = data.batch(step)
         logits = model(tokens[:, :-1], positions=positions)
@@ -220,11 +216,11 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
-            _synchronize(data.device)
+            synchronize(data.device)
             first_step_s = time.perf_counter() - first_start
         if (step + 1) % 25 == 0 or step + 1 == args.steps:
             progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss.detach()):.4f}")
-    _synchronize(data.device)
+    synchronize(data.device)
     seconds = time.perf_counter() - start
     timed_steps = args.steps - timed_from
     peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None

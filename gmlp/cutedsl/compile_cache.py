@@ -40,7 +40,7 @@ import torch
 from gmlp.system.env import env_flag
 
 __all__ = ["CACHE_DIR_ENV", "ENABLE_ENV", "cache_directory", "cache_enabled", "current_arch", "CacheKey", "kernel_key",
-           "load_or_compile", "entries", "clear", "source_digest"]
+           "load_or_compile", "compile_for_this_gpu", "entries", "clear", "source_digest"]
 
 CACHE_DIR_ENV = "GMLP_CACHE_DIR"
 ENABLE_ENV = "GMLP_COMPILE_CACHE"
@@ -163,6 +163,16 @@ def load_or_compile(key: CacheKey, compile_kernel: Callable[[], object]) -> Call
                       f"next process compiles this kernel again (set {CACHE_DIR_ENV} to a writable directory, "
                       f"or {ENABLE_ENV}=0 to turn the cache off)", RuntimeWarning, stacklevel=2)
     return function
+
+
+def compile_for_this_gpu(kernel, arguments: tuple, config: object, options: str) -> Callable:
+    """``cute.compile(kernel, *arguments, options=options)`` for the current GPU (``kernel``: a
+    ``@cute.jit`` callable object built from ``config``), through the cache: every launcher's
+    runtime build."""
+    import cutlass.cute as cute  # a CuTeDSL import, as the launchers'
+
+    key = kernel_key(type(kernel), config, current_arch(), options)
+    return load_or_compile(key, lambda: cute.compile(kernel, *arguments, options=options))
 
 
 def entries(directory: pathlib.Path | None = None) -> list[pathlib.Path]:

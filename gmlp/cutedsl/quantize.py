@@ -168,9 +168,7 @@ def _compile(config: KernelConfig, arch: str | None) -> CompiledQuantizeKernel:
     kernel = _kernel(config)
     resources = dict(min_blocks_per_sm=kernel.min_blocks_per_sm, smem_bytes=kernel.smem_bytes())
     if arch is None:
-        key = compile_cache.kernel_key(type(kernel), config, compile_cache.current_arch(), options)
-        function = compile_cache.load_or_compile(key, lambda: cute.compile(kernel, *_fake_arguments(config),
-                                                                             options=options))
+        function = compile_cache.compile_for_this_gpu(kernel, _fake_arguments(config), config, options)
         return CompiledQuantizeKernel(config, "native", function, ptx="", cubin=b"", **resources)
     with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
         function = cute.compile(kernel, *_fake_arguments(config),

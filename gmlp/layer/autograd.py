@@ -64,21 +64,24 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def validate_split_sizes(split_sizes: Tensor, tokens: int) -> DeviceGroups:
+def validate_split_sizes(split_sizes: Tensor, tokens: int, groups: DeviceGroups | None = None) -> None:
     """No bad split sizes may give a result: on the CPU, or with ``GMLP_VALIDATE=1``, a
     ``ValueError`` naming them (a host read); on a GPU otherwise a device-side assert
-    (``torch._assert_async``: no sync, safe in CUDA graphs) on the validity flag of their device
-    prefix sums, which are returned: every op of the step reads them."""
-    groups = device_groups(split_sizes, tokens)
+    (``torch._assert_async``: no sync, safe in CUDA graphs), on the validity flag of ``groups``
+    (their device prefix sums) where the caller has them."""
     if should_check_split_values(split_sizes):
         if _capturing():
             raise RuntimeError("GMLP_VALIDATE=1 reads split_sizes on the host, which a CUDA graph capture cannot do; "
                                "unset it while capturing (the device-side check stays on)")
         check_split_values(split_sizes, tokens)
-        return groups
-    torch._assert_async(groups.invalid.logical_not(), "gmlp: split_sizes are negative or do not sum to x.shape[0] "
-                                                      "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
-    return groups
+        return
+    if groups is not None:
+        valid = groups.invalid.logical_not()
+    else:
+        sizes = split_sizes.to(torch.int64)
+        valid = (sizes >= 0).all() & (sizes.sum() == tokens)
+    torch._assert_async(valid, "gmlp: split_sizes are negative or do not sum to x.shape[0] "
+                               "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
 
 
 def _runner(config: LayerConfig, plan, split_sizes: Tensor, reused: dict | None,
@@ -118,7 +121,9 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     """[y, *the forward's state] (``gmlp.layer.steps`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
-    groups = validate_split_sizes(split_sizes, x.shape[0])
+    # the step sequence reads the prefix sums at every op; the SM100 composition groups padded rows itself
+    groups = None if plan.sm100 else device_groups(split_sizes, x.shape[0])
+    validate_split_sizes(split_sizes, x.shape[0], groups)
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
     args = (run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation, layer.recipe)

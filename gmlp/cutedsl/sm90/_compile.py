@@ -69,8 +69,7 @@ def compile_kernel(kernel, arguments: tuple, config, arch: str | None) -> Compil
     targets the current GPU (the runtime path, through the persistent ``compile_cache``), else e.g.
     "sm_90a" with the PTX and cubin kept."""
     if arch is None:
-        key = compile_cache.kernel_key(type(kernel), config, compile_cache.current_arch(), _OPTIONS)
-        function = compile_cache.load_or_compile(key, lambda: cute.compile(kernel, *arguments, options=_OPTIONS))
+        function = compile_cache.compile_for_this_gpu(kernel, arguments, config, _OPTIONS)
         return CompiledKernel(config, "native", function, ptx="", cubin=b"")
     with tempfile.TemporaryDirectory(prefix="gmlp_cutedsl_") as dump_dir:
         function = cute.compile(kernel, *arguments,
