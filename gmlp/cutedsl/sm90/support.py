@@ -23,8 +23,8 @@ from gmlp.system.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason", "import_error",
-           "launcher", "site_reason"]
+__all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
+           "import_error", "launcher", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
@@ -46,10 +46,20 @@ DECODING_SITES: tuple[str, ...] = ()
 
 DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
 
+# Why the weight gradient's decoded variant is refused (None once its GPU test passes): it compiles,
+# but on the H200 it faults. Seen on 2026-12-03 (compute-sanitizer, CUDA_LAUNCH_BLOCKING, one process
+# a case): an illegal instruction at the producer's first TMA load of the fp8 tiles (UTMALDG.2D) on
+# ragged routings (224 and 240 tokens), no end within 100 s on 128-token multiples; the same test
+# failed before the SM90 kernels moved into this package (a08ec69).
+DECODED_WGRAD_FAULT: Reason | None = Reason(
+    ReasonKind.SYSTEM, "the sm90 weight gradient's decoded variant faults on the H200 (an illegal instruction at its "
+                       "TMA load of the fp8 tiles): its operands are dequantized to bf16 instead")
+
 
 def decoded_wgrad_reason(a, b) -> Reason | None:
     """None if ``a`` and ``b`` are MXFP8 operands the kernel decodes (columnwise quantizations,
-    compact grouped scales, contiguous, T a multiple of 16), else why not."""
+    compact grouped scales, contiguous, T a multiple of 16), else why not. The decoded variant
+    runs only while ``DECODED_WGRAD_FAULT`` is None as well."""
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, MXFP8Tensor) or value.axis is not QuantAxis.COLUMNWISE or value.swizzled:
             return Reason(ReasonKind.SHAPE, f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}")

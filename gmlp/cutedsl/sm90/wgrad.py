@@ -110,7 +110,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
-from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
+from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
@@ -583,11 +583,12 @@ def grouped_wgrad(
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
     multiples of 8 and 16-byte aligned bases (TMA). ``a`` and ``b`` may both be columnwise
     ``MXFP8Tensor``s (``support.decoded_wgrad_reason``): decoded in the kernel, the same result bit for
-    bit as on their Triton-dequantized bf16 values (at tile_n 128)."""
+    bit as on their Triton-dequantized bf16 values (at tile_n 128); refused while
+    ``support.DECODED_WGRAD_FAULT`` says why it cannot run."""
     # validate
     formats = None
     if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
-        reason = decoded_wgrad_reason(a, b)
+        reason = DECODED_WGRAD_FAULT or decoded_wgrad_reason(a, b)
         if reason is not None:
             raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason.message}")
         formats = (a.element_format, b.element_format)
