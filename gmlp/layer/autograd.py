@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch._functorch.utils import unwrap_dead_wrappers
 
 from gmlp.contract.gate_up import GateUp, GateUpLayout, gate_up_views
 from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
@@ -36,6 +37,7 @@ from gmlp.layer.steps import OpRunner, fake_layer_saved, grouped_mlp_backward, g
 from gmlp.mxfp8.buffers import empty_quantize
 from gmlp.mxfp8.problem import check_split_values
 from gmlp.mxfp8.routing import DeviceGroups, device_groups, should_check_split_values
+from gmlp.system.env import env_flag
 
 __all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes", "allocating_quantize"]
 
@@ -116,13 +118,24 @@ def _w1_operand(layer: LayerConfig, w1: Tensor, w3: Tensor | None) -> Tensor | G
     return gate_up_views(layer.gate_up, w1, w3)
 
 
+def _step_groups(split_sizes: Tensor, tokens: int) -> DeviceGroups:
+    """The step's expert groups, computed once for every op: one Triton launch where Triton runs
+    (``gmlp.triton_ref.expert_groups``, imported here: ``import gmlp`` does not import Triton),
+    else the torch ops of ``device_groups``."""
+    if not (split_sizes.is_cuda or env_flag("TRITON_INTERPRET")):
+        return device_groups(split_sizes, tokens)
+    from gmlp.triton_ref.expert_groups import expert_groups
+
+    return expert_groups(split_sizes, tokens)
+
+
 def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, w3: Tensor | None,
                   b1: Tensor | None, w2: Tensor, b2: Tensor | None, reused: list[Tensor], config: str) -> list[Tensor]:
     """[y, *the forward's state] (``gmlp.layer.steps`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
     # the step sequence reads the prefix sums at every op; the SM100 composition groups padded rows itself
-    groups = None if plan.sm100 else device_groups(split_sizes, x.shape[0])
+    groups = None if plan.sm100 else _step_groups(split_sizes, x.shape[0])
     validate_split_sizes(split_sizes, x.shape[0], groups)
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
@@ -309,7 +322,17 @@ def grouped_mlp(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor
     stored as the config's ``gate_up`` layout says (``gmlp.contract.gate_up``; ``w3``: the up weights of
     the SEPARATE layout, w1 then the gate's)."""
     text = config if isinstance(config, str) else config.encode()
-    return list(_GroupedMLPFunction.apply(x, split_sizes, probs, w1, w3, b1, w2, b2, reused or [], text))
+    return list(_apply(x, split_sizes, probs, w1, w3, b1, w2, b2, reused or [], text))
+
+
+def _apply(*args) -> tuple:
+    """``_GroupedMLPFunction.apply(*args)``, every argument given positionally. In eager mode
+    without a torch.func transform, the call ``Function.apply`` makes after binding the arguments
+    to ``forward``'s signature (``inspect.signature`` on every call, about 30 us of host time,
+    binding nothing here: no defaults, no keywords); traced or transformed, ``apply`` itself."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return _GroupedMLPFunction.apply(*args)
+    return super(torch.autograd.Function, _GroupedMLPFunction).apply(*unwrap_dead_wrappers(args))
 
 
 def kept_weights(outputs: list[Tensor], config: str, x: Tensor, split_sizes: Tensor, probs: Tensor | None,

@@ -94,3 +94,19 @@ def test_gradcheck_float64_on_the_torch_path(monkeypatch, bias):
 
     assert layer(x, probs, *params).dtype == torch.float64
     assert torch.autograd.gradcheck(layer, (x, probs, *params))
+
+
+def test_an_eager_call_binds_no_signature(monkeypatch):
+    """Host time: an eager call enters autograd without ``Function.apply``'s per-call
+    ``inspect.signature`` of forward (every argument is given positionally), and still records
+    the backward: the gradients are autograd's."""
+    import inspect
+
+    mlp, x, split_sizes, probs, dy = _module_and_inputs(None)
+    mlp(x, split_sizes, probs)  # the first call (planning, caches) may inspect what it likes
+    calls, signature = [], inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *args, **kwargs: calls.append(args) or signature(*args, **kwargs))
+    y = mlp(x, split_sizes, probs)
+    assert calls == [] and y.grad_fn is not None
+    y.backward(dy)
+    assert x.grad is not None and probs.grad is not None and mlp.w1.grad is not None

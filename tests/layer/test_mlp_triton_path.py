@@ -203,24 +203,29 @@ def test_a_step_computes_the_expert_offsets_once(monkeypatch, recipe):
     import sys
 
     from gmlp.mxfp8 import routing
+    from gmlp.triton_ref import expert_groups
 
     monkeypatch.setenv("GMLP_BACKEND", "triton")
     device = kernel_device()
     mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, recipe=recipe, device=device)
     if mlp.plan(torch.zeros(1, device=device)).path("fc1") is not Path.TRITON:
         pytest.skip("the Triton path does not run here")
-    calls, original = [], routing.device_groups
+    calls = []
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+    def counting(original):
+        def count(*args, **kwargs):
+            calls.append(original.__name__)
+            return original(*args, **kwargs)
+        return count
 
-    for module in list(sys.modules.values()):  # every module that imported the function by name
-        if module is not None and module.__name__.startswith("gmlp") and getattr(module, "device_groups", None) is \
-                original:
-            monkeypatch.setattr(module, "device_groups", counting)
+    # every module that imported one of the two ways to compute them by name
+    for original in (routing.device_groups, expert_groups.expert_groups):
+        for module in list(sys.modules.values()):
+            if module is not None and module.__name__.startswith("gmlp") and \
+                    getattr(module, original.__name__, None) is original:
+                monkeypatch.setattr(module, original.__name__, counting(original))
     tokens = sum(SPLITS)
     x = torch.randn(tokens, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(tokens, device=device, requires_grad=True)
     mlp(x, torch.tensor(SPLITS, device=device), probs).backward(torch.randn_like(x))
-    assert len(calls) == 1
+    assert calls == ["expert_groups"]  # one Triton launch where the Triton kernels run
