@@ -24,6 +24,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl import compile_cache
 from gmlp.cutedsl._quantize_kernel import TILE_COLS, TILE_ROWS, QuantizeMXFP8Kernel
+from gmlp.cutedsl.device_scope import on_device
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.buffers import allocate_buffers
 from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
@@ -258,7 +259,7 @@ def quantize_mxfp8(
     if rows > 0 and problem.num_cols > 0:
         kernel = _compile(KernelConfig.of(problem), None).function
         as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731 (fp8 as raw bytes)
-        with torch.cuda.device(device):
+        with on_device(device):
             kernel(x, as_bytes(out.row_data), out.row_scales, as_bytes(out.col_data), out.col_scales,
                    row_start, tile_start, block_start)
 

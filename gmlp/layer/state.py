@@ -43,8 +43,26 @@ Spec = Any  # the tree, with a _Slot in place of every tensor and a _Node in pla
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple | None:
-    """Which memory a tensor's elements live in (None for an empty tensor, which shares none)."""
-    return (tensor.device, tensor.untyped_storage().data_ptr()) if tensor.numel() > 0 else None
+    """Which memory a tensor's elements live in (None for an empty tensor, which shares none): its
+    device and its storage's base address (read from the tensor's own pointer and offset, without
+    making the storage object, which costs more host time)."""
+    if tensor.numel() == 0:
+        return None
+    return tensor.get_device(), tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
+
+
+# class -> its field names, None for a class that is not a dataclass (dataclasses.fields builds a
+# tuple on every call, is_dataclass looks the class up: the walk meets the same few classes each step)
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The field names of a dataclass ``cls``, or None for any other class."""
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+        return names
 
 
 def _view_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -81,8 +99,9 @@ def flatten(tree: Any, inputs: list[torch.Tensor | None], traced: bool = False) 
     def walk(node: Any) -> Any:
         if isinstance(node, torch.Tensor):
             return slot(node)
-        if dataclasses.is_dataclass(node) and not isinstance(node, type):
-            return _Node(type(node), {f.name: walk(getattr(node, f.name)) for f in dataclasses.fields(node)})
+        names = _field_names(type(node))
+        if names is not None:  # a dataclass instance
+            return _Node(type(node), {name: walk(getattr(node, name)) for name in names})
         if isinstance(node, dict):
             return {key: walk(value) for key, value in node.items()}
         if isinstance(node, (tuple, list)):

@@ -14,6 +14,7 @@ import torch
 from gmlp.contract.activations import Activation
 from gmlp.contract.operands import ExpertOperand, describe, expert_operand
 from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.cutedsl.device_scope import on_device
 from gmlp.cutedsl.sm90._pipeline import ALIGN
 from gmlp.cutedsl.sm90._schedule import expert_count_reason
 from gmlp.mxfp8 import scale_layout
@@ -83,15 +84,13 @@ def check_optional(name: str, value: torch.Tensor | None, shape: tuple[int, ...]
 def check_tma_bases(**operands: torch.Tensor) -> None:
     """The operands behind TMA descriptors (``name=tensor``): CUDA tensors at 16-byte aligned
     addresses."""
-    names = list(operands)
-    together = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     for name, value in operands.items():
-        if value.device.type != "cuda":
-            given = f"{name} on {value.device}"
-        elif value.data_ptr() % ALIGN:
-            given = f"{name} at an address {value.data_ptr() % ALIGN} bytes past a 16-byte boundary"
-        else:
+        if value.is_cuda and value.data_ptr() % ALIGN == 0:
             continue
+        names = list(operands)  # the message is built only for a bad operand (host time at every launch)
+        together = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        given = (f"{name} on {value.device}" if not value.is_cuda else
+                 f"{name} at an address {value.data_ptr() % ALIGN} bytes past a 16-byte boundary")
         raise ValueError(f"{together} must be 16-byte aligned CUDA tensors, got {given}")
 
 
@@ -100,5 +99,5 @@ def run(compile_config: Callable, config, device: torch.device, num_ctas: int, *
     the current GPU on first use) on ``device`` over ``num_ctas`` persistent CTAs, the kernel's
     ``arguments`` before the CTA count; 0 CTAs: nothing to do."""
     if num_ctas > 0:
-        with torch.cuda.device(device):
+        with on_device(device):
             compile_config(config, None).function(*arguments, num_ctas)

@@ -671,7 +671,9 @@ def fc2_dgrad(
     n_tiles = scale_layout.ceil_div(ffn, tile_n)
     quantized_dh, outputs = _quantize_epilogue.output_arguments(tokens, n1, experts, fmt, device)
     block_start = groups.block_start if quantized else None
-    dprobs_partial = torch.zeros(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
+    # every (row, n-tile) partial is written (each row below its expert's end, by every n-tile of
+    # its m-tile): no zero fill
+    dprobs_partial = torch.empty(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
                  if bias_grad else None)
     num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
