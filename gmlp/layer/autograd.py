@@ -23,6 +23,8 @@ CPU the check is free and always raises ``ValueError``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 from torch._functorch.utils import unwrap_dead_wrappers
@@ -137,6 +139,8 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     # the step sequence reads the prefix sums at every op; the SM100 composition groups padded rows itself
     groups = None if plan.sm100 else _step_groups(split_sizes, x.shape[0])
     validate_split_sizes(split_sizes, x.shape[0], groups)
+    if groups is not None:  # bad sizes have raised, or the stream stops at their assert before any kernel
+        groups = dataclasses.replace(groups, checked=True)
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
     args = (run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation, layer.recipe)

@@ -113,7 +113,7 @@ def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Te
     fc1_outputs = 2 * ffn if apart else w1.shape[1]
     unquantized = torch.bfloat16 if recipe is not None else x.dtype  # c always; a, dh without a recipe
     groups = DeviceGroups(*(split_sizes.new_empty(experts + 1, dtype=torch.int32) for _ in range(3)),
-                          split_sizes.new_empty((), dtype=torch.bool))
+                          split_sizes.new_empty((), dtype=torch.bool), checked=True)  # as the forward's
     c = x.new_empty(tokens, fc1_outputs, dtype=unquantized)
 
     def q_col(rows: int, cols: int, grouped: bool) -> MXFP8Tensor:  # Q_col of an (rows, cols) source, compact

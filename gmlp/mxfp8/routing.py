@@ -31,6 +31,9 @@ class DeviceGroups:
     tile_start: torch.Tensor
     block_start: torch.Tensor
     invalid: torch.Tensor  # () bool: a size was negative, or the sizes did not sum to T
+    # the split sizes were checked before any kernel reads these (the layer's validate_split_sizes:
+    # a host error, or a device-side assert that stops the stream first): no scales to poison
+    checked: bool = False
 
 
 def device_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
@@ -71,6 +74,7 @@ def should_check_split_values(split_sizes: torch.Tensor) -> bool:
 
 
 def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) -> None:
-    """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync."""
-    if groups is not None:
+    """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync. Groups
+    whose sizes were ``checked`` need none (one launch less per scale tensor)."""
+    if groups is not None and not groups.checked:
         scales.masked_fill_(groups.invalid, 0xFF)  # a 0-dim mask, broadcast: every byte 0xFF, or unchanged

@@ -9,7 +9,7 @@ import torch
 import gmlp
 from gmlp.dispatch.paths import Path
 from gmlp.mxfp8.spec import ElementFormat
-from tests.support.backends import kernel_device
+from tests.support.backends import kernel_device, triton_op
 from tests.support.cases import parametrize_quick
 from tests.support.layer_checks import SPLITS, check_against_oracle
 
@@ -229,3 +229,30 @@ def test_a_step_computes_the_expert_offsets_once(monkeypatch, recipe):
     probs = torch.rand(tokens, device=device, requires_grad=True)
     mlp(x, torch.tensor(SPLITS, device=device), probs).backward(torch.randn_like(x))
     assert calls == ["expert_groups"]  # one Triton launch where the Triton kernels run
+
+
+def test_a_step_poisons_no_scales_its_split_check_covers(monkeypatch):
+    """Host time: the layer checks its split sizes before any kernel reads them (a host error, or a
+    device-side assert that stops the stream first), so its quantizes poison no scales (a masked
+    fill per scale tensor); a quantize given unchecked groups still does."""
+    from gmlp.mxfp8 import buffers
+
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
+    device = kernel_device()
+    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, recipe=gmlp.MXFP8Recipe(), device=device)
+    if mlp.plan(torch.zeros(1, device=device)).path("quantize x") is not Path.TRITON:
+        pytest.skip("the Triton path does not run here")
+    fills, original = [], buffers.poison_scales_if_invalid
+
+    def recording(scales, groups):
+        fills.append(groups is not None and not groups.checked)
+        return original(scales, groups)
+
+    monkeypatch.setattr(buffers, "poison_scales_if_invalid", recording)
+    tokens = sum(SPLITS)
+    x = torch.randn(tokens, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    mlp(x, torch.tensor(SPLITS, device=device)).backward(torch.randn_like(x))
+    assert fills and not any(fills)  # every scale tensor of the step: no fill
+    quantize = triton_op("quantize", "quantize_mxfp8")
+    quantize(x.detach(), columnwise=True, swizzle=False, split_sizes=torch.tensor(SPLITS, device=device))
+    assert any(fills)  # its own groups: unchecked
