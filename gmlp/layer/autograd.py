@@ -80,7 +80,7 @@ def validate_split_sizes(split_sizes: Tensor, tokens: int, groups: DeviceGroups 
         check_split_values(split_sizes, tokens)
         return
     if groups is not None:
-        valid = groups.invalid.logical_not()
+        valid = groups.valid  # no launch: the flag the groups carry
     else:
         sizes = split_sizes.to(torch.int64)
         valid = (sizes >= 0).all() & (sizes.sum() == tokens)

@@ -3,8 +3,8 @@
 Split sizes stay on the device (no host sync), so their values cannot be checked before a
 launch without stalling the stream. Instead the offsets are built from sizes clamped to be
 non-negative with running totals clamped to T, so a kernel never leaves its tensors, and
-``invalid`` records on the device whether the sizes were negative or did not sum to T; launchers
-then set every scale byte to 0xFF (E8M0 NaN), so an invalid split poisons the result instead of
+``valid`` records on the device whether the sizes were non-negative and summed to T; launchers
+otherwise set every scale byte to 0xFF (E8M0 NaN), so an invalid split poisons the result instead of
 silently giving a wrong one. ``GMLP_VALIDATE=1`` (and CPU tensors, where it is free) checks
 eagerly and raises instead.
 """
@@ -30,7 +30,7 @@ class DeviceGroups:
     row_start: torch.Tensor
     tile_start: torch.Tensor
     block_start: torch.Tensor
-    invalid: torch.Tensor  # () bool: a size was negative, or the sizes did not sum to T
+    valid: torch.Tensor  # () bool: no size was negative and the sizes summed to T (what the layer's device assert reads)
     # the split sizes were checked before any kernel reads these (the layer's validate_split_sizes:
     # a host error, or a device-side assert that stops the stream first): no scales to poison
     checked: bool = False
@@ -44,8 +44,8 @@ def device_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
     safe_sizes = row_start[1:] - row_start[:-1]
     tile_start = torch.cat([zero, torch.cumsum((safe_sizes + SCALE_TILE_ROWS - 1) // SCALE_TILE_ROWS, 0)])
     block_start = torch.cat([zero, torch.cumsum((safe_sizes + BLOCK_SIZE - 1) // BLOCK_SIZE, 0)])
-    invalid = (sizes < 0).any() | (sizes.sum() != num_rows)
-    return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32), invalid)
+    valid = (sizes >= 0).all() & (sizes.sum() == num_rows)
+    return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32), valid)
 
 
 def given_or_device_groups(split_sizes: torch.Tensor | None, num_rows: int,
@@ -77,4 +77,4 @@ def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) 
     """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync. Groups
     whose sizes were ``checked`` need none (one launch less per scale tensor)."""
     if groups is not None and not groups.checked:
-        scales.masked_fill_(groups.invalid, 0xFF)  # a 0-dim mask, broadcast: every byte 0xFF, or unchanged
+        scales.masked_fill_(groups.valid.logical_not(), 0xFF)  # a 0-dim mask, broadcast: every byte 0xFF, or unchanged

@@ -10,7 +10,7 @@ def expert_groups_kernel(
     row_start_ptr,  # (E + 1,) int32 out: prefix sums of rows,
     tile_start_ptr,  # of 128-row tiles
     block_start_ptr,  # and of 32-row blocks
-    invalid_ptr,  # () bool out: a size was negative, or the sizes did not sum to num_rows
+    valid_ptr,  # () bool out: no size was negative and the sizes summed to num_rows
     num_experts,
     num_rows,
     BLOCK_E: tl.constexpr,  # a power of two >= E: one program holds every expert
@@ -36,5 +36,5 @@ def expert_groups_kernel(
     tl.store(row_start_ptr + experts, zero, mask=first)
     tl.store(tile_start_ptr + experts, zero, mask=first)
     tl.store(block_start_ptr + experts, zero, mask=first)
-    negative = tl.max((sizes < 0).to(tl.int32), 0) > 0
-    tl.store(invalid_ptr, negative | (tl.sum(sizes, 0) != num_rows))
+    no_negative = tl.max((sizes < 0).to(tl.int32), 0) == 0
+    tl.store(valid_ptr, no_negative & (tl.sum(sizes, 0) == num_rows))

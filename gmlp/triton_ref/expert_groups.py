@@ -29,8 +29,8 @@ def expert_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
     experts = split_sizes.numel()
     # four tensors of their own, as device_groups gives them (a saved state holds them apart)
     starts = [torch.empty(experts + 1, dtype=torch.int32, device=split_sizes.device) for _ in range(3)]
-    invalid = torch.empty((), dtype=torch.bool, device=split_sizes.device)
-    expert_groups_kernel[(1,)](split_sizes, *starts, invalid, experts, num_rows,
+    valid = torch.empty((), dtype=torch.bool, device=split_sizes.device)
+    expert_groups_kernel[(1,)](split_sizes, *starts, valid, experts, num_rows,
                                BLOCK_E=triton.next_power_of_2(max(experts, 1)), TILE_ROWS=SCALE_TILE_ROWS,
                                BLOCK_ROWS=BLOCK_SIZE)
-    return DeviceGroups(*starts, invalid)
+    return DeviceGroups(*starts, valid)

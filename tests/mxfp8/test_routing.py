@@ -21,13 +21,13 @@ def test_valid_splits(splits):
     assert groups.row_start.tolist() == _prefix(splits)
     assert groups.tile_start.tolist() == _prefix([-(-m // 128) for m in splits])
     assert groups.block_start.tolist() == _prefix([-(-m // 32) for m in splits])
-    assert not bool(groups.invalid)
+    assert bool(groups.valid)
 
 
 @pytest.mark.parametrize("splits,rows", [([40, -8, 32], 64), ([10, 20], 64), ([64, 64], 64), ([-5], 0)])
 def test_invalid_splits_stay_in_bounds(splits, rows):
     groups = device_groups(torch.tensor(splits), rows)
-    assert bool(groups.invalid)
+    assert not bool(groups.valid)
     starts = groups.row_start.tolist()
     assert starts == sorted(starts) and starts[0] == 0 and starts[-1] <= rows
     assert groups.tile_start[-1].item() <= (rows + 127 * len(splits)) // 128

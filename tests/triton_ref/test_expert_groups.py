@@ -30,7 +30,7 @@ def test_expert_groups_match_the_torch_ops(splits, rows, dtype):
         pytest.skip("not an int32 size")
     split_sizes = torch.tensor(splits, dtype=dtype, device=kernel_device())
     got, want = expert_groups(split_sizes, rows), device_groups(split_sizes.cpu(), rows)
-    for name in ("row_start", "tile_start", "block_start", "invalid"):
+    for name in ("row_start", "tile_start", "block_start", "valid"):
         value = getattr(got, name)
         assert value.dtype == getattr(want, name).dtype and value.device == split_sizes.device, name
         assert torch.equal(value.cpu(), getattr(want, name)), name
