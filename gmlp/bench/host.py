@@ -22,7 +22,9 @@ first (as after ``zero_grad``):
 - ``device_ms`` (CUDA): device time per step, CUDA events around the held loops (the kernels back
   to back). ``device_wall_ms``: events around a synchronized loop without the hold: what a step
   costs when the host issues it, about the larger of the two. ``host_syncs_per_step``: syncs one
-  step makes (``torch.cuda.set_sync_debug_mode``). ``first_step_s``: the cold first step.
+  step makes (``torch.cuda.set_sync_debug_mode``). ``launches_per_step``: the kernels, memsets
+  and copies one step issues (``torch.profiler``), each a launch the host pays for.
+  ``first_step_s``: the cold first step.
 - gmlp rows: ``plan_ms``, one planning call as the forward makes it
   (``gmlp.dispatch.plan_cache.cached_plan``, a cache hit; the forward and the backward call it:
   ``plan_calls_per_step`` 2, ``plan_per_step_ms``), ``plan_uncached_ms`` (``plan_layer``, what

@@ -46,7 +46,7 @@ def _paths(plan_paths: dict[str, str]) -> str:
 
 _HEADER = (f"{'side':<16} {'mode':<15} {'fwd+bwd host':>12} {'fwd host':>9} {'/torch':>6} {'fwd/torch':>9} "
            f"{'device':>8} {'dev wall':>8} {'plan':>7} {'plan uncached':>13} {'plan/step':>9} {'plans made':>10} "
-           f"{'syncs':>5}  paths")
+           f"{'syncs':>5} {'launches':>8}  paths")
 
 
 def _line(side: str, mode: str, row: dict) -> str:
@@ -60,7 +60,8 @@ def _line(side: str, mode: str, row: dict) -> str:
     return (f"{side:<16} {mode:<15} {host:>12} {_ms(row.get('fwd_host_ms')):>9} "
             f"{_ratio(row.get('fwd_bwd_host_over_torch')):>6} {_ratio(row.get('fwd_host_over_torch')):>9} "
             f"{_ms(row['device_ms']):>8} {_ms(row['device_wall_ms']):>8} {plan[0]:>7} {plan[1]:>13} {plan[2]:>9} "
-            f"{row.get('plans_made_per_step', '-'):>10} {'-' if syncs is None else syncs:>5}  "
+            f"{row.get('plans_made_per_step', '-'):>10} {'-' if syncs is None else syncs:>5} "
+            f"{'-' if row.get('launches_per_step') is None else row['launches_per_step']:>8}  "
             f"{_paths(row.get('plan_paths', {}))}")
 
 

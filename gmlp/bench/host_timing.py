@@ -97,6 +97,21 @@ def host_syncs(fn: Callable[[], object]) -> int:
     return sum("synchroniz" in str(warning.message) for warning in caught)
 
 
+def kernels_launched(fn: Callable[[], object]) -> int | None:
+    """Device work items one fn() issues: kernels, memsets and copies, as ``torch.profiler``
+    records them (CUDA activities; None where this torch cannot record them). Each costs the
+    host a launch, whatever issues it: the host time of a step grows with this count."""
+    from torch.profiler import ProfilerActivity, profile, supported_activities
+
+    if ProfilerActivity.CUDA not in supported_activities():
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+        fn()
+        torch.cuda.synchronize()
+    device_types = {torch.autograd.DeviceType.CUDA}
+    return sum(event.device_type in device_types for event in recorded.events())
+
+
 def hold_ms(wall_ms_per_call: float, calls: int, margin: float = 3.0) -> float:
     """A sleep long enough for the host to issue ``calls`` calls: ``margin`` times their wall time
     with the stream not held (an upper bound of the host's part), at least 1 ms."""
@@ -120,7 +135,8 @@ def step_figures(step: Callable[[], object], forward: Callable[[], object] | Non
     timed = {"fwd_bwd_host": step} if forward is None else {"fwd_bwd_host": step, "fwd_host": forward}
     if device.type != "cuda":
         figures = {key: summary(cpu_loop_ms(fn, iters, repeats)) for key, fn in timed.items()}
-        cuda_only = {"device_ms": None, "device_wall_ms": None, "sleep_ended_early": None, "host_syncs_per_step": None}
+        cuda_only = {"device_ms": None, "device_wall_ms": None, "sleep_ended_early": None, "host_syncs_per_step": None,
+                     "launches_per_step": None}
     else:
         wall = statistics.median(device_wall_ms(step, iters, repeats))
         sleep_ms = hold_ms(wall, iters)  # the forward's loops are shorter: the step's hold suffices
@@ -131,5 +147,6 @@ def step_figures(step: Callable[[], object], forward: Callable[[], object] | Non
             "device_wall_ms": wall,
             "sleep_ended_early": any(loop.sleep_ended_early for samples in loops.values() for loop in samples),
             "host_syncs_per_step": host_syncs(step),
+            "launches_per_step": kernels_launched(step),
         }
     return {**{f"{key}_ms": value["median"] for key, value in figures.items()}, **figures, **cuda_only}
