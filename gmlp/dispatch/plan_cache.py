@@ -132,12 +132,21 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
 _plans: dict[tuple, LayerPlan] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index``, asked once (torch's query costs
+    microseconds at every call, and the plan is looked up twice per layer step)."""
+    return torch.cuda.get_device_capability(index)
+
+
 def cached_plan(config: LayerConfig, tokens: int, experts: int, hidden: int, ffn: int, param_dtype: torch.dtype,
                 x_dtype: torch.dtype, device: torch.device) -> LayerPlan:
     """The plan of a call (``plan_layer`` of ``layer_problem`` for the token count's class, with
     the config's ``strict``), made once per key. A plan that raises (strict mode, a forced
     backend that cannot run) is not cached: the next call raises again."""
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    capability = None
+    if device.type == "cuda":
+        capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
     environment = tuple(os.environ.get(name) for name in _PLAN_ENVIRONMENT)
     tokens = token_class(tokens)
     key = (config, tokens, experts, hidden, ffn, param_dtype, x_dtype, device, capability, environment)
@@ -149,5 +158,7 @@ def cached_plan(config: LayerConfig, tokens: int, experts: int, hidden: int, ffn
 
 
 def clear_plan_cache() -> None:
-    """Forget every cached plan (after a package was installed or repaired in this process)."""
+    """Forget every cached plan and device capability (after a package was installed or repaired
+    in this process)."""
     _plans.clear()
+    _capability.cache_clear()
