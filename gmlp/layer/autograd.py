@@ -136,6 +136,16 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     """[y, *the forward's state] (``gmlp.layer.steps`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
+    y, saved, kept = _forward_steps(layer, plan, x, split_sizes, probs, w1, w3, b1, w2, b2, reused)
+    state, spec = flatten((saved, kept), [x, split_sizes, probs, w1, w3, b1, w2, b2, *reused])
+    _remember_spec(_structure_key(config, plan.sm100, probs), spec)
+    return [y.to(x.dtype), *state]
+
+
+def _forward_steps(layer: LayerConfig, plan, x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor,
+                   w3: Tensor | None, b1: Tensor | None, w2: Tensor, b2: Tensor | None, reused: list[Tensor]) -> tuple:
+    """(y, what the backward needs, the quantized weights kept for later forwards or None): the
+    split check, then ``gmlp.layer.steps`` or the SM100 composition, as ``plan`` says."""
     # the step sequence reads the prefix sums at every op; the SM100 composition groups padded rows itself
     groups = None if plan.sm100 else _step_groups(split_sizes, x.shape[0])
     validate_split_sizes(split_sizes, x.shape[0], groups)
@@ -145,9 +155,7 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
     args = (run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation, layer.recipe)
     y, saved = sm100_forward(*args) if plan.sm100 else grouped_mlp_forward(*args, groups=groups)
-    state, spec = flatten((saved, run.kept_weights), [x, split_sizes, probs, w1, w3, b1, w2, b2, *reused])
-    _remember_spec(_structure_key(config, plan.sm100, probs), spec)
-    return [y.to(x.dtype), *state]
+    return y, saved, run.kept_weights
 
 
 @torch.library.custom_op("gmlp::grouped_mlp_forward", mutates_args=())
@@ -200,6 +208,13 @@ def _gradients(dy: Tensor, inputs: list[Tensor | None], state: list[Tensor], con
     x, split_sizes, probs, w1, w3, b1, w2, b2 = inputs[:_INPUTS]
     plan = _plan(layer, x, split_sizes, w1, w2)
     saved, _ = unflatten(_spec(_structure_key(config, plan.sm100, probs)), state, inputs)
+    return _backward_steps(dy, inputs, saved, layer, plan, main_grads, settings)
+
+
+def _backward_steps(dy: Tensor, inputs: list[Tensor | None], saved, layer: LayerConfig, plan,
+                    main_grads: tuple[Tensor | None, ...] | None, settings: CrossCheckSettings | None) -> list[Tensor]:
+    """``_gradients`` from the forward's saved tree and its plan."""
+    x, split_sizes, probs, w1, w3, b1, w2, b2 = inputs[:_INPUTS]
     run = _runner(layer, plan, split_sizes, None, settings)
     weight_dtype = torch.float32 if main_grads is not None else w1.dtype
     into = None  # what the backward adds into: W1's and W2's main_grad
@@ -254,12 +269,19 @@ def _setup_context(ctx, inputs, output) -> None:
     # only y has a gradient: no zeros are made for the state's outputs
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
-    # eager only (GroupedMLP refuses it under torch.compile, which this check does not trace):
-    # the backward adds into these
-    accumulate = not torch.compiler.is_compiling() and decode_config(config).accumulate_main_grad
-    ctx.main_grads = tuple(None if p is None else p.main_grad for p in (w1, w3, b1, w2, b2)) if accumulate else None
+    # (decode_config is not traced: under torch.compile there are none)
+    ctx.main_grads = None if torch.compiler.is_compiling() else _main_grads(decode_config(config), (w1, w3, b1, w2, b2))
     # the forward's cross-check settings apply to its backward (which may run in another thread)
     ctx.cross_check = None if torch.compiler.is_compiling() else active_cross_check()
+
+
+def _main_grads(layer: LayerConfig, params: tuple[Tensor | None, ...]) -> tuple[Tensor | None, ...] | None:
+    """The ``main_grad`` of each of (w1, w3, b1, w2, b2) that the backward adds into (None for a
+    missing parameter), or None without ``accumulate_main_grad``. Eager only (GroupedMLP refuses
+    it under torch.compile)."""
+    if not layer.accumulate_main_grad:
+        return None
+    return tuple(None if p is None else p.main_grad for p in params)
 
 
 def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
@@ -279,6 +301,14 @@ def _input_grads(ctx, dy: Tensor | None, traced: bool) -> tuple:
         computed = iter(_backward(dy, inputs, state, ctx.config))
     else:
         computed = iter(_gradients(dy, inputs, state, ctx.config, None, ctx.cross_check))
+    return _autograd_grads(computed, inputs, main_grads)
+
+
+def _autograd_grads(computed, inputs: list[Tensor | None], main_grads: tuple | None) -> tuple:
+    """(dx, dprobs, dw1, dw3, db1, dw2, db2) for autograd, from the backward's gradients in
+    ``_gradients``' order (None where an input is missing)."""
+    computed = iter(computed)
+    x, split_sizes, probs, w1, w3, b1, w2, b2 = inputs[:_INPUTS]
     dx = next(computed)
     dprobs = next(computed) if probs is not None else None
     # autograd gets no gradient for parameters whose main_grad the backward added into
@@ -310,6 +340,39 @@ class _GroupedMLPFunction(torch.autograd.Function):
                                   "batch (tokens grouped by expert); concatenate the tokens instead")
 
 
+class _EagerGroupedMLP(torch.autograd.Function):
+    """The layer's autograd in eager mode, the common case (no tracer, no torch.func transform,
+    no kept weights): the forward's state is saved as it is (``save_for_backward`` of its
+    tensors, the tree's layout on ctx) instead of returned as outputs, as the custom op must
+    (which needs every aliasing between them resolved), and the backward runs the forward's plan
+    (one plan lookup per step). ``_GroupedMLPFunction`` serves the other cases."""
+
+    @staticmethod
+    def forward(ctx, x, split_sizes, probs, w1, w3, b1, w2, b2, config):
+        layer = decode_config(config)
+        plan = _plan(layer, x, split_sizes, w1, w2)
+        y, saved, _ = _forward_steps(layer, plan, x, split_sizes, probs, w1, w3, b1, w2, b2, [])
+        inputs = [x, split_sizes, probs, w1, w3, b1, w2, b2]
+        state, spec = flatten(saved, inputs, traced=True)  # the inputs found by identity, the rest saved as is
+        ctx.save_for_backward(*inputs, *state)
+        ctx.layer, ctx.plan, ctx.spec = layer, plan, spec
+        ctx.set_materialize_grads(False)
+        ctx.main_grads = _main_grads(layer, (w1, w3, b1, w2, b2))
+        ctx.cross_check = active_cross_check()  # the forward's settings, for a backward in autograd's thread
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved_tensors = ctx.saved_tensors
+        inputs, state = list(saved_tensors[:_INPUTS]), list(saved_tensors[_INPUTS:])
+        if dy is None:  # an undefined gradient of y (not materialized)
+            dy = torch.zeros_like(inputs[0])
+        saved = unflatten(ctx.spec, state, inputs)
+        computed = _backward_steps(dy, inputs, saved, ctx.layer, ctx.plan, ctx.main_grads, ctx.cross_check)
+        dx, dprobs, dw1, dw3, db1, dw2, db2 = _autograd_grads(computed, inputs, ctx.main_grads)
+        return dx, None, dprobs, dw1, dw3, db1, dw2, db2, None
+
+
 def _op_backward(ctx, grads):
     """The forward op's own autograd (for callers of torch.ops.gmlp.grouped_mlp_forward)."""
     dx, dprobs, dw1, dw3, db1, dw2, db2 = _input_grads(ctx, grads[0], traced=True)
@@ -322,20 +385,25 @@ torch.library.register_autograd("gmlp::grouped_mlp_forward", _op_backward, setup
 def grouped_mlp(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor, b1: Tensor | None, w2: Tensor,
                 b2: Tensor | None, config: LayerConfig | str, reused: list[Tensor] | None = None,
                 w3: Tensor | None = None) -> list[Tensor]:
-    """[y, *state] of the forward op (``GroupedMLP.forward`` checks the arguments first). W1 is
-    stored as the config's ``gate_up`` layout says (``gmlp.contract.gate_up``; ``w3``: the up weights of
-    the SEPARATE layout, w1 then the gate's)."""
+    """[y, *state] of the forward op (``GroupedMLP.forward`` checks the arguments first); [y] in
+    eager mode without kept weights, where autograd keeps the state. W1 is stored as the config's
+    ``gate_up`` layout says (``gmlp.contract.gate_up``; ``w3``: the up weights of the SEPARATE
+    layout, w1 then the gate's)."""
     text = config if isinstance(config, str) else config.encode()
     return list(_apply(x, split_sizes, probs, w1, w3, b1, w2, b2, reused or [], text))
 
 
 def _apply(*args) -> tuple:
-    """``_GroupedMLPFunction.apply(*args)``, every argument given positionally. In eager mode
-    without a torch.func transform, the call ``Function.apply`` makes after binding the arguments
-    to ``forward``'s signature (``inspect.signature`` on every call, about 30 us of host time,
-    binding nothing here: no defaults, no keywords); traced or transformed, ``apply`` itself."""
+    """The layer's autograd call: ``_GroupedMLPFunction.apply(*args)`` traced or under a torch.func
+    transform; in eager mode ``_EagerGroupedMLP`` (no weight cache, real tensors), else the call
+    ``Function.apply`` makes after binding the arguments to ``forward``'s signature
+    (``inspect.signature`` on every call, about 30 us of host time, binding nothing here: no
+    defaults, no keywords)."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return _GroupedMLPFunction.apply(*args)
+    x, reused, config = args[0], args[8], args[9]
+    if not (x.is_meta or reused or decode_config(config).weight_cache is not None):
+        return (_EagerGroupedMLP.apply(*args[:8], config),)
     return super(torch.autograd.Function, _GroupedMLPFunction).apply(*unwrap_dead_wrappers(args))
 
 
