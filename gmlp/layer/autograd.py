@@ -7,7 +7,9 @@ op has a fake implementation that gives its outputs' shapes from its inputs', so
 however the routing changes. A ``torch.autograd.Function`` (``setup_context``,
 ``save_for_backward``) connects them: traced, or under a ``torch.func`` transform, it calls the
 ops; in eager mode it calls their implementations directly, which skips the custom-op
-dispatcher's host time. The forward op also has its own ``register_autograd``, for callers of
+dispatcher's host time. The common eager call (real tensors, no kept weights) takes a shorter
+way still, ``_EagerGroupedMLP``: its state is saved as it is rather than returned as outputs,
+and its backward reuses the forward's plan. The forward op also has its own ``register_autograd``, for callers of
 ``torch.ops.gmlp.grouped_mlp_forward``. Inside the ops everything is eager: the plan (cached,
 ``gmlp.dispatch.plan_cache``), split-size validation, the kernels and, when it is on, the cross-check
 (read where each op runs). The layout of the flattened state is a function of the config, the
