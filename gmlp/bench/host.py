@@ -4,8 +4,11 @@ Per shape (``--shapes``), on the same data and weights (balanced routing; x (T, 
 probs (T,) fp32 take gradients): torch's eager layer (bf16 ``torch._grouped_mm`` FC1, SwiGLU
 times probs, ``torch._grouped_mm`` FC2, autograd: ``gmlp.bench.mlp.baseline_layer``), then
 gmlp's layer per recipe (MXFP8, bf16) and path (``--paths``): ``default``, whatever the
-dispatcher picks (``plan_paths``: each site's path), or a path forced by GMLP_BACKEND while that
-row is built and timed (a ``FallbackError`` is recorded as the row's ``reason``). A row without
+dispatcher picks (``plan_paths``: each site's path), ``stub``, the dispatcher's plan with every
+op replaced by a stub that only allocates its outputs (``gmlp.bench.host_stubs``: the layer's own
+Python and autograd, no kernel; on the CPU the one host figure without computation in it), or a
+path forced by GMLP_BACKEND while that row is built and timed (a ``FallbackError`` is recorded
+as the row's ``reason``). A row without
 figures (a baseline that cannot run here, a forced path, a failed compile) says why in ``reason``.
 
 Per row, a step is ``y = layer(...); y.backward(dy)`` with the leaves' gradients set to None
@@ -75,6 +78,7 @@ from gmlp.bench.common import (
 )
 from gmlp.bench.host_profile import profile_steps
 from gmlp.bench.host_report import SHAPE_KEYS, compare, table
+from gmlp.bench.host_stubs import stubbed_ops
 from gmlp.bench.host_timing import cpu_loop_ms, hold_ms, step_figures
 from gmlp.bench.mlp import (
     SHAPES,
@@ -96,7 +100,9 @@ from gmlp.layer.module import GroupedMLP
 Shape = tuple[int, int, int, int]  # experts, tokens, hidden, ffn
 
 RECIPES = ("mxfp8", "bf16")
-PATHS = ("default", *(path.value for path in Path))  # default: the dispatcher's choice; else GMLP_BACKEND
+# default: the dispatcher's choice; stub: every op only allocates its outputs (gmlp.bench.host_stubs);
+# else GMLP_BACKEND
+PATHS = ("default", *(path.value for path in Path), "stub")
 PRESETS: dict[str, Shape] = {
     "torchtitan-debug": (64, 65536, 256, 768),
     "small": (8, 2048, 1024, 1024),
@@ -154,9 +160,11 @@ def comma_names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
 @contextlib.contextmanager
 def forced_backend(path: str) -> Iterator[None]:
     """GMLP_BACKEND=``path`` inside (the plan cache keys on it), restored after; ``default``
-    leaves the environment as it is."""
-    if path == "default":
-        yield
+    leaves the environment as it is; ``stub`` runs the dispatcher's plan with every op stubbed
+    (``gmlp.bench.host_stubs``)."""
+    if path in ("default", "stub"):
+        with stubbed_ops() if path == "stub" else contextlib.nullcontext():
+            yield
         return
     previous = os.environ.get("GMLP_BACKEND")
     os.environ["GMLP_BACKEND"] = path

@@ -398,3 +398,30 @@ def test_reduce_overhead_records_a_failed_compile_and_times_one_that_runs(monkey
         "reason": "not run (--no-compile)"}
     assert host.reduce_overhead(case, case.torch_run, host.Settings(CPU, 2, 2)) == {
         "reason": "needs CUDA (CUDA graphs)"}
+
+
+@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
+def test_stubbed_ops_give_the_real_ops_shapes(recipe):
+    """``--paths stub``: a layer step with every op stubbed returns what the real step returns
+    (outputs and gradients of the same shapes and dtypes) and leaves the real ops in place after."""
+    from gmlp.bench.host_stubs import stubbed_ops
+    from gmlp.layer import steps
+
+    real = steps.implementation
+    mlp = gmlp.GroupedMLP(4, 64, 64, recipe=recipe, bias=True)
+    split_sizes = torch.tensor([10, 0, 22, 32])
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(64, requires_grad=True)
+
+    def step():
+        for leaf in (x, probs, *mlp.parameters()):
+            leaf.grad = None
+        y = mlp(x, split_sizes, probs)
+        y.backward(torch.ones_like(y))
+        return [(tuple(t.shape), t.dtype) for t in (y, x.grad, probs.grad, *(p.grad for p in mlp.parameters()))]
+
+    want = step()
+    with stubbed_ops():
+        assert steps.implementation is not real
+        got = step()
+    assert steps.implementation is real and got == want
