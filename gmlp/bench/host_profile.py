@@ -39,7 +39,7 @@ NOTE = ("cProfile self times (tottime), us per step; its hooks cost every Python
 
 _GMLP = pathlib.Path(gmlp.__file__).resolve().parent
 _CHECK_MODULES = ("contract/operands.py", "mxfp8/problem.py", "cutedsl/sm90/_launch.py")  # argument checks
-X
+_BACKWARD = ("layer/autograd.py", "_backward_steps")  # gmlp's backward, whichever autograd.Function calls it
 _C = "~"  # cProfile's file name of a function written in C
 
 
