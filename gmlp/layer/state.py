@@ -13,26 +13,24 @@ or not at all. ``unflatten`` rebuilds the tree from the op's outputs and inputs.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 __all__ = ["Spec", "flatten", "unflatten"]
 
 
-@dataclass(frozen=True)
-class _Slot:
+class _Slot(NamedTuple):
     """A tensor of the tree: ``source`` "output" or "input", index ``index`` there; ``view``
-    (size, stride, storage offset) when it is a view of that tensor rather than the tensor."""
+    (size, stride, storage offset) when it is a view of that tensor rather than the tensor.
+    (Named tuples: a few are made at every layer step, and a frozen dataclass costs more.)"""
 
     source: str
     index: int
     view: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
 
 
-@dataclass(frozen=True)
-class _Node:
+class _Node(NamedTuple):
     """A dataclass instance of the tree: its class and its fields' specs."""
 
     cls: type
