@@ -21,8 +21,6 @@ import time
 
 import torch
 
-from gmlp.bench.host import parse_shapes
-from gmlp.bench.mlp import layer_tensors, router_probs, split_sizes_for
 from gmlp.contract.reference import unquantized_mlp_fp64
 from gmlp.debug import CrossCheckError, cross_check
 from gmlp.dispatch.paths import PATHS_FASTEST_FIRST, Path, system_reason
@@ -192,6 +190,8 @@ def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
     if not torch.cuda.is_available():
         print("cache warm: no CUDA GPU here; the CuTeDSL kernels are compiled for the GPU they run on")
         return 1
+    from gmlp.bench.mlp import layer_tensors, router_probs, split_sizes_for  # the benches' inputs
+
     experts, tokens, hidden, ffn = shape
     device = torch.device("cuda")
     before = len(compile_cache.entries())
@@ -212,6 +212,8 @@ def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
 def _shape(text: str) -> tuple[int, int, int, int]:
     """argparse type of --shape: one shape as ``gmlp.bench host --shapes`` reads it (a preset or
     E,T,H,F)."""
+    from gmlp.bench.host import parse_shapes
+
     shapes = parse_shapes(text)
     if len(shapes) != 1:
         raise argparse.ArgumentTypeError(f"expected one shape, got {len(shapes)} in {text!r}")

@@ -108,8 +108,7 @@ def kernels_launched(fn: Callable[[], object]) -> int | None:
     with profile(activities=[ProfilerActivity.CUDA]) as recorded:
         fn()
         torch.cuda.synchronize()
-    device_types = {torch.autograd.DeviceType.CUDA}
-    return sum(event.device_type in device_types for event in recorded.events())
+    return sum(event.device_type == torch.autograd.DeviceType.CUDA for event in recorded.events())
 
 
 def hold_ms(wall_ms_per_call: float, calls: int, margin: float = 3.0) -> float:

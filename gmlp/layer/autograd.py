@@ -40,7 +40,7 @@ from gmlp.layer.state import Spec, flatten, unflatten
 from gmlp.layer.steps import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.mxfp8.buffers import empty_quantize
 from gmlp.mxfp8.problem import check_split_values
-from gmlp.mxfp8.routing import DeviceGroups, device_groups, should_check_split_values
+from gmlp.mxfp8.routing import DeviceGroups, device_groups, should_check_split_values, sizes_valid
 from gmlp.system.env import env_flag
 
 __all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes", "allocating_quantize"]
@@ -81,11 +81,7 @@ def validate_split_sizes(split_sizes: Tensor, tokens: int, groups: DeviceGroups 
                                "unset it while capturing (the device-side check stays on)")
         check_split_values(split_sizes, tokens)
         return
-    if groups is not None:
-        valid = groups.valid  # no launch: the flag the groups carry
-    else:
-        sizes = split_sizes.to(torch.int64)
-        valid = (sizes >= 0).all() & (sizes.sum() == tokens)
+    valid = groups.valid if groups is not None else sizes_valid(split_sizes, tokens)  # the groups': no launch
     torch._assert_async(valid, "gmlp: split_sizes are negative or do not sum to x.shape[0] "
                                "(GMLP_VALIDATE=1 raises a ValueError with the sizes instead)")
 

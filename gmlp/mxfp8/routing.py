@@ -19,8 +19,8 @@ from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 from gmlp.mxfp8.spec import BLOCK_SIZE
 from gmlp.system.env import env_flag
 
-__all__ = ["DeviceGroups", "device_groups", "given_or_device_groups", "launch_offsets", "should_check_split_values",
-           "poison_scales_if_invalid"]
+__all__ = ["DeviceGroups", "device_groups", "sizes_valid", "given_or_device_groups", "launch_offsets",
+           "should_check_split_values", "poison_scales_if_invalid"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DeviceGroups:
     row_start: torch.Tensor
     tile_start: torch.Tensor
     block_start: torch.Tensor
-    valid: torch.Tensor  # () bool: no size was negative and the sizes summed to T (what the layer's device assert reads)
+    valid: torch.Tensor  # () bool: no size negative, the sizes summing to T (the layer's device assert reads it)
     # the split sizes were checked before any kernel reads these (the layer's validate_split_sizes:
     # a host error, or a device-side assert that stops the stream first): no scales to poison
     checked: bool = False
@@ -44,8 +44,14 @@ def device_groups(split_sizes: torch.Tensor, num_rows: int) -> DeviceGroups:
     safe_sizes = row_start[1:] - row_start[:-1]
     tile_start = torch.cat([zero, torch.cumsum((safe_sizes + SCALE_TILE_ROWS - 1) // SCALE_TILE_ROWS, 0)])
     block_start = torch.cat([zero, torch.cumsum((safe_sizes + BLOCK_SIZE - 1) // BLOCK_SIZE, 0)])
-    valid = (sizes >= 0).all() & (sizes.sum() == num_rows)
-    return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32), valid)
+    return DeviceGroups(row_start.to(torch.int32), tile_start.to(torch.int32), block_start.to(torch.int32),
+                        sizes_valid(sizes, num_rows))
+
+
+def sizes_valid(split_sizes: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """() bool on the device: no size is negative and the sizes sum to ``num_rows``."""
+    sizes = split_sizes.to(torch.int64)
+    return (sizes >= 0).all() & (sizes.sum() == num_rows)
 
 
 def given_or_device_groups(split_sizes: torch.Tensor | None, num_rows: int,
@@ -77,4 +83,4 @@ def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) 
     """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync. Groups
     whose sizes were ``checked`` need none (one launch less per scale tensor)."""
     if groups is not None and not groups.checked:
-        scales.masked_fill_(groups.valid.logical_not(), 0xFF)  # a 0-dim mask, broadcast: every byte 0xFF, or unchanged
+        scales.masked_fill_(groups.valid.logical_not(), 0xFF)  # a 0-dim mask, broadcast: every byte or none
