@@ -8,6 +8,8 @@ BENCHES = {
     "mlp": ("gmlp.bench.mlp", "the layer forward + backward against torch's bf16 grouped-GEMM layer", "GPU"),
     "gemm": ("gmlp.bench.gemm", "each GEMM of the layer alone against torch's bf16 grouped GEMM", "GPU"),
     "profile": ("gmlp.bench.profile", "one layer step's device time per kernel (torch.profiler)", "GPU"),
+    "ncu": ("gmlp.bench.ncu", "Nsight Compute counters of each SM90 GEMM next to cuBLAS on the same product",
+            "GPU with ncu"),
     "host": ("gmlp.bench.host", "host time of a layer step against torch eager's, per path; --profile: where it goes",
              "GPU or CPU"),
     "torchtitan": ("gmlp.bench.torchtitan", "torchtitan's qwen3 MoE debug model trained with each experts backend",
