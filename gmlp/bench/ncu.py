@@ -19,6 +19,7 @@ import argparse
 import csv
 import io
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -43,7 +44,8 @@ COLUMNS = {
     "L2 %": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
 }
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
-TIME_UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+TIME_UNITS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3,
+              "s": 1e3}  # ncu names its units either way, by version
 
 
 def _child(shape: str, gemms: list[str], variants: list[str]) -> None:
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
     parser.add_argument("--variants", default="cutedsl", help="bench gemm's variants beside torch, e.g. cutedsl-decode")
     parser.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
+    parser.add_argument("--import", dest="report", default=None,
+                        help="read this .ncu-rep (an earlier run's) instead of profiling")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_out_argument(parser)
     args = parser.parse_args(argv)
@@ -142,23 +146,25 @@ def main(argv: list[str] | None = None) -> None:
     if ncu is None:
         sys.exit(f"--ncu: {args.ncu!r} is not an executable on PATH (Nsight Compute is needed)")
     results = PartialResults("ncu", args.out)
-    report = results.path.with_suffix("")  # ncu appends .ncu-rep
     metrics = _available_tensor_pipes(ncu)
-    command = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--nvtx", "--target-processes", "all",
-               *(f"--section={s}" for s in SECTIONS), *(["--metrics", ",".join(metrics)] if metrics else []),
-               "--force-overwrite", "-o", str(report),
-               sys.executable, "-m", "gmlp.bench", "ncu", "--child", "--shape", args.shape,
-               "--gemms", args.gemms, "--variants", args.variants]
-    print(" ".join(command), flush=True)
-    subprocess.run(command, check=True)
-    raw = subprocess.run([ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw",
-                          "--print-nvtx-rename", "kernel"], capture_output=True, text=True, check=True).stdout
+    report = pathlib.Path(args.report) if args.report else results.path.with_suffix(".ncu-rep")
+    if not args.report:
+        command = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--nvtx", "--target-processes",
+                   "all", *(f"--section={s}" for s in SECTIONS), *(["--metrics", ",".join(metrics)] if metrics else []),
+                   "--force-overwrite", "-o", str(report.with_suffix("")),  # ncu appends .ncu-rep
+                   sys.executable, "-m", "gmlp.bench", "ncu", "--child", "--shape", args.shape,
+                   "--gemms", args.gemms, "--variants", args.variants]
+        print(" ".join(command), flush=True)
+        subprocess.run(command, check=True)
+    raw = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw", "--print-nvtx-rename", "kernel"],
+                         capture_output=True, text=True, check=True).stdout
+    results.path.with_suffix(".csv").write_text(raw)  # the whole raw page, every metric of every kernel
     summary = summarize(_parse(raw))
     table = markdown(summary)
     print(table)
     path = results.write(dict(bench="ncu", **environment(torch.device("cuda")), shape=args.shape,
                               sections=list(SECTIONS), tensor_pipe_metrics=metrics, summary=summary,
-                              table=table, report=f"{report.name}.ncu-rep"), complete=True)
+                              table=table, report=report.name), complete=True)
     print(path)
 
 
