@@ -6,8 +6,8 @@ machine sets them), as a child that builds ``bench gemm``'s operands for one sha
 GEMM's callables twice to compile and warm them, then once more inside the profiled range, each
 call in an NVTX range named ``GEMM|SIDE``. The report (``ncu-*.ncu-rep`` in ``--out``, for Nsight
 Compute's viewer) is read back as CSV with kernels named by their NVTX range, and each range's
-longest kernel is the row of the table: duration, tensor-pipe active % (the ``hmma`` pipe and,
-where this ncu has it, the ``gmma`` pipe that ``wgmma`` issues to), SM throughput, achieved
+longest kernel is the row of the table: duration, tensor-pipe % (of the SMs' active cycles, and
+of the elapsed ones: the second also counts SMs idle in a tail wave), SM throughput, achieved
 occupancy, registers, DRAM and L2 throughput, and the three largest stall reasons (warps stalled
 per issued instruction, ``smsp__average_warps_issue_stalled_*``; a warp-specialized kernel's
 producer warps count here while they wait on barriers). Results as JSON with the environment.
@@ -30,17 +30,17 @@ import torch
 from gmlp.bench.common import PartialResults, add_out_argument, environment
 
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "MemoryWorkloadAnalysis")
-TENSOR_PIPES = ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-                "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active")
+# not in the sections: the tensor pipe's active cycles over the SMs' active ones (wgmma counts as hmma)
+EXTRA_METRICS = ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",)
 # table column -> raw metric (percentages unless named otherwise)
 COLUMNS = {
     "ms": "gpu__time_duration.sum",
-    "hmma %": TENSOR_PIPES[0],
-    "gmma %": TENSOR_PIPES[1],
+    "tensor % active": EXTRA_METRICS[0],
+    "tensor % elapsed": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
     "SM %": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "occupancy %": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "registers": "launch__registers_per_thread",
-    "DRAM %": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "DRAM %": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "L2 %": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
 }
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
@@ -74,12 +74,6 @@ def _child(shape: str, gemms: list[str], variants: list[str]) -> None:
     torch.cuda.profiler.stop()
 
 
-def _available_tensor_pipes(ncu: str) -> list[str]:
-    """The tensor-pipe metrics this ncu knows on this GPU (the gmma one is missing on older versions)."""
-    listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True).stdout
-    return [m for m in TENSOR_PIPES if m.split(".")[0] in listed]
-
-
 def _parse(raw_csv: str) -> list[dict]:
     """ncu's raw page as rows: kernel (its NVTX range), each metric as a float, ms for the duration."""
     reader = csv.reader(io.StringIO(raw_csv[raw_csv.index('"ID"'):]))
@@ -100,14 +94,14 @@ def _parse(raw_csv: str) -> list[dict]:
 def summarize(rows: list[dict]) -> list[dict]:
     """Per NVTX range (GEMM|side): its longest kernel's columns, top stall reasons, kernels counted."""
     by_range: dict[str, list[dict]] = {}
-    for row in rows:
-        by_range.setdefault(row["kernel"], []).append(row)
+    for row in rows:  # ncu names a kernel "RANGE/KERNEL" (its NVTX range, then its own name)
+        by_range.setdefault(row["kernel"].split("/", 1)[0], []).append(row)
     summary = []
     for label, kernels in by_range.items():
         main = max(kernels, key=lambda r: r.get(COLUMNS["ms"], 0.0))
         stalls = sorted(((m.group(1), v) for k, v in main.items() if (m := STALL.fullmatch(k))), key=lambda s: -s[1])
         gemm, _, side = label.partition("|")
-        summary.append(dict(gemm=gemm, side=side, kernels=len(kernels),
+        summary.append(dict(gemm=gemm, side=side, kernels=len(kernels), kernel=main["kernel"].split("/", 1)[-1],
                             **{column: main.get(metric) for column, metric in COLUMNS.items()},
                             stalls={reason: round(value, 3) for reason, value in stalls[:3]}))
     return summary
@@ -146,11 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     if ncu is None:
         sys.exit(f"--ncu: {args.ncu!r} is not an executable on PATH (Nsight Compute is needed)")
     results = PartialResults("ncu", args.out)
-    metrics = _available_tensor_pipes(ncu)
     report = pathlib.Path(args.report) if args.report else results.path.with_suffix(".ncu-rep")
     if not args.report:
         command = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--nvtx", "--target-processes",
-                   "all", *(f"--section={s}" for s in SECTIONS), *(["--metrics", ",".join(metrics)] if metrics else []),
+                   "all", *(f"--section={s}" for s in SECTIONS), "--metrics", ",".join(EXTRA_METRICS),
                    "--force-overwrite", "-o", str(report.with_suffix("")),  # ncu appends .ncu-rep
                    sys.executable, "-m", "gmlp.bench", "ncu", "--child", "--shape", args.shape,
                    "--gemms", args.gemms, "--variants", args.variants]
@@ -163,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown(summary)
     print(table)
     path = results.write(dict(bench="ncu", **environment(torch.device("cuda")), shape=args.shape,
-                              sections=list(SECTIONS), tensor_pipe_metrics=metrics, summary=summary,
+                              sections=list(SECTIONS), summary=summary,
                               table=table, report=report.name), complete=True)
     print(path)
 
