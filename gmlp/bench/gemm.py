@@ -92,7 +92,8 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 
 
 # The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
-SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)]
+SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True), dict(tile_n=256, store="tma"),
+                     dict(tile_n=128, store="tma")]
 SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM decoding A: no ping-pong
 SM90_FC1_CONFIGS = [dict(), dict(fused_b=True)]  # 128 a columns: two m64n128 wgmmas or one m64n256
 SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]

@@ -55,7 +55,7 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _decode, _schedule
+from gmlp.cutedsl.sm90 import _decode, _schedule, _store
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -110,6 +110,7 @@ __all__ = [
 ]
 
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+STORES = ("regs", "tma")  # KernelConfig.store
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
 
 
@@ -124,6 +125,9 @@ class KernelConfig(StagedConfig):
     pingpong: bool = False  # tile_n = 128 only: two consumer warpgroups on alternate work items
     # MXFP8 A (rowwise, compact scales) decoded to bf16 in the kernel (``_decode``); None: bf16 A
     a_format: ElementFormat | None = None
+    # the epilogue's stores: "regs", predicated bf16 pairs from the registers; "tma", subtiles
+    # staged in shared memory and stored by TMA, overlapped with what follows (``_store``)
+    store: str = "regs"
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -134,6 +138,11 @@ class KernelConfig(StagedConfig):
             raise ValueError("a decoded MXFP8 A (a_format) needs pingpong=False (one warpgroup's bf16 buffers per tile)")
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
+        if self.store not in STORES:
+            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        if self.store == "tma" and (self.pingpong or self.bias_dtype is not None):
+            raise ValueError(f"store='tma' needs pingpong=False and no bias (the TMA-store epilogue has neither yet), "
+                             f"got pingpong={self.pingpong}, bias_dtype={self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -141,8 +150,9 @@ class KernelConfig(StagedConfig):
         return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.tile_n * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The decoded A's bf16 buffers, outside the slot ring."""
-        return _decode.buffers_bytes(1) if self.a_format is not None else 0
+        """The decoded A's bf16 buffers and the TMA-store epilogue's subtiles, outside the slot ring."""
+        return ((_decode.buffers_bytes(1) if self.a_format is not None else 0)
+                + (_store.smem_bytes(self.tile_n // 128) if self.store == "tma" else 0))
 
 
 
@@ -169,6 +179,7 @@ class GroupedGemmSm90:
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
+        self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
@@ -188,9 +199,14 @@ class GroupedGemmSm90:
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, turns=self.pingpong)
         if const_expr(self.decoded):
             fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
+        store = None  # store="tma": the subtiles' smem layout and TMA store
+        if const_expr(self.tma_store):
+            store = _store.make_store_operands(mD, self.num_mma_warpgroups)
+            fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart,
-                           mD, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+                           mD, *(_store.kernel_arguments(store)), ops.tiled_mma, ops.a_smem_layout,
+                           ops.b_smem_layout, a16_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -205,12 +221,16 @@ class GroupedGemmSm90:
         mRowStart: cute.Tensor,
         mTileStart: cute.Tensor,
         mD: cute.Tensor,
+        tma_atom_d: cute.CopyAtom | None,  # store="tma": the subtiles' TMA store
+        mD_tma: cute.Tensor | None,  # store="tma": TMA coordinates of D's ragged view (BIG, N, MAX, MAX)
+        d_smem_layout: cute.ComposedLayout | None,  # store="tma": (epi rows, epi cols, _store.STAGES) bf16
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
         a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        atoms = (tma_atom_a, tma_atom_b, tma_atom_d) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
         # a slot is released by the warpgroups that read it: both halves of a BN = 256 tile, or
@@ -247,6 +267,14 @@ class GroupedGemmSm90:
             acc = cute.make_rmem_tensor(tCcD.shape, Float32)
             out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
             read_state, release_state = consumer_states(self.stages)
+            if const_expr(self.tma_store):
+                sD = storage.sD.get_tensor(d_smem_layout.outer, swizzle=d_smem_layout.inner)
+                consumers = self.num_mma_warpgroups * THREADS_PER_WARPGROUP
+                # the first consumer warp issues the stores
+                tile_store = _store.TileStore.of(tiled_mma, acc, sD, mD_tma, tidx - THREADS_PER_WARPGROUP, consumers,
+                                                 (TILE_M, self.tile_n), _store.epi_tile(self.num_mma_warpgroups),
+                                                 warp_idx == THREADS_PER_WARPGROUP // 32)
+                tiles_done = Int32(0)
 
             item = bidx
             item_step = grid
@@ -270,8 +298,14 @@ class GroupedGemmSm90:
                     order_state = order.arrive(order_state)
                     read_state = skip_k_tiles(read_state, k_tiles)
                     release_state = skip_k_tiles(release_state, k_tiles)
-                self.store_tile(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row)
+                if const_expr(self.tma_store):
+                    tile_store.store(tma_atom_d, n_tile, first_row, end_row, tiles_done)
+                    tiles_done += 1
+                else:
+                    self.store_tile(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row)
                 item += item_step
+            if const_expr(self.tma_store):
+                tile_store.drain()
 
     @cute.jit
     def store_tile(self, acc: cute.Tensor, out: cute.Tensor, thr_mma, tCcD: cute.Tensor, mD: cute.Tensor,
@@ -365,6 +399,7 @@ def grouped_gemm(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int = 256,
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (KernelConfig)
+    store: str = "regs",  # the epilogue's stores, "regs" or "tma" (KernelConfig)
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
@@ -379,7 +414,7 @@ def grouped_gemm(
     check_tma_bases(a=a, b=b)
     check_optional("bias", bias, (experts, n))
     config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
-                          pingpong=pingpong, a_format=a_format)
+                          pingpong=pingpong, a_format=a_format, store=store)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)

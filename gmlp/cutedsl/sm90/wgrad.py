@@ -18,15 +18,9 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   M-contiguous (A^T with A row-major), B's (BK, BN) box N-contiguous; 128B-swizzled MN-major smem
   (``MN_SW128`` atoms, 64 elements x 8 rows), wgmma with both transpose bits set.
 - Ragged K tail without masking code: the last k-step of an expert must not read the next
-  expert's rows, and TMA zero-fills only outside the tensor, so A and B are given to TMA as
-  4-D tensors whose token extent ends where the expert ends (the varlen-K trick of QuACK's
-  ``copy_utils.create_ragged_tensor_for_tma``, 2-extra-dim form, reimplemented here): shape
-  (M, BIG, MAX, MAX), strides (1, s, 2**64 / BIG - s, s) in elements, s = the row stride. A box at
-  token coordinate ``BIG - m_g + r`` of mode 1 with modes 2, 3 at (BIG, row_start[g] + m_g)
-  addresses row ``row_start[g] + r`` (the mode-2 term wraps to 0 mod 2**64), and is in bounds
-  exactly for r < m_g: rows past the expert's end come back as zeros. The descriptor's base stays
-  the tensor's own pointer (QuACK found that TMA loads fault when the base is shifted outside
-  mapped memory: their ``AI/ragged_tma_ptr_shift_finding.md``), and T never enters it.
+  expert's rows, and TMA zero-fills only outside the tensor, so A and B are given to TMA as the
+  4-D ``_tma.ragged_tokens`` views, whose token extent ends where the expert ends: rows past the
+  expert's end come back as zeros.
   M and N tails are ordinary TMA zero fill (mode 0 has the true extent). Fallback
   (``ragged_tma=False``): plain (features, T) descriptors, and on an expert's last k-step the
   consumer threads zero the slot's rows past the expert's end in smem (st.shared, then
@@ -110,6 +104,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
+from gmlp.cutedsl.sm90._tma import BIG, expert_tokens, ragged_tokens
 from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -129,11 +124,6 @@ _NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
-# The ragged token mode (see the module docstring): its extent, the extra modes' extent, and the
-# wrap-around stride factor (BIG * _WRAP == 2**64).
-_BIG = 2**30
-_MAX = 2**31 - 1
-_WRAP = 2**64 // _BIG
 
 
 @dataclass(frozen=True)
@@ -182,22 +172,6 @@ class WgradConfig(StagedConfig):
         """The decoded A's and B's bf16 buffers, outside the slot ring."""
         return _decode.buffers_bytes(2) if self.decoded else 0
 
-
-
-def _ragged_tokens(tensor: cute.Tensor) -> cute.Tensor:
-    """The (features, BIG, MAX, MAX) view of a row-major (T, features) tensor that TMA reads with
-    per-expert zero fill (module docstring); same pointer, T dropped."""
-    row_stride = tensor.layout.stride[0]
-    layout = cute.make_layout((tensor.shape[1], _BIG, _MAX, _MAX),
-                              stride=(1, row_stride, _WRAP - row_stride, row_stride))
-    return cute.make_tensor(tensor.iterator, layout)
-
-
-def _expert_tokens(coords: cute.Tensor, first_row: Int32, rows: Int32) -> cute.Tensor:
-    """(features, BIG) TMA coordinates of an expert's rows [first_row, first_row + rows) of the
-    view of ``_ragged_tokens``: token r at mode-1 coordinate BIG - rows + r (out of bounds, so
-    zero-filled, from r = rows on)."""
-    return cute.domain_offset((None, _BIG - rows), coords[(None, None, _BIG, first_row + rows)])
 
 
 def _identity(tensor: cute.Tensor) -> cute.Tensor:
@@ -262,7 +236,7 @@ class GroupedWgradSm90:
         if const_expr(self.decoded):
             view = _identity
         else:
-            view = _ragged_tokens if const_expr(self.ragged_tma) else _transposed
+            view = ragged_tokens if const_expr(self.ragged_tma) else _transposed
         tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mA),
             cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
@@ -344,8 +318,8 @@ class GroupedWgradSm90:
                 # (BM, BK, RestK) / (BN, BK, RestK) tiles of the expert's rows (zero past its end
                 # with the ragged view; else the consumers zero them)
                 if const_expr(self.ragged_tma and not self.decoded):
-                    mA_g = _expert_tokens(mA, first_row, rows)
-                    mB_g = _expert_tokens(mB, first_row, rows)
+                    mA_g = expert_tokens(mA, first_row, rows)
+                    mB_g = expert_tokens(mB, first_row, rows)
                 else:
                     mA_g = cute.domain_offset((0, first_row), mA)
                     mB_g = cute.domain_offset((0, first_row), mB)
@@ -544,7 +518,7 @@ def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> Reason |
     if m % ELEMENT_ALIGN or n % ELEMENT_ALIGN:
         return Reason(ReasonKind.SHAPE, f"M={m} and N={n} must be multiples of {ELEMENT_ALIGN} (TMA's 16-byte "
                                         "strides)")
-    if num_rows >= _BIG or max(m, n) * 2 >= 2**31 or num_experts * (m // 8 + 1) * (n // 8 + 1) >= 2**31:
+    if num_rows >= BIG or max(m, n) * 2 >= 2**31 or num_experts * (m // 8 + 1) * (n // 8 + 1) >= 2**31:
         return Reason(ReasonKind.SHAPE, f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile "
                                         "coordinates")
     return None

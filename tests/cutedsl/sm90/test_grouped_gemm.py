@@ -66,6 +66,22 @@ def test_tiling_configs_compile(knobs):
     check_ptx(compiled, tile_n=config.tile_n, b_k_major=True, pingpong=config.pingpong)
 
 
+@parametrize_quick("knobs", [dict(store="tma", tile_n=256), dict(store="tma", tile_n=128, b_k_major=False)],
+                   ids=config_id)
+def test_tma_store_configs_compile(knobs):
+    """The TMA-store epilogue: D's subtiles through stmatrix into shared memory, then 4-D TMA
+    stores (the ragged view) as bulk groups; no st.global of D; its 32 KB (tile_n 256: 4 subtiles
+    of 128 x 32) or 16 KB of buffers leave 4 and 6 pipeline stages."""
+    compiled = _compiled(knobs)
+    config = compiled.config
+    check_ptx(compiled, tile_n=config.tile_n, b_k_major=config.b_k_major)
+    ptx = compiled.ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta\.tile\.bulk_group", ptx)
+    assert "stmatrix.sync.aligned" in ptx and "cp.async.bulk.commit_group" in ptx
+    assert not re.search(r"st\.global\.(b32|v\d)", ptx)
+    assert config.num_stages() == {256: 4, 128: 6}[config.tile_n]
+
+
 def test_design_and_odd_shapes_are_supported():
     """The shapes the configs compiled here stand for are ones the kernel runs (its only shape
     check: the code is shape-generic)."""
@@ -114,6 +130,12 @@ def test_invalid_configs_are_refused():
         _config(stages=5)
     with pytest.raises(ValueError, match=r"pingpong needs tile_n=128"):
         _config(pingpong=True)
+    with pytest.raises(ValueError, match=r"store must be one of \('regs', 'tma'\), got 'smem'"):
+        _config(store="smem")
+    with pytest.raises(ValueError, match=r"store='tma' needs pingpong=False and no bias"):
+        _config(store="tma", bias_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"store='tma' needs pingpong=False and no bias"):
+        _config(store="tma", tile_n=128, pingpong=True)
 
 
 def test_b_layouts():
@@ -190,6 +212,27 @@ def test_grouped_gemm_over_several_bands(tile_n, pingpong):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
+@pytest.mark.parametrize("n,k", [(64, 96), (264, 64), (40, 520), (512, 2048)])
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+def test_tma_store_is_bitwise_the_register_store(splits, n, k, transposed, tile_n):
+    """The TMA-store epilogue rounds the same fp32 accumulators the same way: every byte of D equals
+    the register-store kernel's, so rows past an expert's end (the next expert's) were not
+    overwritten and no row or column was left unwritten (D comes from torch.empty)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = torch.randn(sum(splits), k, device="cuda").bfloat16()
+    b = expert_weights(len(splits), n, k, transposed)
+    regs = grouped_gemm(a, b, split_sizes, tile_n=tile_n)
+    tma = grouped_gemm(a, b, split_sizes, tile_n=tile_n, store="tma")
+    assert torch.equal(regs, tma)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_grouped_gemm_is_deterministic_and_syncless():
     """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
     from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
@@ -197,7 +240,7 @@ def test_grouped_gemm_is_deterministic_and_syncless():
     splits = torch.tensor([0, 300, 7, 129], device="cuda")
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
-    for options in (dict(), dict(tile_n=128, pingpong=True)):
+    for options in (dict(), dict(tile_n=128, pingpong=True), dict(store="tma")):
         first, second = twice_without_sync(lambda: grouped_gemm(a, b, splits, **options))
         assert torch.equal(first, second), options
 

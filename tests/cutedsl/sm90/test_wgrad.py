@@ -152,28 +152,6 @@ def test_invalid_configs_are_refused():
         compile_wgrad("sm_100a")
 
 
-def test_ragged_view_addresses_only_the_experts_rows():
-    """The TMA view of ``_ragged_tokens`` / ``_expert_tokens``, emulated with Python integers:
-    token r of an expert at [first, first + rows) addresses row first + r (byte offsets mod 2**64,
-    as TMA computes them), in bounds exactly for 0 <= r < rows; the strides are ones TMA takes
-    (multiples of 16 bytes below 2**40) and the coordinates fit its int32s."""
-    from gmlp.cutedsl.sm90 import wgrad
-
-    assert wgrad._BIG * wgrad._WRAP == 2**64
-    for features in (8, 40, 4096, 28672):
-        stride = features * 2  # bytes of a bf16 row
-        strides = (stride, (wgrad._WRAP * 2 - stride), stride)  # modes 1, 2, 3 in bytes
-        assert all(s % 16 == 0 and 0 < s < 2**40 for s in strides)
-        for first, rows in ((0, 0), (0, 1), (5, 64), (1000, 37), (2**29, 2**29 - 1)):
-            extra = (wgrad._BIG, first + rows)  # modes 2, 3
-            assert all(0 <= c < wgrad._MAX for c in extra)
-            for r in {0, 1, max(rows - 1, 0), rows, rows + 63}:
-                token = wgrad._BIG - rows + r  # mode 1
-                offset = (token * strides[0] + extra[0] * strides[1] + extra[1] * strides[2]) % 2**64
-                assert offset == (first + r) * stride
-                assert (0 <= token < wgrad._BIG) == (0 <= r < rows)
-
-
 def test_no_tokens_gives_zeros_without_a_launch():
     """T = 0 (no TMA descriptor can be built): zeros of out_dtype, or out left as it is."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
