@@ -1,11 +1,12 @@
-"""The TMA-store epilogue of the sm_90a token-row kernels: accumulators -> registers -> shared
-memory -> TMA store, clipped at the expert's last row.
+"""The TMA-store epilogue of the sm_90a kernels: accumulators -> registers -> shared memory ->
+TMA store (or TMA reduce-add), clipped by TMA at the tensor's edges.
 
-Per tile, the consumer warpgroups walk the accumulator tile in subtiles of ``epi_tile`` (128 x 32
-when two warpgroups share the tile, 64 x 32 for one; the subtiles in row-major order over the
-tile, which is the order of the accumulator registers once retiled by the ``stmatrix`` copy).
-Per subtile: the fp32 values are rounded to bf16 in registers, written to one of ``STAGES``
-shared-memory buffers with ``stmatrix``, made visible to the async proxy (``fence.proxy.async``),
+Per tile, the consumer warpgroups walk the accumulator tile in subtiles of ``epi_tile`` (128 rows
+when two warpgroups share the tile, 64 for one; 64 bytes of columns: 32 bf16 or 16 fp32; the
+subtiles in row-major order over the tile, which is the order of the accumulator registers once
+retiled by the copy). Per subtile: the fp32 values are rounded to the output's dtype in registers
+(fp32: as they are), written to one of ``STAGES`` shared-memory buffers (``stmatrix`` for 16-bit
+values, 32-bit shared stores for fp32), made visible to the async proxy (``fence.proxy.async``),
 and once every consumer thread has written (named barrier ``BARRIER``), one warp issues the
 TMA store of the buffer and commits it as a bulk group. Before a buffer is written again the
 storing warp waits until at most ``STAGES - 1`` groups still read shared memory
@@ -14,10 +15,13 @@ has. The stores are asynchronous: the next subtile's rounding, and after the til
 mainloop, run while they drain; the buffer index continues across tiles (a count of the tiles
 done), and the kernel ends with ``drain`` (every group complete).
 
-The destination is the ``_tma.ragged_rows`` view of D, so a tile's rows past the expert's end
-(the next expert's) are not written, and columns past N are clipped by TMA: no predicate per
-element. The rounding is the same ``to(BFloat16)`` of the same fp32 accumulators as the
-register-store epilogue, so the two give the same bytes.
+The caller gives the destination view: the token-row kernels the ``_tma.ragged_rows`` view of D,
+so a tile's rows past the expert's end (the next expert's) are not written, and columns past N are
+clipped by TMA; the weight gradient its (M, N, E) output, clipped at M and N. No predicate per
+element. The rounding is the same conversion of the same fp32 accumulators as the register-store
+epilogues, so the two give the same bytes; ``reduce=True`` adds each fp32 value once into the
+destination (TMA's reduce-add at L2: one writer per tile, so the sum ``old + acc`` is the one
+the load-add-store epilogue computes).
 """
 
 from __future__ import annotations
@@ -31,28 +35,26 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 
-from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
-
-__all__ = ["STAGES", "BARRIER", "EPI_N", "epi_tile", "smem_bytes", "StoreOperands", "make_store_operands",
+__all__ = ["STAGES", "BARRIER", "EPI_BYTES", "epi_tile", "smem_bytes", "StoreOperands", "make_store_operands",
            "kernel_arguments", "TileStore"]
 
 STAGES = 4  # shared-memory buffers of the subtiles in flight
-EPI_N = 32  # columns of a subtile
+EPI_BYTES = 64  # bytes of a subtile's row: 32 bf16 or 16 fp32 columns
 # named barrier of the consumer warpgroups' epilogue (0 is the CTA's, 1 the quantizing
 # epilogues', 2-3 the decode's: _decode.FIRST_BARRIER)
 BARRIER = 4
 
 
-def epi_tile(mma_warpgroups: int) -> tuple[int, int]:
-    """(rows, columns) of a subtile: the tile's 128 rows when two warpgroups share it (64 each),
-    64 for one (its two m64 blocks in turn)."""
-    return (64 * mma_warpgroups, EPI_N)
+def epi_tile(mma_warpgroups: int, dtype=BFloat16) -> tuple[int, int]:
+    """(rows, columns) of a subtile of ``dtype``: the tile's 128 rows when two warpgroups share it
+    (64 each), 64 for one (its two m64 blocks in turn); ``EPI_BYTES`` of columns."""
+    return (64 * mma_warpgroups, EPI_BYTES * 8 // dtype.width)
 
 
-def smem_bytes(mma_warpgroups: int) -> int:
-    """Shared memory of the bf16 subtile buffers."""
-    rows, cols = epi_tile(mma_warpgroups)
-    return STAGES * rows * cols * 2
+def smem_bytes(mma_warpgroups: int, dtype=BFloat16) -> int:
+    """Shared memory of the subtile buffers."""
+    rows, _ = epi_tile(mma_warpgroups, dtype)
+    return STAGES * rows * EPI_BYTES
 
 
 class StoreOperands:
@@ -65,12 +67,17 @@ class StoreOperands:
         self.tile = tile
 
 
-def make_store_operands(mD: cute.Tensor, mma_warpgroups: int) -> StoreOperands:
-    """The TMA store of subtiles of a row-major bf16 D (T, N) through its ragged view."""
-    tile = epi_tile(mma_warpgroups)
-    smem_layout = sm90_utils.make_smem_layout_epi(BFloat16, utils.LayoutEnum.from_tensor(mD), tile, STAGES)
+def make_store_operands(destination: cute.Tensor, mma_warpgroups: int, dtype=BFloat16,
+                        reduce: bool = False) -> StoreOperands:
+    """The TMA store (``reduce``: reduce-add) of ``dtype`` subtiles into ``destination``, a tensor
+    whose first two modes are the tile's rows and N-contiguous columns (more modes: coordinates
+    a tile fixes, the expert's)."""
+    tile = epi_tile(mma_warpgroups, dtype)
+    smem_layout = sm90_utils.make_smem_layout_epi(dtype, utils.LayoutEnum.ROW_MAJOR, tile, STAGES)
+    op = (cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp() if reduce
+          else cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp())
     tma_atom, tma_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-        cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), ragged_rows(mD), cute.slice_(smem_layout, (None, None, 0)), tile)
+        op, destination, cute.slice_(smem_layout, (None, None, 0)), tile)
     return StoreOperands(smem_layout, tma_atom, tma_tensor, tile)
 
 
@@ -89,36 +96,34 @@ class TileStore:
     tRS_sD: cute.Tensor  # (R2S, R2S_M, R2S_N, STAGES): this thread's part of the smem buffers
     tRS_acc: cute.Tensor  # the accumulators in subtile order
     values: cute.Tensor  # one subtile's fp32 values
-    rounded: cute.Tensor  # and their bf16 roundings
+    rounded: cute.Tensor  # and their roundings to the output's dtype
     sD: cute.Tensor
-    mD: cute.Tensor  # TMA coordinates of D's ragged view
-    tile_shape: tuple
     tile: tuple
     consumers: int
     store_warp: cutlass.Boolean
     pipeline: pipeline.PipelineTmaStore
 
     @staticmethod
-    def of(tiled_mma: cute.TiledMma, acc: cute.Tensor, sD: cute.Tensor, mD: cute.Tensor, consumer_tidx: Int32,
-           consumers: int, tile_shape: tuple[int, int], tile: tuple[int, int], store_warp) -> TileStore:
+    def of(tiled_mma: cute.TiledMma, acc: cute.Tensor, sD: cute.Tensor, consumer_tidx: Int32, consumers: int,
+           tile: tuple[int, int], store_warp, dtype=BFloat16) -> TileStore:
+        # the stmatrix copy's thread layout, with the store op of the dtype (stmatrix for 16-bit)
         copy_r2s = cute.make_tiled_copy_S(
-            sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=BFloat16, elem_ty_acc=Float32),
+            sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=dtype, elem_ty_acc=Float32),
             cute.make_tiled_copy_C_atom(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), BFloat16),
                                         tiled_mma))
         thr_copy = copy_r2s.get_slice(consumer_tidx)
         staged = cute.shape(thr_copy.partition_S(sD))[:3]
         return TileStore(copy_r2s, thr_copy.partition_D(sD), copy_r2s.retile(acc),
-                         cute.make_rmem_tensor(staged, Float32), cute.make_rmem_tensor(staged, BFloat16), sD, mD,
-                         tile_shape, tile, consumers, store_warp,
+                         cute.make_rmem_tensor(staged, Float32), cute.make_rmem_tensor(staged, dtype), sD, tile,
+                         consumers, store_warp,
                          pipeline.PipelineTmaStore.create(
                              num_stages=STAGES,
                              producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers)))
 
     @cute.jit
-    def store(self, tma_atom: cute.CopyAtom, n_tile: Int32, first_row: Int32, end_row: Int32, tiles_done: Int32):
-        """The tile of rows [first_row, first_row + 128) x columns n_tile * BN + [0, BN) of D; rows
-        from end_row on (the next expert's) and columns past N are left as they are."""
-        gD = cute.local_tile(expert_rows(self.mD, first_row, end_row - first_row), self.tile_shape, (0, n_tile))
+    def store(self, tma_atom: cute.CopyAtom, gD: cute.Tensor, tiles_done: Int32):
+        """The tile at ``gD`` (its TMA coordinates, the tile's shape); what lies outside the
+        destination's bounds is left as it is. ``tiles_done``: the tiles this thread stored before."""
         gD_subtiles = cute.zipped_divide(gD, self.tile)  # ((rows, cols), (subtile m, subtile n))
         bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
             tma_atom, 0, cute.make_layout(1), cute.group_modes(self.sD, 0, 2), gD_subtiles)
@@ -129,7 +134,7 @@ class TileStore:
         for index in cutlass.range_constexpr(subtiles):
             for v in cutlass.range_constexpr(per_subtile):
                 self.values[v] = self.tRS_acc[index * per_subtile + v]
-            self.rounded.store(self.values.load().to(BFloat16))
+            self.rounded.store(self.values.load().to(self.rounded.element_type))
             buffer = (tiles_done * subtiles + index) % STAGES
             cute.copy(self.copy_r2s, self.rounded, self.tRS_sD[(None, None, None, buffer)])
             # the generic-proxy smem writes, visible to the TMA (async proxy) store that reads them

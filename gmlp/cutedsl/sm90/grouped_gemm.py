@@ -91,6 +91,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
+from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
@@ -201,7 +202,7 @@ class GroupedGemmSm90:
             fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         store = None  # store="tma": the subtiles' smem layout and TMA store
         if const_expr(self.tma_store):
-            store = _store.make_store_operands(mD, self.num_mma_warpgroups)
+            store = _store.make_store_operands(ragged_rows(mD), self.num_mma_warpgroups)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart,
@@ -271,8 +272,8 @@ class GroupedGemmSm90:
                 sD = storage.sD.get_tensor(d_smem_layout.outer, swizzle=d_smem_layout.inner)
                 consumers = self.num_mma_warpgroups * THREADS_PER_WARPGROUP
                 # the first consumer warp issues the stores
-                tile_store = _store.TileStore.of(tiled_mma, acc, sD, mD_tma, tidx - THREADS_PER_WARPGROUP, consumers,
-                                                 (TILE_M, self.tile_n), _store.epi_tile(self.num_mma_warpgroups),
+                tile_store = _store.TileStore.of(tiled_mma, acc, sD, tidx - THREADS_PER_WARPGROUP, consumers,
+                                                 _store.epi_tile(self.num_mma_warpgroups),
                                                  warp_idx == THREADS_PER_WARPGROUP // 32)
                 tiles_done = Int32(0)
 
@@ -299,7 +300,10 @@ class GroupedGemmSm90:
                     read_state = skip_k_tiles(read_state, k_tiles)
                     release_state = skip_k_tiles(release_state, k_tiles)
                 if const_expr(self.tma_store):
-                    tile_store.store(tma_atom_d, n_tile, first_row, end_row, tiles_done)
+                    # the ragged view: rows from end_row on (the next expert's) are not written
+                    gD = cute.local_tile(expert_rows(mD_tma, first_row, end_row - first_row), (TILE_M, self.tile_n),
+                                         (0, n_tile))
+                    tile_store.store(tma_atom_d, gD, tiles_done)
                     tiles_done += 1
                 else:
                     self.store_tile(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row)

@@ -70,7 +70,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _decode
+from gmlp.cutedsl.sm90 import _decode, _store
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -124,6 +124,7 @@ _NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
+STORES = ("regs", "tma")  # WgradConfig.store
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,10 @@ class WgradConfig(StagedConfig):
     # compact grouped scales), decoded in the kernel (``_decode``); tile_n = 128, no ping-pong
     a_format: ElementFormat | None = None
     b_format: ElementFormat | None = None
+    # the epilogue's stores: "regs", predicated pairs from the registers (accumulate: loaded,
+    # added, stored); "tma", subtiles staged in shared memory and TMA-stored, or TMA reduce-added
+    # with accumulate (``_store``)
+    store: str = "regs"
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -158,6 +163,11 @@ class WgradConfig(StagedConfig):
             raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
+        if self.store not in STORES:
+            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        if self.store == "tma" and (self.pingpong or self.decoded):
+            raise ValueError(f"store='tma' needs pingpong=False and bf16 operands (the TMA-store epilogue has neither "
+                             f"yet), got pingpong={self.pingpong}, a_format={self.a_format}")
         self.check_stages()
 
     @property
@@ -169,8 +179,9 @@ class WgradConfig(StagedConfig):
         return (TILE_M + self.tile_n) * TILE_K * (1 if self.decoded else 2)
 
     def fixed_bytes(self) -> int:
-        """The decoded A's and B's bf16 buffers, outside the slot ring."""
-        return _decode.buffers_bytes(2) if self.decoded else 0
+        """The decoded A's and B's bf16 buffers and the TMA-store epilogue's subtiles, outside the slot ring."""
+        return ((_decode.buffers_bytes(2) if self.decoded else 0)
+                + (_store.smem_bytes(self.tile_n // 128, _OUT_DTYPES[self.out_dtype]) if self.store == "tma" else 0))
 
 
 
@@ -208,6 +219,7 @@ class GroupedWgradSm90:
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.decoded
         self.operand_dtype = Uint8 if config.decoded else BFloat16
+        self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
@@ -251,9 +263,15 @@ class GroupedWgradSm90:
         if const_expr(self.decoded):  # the wgmmas' bf16 A and B buffers
             fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
             fields["sB16"] = smem_array(BFloat16, cute.cosize(b16_layout))
+        store = None  # store="tma": the subtiles' smem layout and TMA store (reduce-add with accumulate)
+        if const_expr(self.tma_store):
+            out_mne = cute.make_tensor(mOut.iterator, cute.select(mOut.layout, mode=[1, 2, 0]))  # (M, N, E)
+            store = _store.make_store_operands(out_mne, self.num_mma_warpgroups, self.out_dtype, reduce=self.accumulate)
+            fields["sD"] = smem_array(self.out_dtype, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
         launch(self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut,
-                           tiled_mma, a_smem_layout, b_smem_layout, a16_layout, b16_layout),
+                           *_store.kernel_arguments(store), tiled_mma, a_smem_layout, b_smem_layout, a16_layout,
+                           b16_layout),
                num_ctas, self.threads, stream)
 
     @cute.jit
@@ -280,13 +298,17 @@ class GroupedWgradSm90:
         mBlockStart: cute.Tensor | None,
         mRowStart: cute.Tensor,
         mOut: cute.Tensor,
+        tma_atom_d: cute.CopyAtom | None,  # store="tma": the subtiles' TMA store or reduce-add
+        mOut_tma: cute.Tensor | None,  # store="tma": TMA coordinates of out as (M, N, E)
+        d_smem_layout: cute.ComposedLayout | None,  # store="tma": (epi rows, epi cols, _store.STAGES)
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
         a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
         b16_layout: cute.ComposedLayout,  # decoded: (BN, BK, DECODE_BUFFERS) bf16
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        atoms = (tma_atom_a, tma_atom_b, tma_atom_d) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # full[s]: armed by the producer with the slot's TMA bytes (zero-filled rows count too);
         # empty[s]: one arrive per consumer warp once its wgmmas reading slot s completed.
@@ -361,6 +383,13 @@ class GroupedWgradSm90:
             k_blocks = cute.size(tCrA, mode=[2])
             read_state, release_state = consumer_states(self.stages)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            if const_expr(self.tma_store):
+                sD = storage.sD.get_tensor(d_smem_layout.outer, swizzle=d_smem_layout.inner)
+                # the first consumer warp issues the stores
+                tile_store = _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, self.consumer_threads,
+                                                 _store.epi_tile(self.num_mma_warpgroups, self.out_dtype),
+                                                 warp_idx == THREADS_PER_WARPGROUP // 32, self.out_dtype)
+                tiles_done = Int32(0)
 
             item = bidx
             item_step = grid
@@ -433,47 +462,62 @@ class GroupedWgradSm90:
                         read_state = skip_k_tiles(read_state, skipped)
                         release_state = skip_k_tiles(release_state, skipped)
 
-                # Epilogue: tile (m_tile, n_tile) of out[g]; only rows < M and columns < N.
-                # Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of one row (c even;
-                # N % 8 == 0, so both or neither are < N): one 64-bit (fp32) or 32-bit (bf16)
-                # access of the pair.
-                limits = (m - m_tile * TILE_M, n - n_tile * self.tile_n)
-                gOut = cute.local_tile(mOut[(g, None, None)], (TILE_M, self.tile_n), (m_tile, n_tile))
-                tCgOut = thr_mma.partition_C(gOut)
-                if const_expr(self.out_dtype == Float32):
-                    tCgPairs = cute.recast_tensor(tCgOut, Int64)
-                    acc_pairs = cute.recast_tensor(acc, Int64)
-                    if const_expr(self.accumulate):
-                        if k_tiles > 0:  # an empty expert adds nothing
-                            # chunks of pairs: a chunk's loads in flight together, then its
-                            # adds and stores (all loads first would spill the accumulators)
-                            previous = cute.make_rmem_tensor((2 * self.add_chunk,), Float32)
-                            previous_pairs = cute.recast_tensor(previous, Int64)
-                            for chunk in cutlass.range_constexpr(cute.size(acc_pairs) // self.add_chunk):
-                                for j in cutlass.range_constexpr(self.add_chunk):
-                                    i = chunk * self.add_chunk + j
-                                    if cute.elem_less(tCcD[2 * i], limits):
-                                        previous_pairs[j] = tCgPairs[i]
-                                for j in cutlass.range_constexpr(self.add_chunk):
-                                    i = chunk * self.add_chunk + j
-                                    if cute.elem_less(tCcD[2 * i], limits):
-                                        acc[2 * i] = acc[2 * i] + previous[2 * j]
-                                        acc[2 * i + 1] = acc[2 * i + 1] + previous[2 * j + 1]
-                                        tCgPairs[i] = acc_pairs[i]
-                    else:
-                        for i in cutlass.range_constexpr(cute.size(acc_pairs)):
-                            if cute.elem_less(tCcD[2 * i], limits):
-                                tCgPairs[i] = acc_pairs[i]
-                else:  # bf16: the fp32 sums rounded once, stored as pairs through Int32 views
-                    tCgPairs = cute.recast_tensor(tCgOut, Int32)
-                    pair = cute.make_rmem_tensor((2,), BFloat16)
-                    pair_bits = cute.recast_tensor(pair, Int32)
-                    for i in cutlass.range_constexpr(cute.size(tCgPairs)):
-                        if cute.elem_less(tCcD[2 * i], limits):
-                            pair[0] = acc[2 * i].to(BFloat16)
-                            pair[1] = acc[2 * i + 1].to(BFloat16)
-                            tCgPairs[i] = pair_bits[0]
+                if const_expr(self.tma_store):
+                    # tile (m_tile, n_tile) of out[g], clipped at M and N by TMA; an empty expert
+                    # adds nothing (accumulate) or stores its zeros
+                    if k_tiles > 0 or not self.accumulate:
+                        gOut = cute.local_tile(mOut_tma[(None, None, g)], (TILE_M, self.tile_n), (m_tile, n_tile))
+                        tile_store.store(tma_atom_d, gOut, tiles_done)
+                        tiles_done += 1
+                else:
+                    self.store_tile(acc, thr_mma, tCcD, mOut, g, m_tile, n_tile, k_tiles)
                 item += item_step
+            if const_expr(self.tma_store):
+                tile_store.drain()
+
+    @cute.jit
+    def store_tile(self, acc: cute.Tensor, thr_mma, tCcD: cute.Tensor, mOut: cute.Tensor, g: Int32, m_tile: Int32,
+                   n_tile: Int32, k_tiles: Int32):
+        """Epilogue from the registers: tile (m_tile, n_tile) of out[g]; only rows < M and columns
+        < N. Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of one row (c even; N % 8 ==
+        0, so both or neither are < N): one 64-bit (fp32) or 32-bit (bf16) access of the pair."""
+        _, m, n = mOut.shape
+        limits = (m - m_tile * TILE_M, n - n_tile * self.tile_n)
+        gOut = cute.local_tile(mOut[(g, None, None)], (TILE_M, self.tile_n), (m_tile, n_tile))
+        tCgOut = thr_mma.partition_C(gOut)
+        if const_expr(self.out_dtype == Float32):
+            tCgPairs = cute.recast_tensor(tCgOut, Int64)
+            acc_pairs = cute.recast_tensor(acc, Int64)
+            if const_expr(self.accumulate):
+                if k_tiles > 0:  # an empty expert adds nothing
+                    # chunks of pairs: a chunk's loads in flight together, then its
+                    # adds and stores (all loads first would spill the accumulators)
+                    previous = cute.make_rmem_tensor((2 * self.add_chunk,), Float32)
+                    previous_pairs = cute.recast_tensor(previous, Int64)
+                    for chunk in cutlass.range_constexpr(cute.size(acc_pairs) // self.add_chunk):
+                        for j in cutlass.range_constexpr(self.add_chunk):
+                            i = chunk * self.add_chunk + j
+                            if cute.elem_less(tCcD[2 * i], limits):
+                                previous_pairs[j] = tCgPairs[i]
+                        for j in cutlass.range_constexpr(self.add_chunk):
+                            i = chunk * self.add_chunk + j
+                            if cute.elem_less(tCcD[2 * i], limits):
+                                acc[2 * i] = acc[2 * i] + previous[2 * j]
+                                acc[2 * i + 1] = acc[2 * i + 1] + previous[2 * j + 1]
+                                tCgPairs[i] = acc_pairs[i]
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc_pairs)):
+                    if cute.elem_less(tCcD[2 * i], limits):
+                        tCgPairs[i] = acc_pairs[i]
+        else:  # bf16: the fp32 sums rounded once, stored as pairs through Int32 views
+            tCgPairs = cute.recast_tensor(tCgOut, Int32)
+            pair = cute.make_rmem_tensor((2,), BFloat16)
+            pair_bits = cute.recast_tensor(pair, Int32)
+            for i in cutlass.range_constexpr(cute.size(tCgPairs)):
+                if cute.elem_less(tCcD[2 * i], limits):
+                    pair[0] = acc[2 * i].to(BFloat16)
+                    pair[1] = acc[2 * i + 1].to(BFloat16)
+                    tCgPairs[i] = pair_bits[0]
 
     @cute.jit
     def k_tiles_of(self, mRowStart: cute.Tensor, item: Int32, tiles_per_expert: Int32) -> Int32:
@@ -552,6 +596,7 @@ def grouped_wgrad(
     tile_n: int | None = None,  # 256 (bf16 operands) or 128 (decoded ones, the only width they take)
     ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (WgradConfig)
+    store: str = "regs",  # the epilogue's stores, "regs" or "tma" (WgradConfig)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -603,7 +648,9 @@ def grouped_wgrad(
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
                              pingpong=pingpong, a_format=None if formats is None else formats[0],
-                             b_format=None if formats is None else formats[1])
+                             b_format=None if formats is None else formats[1], store=store)
+        if store == "tma":
+            check_tma_bases(out=out)  # the TMA store's destination
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
         block_start = groups.block_start if formats is not None else None
         run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, *scales, block_start,

@@ -37,6 +37,7 @@ K_TAILS = {"ragged-tma": dict(), "smem-mask": dict(ragged_tma=False)}
 VARIANTS = {f"{tail}-{tile_n}": dict(tile_n=tile_n, **options) for tail, options in K_TAILS.items()
             for tile_n in (128, 256)}
 VARIANTS["pingpong-128"] = dict(tile_n=128, pingpong=True)
+VARIANTS.update({f"tma-store-{tile_n}": dict(tile_n=tile_n, store="tma") for tile_n in (128, 256)})
 
 
 def _config(**kwargs):
@@ -113,6 +114,26 @@ def test_pingpong_configs_compile(knobs):
     check_ptx(_compiled(knobs))
 
 
+@parametrize_quick("knobs", [dict(tile_n=256, store="tma", **OUTPUTS[output]) for output in OUTPUTS]
+                   + [dict(tile_n=128, store="tma")], ids=config_id)
+def test_tma_store_configs_compile(knobs):
+    """The TMA-store epilogue: subtiles through shared memory (stmatrix for bf16, 32-bit shared
+    stores for fp32), then 3-D TMA stores of out (E, M, N), reduce-adds with accumulate; no
+    global stores or pair loads of out, no spills; 4 (tile_n 256) and 6 (128) pipeline stages."""
+    compiled = _compiled(knobs)
+    config, ptx = compiled.config, compiled.ptx
+    stores = set(re.findall(r"cp\.(reduce\.)?async\.bulk\.tensor\.3d\.global\.shared::cta\.(add\.)?tile", ptx))
+    assert stores == ({("reduce.", "add.")} if config.accumulate else {("", "")}), stores
+    assert ("stmatrix.sync.aligned" in ptx) == (config.out_dtype == torch.bfloat16)
+    assert "st.global" not in ptx and not re.search(r"ld\.global\.(v2\.b32|v2\.f32|b64)", ptx)  # out's pairs
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert config.num_stages() == {256: 4, 128: 6}[config.tile_n]
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+
+
 def test_design_and_odd_shapes_are_supported():
     """The shapes the configs compiled here stand for are ones the kernel runs (its only shape
     check: the code is shape-generic)."""
@@ -150,6 +171,10 @@ def test_invalid_configs_are_refused():
         _config(accumulate=True, out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="arch must be one of"):
         compile_wgrad("sm_100a")
+    with pytest.raises(ValueError, match=r"store must be one of \('regs', 'tma'\), got 'smem'"):
+        _config(store="smem")
+    with pytest.raises(ValueError, match=r"store='tma' needs pingpong=False and bf16 operands"):
+        _config(tile_n=128, pingpong=True, store="tma")
 
 
 def test_no_tokens_gives_zeros_without_a_launch():
@@ -276,6 +301,33 @@ def test_wgrad_design_like_problem(variant):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("m,n", [(64, 96), (264, 40), (136, 520)], ids=str)
+@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+def test_tma_store_is_bitwise_the_register_store(splits, m, n, tile_n):
+    """The TMA-store epilogue writes the same bytes as the register stores: fp32 sums, their bf16
+    roundings, and with out= the TMA reduce-add gives the same single fp32 add old + sum as the
+    load-add-store (an empty expert's block of out left as it was)."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = torch.randn(sum(splits), m, device="cuda").bfloat16()
+    b = torch.randn(sum(splits), n, device="cuda").bfloat16()
+    for out_dtype in (torch.float32, torch.bfloat16):
+        regs = grouped_wgrad(a, b, split_sizes, out_dtype=out_dtype, tile_n=tile_n)
+        tma = grouped_wgrad(a, b, split_sizes, out_dtype=out_dtype, tile_n=tile_n, store="tma")
+        assert torch.equal(regs.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+                           tma.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32)), out_dtype
+    main_grad = torch.randn(len(splits), m, n, device="cuda")
+    by_regs, by_tma = main_grad.clone(), main_grad.clone()
+    grouped_wgrad(a, b, split_sizes, out=by_regs, tile_n=tile_n)
+    grouped_wgrad(a, b, split_sizes, out=by_tma, tile_n=tile_n, store="tma")
+    assert torch.equal(by_regs.view(torch.int32), by_tma.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_wgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same output; no host sync in the launch (split sizes stay on the device)."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
@@ -285,6 +337,6 @@ def test_wgrad_is_deterministic_and_syncless():
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = torch.randn(436, 512, device="cuda").bfloat16()
     groups = device_groups(splits, 436)
-    for options in (dict(), VARIANTS["pingpong-128"]):
+    for options in (dict(), VARIANTS["pingpong-128"], VARIANTS["tma-store-256"]):
         first, second = twice_without_sync(lambda: grouped_wgrad(a, b, splits, groups=groups, **options))
         assert torch.equal(first, second), options
