@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import pathlib
 import re
@@ -48,7 +49,7 @@ TIME_UNITS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond
               "s": 1e3}  # ncu names its units either way, by version
 
 
-def _child(shape: str, gemms: list[str], variants: list[str]) -> None:
+def _child(shape: str, gemms: list[str], variants: list[str], config: dict) -> None:
     """Under ncu: warm every callable, then run each once in the profiled range, NVTX-named."""
     from gmlp.bench.gemm import _gemms, _operands
     from gmlp.bench.mlp import SHAPES
@@ -61,7 +62,7 @@ def _child(shape: str, gemms: list[str], variants: list[str]) -> None:
         calls.append((f"{name}|torch", gemm["baseline"]))
         for variant in variants:
             configs = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
-            calls.append((f"{name}|{variant}", gemm[variant](configs[0])))  # the kernel's default config
+            calls.append((f"{name}|{variant}", gemm[variant]({**configs[0], **config})))  # the default, + --config
     for _, call in calls:
         call(), call()
     torch.cuda.synchronize()
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", default="deepseek-v3-rank", help="one of bench mlp's SHAPES")
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
     parser.add_argument("--variants", default="cutedsl", help="bench gemm's variants beside torch, e.g. cutedsl-decode")
+    parser.add_argument("--config", default="{}", type=json.loads,
+                        help='JSON of launcher options over each kernel\'s default, e.g. \'{"store": "tma"}\'')
     parser.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     parser.add_argument("--import", dest="report", default=None,
                         help="read this .ncu-rep (an earlier run's) instead of profiling")
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     gemms, variants = args.gemms.split(","), args.variants.split(",")
     if args.child:
-        _child(args.shape, gemms, variants)
+        _child(args.shape, gemms, variants, args.config)
         return
     ncu = shutil.which(args.ncu)
     if ncu is None:
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                    "all", *(f"--section={s}" for s in SECTIONS), "--metrics", ",".join(EXTRA_METRICS),
                    "--force-overwrite", "-o", str(report.with_suffix("")),  # ncu appends .ncu-rep
                    sys.executable, "-m", "gmlp.bench", "ncu", "--child", "--shape", args.shape,
-                   "--gemms", args.gemms, "--variants", args.variants]
+                   "--gemms", args.gemms, "--variants", args.variants, "--config", json.dumps(args.config)]
         print(" ".join(command), flush=True)
         subprocess.run(command, check=True)
     raw = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw", "--print-nvtx-rename", "kernel"],
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(_parse(raw))
     table = markdown(summary)
     print(table)
-    path = results.write(dict(bench="ncu", **environment(torch.device("cuda")), shape=args.shape,
+    path = results.write(dict(bench="ncu", **environment(torch.device("cuda")), shape=args.shape, config=args.config,
                               sections=list(SECTIONS), summary=summary,
                               table=table, report=report.name), complete=True)
     print(path)
