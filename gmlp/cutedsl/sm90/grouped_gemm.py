@@ -112,6 +112,7 @@ __all__ = [
 
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 STORES = ("regs", "tma")  # KernelConfig.store
+DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
 
 
@@ -403,7 +404,7 @@ def grouped_gemm(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int = 256,
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (KernelConfig)
-    store: str = "regs",  # the epilogue's stores, "regs" or "tma" (KernelConfig)
+    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (KernelConfig); None: DEFAULT_STORE where it applies
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
@@ -417,6 +418,8 @@ def grouped_gemm(
     check_problem(_NAME, problem_support(tokens, n, k, experts))
     check_tma_bases(a=a, b=b)
     check_optional("bias", bias, (experts, n))
+    if store is None:
+        store = DEFAULT_STORE if bias is None and not pingpong else "regs"
     config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
                           pingpong=pingpong, a_format=a_format, store=store)
 

@@ -125,6 +125,7 @@ TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
 STORES = ("regs", "tma")  # WgradConfig.store
+DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
 
 
 @dataclass(frozen=True)
@@ -596,7 +597,7 @@ def grouped_wgrad(
     tile_n: int | None = None,  # 256 (bf16 operands) or 128 (decoded ones, the only width they take)
     ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (WgradConfig)
-    store: str = "regs",  # the epilogue's stores, "regs" or "tma" (WgradConfig)
+    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (WgradConfig); None: DEFAULT_STORE where it applies
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -645,6 +646,8 @@ def grouped_wgrad(
         if tokens == 0:
             return out.zero_()
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
+    if store is None:
+        store = DEFAULT_STORE if formats is None and not pingpong else "regs"
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
                              pingpong=pingpong, a_format=None if formats is None else formats[0],
