@@ -112,7 +112,7 @@ __all__ = [
 
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 STORES = ("regs", "tma")  # KernelConfig.store
-DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
+DEFAULT_STORE = "tma"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
 
 

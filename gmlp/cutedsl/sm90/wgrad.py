@@ -125,7 +125,7 @@ TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
 STORES = ("regs", "tma")  # WgradConfig.store
-DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
+DEFAULT_STORE = "tma"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
 
 
 @dataclass(frozen=True)
