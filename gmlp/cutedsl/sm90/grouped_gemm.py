@@ -29,9 +29,12 @@ schedule, the mainloop, the compile and the launcher's common checks are the sha
   (T, K) tensor at the expert's first row: rows past the expert's end are the next expert's (or
   TMA's zero fill past T); they only reach accumulator rows that are never stored. K tails are
   zero-filled by TMA. B_g is the expert coordinate of a 3-D (N, K, E) descriptor.
-- Epilogue, from the accumulator registers: + bias (fp32), round to bf16, predicated 32-bit
-  stores (a thread's adjacent column pair) of the rows below the expert's end and the columns
-  below N (rows past the end belong to the next expert, so no full-tile TMA store).
+- Epilogue (``KernelConfig.store``): "tma", the default without a bias or ping-pong, rounds to
+  bf16 into shared-memory subtiles and TMA-stores them through the ragged view of D that ends at
+  the expert's last row (``_store``, ``_tma.ragged_rows``), overlapped with the next subtile and
+  the next tile's mainloop; "regs" adds the bias (fp32), rounds to bf16 and stores predicated
+  32-bit pairs (a thread's adjacent columns) of the rows below the expert's end and the columns
+  below N. Both give the same bytes.
 - Ping-pong (``KernelConfig.pingpong``, BN = 128): the two consumer warpgroups take alternate
   work items of the CTA, each a whole 128 x 128 tile, so one's epilogue overlaps the other's
   mainloop. They share the producer's slot ring in item order: each skips the other's k-tiles

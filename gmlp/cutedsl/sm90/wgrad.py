@@ -30,10 +30,13 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
   ``stages`` slots of an A and a B tile, full/empty mbarriers (``PipelineTmaAsync``); the
   producer runs ahead across items, so the next tile's loads overlap this tile's epilogue.
-- Epilogue from the accumulator registers, predicated at the M and N tails: a thread's adjacent
-  column pair is one 64-bit store (fp32) or 32-bit store (bf16); with ``accumulate`` the fp32 pair
-  of ``out`` is loaded, added and stored back (an empty expert's tile is skipped: nothing is
-  added). Without ping-pong it is not overlapped with the next mainloop.
+- Epilogue (``WgradConfig.store``): "tma", the default for bf16 operands without ping-pong,
+  stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
+  at M and N, or with ``accumulate`` TMA-reduce-adds them into the fp32 out (``_store``); "regs"
+  stores from the accumulator registers, predicated at the M and N tails: a thread's adjacent
+  column pair is one 64-bit store (fp32) or 32-bit store (bf16), and with ``accumulate`` the fp32
+  pair of ``out`` is loaded, added and stored back. Either way an empty expert's tile adds
+  nothing, and the sum is the single fp32 add ``old + acc``: the two give the same bytes.
 - Decoded operands (``WgradConfig.a_format`` / ``b_format``, BN = 128): A and B given as the
   columnwise MXFP8 quantizations the layer keeps (Q_col data (features, T), K-major along the
   tokens; compact scales, each expert's 32-token blocks from its first token at
