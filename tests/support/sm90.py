@@ -155,8 +155,12 @@ def check_fc2_dgrad_ptx(compiled) -> None:
         assert len(re.findall(r"ld\.global\.b32", ptx)) >= pairs * halves
     else:
         assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == pairs * halves
-    stores = (0 if quantized else pairs * halves) + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
+    tma_store = config.store == "tma"  # bf16 dh through shared memory and 4-D TMA stores (the ragged view)
+    stores = (0 if quantized or tma_store else pairs * halves) + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
     assert len(re.findall(r"st\.global\.b32", ptx)) == stores
+    assert bool(re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta\.tile\.bulk_group", ptx)) == tma_store
+    # tile_n / 32 subtiles of 16 values a thread: one 4-matrix stmatrix per 8 of d gate, of d up
+    assert len(re.findall(r"stmatrix\.sync\.aligned", ptx)) == (tile_n // 32 * 2 * halves if tma_store else 0)
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:

@@ -90,22 +90,29 @@ def kernel_arguments(store: StoreOperands | None) -> tuple:
 class TileStore:
     """Device side, built once per consumer thread before the item loop (``of``, in the kernel's
     trace): the ``stmatrix`` copy, its partition of the smem buffers and of the accumulators, the
-    register staging, and the store pipeline. ``store`` writes one tile; ``drain`` ends the kernel."""
+    register staging, and the store pipeline. ``store`` writes one tile of the accumulators;
+    ``subtiles`` and ``write`` serve an epilogue that computes its own values (several outputs a
+    subtile, each a staged tensor in the accumulators' subtile order); ``drain`` ends the kernel.
+
+    With ``outputs`` outputs a subtile, the buffers are ``STAGES // outputs`` groups of
+    ``outputs`` (a subtile's stores are one bulk group), so a group is reused after the stores
+    of the subtile that last used it completed."""
 
     copy_r2s: cute.TiledCopy
     tRS_sD: cute.Tensor  # (R2S, R2S_M, R2S_N, STAGES): this thread's part of the smem buffers
-    tRS_acc: cute.Tensor  # the accumulators in subtile order
+    tRS_acc: cute.Tensor  # the accumulators in subtile order: subtile s is values [s * size, (s + 1) * size)
     values: cute.Tensor  # one subtile's fp32 values
     rounded: cute.Tensor  # and their roundings to the output's dtype
     sD: cute.Tensor
     tile: tuple
     consumers: int
+    outputs: int
     store_warp: cutlass.Boolean
     pipeline: pipeline.PipelineTmaStore
 
     @staticmethod
     def of(tiled_mma: cute.TiledMma, acc: cute.Tensor, sD: cute.Tensor, consumer_tidx: Int32, consumers: int,
-           tile: tuple[int, int], store_warp, dtype=BFloat16) -> TileStore:
+           tile: tuple[int, int], store_warp, dtype=BFloat16, outputs: int = 1) -> TileStore:
         # the stmatrix copy's thread layout, with the store op of the dtype (stmatrix for 16-bit)
         copy_r2s = cute.make_tiled_copy_S(
             sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=dtype, elem_ty_acc=Float32),
@@ -115,36 +122,60 @@ class TileStore:
         staged = cute.shape(thr_copy.partition_S(sD))[:3]
         return TileStore(copy_r2s, thr_copy.partition_D(sD), copy_r2s.retile(acc),
                          cute.make_rmem_tensor(staged, Float32), cute.make_rmem_tensor(staged, dtype), sD, tile,
-                         consumers, store_warp,
+                         consumers, outputs, store_warp,
                          pipeline.PipelineTmaStore.create(
-                             num_stages=STAGES,
+                             num_stages=STAGES // outputs,
                              producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers)))
 
+    def staging(self, dtype=None) -> cute.Tensor:
+        """A register tensor of one subtile's values of one output (``dtype``: the store's)."""
+        return cute.make_rmem_tensor(self.rounded.shape, dtype if dtype is not None else self.rounded.element_type)
+
     @cute.jit
-    def store(self, tma_atom: cute.CopyAtom, gD: cute.Tensor, tiles_done: Int32):
-        """The tile at ``gD`` (its TMA coordinates, the tile's shape); what lies outside the
-        destination's bounds is left as it is. ``tiles_done``: the tiles this thread stored before."""
+    def subtiles(self, tma_atom: cute.CopyAtom, gD: cute.Tensor):
+        """(count, order, bSG_sD, bSG_gD) of a tile at ``gD`` (its TMA coordinates, the tile's
+        shape): its subtiles, index -> (m, n) subtile coordinate (n fastest: the accumulators'
+        order), and the TMA partitions of the smem buffers and of the destination by subtile."""
         gD_subtiles = cute.zipped_divide(gD, self.tile)  # ((rows, cols), (subtile m, subtile n))
         bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
             tma_atom, 0, cute.make_layout(1), cute.group_modes(self.sD, 0, 2), gD_subtiles)
         grid = gD_subtiles.shape[1]
-        order = cute.make_layout(grid, stride=(grid[1], 1))  # subtile index -> (m, n), n fastest
+        return cute.size(gD_subtiles, mode=[1]), cute.make_layout(grid, stride=(grid[1], 1)), bSG_sD, bSG_gD
+
+    @cute.jit
+    def write(self, tma_atom: cute.CopyAtom, bSG_sD: cute.Tensor, staged: tuple, destinations: tuple, coord,
+              sequence: Int32, stored):
+        """One subtile: each staged tensor of ``staged`` (this thread's values of one output) into
+        its smem buffer, then, once every consumer thread has written, one warp TMA-stores buffer o
+        at ``destinations[o][(None, coord)]`` (``stored`` false: none, the subtile lies outside the
+        output) as one bulk group. ``sequence``: the subtiles this thread wrote before."""
+        group = sequence % (STAGES // self.outputs)
+        for o in cutlass.range_constexpr(len(staged)):
+            cute.copy(self.copy_r2s, staged[o], self.tRS_sD[(None, None, None, group * self.outputs + o)])
+        # the generic-proxy smem writes, visible to the TMA (async proxy) store that reads them
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
+        if self.store_warp:
+            if stored:
+                for o in cutlass.range_constexpr(len(staged)):
+                    cute.copy(tma_atom, bSG_sD[(None, group * self.outputs + o)], destinations[o][(None, coord)])
+            self.pipeline.producer_commit()
+            self.pipeline.producer_acquire()  # the group written next is free once this returns
+        cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
+
+    @cute.jit
+    def store(self, tma_atom: cute.CopyAtom, gD: cute.Tensor, tiles_done: Int32):
+        """The accumulators' tile at ``gD`` (its TMA coordinates, the tile's shape), rounded to the
+        store's dtype; what lies outside the destination's bounds is left as it is.
+        ``tiles_done``: the tiles this thread stored before."""
+        subtiles, order, bSG_sD, bSG_gD = self.subtiles(tma_atom, gD)
         per_subtile = cute.size(self.values)
-        subtiles = cute.size(gD_subtiles, mode=[1])
         for index in cutlass.range_constexpr(subtiles):
             for v in cutlass.range_constexpr(per_subtile):
                 self.values[v] = self.tRS_acc[index * per_subtile + v]
             self.rounded.store(self.values.load().to(self.rounded.element_type))
-            buffer = (tiles_done * subtiles + index) % STAGES
-            cute.copy(self.copy_r2s, self.rounded, self.tRS_sD[(None, None, None, buffer)])
-            # the generic-proxy smem writes, visible to the TMA (async proxy) store that reads them
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
-            if self.store_warp:
-                cute.copy(tma_atom, bSG_sD[(None, buffer)], bSG_gD[(None, order.get_hier_coord(index))])
-                self.pipeline.producer_commit()
-                self.pipeline.producer_acquire()  # the buffer written next is free once this returns
-            cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
+            self.write(tma_atom, bSG_sD, (self.rounded,), (bSG_gD,), order.get_hier_coord(index),
+                       tiles_done * subtiles + index, True)
 
     @cute.jit
     def drain(self):

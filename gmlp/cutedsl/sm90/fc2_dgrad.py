@@ -90,7 +90,7 @@ from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl._quantize_kernel import _as_f32
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -135,6 +135,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -157,6 +158,8 @@ DEFAULT_TILE_N = {"bf16": 256, "mxfp8": QUANTIZED_TILE_N}
 # MXFP8: 8 more registers a consumer thread, 16 fewer a producer one (128 x 24 + 256 x 240 = 384 x 168)
 QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+STORES = ("regs", "tma")  # FC2DgradConfig.store
+DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (a bf16 dh from a bf16 dy)
 
 
 def _quantized_tile_n_reason(tile_n: int) -> str:
@@ -181,6 +184,9 @@ class FC2DgradConfig(StagedConfig):
     e5m2: bool = False  # the gradient format E5M2 instead of E4M3 (quantized only)
     floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
     a_format: ElementFormat | None = None  # an MXFP8 dy (rowwise, compact scales) decoded in the kernel
+    # a bf16 dh's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
+    # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
+    store: str = "regs"
 
     def __post_init__(self):
         if self.tile_n not in TILE_NS:
@@ -192,6 +198,12 @@ class FC2DgradConfig(StagedConfig):
             raise ValueError("e5m2 and floor_scales need quantized=True (a bf16 dh has no scales)")
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
             raise ValueError(_quantized_tile_n_reason(self.tile_n))
+        if self.store not in STORES:
+            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        if self.store == "tma" and (self.quantized or self.a_format is not None):
+            raise ValueError(f"store='tma' needs a bf16 dh and a bf16 dy (the TMA-store epilogue has neither the "
+                             f"quantized outputs nor the decode buffers yet), got quantized={self.quantized}, "
+                             f"a_format={self.a_format}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -205,8 +217,11 @@ class FC2DgradConfig(StagedConfig):
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
-        (20 KB, reused by the d gate and d up halves), none for bf16."""
-        return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
+        (20 KB, reused by the d gate and d up halves), the TMA store's subtiles, none for bf16 from
+        the registers."""
+        if self.quantized:
+            return _quantize_epilogue.SMEM_BYTES
+        return _store.smem_bytes(_CONSUMER_WARPGROUPS) if self.store == "tma" else 0
 
     def slot_name(self) -> str:
         return (f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
@@ -240,6 +255,7 @@ class FC2DgradSm90:
             if config.quantized else register_split(self.threads)
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
+        self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
@@ -269,12 +285,17 @@ class FC2DgradSm90:
             fields.update(_quantize_epilogue.smem_fields())
         if const_expr(self.decoded):
             fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
+        store = None  # store="tma": the subtiles' smem layout and TMA store of dh's ragged view
+        if const_expr(self.tma_store):
+            store = _store.make_store_operands(ragged_rows(mDh), _CONSUMER_WARPGROUPS)
+            fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart,
                            mTileStart, mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData,
-                           mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+                           mColScale, *_store.kernel_arguments(store), ops.tiled_mma, ops.a_smem_layout,
+                           ops.b_smem_layout, a16_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -297,12 +318,16 @@ class FC2DgradSm90:
         mRowScale: cute.Tensor | None,
         mColData: cute.Tensor | None,
         mColScale: cute.Tensor | None,
+        tma_atom_h: cute.CopyAtom | None,  # store="tma": the dh subtiles' TMA store
+        mDh_tma: cute.Tensor | None,  # store="tma": TMA coordinates of dh's ragged view (BIG, N1, MAX, MAX)
+        h_smem_layout: cute.ComposedLayout | None,  # store="tma": (128, 32, _store.STAGES) bf16
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
         a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        atoms = (tma_atom_a, tma_atom_b, tma_atom_h) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
@@ -345,6 +370,16 @@ class FC2DgradSm90:
             row_probs = cute.make_rmem_tensor((2,), Float32)
             row_dprobs = cute.make_rmem_tensor((2,), Float32)
             read_state, release_state = consumer_states(self.stages)
+            if const_expr(self.tma_store):
+                sH = storage.sD.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
+                # d gate and d up of a subtile, one bulk group; the first consumer warp stores
+                consumers = _CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
+                tile_store = _store.TileStore.of(tiled_mma, acc, sH, mma_tidx, consumers,
+                                                 _store.epi_tile(_CONSUMER_WARPGROUPS),
+                                                 warp_idx == THREADS_PER_WARPGROUP // 32,
+                                                 outputs=2 if self.gated else 1)
+                gate_stage, up_stage = tile_store.staging(), tile_store.staging()
+                subtiles_done = Int32(0)
 
             item = bidx
             while item < items.count:
@@ -368,14 +403,23 @@ class FC2DgradSm90:
                 tile = (TILE_M, self.tile_n)
                 tCgG = cute.recast_tensor(thr_mma.partition_C(
                     cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
-                if const_expr(not self.quantized):
+                if const_expr(self.tma_store):
+                    # dh's tile by subtiles of 32 columns (4 column groups j each), d gate at
+                    # col0 and d up at F + col0 of the ragged view (rows from end_row on unwritten)
+                    gH = cute.local_tile(expert_rows(mDh_tma, first_row, end_row - first_row), tile, (0, n_tile))
+                    _, order, bSG_sH, bSG_gH = tile_store.subtiles(tma_atom_h, gH)
+                    bSG_gHU = bSG_gH
+                    if const_expr(self.gated):
+                        _, _, _, bSG_gHU = tile_store.subtiles(
+                            tma_atom_h, cute.domain_offset((0, ffn), gH))
+                elif const_expr(not self.quantized):
                     tCgH = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
                 tCgU = None
                 if const_expr(self.gated):
                     tCgU = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
-                    if const_expr(not self.quantized):
+                    if const_expr(not self.quantized and not self.tma_store):
                         tCgHU = cute.recast_tensor(thr_mma.partition_C(
                             cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
                 if const_expr(self.quantized):
@@ -396,6 +440,10 @@ class FC2DgradSm90:
                         group_sums.fill(0.0)  # masked elements add 0
                     for slot in cutlass.range_constexpr(2):
                         i = 2 * j + slot
+                        staged = 4 * (j % 4) + 2 * slot  # the pair's place in its subtile's staging
+                        if const_expr(self.tma_store):  # a masked pair's values are never stored
+                            gate_stage[staged], gate_stage[staged + 1] = BFloat16(0.0), BFloat16(0.0)
+                            up_stage[staged], up_stage[staged + 1] = BFloat16(0.0), BFloat16(0.0)
                         if cute.elem_less(tCcD[2 * i], limits):
                             grad = (acc[2 * i], acc[2 * i + 1])
                             pair_bits[0] = tCgG[i]
@@ -405,11 +453,16 @@ class FC2DgradSm90:
                                 pair_bits[0] = tCgU[i]
                                 up = (pair[0].to(Float32), pair[1].to(Float32))
                             d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
-                            pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
-                            tCgH[i] = pair_bits[0]
-                            if const_expr(self.gated):
-                                pair[0], pair[1] = d0[1].to(BFloat16), d1[1].to(BFloat16)
-                                tCgHU[i] = pair_bits[0]
+                            if const_expr(self.tma_store):
+                                gate_stage[staged], gate_stage[staged + 1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
+                                if const_expr(self.gated):
+                                    up_stage[staged], up_stage[staged + 1] = d0[1].to(BFloat16), d1[1].to(BFloat16)
+                            else:
+                                pair[0], pair[1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
+                                tCgH[i] = pair_bits[0]
+                                if const_expr(self.gated):
+                                    pair[0], pair[1] = d0[1].to(BFloat16), d1[1].to(BFloat16)
+                                    tCgHU[i] = pair_bits[0]
                             if const_expr(self.bias_grad):
                                 group_sums[0] = group_sums[0] + d0[0]
                                 group_sums[1] = group_sums[1] + d1[0]
@@ -419,6 +472,14 @@ class FC2DgradSm90:
                     if const_expr(self.bias_grad):
                         for k in cutlass.range_constexpr(4):
                             acc[4 * j + k] = group_sums[k]
+                    if const_expr(self.tma_store and j % 4 == 3):
+                        # the subtile's 4 column groups are staged: into smem, then TMA-stored
+                        # unless its 32 columns lie past F (F % 32 == 0: all or none of them)
+                        s = j // 4
+                        staged_outputs = (gate_stage, up_stage) if const_expr(self.gated) else (gate_stage,)
+                        tile_store.write(tma_atom_h, bSG_sH, staged_outputs, (bSG_gH, bSG_gHU)[:len(staged_outputs)],
+                                         order.get_hier_coord(s), subtiles_done, col0 + 32 * s < ffn)
+                        subtiles_done += 1
 
                 # dprobs partials: the row's 4 threads (lanes 4q + [0, 4)) -> dprobs_partial[row, n_tile]
                 if const_expr(self.has_probs):
@@ -447,6 +508,8 @@ class FC2DgradSm90:
                                 if lane < 4 and col < limits[1]:
                                     mWarpSums[sums_row, offset + col0 + col] = total
                 item += grid
+            if const_expr(self.tma_store):
+                tile_store.drain()
 
 
     def pair_backward(self, gate, up, grad, slot: int, row_probs, row_dprobs):
@@ -628,6 +691,7 @@ def fc2_dgrad(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is tile_n)
     tile_n: int | None = None,  # da columns per work item (FC2DgradConfig.tile_n); None: DEFAULT_TILE_N's
+    store: str | None = None,  # a bf16 dh's stores, "regs" or "tma" (FC2DgradConfig); None: DEFAULT_STORE if it applies
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
@@ -658,10 +722,13 @@ def fc2_dgrad(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
+    if store is None:
+        store = DEFAULT_STORE if not quantized and dy_format is None else "regs"
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,
-                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, a_format=dy_format)
+                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, a_format=dy_format,
+                            store=store)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs

@@ -115,6 +115,19 @@ def test_variant_configs_compile(knobs):
     check_activation_math(compiled)
 
 
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER, tile_n=tile_n, store="tma")
+                             for tile_n in (128, 256) for activation in ("swiglu", "srelu")]
+                   + [dict(activation="geglu", tile_n=256, store="tma")], ids=config_id)
+def test_tma_store_configs_compile(knobs):
+    """A bf16 dh through the TMA-store epilogue: d gate and d up of each 32-column subtile staged
+    by stmatrix and stored as one bulk group of 4-D TMA stores; the dprobs partials and db1 sums as
+    before; no spills; 4 (tile_n 256) and 6 (128) stages beside the 32 KB of subtile buffers."""
+    compiled = _compiled(knobs)
+    check_fc2_dgrad_ptx(compiled)
+    check_activation_math(compiled)
+    assert compiled.config.num_stages() == {256: 4, 128: 6}[compiled.config.tile_n]
+
+
 GRAD_RECIPES = {"e4m3-rceil": (ElementFormat.E4M3, ScaleMode.RCEIL),
                 "e5m2-floor": (ElementFormat.E5M2, ScaleMode.FLOOR),
                 "e5m2-rceil": (ElementFormat.E5M2, ScaleMode.RCEIL),
@@ -355,6 +368,31 @@ def test_fc2_dgrad_wide_tiles(activation, with_probs, bias_grad, hidden, ffn, sp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("with_probs,bias_grad", [(True, True), (False, False)], ids=["probs-db1", "plain"])
+@pytest.mark.parametrize("hidden,ffn", [(96, 160), (512, 256), (64, 96)], ids=["H96-F160", "H512-F256", "H64-F96"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_tma_store_is_bitwise_the_register_store(activation, with_probs, bias_grad, hidden, ffn, splits, tile_n):
+    """The TMA-store epilogue computes the same fp32 dh, dprobs partials and db1 sums in the same
+    order and rounds dh the same way: dh, dprobs and db1 bit for bit the register-store kernel's
+    (dh from torch.empty: a row or column left unwritten, or the next expert's rows or the up
+    half overwritten, fails)."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+
+    activation = activation_from(activation)
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs, True)
+    kwargs = dict(activation=activation, recipe=None, probs=probs, bias_grad=bias_grad, tile_n=tile_n)
+    regs = fc2_dgrad(dy, w2t, c, split_sizes, store="regs", **kwargs)
+    tma = fc2_dgrad(dy, w2t, c, split_sizes, store="tma", **kwargs)
+    assert torch.equal(regs.dh.view(torch.int16), tma.dh.view(torch.int16))
+    for name in ("dprobs", "db1"):
+        first, second = getattr(regs, name), getattr(tma, name)
+        assert (first is None) == (second is None) and (first is None or torch.equal(first, second)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc2_dgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU
@@ -366,10 +404,10 @@ def test_fc2_dgrad_is_deterministic_and_syncless():
     c = torch.randn(436, 512, device="cuda").bfloat16()
     probs = torch.rand(436, device="cuda")
     kwargs = dict(activation=SWIGLU, recipe=None, probs=probs, bias_grad=True)
-    for tile_n in (128, 256):
-        first, second = twice_without_sync(lambda: fc2_dgrad(dy, w2t, c, splits, tile_n=tile_n, **kwargs))
-        assert torch.equal(first.dh, second.dh) and torch.equal(first.dprobs, second.dprobs), tile_n
-        assert torch.equal(first.db1, second.db1), tile_n
+    for tile_n, store in ((128, "regs"), (256, "regs"), (256, "tma")):
+        first, second = twice_without_sync(lambda: fc2_dgrad(dy, w2t, c, splits, tile_n=tile_n, store=store, **kwargs))
+        assert torch.equal(first.dh, second.dh) and torch.equal(first.dprobs, second.dprobs), (tile_n, store)
+        assert torch.equal(first.db1, second.db1), (tile_n, store)
 
 
 # ---------------------------------------------------------------------------------------------
