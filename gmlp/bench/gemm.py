@@ -95,8 +95,10 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
 SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True), dict(tile_n=256, store="tma"),
                      dict(tile_n=128, store="tma")]
 SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM decoding A: no ping-pong
-SM90_FC1_CONFIGS = [dict(), dict(fused_b=True)]  # 128 a columns: two m64n128 wgmmas or one m64n256
-SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=256, store="tma"), dict(tile_n=128, store="tma")]
+# FC1's 128 a columns: two m64n128 wgmmas, or one m64n256 (fused_b); register or TMA stores
+SM90_FC1_CONFIGS = [dict(), dict(fused_b=True), dict(store="tma")]
+SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=256, store="tma"),
+                          dict(tile_n=128, store="tma")]
 SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
                       dict(tile_n=256, ragged_tma=False), dict(tile_n=128, ragged_tma=True, pingpong=True),
                       dict(tile_n=256, store="tma"), dict(tile_n=128, store="tma")]

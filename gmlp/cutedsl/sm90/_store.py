@@ -143,12 +143,12 @@ class TileStore:
         return cute.size(gD_subtiles, mode=[1]), cute.make_layout(grid, stride=(grid[1], 1)), bSG_sD, bSG_gD
 
     @cute.jit
-    def write(self, tma_atom: cute.CopyAtom, bSG_sD: cute.Tensor, staged: tuple, destinations: tuple, coord,
-              sequence: Int32, stored):
+    def write(self, staged: tuple, destinations: tuple, coord, sequence: Int32, stored):
         """One subtile: each staged tensor of ``staged`` (this thread's values of one output) into
         its smem buffer, then, once every consumer thread has written, one warp TMA-stores buffer o
-        at ``destinations[o][(None, coord)]`` (``stored`` false: none, the subtile lies outside the
-        output) as one bulk group. ``sequence``: the subtiles this thread wrote before."""
+        by ``destinations[o]`` = (TMA atom, bSG_sD, bSG_gD) (``subtiles``' partitions) at subtile
+        ``coord`` (``stored`` false: none, the subtile lies outside the output) as one bulk group.
+        ``sequence``: the subtiles this thread wrote before."""
         group = sequence % (STAGES // self.outputs)
         for o in cutlass.range_constexpr(len(staged)):
             cute.copy(self.copy_r2s, staged[o], self.tRS_sD[(None, None, None, group * self.outputs + o)])
@@ -158,7 +158,8 @@ class TileStore:
         if self.store_warp:
             if stored:
                 for o in cutlass.range_constexpr(len(staged)):
-                    cute.copy(tma_atom, bSG_sD[(None, group * self.outputs + o)], destinations[o][(None, coord)])
+                    tma_atom, bSG_sD, bSG_gD = destinations[o]
+                    cute.copy(tma_atom, bSG_sD[(None, group * self.outputs + o)], bSG_gD[(None, coord)])
             self.pipeline.producer_commit()
             self.pipeline.producer_acquire()  # the group written next is free once this returns
         cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
@@ -174,7 +175,7 @@ class TileStore:
             for v in cutlass.range_constexpr(per_subtile):
                 self.values[v] = self.tRS_acc[index * per_subtile + v]
             self.rounded.store(self.values.load().to(self.rounded.element_type))
-            self.write(tma_atom, bSG_sD, (self.rounded,), (bSG_gD,), order.get_hier_coord(index),
+            self.write((self.rounded,), ((tma_atom, bSG_sD, bSG_gD),), order.get_hier_coord(index),
                        tiles_done * subtiles + index, True)
 
     @cute.jit

@@ -70,7 +70,7 @@ from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -114,6 +114,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -128,6 +129,8 @@ _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 A_FORMAT = ElementFormat.E4M3  # MXFP8: a is quantized in E4M3 (the recipe's activation format)
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+STORES = ("regs", "tma")  # FC1Config.store
+DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (bf16 a, two B tiles, bf16 x)
 # fused_b: value v + 64 of a thread's 128 accumulators is the up value of gate value v (v < 64): the
 # m64n256 fragment's column groups 16..31 are groups 0..15 plus 128 columns (check_fused_pairs)
 FUSED_UP_OFFSET = 64
@@ -169,6 +172,9 @@ class FC1Config(StagedConfig):
     # m64n256 wgmma per k-block and warpgroup instead of two m64n128 (see the module docstring)
     fused_b: bool = False
     a_format: ElementFormat | None = None  # an MXFP8 x (rowwise, compact scales) decoded in the kernel
+    # bf16 c and a's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
+    # shared memory and TMA-stored, c gate, c up and a of a subtile as one bulk group (``_store``)
+    store: str = "regs"
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -183,6 +189,12 @@ class FC1Config(StagedConfig):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in _FLOAT_DTYPES:
                 raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
+        if self.store not in STORES:
+            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        if self.store == "tma" and (self.quantized or self.fused_b or self.a_format is not None):
+            raise ValueError(f"store='tma' needs a bf16 a, two B tiles and a bf16 x (the TMA-store epilogue has "
+                             f"neither the quantized outputs, the fused tile's pairs nor the decode buffers yet), got "
+                             f"quantized={self.quantized}, fused_b={self.fused_b}, a_format={self.a_format}")
         self.check_stages()
 
     @property
@@ -201,8 +213,10 @@ class FC1Config(StagedConfig):
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
-        (20 KB), none for bf16."""
-        return _quantize_epilogue.SMEM_BYTES if self.quantized else 0
+        (20 KB), the TMA store's subtiles, none for bf16 from the registers."""
+        if self.quantized:
+            return _quantize_epilogue.SMEM_BYTES
+        return _store.smem_bytes(_CONSUMER_WARPGROUPS) if self.store == "tma" else 0
 
     def slot_name(self) -> str:
         return f"{self.activation.name}{' (quantized)' if self.quantized else ''}"
@@ -234,6 +248,7 @@ class FC1ForwardSm90:
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
+        self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
@@ -266,6 +281,11 @@ class FC1ForwardSm90:
             fields.update(_quantize_epilogue.smem_fields())
         if const_expr(self.decoded):
             fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
+        c_store = a_store = None  # store="tma": the TMA stores of c's and a's ragged views
+        if const_expr(self.tma_store):
+            c_store = _store.make_store_operands(ragged_rows(mC), _CONSUMER_WARPGROUPS)
+            a_store = _store.make_store_operands(ragged_rows(mAct), _CONSUMER_WARPGROUPS)
+            fields["sD"] = smem_array(BFloat16, cute.cosize(c_store.smem_layout))  # the same layout for both
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
@@ -273,6 +293,7 @@ class FC1ForwardSm90:
             check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart,
                            mTileStart, mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
+                           *_store.kernel_arguments(c_store), *_store.kernel_arguments(a_store)[:2],
                            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
                num_ctas, self.threads, stream)
 
@@ -295,12 +316,19 @@ class FC1ForwardSm90:
         mRowScale: cute.Tensor | None,
         mColData: cute.Tensor | None,
         mColScale: cute.Tensor | None,
+        tma_atom_c: cute.CopyAtom | None,  # store="tma": c's subtile stores
+        mC_tma: cute.Tensor | None,  # store="tma": TMA coordinates of c's ragged view (BIG, N1, MAX, MAX)
+        d_smem_layout: cute.ComposedLayout | None,  # store="tma": (128, 32, _store.STAGES) bf16
+        tma_atom_act: cute.CopyAtom | None,  # store="tma": a's subtile stores
+        mAct_tma: cute.Tensor | None,  # store="tma": TMA coordinates of a's ragged view (BIG, F, MAX, MAX)
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
         a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        atoms = ((tma_atom_a, tma_atom_b, tma_atom_c, tma_atom_act) if const_expr(self.tma_store)
+                 else (tma_atom_a, tma_atom_b))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # a slot: A and the B tile(s): gate and up (gated), or the fused 256-row tile holding both
         sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout,
@@ -361,6 +389,16 @@ class FC1ForwardSm90:
             pair_bits = cute.recast_tensor(pair, Int32)
             row_probs = cute.make_rmem_tensor((2,), Float32)
             read_state, release_state = consumer_states(self.stages)
+            if const_expr(self.tma_store):
+                sD = storage.sD.get_tensor(d_smem_layout.outer, swizzle=d_smem_layout.inner)
+                # c gate, c up (gated) and a of a subtile, one bulk group; the first consumer warp stores
+                consumers = _CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
+                tile_store = _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, consumers,
+                                                 _store.epi_tile(_CONSUMER_WARPGROUPS),
+                                                 warp_idx == THREADS_PER_WARPGROUP // 32,
+                                                 outputs=3 if self.gated else 2)
+                c_stage, up_stage, a_stage = tile_store.staging(), tile_store.staging(), tile_store.staging()
+                subtiles_done = Int32(0)
 
             item = bidx
             while item < items.count:
@@ -386,16 +424,34 @@ class FC1ForwardSm90:
                 # [0, 128); the pairs i < 32 of that view, which may point before the row, are
                 # never touched)
                 tile = (TILE_M, self.mma_n)
-                gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
-                tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)
-                if const_expr(not self.quantized):
-                    gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
-                    tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
-                if const_expr(self.gated):
-                    up_col = ffn + col0 - (TILE_N if const_expr(self.fused_b) else 0)
-                    gU = cute.local_tile(cute.domain_offset((first_row, up_col), mC), tile, (0, 0))
-                    tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
+                if const_expr(self.tma_store):
+                    # by subtiles of 32 columns (pairs 8s + [0, 8)): c gate at col0, c up at F +
+                    # col0, a at col0 of the ragged views (rows from end_row on unwritten)
+                    rows = end_row - first_row
+                    gC = cute.local_tile(expert_rows(mC_tma, first_row, rows), tile, (0, n_tile))
+                    _, order, bSG_sC, bSG_gC = tile_store.subtiles(tma_atom_c, gC)
+                    _, _, bSG_sA, bSG_gA = tile_store.subtiles(
+                        tma_atom_act, cute.local_tile(expert_rows(mAct_tma, first_row, rows), tile, (0, n_tile)))
+                    destinations = ((tma_atom_c, bSG_sC, bSG_gC), (tma_atom_act, bSG_sA, bSG_gA))
+                    if const_expr(self.gated):
+                        _, _, _, bSG_gU = tile_store.subtiles(tma_atom_c, cute.domain_offset((0, ffn), gC))
+                        destinations = ((tma_atom_c, bSG_sC, bSG_gC), (tma_atom_c, bSG_sC, bSG_gU),
+                                        (tma_atom_act, bSG_sA, bSG_gA))
+                else:
+                    gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
+                    tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)
+                    if const_expr(not self.quantized):
+                        gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
+                        tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
+                    if const_expr(self.gated):
+                        up_col = ffn + col0 - (TILE_N if const_expr(self.fused_b) else 0)
+                        gU = cute.local_tile(cute.domain_offset((first_row, up_col), mC), tile, (0, 0))
+                        tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
                 for i in cutlass.range_constexpr(cute.size(tCcD) // 2 - up_offset // 2):
+                    staged = 2 * (i % 8)  # the pair's place in its subtile's staging
+                    if const_expr(self.tma_store):  # a masked pair's values are never stored
+                        for stage in (c_stage, up_stage, a_stage):
+                            stage[staged], stage[staged + 1] = BFloat16(0.0), BFloat16(0.0)
                     if cute.elem_less(tCcD[2 * i], limits):
                         col = col0 + tCcD[2 * i][1]
                         gate = (acc[2 * i], acc[2 * i + 1])
@@ -405,20 +461,35 @@ class FC1ForwardSm90:
                             if const_expr(self.gated):
                                 up = (up[0] + mBias[g, ffn + col].to(Float32),
                                       up[1] + mBias[g, ffn + col + 1].to(Float32))
-                        pair[0], pair[1] = gate[0].to(BFloat16), gate[1].to(BFloat16)
-                        tCgC[i] = pair_bits[0]
-                        if const_expr(self.gated):
-                            pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
-                            tCgU[up_offset // 2 + i] = pair_bits[0]
+                        if const_expr(self.tma_store):
+                            c_stage[staged], c_stage[staged + 1] = gate[0].to(BFloat16), gate[1].to(BFloat16)
+                            if const_expr(self.gated):
+                                up_stage[staged], up_stage[staged + 1] = up[0].to(BFloat16), up[1].to(BFloat16)
+                        else:
+                            pair[0], pair[1] = gate[0].to(BFloat16), gate[1].to(BFloat16)
+                            tCgC[i] = pair_bits[0]
+                            if const_expr(self.gated):
+                                pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
+                                tCgU[up_offset // 2 + i] = pair_bits[0]
                         act = (activation_forward(self.activation, gate[0], up[0]), activation_forward(self.activation, gate[1], up[1]))
                         if const_expr(self.has_probs):
                             p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
                             act = (act[0] * p, act[1] * p)
                         if const_expr(self.quantized):  # the fp32 a, quantized below (as Triton: no bf16 step)
                             acc[2 * i], acc[2 * i + 1] = act[0], act[1]
+                        elif const_expr(self.tma_store):
+                            a_stage[staged], a_stage[staged + 1] = act[0].to(BFloat16), act[1].to(BFloat16)
                         else:
                             pair[0], pair[1] = act[0].to(BFloat16), act[1].to(BFloat16)
                             tCgA[i] = pair_bits[0]
+                    if const_expr(self.tma_store and i % 8 == 7):
+                        # the subtile's 8 pairs are staged: into smem, then TMA-stored unless its
+                        # 32 columns lie past F (F % 32 == 0: all or none of them)
+                        s = i // 8
+                        staged_outputs = (c_stage, up_stage, a_stage) if const_expr(self.gated) else (c_stage, a_stage)
+                        tile_store.write(staged_outputs, destinations, order.get_hier_coord(s), subtiles_done,
+                                         col0 + 32 * s < ffn)
+                        subtiles_done += 1
                 if const_expr(self.quantized):
                     # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
                     col_block0 = mBlockStart[g] + (m_tile - mTileStart[g]) * (TILE_M // BLOCK_SIZE)
@@ -426,6 +497,8 @@ class FC1ForwardSm90:
                         acc, tCcD, thr_mma, mma_tidx, (mRowData, mRowScale, mColData, mColScale), smem_q,
                         first_row, col0, limits, col_block0, False, self.floor_scales, _EPILOGUE_BARRIER)
                 item += grid
+            if const_expr(self.tma_store):
+                tile_store.drain()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,6 +567,7 @@ def fc1_forward(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
     fused_b: bool = False,  # one 256-row B tile and m64n256 wgmmas (FC1Config.fused_b)
+    store: str | None = None,  # bf16 c and a's stores, "regs" or "tma" (FC1Config); None: DEFAULT_STORE if it applies
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
@@ -515,10 +589,12 @@ def fc1_forward(
     check_optional("b1", b1, (experts, n1))
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
+    if store is None:
+        store = DEFAULT_STORE if not (quantized or fused_b or x_format is not None) else "regs"
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
                        floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b,
-                       a_format=x_format)
+                       a_format=x_format, store=store)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs

@@ -477,8 +477,9 @@ class FC2DgradSm90:
                         # unless its 32 columns lie past F (F % 32 == 0: all or none of them)
                         s = j // 4
                         staged_outputs = (gate_stage, up_stage) if const_expr(self.gated) else (gate_stage,)
-                        tile_store.write(tma_atom_h, bSG_sH, staged_outputs, (bSG_gH, bSG_gHU)[:len(staged_outputs)],
-                                         order.get_hier_coord(s), subtiles_done, col0 + 32 * s < ffn)
+                        destinations = ((tma_atom_h, bSG_sH, bSG_gH), (tma_atom_h, bSG_sH, bSG_gHU))
+                        tile_store.write(staged_outputs, destinations[:len(staged_outputs)], order.get_hier_coord(s),
+                                         subtiles_done, col0 + 32 * s < ffn)
                         subtiles_done += 1
 
                 # dprobs partials: the row's 4 threads (lanes 4q + [0, 4)) -> dprobs_partial[row, n_tile]

@@ -112,6 +112,23 @@ def test_fused_b_configs_compile(knobs):
     assert len(re.findall(tma, compiled.ptx)) == len(re.findall(tma, plain.ptx))
 
 
+@parametrize_quick("knobs", [dict(activation=activation, **LAYER, b_k_major=b_k_major, store="tma")
+                             for activation, b_k_major in (("swiglu", False), ("srelu", True))], ids=config_id)
+def test_tma_store_configs_compile(knobs):
+    """bf16 c and a through the TMA-store epilogue: per 32-column subtile c gate, c up (gated) and
+    a staged by stmatrix (two 4-matrix stmatrix a thread each) and stored as one bulk group of 4-D
+    TMA stores through the ragged views; no st.global left; 4 (gated) and 6 (srelu) stages beside
+    the 32 KB of subtile buffers."""
+    compiled = _compiled(knobs)
+    config = compiled.config
+    check_fc1_ptx(compiled, gated=config.activation.gated, b_k_major=config.b_k_major)
+    ptx = compiled.ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta\.tile\.bulk_group", ptx)
+    assert len(re.findall(r"stmatrix\.sync\.aligned", ptx)) == 4 * 2 * (3 if config.activation.gated else 2)
+    assert "st.global" not in ptx
+    assert config.num_stages() == (4 if config.activation.gated else 6)
+
+
 def test_fused_b_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match=r"fused_b needs a gated activation.*got srelu"):
         _config("srelu", fused_b=True)
@@ -461,6 +478,27 @@ def test_fc1_fused_b_matches_reference_and_triton(activation, bias, with_probs, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", GPU_ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
+@pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+def test_tma_store_is_bitwise_the_register_store(activation, bias, with_probs, hidden, ffn, splits):
+    """The TMA-store epilogue computes and rounds c and a the same way: both bit for bit the
+    register-store kernel's (from torch.empty: a row or column left unwritten, or the next expert's
+    rows or c's up half overwritten, fails)."""
+    from gmlp.cutedsl.sm90.fc1 import fc1_forward
+
+    activation = activation_from(activation)
+    x, w1, split_sizes, b1, probs = fc1_operands(splits, hidden, ffn, activation, bias, with_probs, True)
+    kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=None, b1=b1, probs=probs)
+    regs = fc1_forward(x, w1, split_sizes, store="regs", **kwargs)
+    tma = fc1_forward(x, w1, split_sizes, store="tma", **kwargs)
+    assert_same_bits(tma.c, regs.c, "c")
+    assert_same_bits(tma.a, regs.a, "a")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc1_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU
@@ -471,9 +509,9 @@ def test_fc1_is_deterministic_and_syncless():
     w1 = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
     probs = torch.rand(436, device="cuda")
     kwargs = dict(ffn_hidden_size=256, activation=SWIGLU, recipe=None, probs=probs)
-    for fused_b in (False, True):
-        first, second = twice_without_sync(lambda: fc1_forward(x, w1, splits, fused_b=fused_b, **kwargs))
-        assert torch.equal(first.c, second.c) and torch.equal(first.a, second.a), fused_b
+    for options in (dict(fused_b=False), dict(fused_b=True), dict(store="tma")):
+        first, second = twice_without_sync(lambda: fc1_forward(x, w1, splits, **options, **kwargs))
+        assert torch.equal(first.c, second.c) and torch.equal(first.a, second.a), options
 
 
 # ---------------------------------------------------------------------------------------------
