@@ -42,6 +42,7 @@ CONFIGS = {
     "wgrad-regs-bf16": ("wgrad", "WgradConfig", dict(out_dtype=torch.bfloat16)),
     "fc1-swiglu-layer": ("fc1", "FC1Config", dict(activation="swiglu", b_k_major=False, probs_dtype=torch.float32)),
     "fc1-swiglu-mxfp8": ("fc1", "FC1Config", dict(activation="swiglu", probs_dtype=torch.float32, quantized=True)),
+    "fc1-swiglu-tma": ("fc1", "FC1Config", dict(activation="swiglu", probs_dtype=torch.float32, store="tma")),
     "fc2-dgrad-layer": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", b_k_major=False,
                                                             probs_dtype=torch.float32, bias_grad=True, tile_n=256)),
     "fc2-dgrad-tma": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
