@@ -8,6 +8,7 @@ call (a ``QuantizeProblem``) for the quantizes, the ``LayerProblem`` for the oth
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable
@@ -45,6 +46,8 @@ class LayerPlan:
     # pass for them; the weight gradients' only where decodable: ``layer._wgrad_operands``)
     decoding_sites: frozenset[str] = frozenset()
     capability: tuple[int, int] | None = None  # the device's (None: not a GPU), which picks each path's provider
+    # site -> how its SM90 kernel launches (its epilogue store), for the sites on the SM90 kernels
+    launch_notes: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path
@@ -59,7 +62,8 @@ class LayerPlan:
         skipped: dict[tuple[Path, str], list[str]] = {}  # (path, reason) -> the ops that skipped it for it
         for name, decision in self.decisions.items():
             decoded = ", MXFP8 operands decoded in the kernel" if name in self.decoding_sites else ""
-            lines.append(f"  {name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}")
+            launch = f", {self.launch_notes[name]}" if name in self.launch_notes else ""
+            lines.append(f"  {name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}{launch}")
             for path, reason in decision.skipped:
                 skipped.setdefault((path, str(reason)), []).append(name)
         if skipped:
@@ -99,7 +103,27 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
     decoding_sites = frozenset()
     if problem.mxfp8 and not sm100:
         decoding_sites = frozenset(name for name in sm90_support.DECODING_SITES if decisions[name].path is Path.CUTEDSL)
-    return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites, capability=capability)
+    launch_notes = {}
+    if capability is not None and capability[0] == 9:
+        launch_notes = {name: _sm90_store(name, problem, name in decoding_sites) for name, decision in decisions.items()
+                        if decision.path is Path.CUTEDSL and SITES[name].op in GEMM_OPS}
+    return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites, capability=capability,
+                     launch_notes=launch_notes)
+
+
+def _sm90_store(name: str, problem: LayerProblem, decoded: bool) -> str:
+    """How the SM90 kernel of site ``name`` stores its outputs (``launch_options.describe``), as
+    the layer launches it: FC2 adds b2, FC1 and FC2 dgrad quantize their outputs in an MXFP8
+    layer."""
+    from gmlp.cutedsl.sm90 import launch_options
+
+    op = SITES[name].op
+    variant = dict(decoded=decoded)
+    if op in (Op.FC1, Op.FC2_DGRAD):
+        variant["quantized"] = problem.mxfp8
+    if name == "fc2":
+        variant["bias"] = problem.bias
+    return launch_options.describe(op.value, **variant)
 
 
 def _sm100_runs(problem: LayerProblem, device: torch.device, capability: tuple[int, int] | None) -> bool:

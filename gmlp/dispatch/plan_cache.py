@@ -32,7 +32,8 @@ from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 __all__ = ["WEIGHT_CACHE_MODES", "LayerConfig", "decode_config", "layer_problem", "token_class", "cached_plan", "clear_plan_cache"]
 
 WEIGHT_CACHE_MODES = (None, "update", "reuse")
-_PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET")
+# GMLP_SM90_STORE: the SM90 sites' store is in the plan's explain() (gmlp.cutedsl.sm90.launch_options)
+_PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET", "GMLP_SM90_STORE")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,7 +70,7 @@ from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -115,6 +115,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
+from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -129,8 +130,7 @@ _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 A_FORMAT = ElementFormat.E4M3  # MXFP8: a is quantized in E4M3 (the recipe's activation format)
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
-STORES = ("regs", "tma")  # FC1Config.store
-DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (bf16 a, two B tiles, bf16 x)
+
 # fused_b: value v + 64 of a thread's 128 accumulators is the up value of gate value v (v < 64): the
 # m64n256 fragment's column groups 16..31 are groups 0..15 plus 128 columns (check_fused_pairs)
 FUSED_UP_OFFSET = 64
@@ -567,7 +567,7 @@ def fc1_forward(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
     fused_b: bool = False,  # one 256-row B tile and m64n256 wgmmas (FC1Config.fused_b)
-    store: str | None = None,  # bf16 c and a's stores, "regs" or "tma" (FC1Config); None: DEFAULT_STORE if it applies
+    store: str | None = None,  # bf16 c and a's stores, "regs" or "tma" (FC1Config); None: launch_options.store_for
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
@@ -590,7 +590,8 @@ def fc1_forward(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     if store is None:
-        store = DEFAULT_STORE if not (quantized or fused_b or x_format is not None) else "regs"
+        store = launch_options.store_for("fc1_forward", quantized=quantized, decoded=x_format is not None,
+                                         fused_b=fused_b)
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
                        floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b,

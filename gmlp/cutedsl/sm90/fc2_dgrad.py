@@ -90,7 +90,7 @@ from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl._quantize_kernel import _as_f32
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store
+from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -136,6 +136,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
+from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -158,8 +159,7 @@ DEFAULT_TILE_N = {"bf16": 256, "mxfp8": QUANTIZED_TILE_N}
 # MXFP8: 8 more registers a consumer thread, 16 fewer a producer one (128 x 24 + 256 x 240 = 384 x 168)
 QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
-STORES = ("regs", "tma")  # FC2DgradConfig.store
-DEFAULT_STORE = "regs"  # the launcher's store where a TMA store applies (a bf16 dh from a bf16 dy)
+
 
 
 def _quantized_tile_n_reason(tile_n: int) -> str:
@@ -692,7 +692,7 @@ def fc2_dgrad(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is tile_n)
     tile_n: int | None = None,  # da columns per work item (FC2DgradConfig.tile_n); None: DEFAULT_TILE_N's
-    store: str | None = None,  # a bf16 dh's stores, "regs" or "tma" (FC2DgradConfig); None: DEFAULT_STORE if it applies
+    store: str | None = None,  # a bf16 dh's stores, "regs" or "tma" (FC2DgradConfig); None: launch_options.store_for
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
@@ -724,7 +724,7 @@ def fc2_dgrad(
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
     if store is None:
-        store = DEFAULT_STORE if not quantized and dy_format is None else "regs"
+        store = launch_options.store_for("fc2_dgrad", quantized=quantized, decoded=dy_format is not None)
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,

@@ -58,7 +58,7 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _decode, _schedule, _store
+from gmlp.cutedsl.sm90 import _decode, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -95,6 +95,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
+from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
@@ -114,8 +115,6 @@ __all__ = [
 ]
 
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
-STORES = ("regs", "tma")  # KernelConfig.store
-DEFAULT_STORE = "tma"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
 
 
@@ -407,7 +406,7 @@ def grouped_gemm(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int = 256,
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (KernelConfig)
-    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (KernelConfig); None: DEFAULT_STORE where it applies
+    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (KernelConfig); None: launch_options.store_for
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
@@ -422,7 +421,8 @@ def grouped_gemm(
     check_tma_bases(a=a, b=b)
     check_optional("bias", bias, (experts, n))
     if store is None:
-        store = DEFAULT_STORE if bias is None and not pingpong else "regs"
+        store = launch_options.store_for("grouped_gemm", bias=bias is not None, pingpong=pingpong,
+                                         decoded=a_format is not None)
     config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
                           pingpong=pingpong, a_format=a_format, store=store)
 

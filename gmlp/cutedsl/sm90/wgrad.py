@@ -73,7 +73,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _decode, _store
+from gmlp.cutedsl.sm90 import _decode, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -108,6 +108,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90._tma import BIG, expert_tokens, ragged_tokens
+from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -127,8 +128,6 @@ _NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
-STORES = ("regs", "tma")  # WgradConfig.store
-DEFAULT_STORE = "tma"  # the launcher's store where a TMA store applies (no bias or ping-pong, bf16 operands)
 
 
 @dataclass(frozen=True)
@@ -600,7 +599,7 @@ def grouped_wgrad(
     tile_n: int | None = None,  # 256 (bf16 operands) or 128 (decoded ones, the only width they take)
     ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
     pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (WgradConfig)
-    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (WgradConfig); None: DEFAULT_STORE where it applies
+    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (WgradConfig); None: launch_options.store_for
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -650,7 +649,7 @@ def grouped_wgrad(
             return out.zero_()
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
     if store is None:
-        store = DEFAULT_STORE if formats is None and not pingpong else "regs"
+        store = launch_options.store_for("grouped_wgrad", pingpong=pingpong, decoded=formats is not None)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
                              pingpong=pingpong, a_format=None if formats is None else formats[0],
