@@ -15,6 +15,7 @@ error that says why, never a silent change. ``describe`` is the same choice in w
 
 from __future__ import annotations
 
+import functools
 import os
 
 __all__ = ["ENV", "STORES", "DEFAULT_STORES", "tma_reason", "forced_stores", "store_for", "describe"]
@@ -31,6 +32,8 @@ def tma_reason(op: str, *, bias: bool = False, pingpong: bool = False, quantized
     """None if ``op``'s TMA-store epilogue covers this variant, else why not."""
     if op not in DEFAULT_STORES:
         raise ValueError(f"op must be one of {tuple(DEFAULT_STORES)}, got {op!r}")
+    if not (bias or pingpong or quantized or decoded or fused_b):  # the common case, at every launch
+        return None
     blocked = {"a bias": bias and op == "grouped_gemm", "ping-pong": pingpong, "MXFP8 outputs": quantized,
                "a decoded MXFP8 operand": decoded, "fused_b": fused_b}
     reasons = [reason for reason, present in blocked.items() if present]
@@ -40,7 +43,11 @@ def tma_reason(op: str, *, bias: bool = False, pingpong: bool = False, quantized
 def forced_stores(value: str | None = None) -> dict[str, str]:
     """op -> store forced by ``GMLP_SM90_STORE`` (or ``value``); empty when unset. Raises naming
     the item for an unknown op or store."""
-    value = os.environ.get(ENV, "") if value is None else value
+    return dict(_parsed(os.environ.get(ENV, "") if value is None else value))
+
+
+@functools.lru_cache(maxsize=8)  # read at every launch: parsed once per value of the variable
+def _parsed(value: str) -> tuple[tuple[str, str], ...]:
     forced: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in value.split(","))):
         op, _, store = item.rpartition("=")
@@ -50,13 +57,13 @@ def forced_stores(value: str | None = None) -> dict[str, str]:
         if store not in STORES:
             raise ValueError(f"{ENV}: {item!r} asks for store {store!r}; the stores are {STORES}")
         forced.update(dict.fromkeys(ops, store))
-    return forced
+    return tuple(forced.items())
 
 
 def store_for(op: str, **variant: bool) -> str:
     """The store of a launch of ``op`` given ``store=None`` (``variant``: ``tma_reason``'s flags)."""
     reason = tma_reason(op, **variant)
-    store = forced_stores().get(op)
+    store = dict(_parsed(os.environ.get(ENV, ""))).get(op) if ENV in os.environ else None
     if store == "tma" and reason is not None:
         raise ValueError(f"{ENV} forces the TMA store for {op}, but {reason}")
     if store is None:
