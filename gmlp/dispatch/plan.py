@@ -17,6 +17,7 @@ import torch
 
 from gmlp.contract.problem import LayerProblem
 from gmlp.contract.reasons import Reason
+from gmlp.cutedsl.sm90 import launch_options
 from gmlp.cutedsl.sm90 import support as sm90_support
 from gmlp.dispatch.paths import Decision, Path, choose_path, forced_path, next_path_down, provider, system_reason
 from gmlp.dispatch.sites import GEMM_OPS, SITES, Op, Site
@@ -115,8 +116,6 @@ def _sm90_store(name: str, problem: LayerProblem, decoded: bool) -> str:
     """How the SM90 kernel of site ``name`` stores its outputs (``launch_options.describe``), as
     the layer launches it: FC2 adds b2, FC1 and FC2 dgrad quantize their outputs in an MXFP8
     layer."""
-    from gmlp.cutedsl.sm90 import launch_options
-
     op = SITES[name].op
     variant = dict(decoded=decoded)
     if op in (Op.FC1, Op.FC2_DGRAD):

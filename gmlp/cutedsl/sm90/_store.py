@@ -61,10 +61,9 @@ class StoreOperands:
     """Host-side pieces (built in the ``@cute.jit`` host function): the staged smem layout of the
     subtiles and the TMA store atom + coordinate tensor of D's ragged view."""
 
-    def __init__(self, smem_layout, tma_atom, tma_tensor, tile):
+    def __init__(self, smem_layout, tma_atom, tma_tensor):
         self.smem_layout = smem_layout
         self.tma_atom, self.tma_tensor = tma_atom, tma_tensor
-        self.tile = tile
 
 
 def make_store_operands(destination: cute.Tensor, mma_warpgroups: int, dtype=BFloat16,
@@ -78,7 +77,7 @@ def make_store_operands(destination: cute.Tensor, mma_warpgroups: int, dtype=BFl
           else cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp())
     tma_atom, tma_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
         op, destination, cute.slice_(smem_layout, (None, None, 0)), tile)
-    return StoreOperands(smem_layout, tma_atom, tma_tensor, tile)
+    return StoreOperands(smem_layout, tma_atom, tma_tensor)
 
 
 def kernel_arguments(store: StoreOperands | None) -> tuple:
@@ -132,21 +131,26 @@ class TileStore:
         return cute.make_rmem_tensor(self.rounded.shape, dtype if dtype is not None else self.rounded.element_type)
 
     @cute.jit
-    def subtiles(self, tma_atom: cute.CopyAtom, gD: cute.Tensor):
-        """(count, order, bSG_sD, bSG_gD) of a tile at ``gD`` (its TMA coordinates, the tile's
-        shape): its subtiles, index -> (m, n) subtile coordinate (n fastest: the accumulators'
-        order), and the TMA partitions of the smem buffers and of the destination by subtile."""
-        gD_subtiles = cute.zipped_divide(gD, self.tile)  # ((rows, cols), (subtile m, subtile n))
-        bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-            tma_atom, 0, cute.make_layout(1), cute.group_modes(self.sD, 0, 2), gD_subtiles)
+    def targets(self, outputs: tuple):
+        """(count, order, destinations) of a tile's outputs, each (TMA atom, gD: its TMA
+        coordinates, the tile's shape): the tile's subtiles, index -> (m, n) subtile coordinate
+        (n fastest: the accumulators' order), and per output (TMA atom, bSG_sD, bSG_gD), the
+        TMA partitions of the smem buffers and of the destination by subtile (``write``'s)."""
+        destinations = []
+        for o in cutlass.range_constexpr(len(outputs)):
+            tma_atom, gD = outputs[o]
+            gD_subtiles = cute.zipped_divide(gD, self.tile)  # ((rows, cols), (subtile m, subtile n))
+            bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                tma_atom, 0, cute.make_layout(1), cute.group_modes(self.sD, 0, 2), gD_subtiles)
+            destinations.append((tma_atom, bSG_sD, bSG_gD))
         grid = gD_subtiles.shape[1]
-        return cute.size(gD_subtiles, mode=[1]), cute.make_layout(grid, stride=(grid[1], 1)), bSG_sD, bSG_gD
+        return cute.size(gD_subtiles, mode=[1]), cute.make_layout(grid, stride=(grid[1], 1)), tuple(destinations)
 
     @cute.jit
     def write(self, staged: tuple, destinations: tuple, coord, sequence: Int32, stored):
         """One subtile: each staged tensor of ``staged`` (this thread's values of one output) into
         its smem buffer, then, once every consumer thread has written, one warp TMA-stores buffer o
-        by ``destinations[o]`` = (TMA atom, bSG_sD, bSG_gD) (``subtiles``' partitions) at subtile
+        by ``destinations[o]`` = (TMA atom, bSG_sD, bSG_gD) (``targets``' partitions) at subtile
         ``coord`` (``stored`` false: none, the subtile lies outside the output) as one bulk group.
         ``sequence``: the subtiles this thread wrote before."""
         group = sequence % (STAGES // self.outputs)
@@ -169,14 +173,14 @@ class TileStore:
         """The accumulators' tile at ``gD`` (its TMA coordinates, the tile's shape), rounded to the
         store's dtype; what lies outside the destination's bounds is left as it is.
         ``tiles_done``: the tiles this thread stored before."""
-        subtiles, order, bSG_sD, bSG_gD = self.subtiles(tma_atom, gD)
+        subtiles, order, destinations = self.targets(((tma_atom, gD),))
         per_subtile = cute.size(self.values)
         for index in cutlass.range_constexpr(subtiles):
             for v in cutlass.range_constexpr(per_subtile):
                 self.values[v] = self.tRS_acc[index * per_subtile + v]
             self.rounded.store(self.values.load().to(self.rounded.element_type))
-            self.write((self.rounded,), ((tma_atom, bSG_sD, bSG_gD),), order.get_hier_coord(index),
-                       tiles_done * subtiles + index, True)
+            self.write((self.rounded,), destinations, order.get_hier_coord(index), tiles_done * subtiles + index,
+                       True)
 
     @cute.jit
     def drain(self):

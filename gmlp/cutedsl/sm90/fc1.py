@@ -115,7 +115,6 @@ from gmlp.cutedsl.sm90._pipeline import (
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
-from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -189,8 +188,7 @@ class FC1Config(StagedConfig):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in _FLOAT_DTYPES:
                 raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
-        if self.store not in STORES:
-            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        launch_options.check_store(self.store)
         if self.store == "tma" and (self.quantized or self.fused_b or self.a_format is not None):
             raise ValueError(f"store='tma' needs a bf16 a, two B tiles and a bf16 x (the TMA-store epilogue has "
                              f"neither the quantized outputs, the fused tile's pairs nor the decode buffers yet), got "
@@ -429,14 +427,11 @@ class FC1ForwardSm90:
                     # col0, a at col0 of the ragged views (rows from end_row on unwritten)
                     rows = end_row - first_row
                     gC = cute.local_tile(expert_rows(mC_tma, first_row, rows), tile, (0, n_tile))
-                    _, order, bSG_sC, bSG_gC = tile_store.subtiles(tma_atom_c, gC)
-                    _, _, bSG_sA, bSG_gA = tile_store.subtiles(
-                        tma_atom_act, cute.local_tile(expert_rows(mAct_tma, first_row, rows), tile, (0, n_tile)))
-                    destinations = ((tma_atom_c, bSG_sC, bSG_gC), (tma_atom_act, bSG_sA, bSG_gA))
+                    gA = cute.local_tile(expert_rows(mAct_tma, first_row, rows), tile, (0, n_tile))
+                    outputs = ((tma_atom_c, gC), (tma_atom_act, gA))
                     if const_expr(self.gated):
-                        _, _, _, bSG_gU = tile_store.subtiles(tma_atom_c, cute.domain_offset((0, ffn), gC))
-                        destinations = ((tma_atom_c, bSG_sC, bSG_gC), (tma_atom_c, bSG_sC, bSG_gU),
-                                        (tma_atom_act, bSG_sA, bSG_gA))
+                        outputs = ((tma_atom_c, gC), (tma_atom_c, cute.domain_offset((0, ffn), gC)), (tma_atom_act, gA))
+                    _, order, destinations = tile_store.targets(outputs)
                 else:
                     gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
                     tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)

@@ -40,7 +40,8 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
   expert's tiles in order (``torch.segment_reduce`` over ``tile_start``): deterministic, no atomics.
 
-MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only;
+MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only; its
+device methods are ``_fc2_dgrad_mxfp8.QuantizedDhEpilogue``;
 ``_quantize_epilogue.quantize_tile_both_ways`` with ``segments`` and ``column_first``):
 
 - What is quantized is the fp32 dh, as Triton's ``store_quantized_both_ways(d_gate, ...)`` and
@@ -84,12 +85,11 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, Uint32, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
@@ -102,6 +102,7 @@ from gmlp.cutedsl.sm90._compile import (
     fake_vector,
 )
 from gmlp.cutedsl.sm90._epilogue_math import activation_backward, activation_forward, pair_fragment
+from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import QuantizedDhEpilogue
 from gmlp.cutedsl.sm90._launch import (
     check_activation,
     check_optional,
@@ -133,10 +134,9 @@ from gmlp.cutedsl.sm90._pipeline import (
     slot_tensors,
     smem_array,
 )
-from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
+from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
-from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -150,7 +150,6 @@ _NAME = "fc2_dgrad kernel"  # in the errors of compile_fc2_dgrad and fc2_dgrad
 TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
-_EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 QUANTIZED_TILE_N = _quantize_epilogue.TILE_COLS  # the quantizing epilogue's tile width (128)
 # the launcher's tile_n: 256 for a bf16 dh from a bf16 dy (0.77 of torch's grouped GEMM against
 # 0.68 at 128, DeepSeek-V3 shape, bench_results/gemm-h200-sm90-decode-*); 128 with a recipe (the
@@ -198,8 +197,7 @@ class FC2DgradConfig(StagedConfig):
             raise ValueError("e5m2 and floor_scales need quantized=True (a bf16 dh has no scales)")
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
             raise ValueError(_quantized_tile_n_reason(self.tile_n))
-        if self.store not in STORES:
-            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        launch_options.check_store(self.store)
         if self.store == "tma" and (self.quantized or self.a_format is not None):
             raise ValueError(f"store='tma' needs a bf16 dh and a bf16 dy (the TMA-store epilogue has neither the "
                              f"quantized outputs nor the decode buffers yet), got quantized={self.quantized}, "
@@ -234,7 +232,7 @@ class FC2DgradConfig(StagedConfig):
 # ---------------------------------------------------------------------------------------------
 
 
-class FC2DgradSm90:
+class FC2DgradSm90(QuantizedDhEpilogue):
     """The jit code of FC2 dgrad (see the module docstring); ``__call__`` is the host side that
     builds the TMA descriptors and launches, ``kernel`` the device side."""
 
@@ -407,11 +405,10 @@ class FC2DgradSm90:
                     # dh's tile by subtiles of 32 columns (4 column groups j each), d gate at
                     # col0 and d up at F + col0 of the ragged view (rows from end_row on unwritten)
                     gH = cute.local_tile(expert_rows(mDh_tma, first_row, end_row - first_row), tile, (0, n_tile))
-                    _, order, bSG_sH, bSG_gH = tile_store.subtiles(tma_atom_h, gH)
-                    bSG_gHU = bSG_gH
+                    outputs = ((tma_atom_h, gH),)
                     if const_expr(self.gated):
-                        _, _, _, bSG_gHU = tile_store.subtiles(
-                            tma_atom_h, cute.domain_offset((0, ffn), gH))
+                        outputs = ((tma_atom_h, gH), (tma_atom_h, cute.domain_offset((0, ffn), gH)))
+                    _, order, destinations = tile_store.targets(outputs)
                 elif const_expr(not self.quantized):
                     tCgH = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
@@ -477,8 +474,7 @@ class FC2DgradSm90:
                         # unless its 32 columns lie past F (F % 32 == 0: all or none of them)
                         s = j // 4
                         staged_outputs = (gate_stage, up_stage) if const_expr(self.gated) else (gate_stage,)
-                        destinations = ((tma_atom_h, bSG_sH, bSG_gH), (tma_atom_h, bSG_sH, bSG_gHU))
-                        tile_store.write(staged_outputs, destinations[:len(staged_outputs)], order.get_hier_coord(s),
+                        tile_store.write(staged_outputs, destinations, order.get_hier_coord(s),
                                          subtiles_done, col0 + 32 * s < ffn)
                         subtiles_done += 1
 
@@ -526,101 +522,6 @@ class FC2DgradSm90:
             grad = (grad[0] * p, grad[1] * p)
         return (activation_backward(self.activation, gate[0], up[0], grad[0]),
                 activation_backward(self.activation, gate[1], up[1], grad[1]))
-
-    @cute.jit
-    def quantized_epilogue(self, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
-                           smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
-        """The MXFP8 epilogue of one tile (module docstring): per 128-column tile of dh (gated: a
-        64-column half of the da tile gives its 64 d gate and 64 d up columns; srelu: the whole
-        tile), the fp32 dh of the thread's pairs into ``values``, Q_row and Q_col of it, its db1
-        warp sums; the dprobs partials accumulate in row_dprobs over the halves in column order."""
-        args = (acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs, smem_q, mWarpSums,
-                first_row, col0, ffn, limits, col_block0, sums_row)
-        self.quantized_half(0, *args)
-        if const_expr(self.gated):
-            if limits[1] > _quantize_epilogue.SEGMENT_COLS:  # the second half has valid columns
-                self.quantized_half(1, *args)
-
-    @cute.jit
-    def quantized_half(self, q: int, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
-                       smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
-        """Gated: half q of the da tile (its 64-column half q -> the d gate and d up columns of a
-        quantized tile); srelu: the whole tile (q = 0)."""
-        quads = _quantize_epilogue.SEGMENT_GROUPS if const_expr(self.gated) else cute.size(tCcD) // 4
-        offset = q * quads * 8  # the half's first da column in the tile
-        if const_expr(self.gated):
-            segments = dh_segments(col0, ffn, limits[1], q)
-        for jl in cutlass.range_constexpr(quads):
-            j = q * quads + jl  # da column group
-            for slot in cutlass.range_constexpr(2):
-                i = 2 * j + slot
-                if cute.elem_less(tCcD[2 * i], limits):
-                    grad = (acc[2 * i], acc[2 * i + 1])
-                    gate = _bf16_pair(Uint32(tCgG[i]))
-                    up = _bf16_pair(Uint32(tCgU[i])) if const_expr(self.gated) else gate
-                    d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
-                    # the fp32 dh (as Triton: no bf16 step); gated: d gate at tile column
-                    # group jl, d up at 8 + jl (pair 2 j + slot of the quantized tile)
-                    values[4 * jl + 2 * slot], values[4 * jl + 2 * slot + 1] = d0[0], d1[0]
-                    if const_expr(self.gated):
-                        up_pair = 4 * (quads + jl) + 2 * slot
-                        values[up_pair], values[up_pair + 1] = d0[1], d1[1]
-                else:  # masked: 0, not the previous half's or item's value (kept live across them)
-                    values[4 * jl + 2 * slot], values[4 * jl + 2 * slot + 1] = Float32(0.0), Float32(0.0)
-                    if const_expr(self.gated):
-                        up_pair = 4 * (quads + jl) + 2 * slot
-                        values[up_pair], values[up_pair + 1] = Float32(0.0), Float32(0.0)
-        if const_expr(self.gated):
-            quantize_tile_both_ways(
-                values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, col0, limits, col_block0,
-                self.e5m2, self.floor_scales, _EPILOGUE_BARRIER, column_first=True, segments=segments)
-        else:
-            quantize_tile_both_ways(
-                values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, col0, limits, col_block0,
-                self.e5m2, self.floor_scales, _EPILOGUE_BARRIER, column_first=True)
-        if const_expr(self.bias_grad):  # the quantized tile's column sums of the warp's 16 rows
-            self.warp_column_sums(values, tCcD, mma_tidx, mWarpSums, sums_row, col0 + offset, ffn, limits[0],
-                                  limits[1] - offset)
-
-    @cute.jit
-    def warp_column_sums(self, values, tCcD, mma_tidx, mWarpSums, sums_row, start, ffn, rows, room):
-        """db1 partials of a quantized tile: per column its two rows (masked) then the warp's 8
-        quads (butterflies), written by lanes 0-3 to mWarpSums[sums_row, dh column]. Gated: tile
-        columns [0, 64) are the d gate columns start + c, [64, 128) the d up columns F + start + c
-        - 64, valid while c (mod 64) < room; srelu: columns start + c, valid while c < room."""
-        lane = mma_tidx % 32
-        for j in cutlass.range_constexpr(_quantize_epilogue.COLUMN_GROUPS):
-            segment = self.segment_of_group(j)  # 0: d gate (srelu: dh), 1: d up
-            shift = segment * _quantize_epilogue.SEGMENT_COLS
-            for c in cutlass.range_constexpr(2):
-                col = tCcD[4 * j + c][1] - shift  # the column within its segment
-                total = Float32(0.0)
-                for slot in cutlass.range_constexpr(2):
-                    v = 4 * j + 2 * slot + c
-                    total = total + cutlass.select_((tCcD[v][0] < rows) & (col < room), values[v], Float32(0.0))
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=4)
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=8)
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=16)
-                if lane < 4 and col < room:
-                    mWarpSums[sums_row, segment * ffn + start + col] = total
-
-    def segment_of_group(self, j: int) -> int:
-        """The segment of column group j of a quantized tile (gated: 0 for d gate, 1 for d up)."""
-        return j // _quantize_epilogue.SEGMENT_GROUPS if self.gated else 0
-
-
-def dh_segments(col0, ffn, valid_cols, q: int):
-    """Gated, the quantized tile of half q of a da tile at column col0 (valid_cols = F - col0 valid
-    da columns): its columns [0, 64) are d gate columns col0 + 64 q + c, [64, 128) d up columns
-    F + col0 + 64 q + c - 64, each valid while c (mod 64) < valid_cols - 64 q
-    (``quantize_tile_both_ways``'s segments; Python ints or DSL values)."""
-    offset = q * _quantize_epilogue.SEGMENT_COLS
-    return (col0 + offset, valid_cols - offset), (ffn + col0 + offset, valid_cols - offset)
-
-
-def _bf16_pair(word):
-    """The two bf16 halves of a 32-bit word (low first) as fp32 (exact: cvt.f32.bf16's values)."""
-    return (_as_f32(word << Uint32(16)), _as_f32(word & Uint32(0xFFFF0000)))
 
 
 # ---------------------------------------------------------------------------------------------

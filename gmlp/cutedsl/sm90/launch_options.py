@@ -18,13 +18,19 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["ENV", "STORES", "DEFAULT_STORES", "tma_reason", "forced_stores", "store_for", "describe"]
+__all__ = ["ENV", "STORES", "DEFAULT_STORES", "check_store", "tma_reason", "forced_stores", "store_for", "describe"]
 
 ENV = "GMLP_SM90_STORE"
 STORES = ("regs", "tma")
 # op -> its launcher's store where the TMA store applies. FC1 and FC2 dgrad: not yet run on a
 # GPU (docs/design.md, section 8), so the register store until the H200 has measured them.
 DEFAULT_STORES = {"grouped_gemm": "tma", "grouped_wgrad": "tma", "fc1_forward": "regs", "fc2_dgrad": "regs"}
+
+
+def check_store(store: str) -> None:
+    """Raises for a kernel config's ``store`` that is not one of ``STORES``."""
+    if store not in STORES:
+        raise ValueError(f"store must be one of {STORES}, got {store!r}")
 
 
 def tma_reason(op: str, *, bias: bool = False, pingpong: bool = False, quantized: bool = False,
@@ -63,7 +69,7 @@ def _parsed(value: str) -> tuple[tuple[str, str], ...]:
 def store_for(op: str, **variant: bool) -> str:
     """The store of a launch of ``op`` given ``store=None`` (``variant``: ``tma_reason``'s flags)."""
     reason = tma_reason(op, **variant)
-    store = dict(_parsed(os.environ.get(ENV, ""))).get(op) if ENV in os.environ else None
+    store = forced_stores().get(op) if ENV in os.environ else None  # the check first: no dict at every launch
     if store == "tma" and reason is not None:
         raise ValueError(f"{ENV} forces the TMA store for {op}, but {reason}")
     if store is None:

@@ -108,7 +108,6 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90._tma import BIG, expert_tokens, ragged_tokens
-from gmlp.cutedsl.sm90.launch_options import STORES
 from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -166,8 +165,7 @@ class WgradConfig(StagedConfig):
             raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
-        if self.store not in STORES:
-            raise ValueError(f"store must be one of {STORES}, got {self.store!r}")
+        launch_options.check_store(self.store)
         if self.store == "tma" and (self.pingpong or self.decoded):
             raise ValueError(f"store='tma' needs pingpong=False and bf16 operands (the TMA-store epilogue has neither "
                              f"yet), got pingpong={self.pingpong}, a_format={self.a_format}")

@@ -181,12 +181,13 @@ def test_design_and_odd_shapes_are_supported(gated):
 
 @pytest.mark.parametrize("ffn", [32, 64, 96, 128, 160, 192, 256, 352])
 def test_quantized_tiles_cover_dh_once(ffn):
-    """The gated MXFP8 epilogue's column map (fc2_dgrad.dh_segments, the segments given to the
+    """The gated MXFP8 epilogue's column map (_fc2_dgrad_mxfp8.dh_segments, the segments given to the
     quantization and the db1 sums): over the n-tiles and their two halves, every column of dh (T, 2F)
     is written exactly once, d gate column f from da column f and d up column F + f from da column
     f, each quantized tile's 32-column blocks inside one segment; columns past F are never valid."""
     from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
-    from gmlp.cutedsl.sm90.fc2_dgrad import QUANTIZED_TILE_N, dh_segments
+    from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import dh_segments
+    from gmlp.cutedsl.sm90.fc2_dgrad import QUANTIZED_TILE_N
 
     written = {}
     for col0 in range(0, ffn, QUANTIZED_TILE_N):
