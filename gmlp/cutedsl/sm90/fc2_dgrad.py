@@ -24,7 +24,9 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   slots and 7 stages (BN = 128), 48 KB and 4 (BN = 256).
 - Epilogue from the accumulator registers in one pass, per thread pair of adjacent columns
   (f, f+1) of one row (only rows below the expert's end and columns below F): the gate pair
-  c[row, f:f+2] and, gated, the up pair c[row, F+f:F+f+2] are loaded once (2 x b16 each); with
+  c[row, f:f+2] and, gated, the up pair c[row, F+f:F+f+2] are loaded once (a 32-bit word each),
+  a batch of pairs ahead of their use, the first batch before the item's mainloop (the loads of
+  a pair at a time, waited for one by one, were FC2 dgrad's top stall, long_scoreboard); with
   probs, act(c) in fp32 is added into the thread's partial ``sum da * act`` of the row, then
   ``da *= probs[row]`` (probs loaded once per item); ``dh = act'(c) da`` (d gate, d up; srelu one
   output), bf16 pairs stored as 32-bit words. exp is ``ex2.approx.f32``, division
@@ -149,6 +151,7 @@ __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_suppo
 _NAME = "fc2_dgrad kernel"  # in the errors of compile_fc2_dgrad and fc2_dgrad
 TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
+_C_WORD_PAIRS = 16  # c's pairs a thread holds: two batches of 4 column groups x 2 rows
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
 QUANTIZED_TILE_N = _quantize_epilogue.TILE_COLS  # the quantizing epilogue's tile width (128)
 # the launcher's tile_n: 256 for a bf16 dh from a bf16 dy (0.77 of torch's grouped GEMM against
@@ -254,6 +257,10 @@ class FC2DgradSm90(QuantizedDhEpilogue):
         self.decoded = config.a_format is not None
         self.a_dtype = Uint8 if self.decoded else BFloat16
         self.tma_store = config.store == "tma"
+        # bf16 dh: c is loaded in batches of column groups (a group: a thread's 2 pairs in 8
+        # columns), a batch ahead, the first before the item's mainloop; with db1 at tile_n 256
+        # batches of 2 groups (4 spill 8 bytes beside the TMA store's staging there)
+        self.c_batch = 2 if config.bias_grad and config.tile_n == 256 else 4
 
     @cute.jit
     def __call__(
@@ -379,18 +386,24 @@ class FC2DgradSm90(QuantizedDhEpilogue):
                 gate_stage, up_stage = tile_store.staging(), tile_store.staging()
                 subtiles_done = Int32(0)
 
+            # bf16 dh: c's gate and up words of pair i at 2 (i % 16) (two batches of up to 8 pairs)
+            c_words = cute.make_rmem_tensor((2 * _C_WORD_PAIRS,), Int32)
+
             item = bidx
             while item < items.count:
                 g, m_tile, n_tile, first_row, end_row = items.tile(item)
-                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
-                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
-                    decoded)
-
-                # Epilogue at rows first_row + [0, 128), columns col0 + [0, BN): only rows <
+                # The epilogue reads rows first_row + [0, 128), columns col0 + [0, BN): only rows <
                 # end_row (this expert's) and columns < F are read and written. Accumulators 2i,
                 # 2i+1 are columns f, f+1 of one row (f even; F % 32 == 0: both or neither < F).
                 col0 = n_tile * self.tile_n
                 limits = (end_row - first_row, ffn - col0)
+                tile = (TILE_M, self.tile_n)
+                tCgG = cute.recast_tensor(thr_mma.partition_C(
+                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
+                tCgU = None
+                if const_expr(self.gated):
+                    tCgU = cute.recast_tensor(thr_mma.partition_C(
+                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
                 if const_expr(self.has_probs):
                     for slot in cutlass.range_constexpr(2):
                         row = tCcD[2 * slot][0]
@@ -398,9 +411,12 @@ class FC2DgradSm90(QuantizedDhEpilogue):
                         row_dprobs[slot] = Float32(0.0)
                         if row < limits[0]:
                             row_probs[slot] = mProbs[first_row + row].to(Float32)
-                tile = (TILE_M, self.tile_n)
-                tCgG = cute.recast_tensor(thr_mma.partition_C(
-                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
+                if const_expr(not self.quantized):
+                    self.load_c_pairs(c_words, 0, 2 * self.c_batch, tCgG, tCgU, tCcD, limits)
+                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
+                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
+                    decoded)
+
                 if const_expr(self.tma_store):
                     # dh's tile by subtiles of 32 columns (4 column groups j each), d gate at
                     # col0 and d up at F + col0 of the ragged view (rows from end_row on unwritten)
@@ -412,11 +428,7 @@ class FC2DgradSm90(QuantizedDhEpilogue):
                 elif const_expr(not self.quantized):
                     tCgH = cute.recast_tensor(thr_mma.partition_C(
                         cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
-                tCgU = None
-                if const_expr(self.gated):
-                    tCgU = cute.recast_tensor(thr_mma.partition_C(
-                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
-                    if const_expr(not self.quantized and not self.tma_store):
+                    if const_expr(self.gated):
                         tCgHU = cute.recast_tensor(thr_mma.partition_C(
                             cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
                 if const_expr(self.quantized):
@@ -428,11 +440,17 @@ class FC2DgradSm90(QuantizedDhEpilogue):
                         col_block0, m_tile * WARPS_PER_TILE + tile_warp)
 
                 # one pass over the thread's column groups j (two rows r, r + 8 of a column pair
-                # f, f+1; pair i = 2j + row slot): c loaded once; with probs, act(c) for the
-                # dprobs partials (of da before the probs scale) shares its sigmoid with act'(c).
+                # f, f+1; pair i = 2j + row slot), c of batch b + 1 loaded as batch b starts; with
+                # probs, act(c) for the dprobs partials (of da before the probs scale) shares its
+                # sigmoid with act'(c).
                 # bias_grad: the group's two rows are added at once and written over its da
                 # (read first): acc[4j + c] = d gate, acc[4j + 2 + c] = d up sums of column c.
-                for j in cutlass.range_constexpr(0 if const_expr(self.quantized) else cute.size(tCcD) // 4):
+                groups = 0 if const_expr(self.quantized) else cute.size(tCcD) // 4
+                for j in cutlass.range_constexpr(groups):
+                    batch = j // self.c_batch + 1
+                    if const_expr(j % self.c_batch == 0 and batch * self.c_batch < groups):
+                        self.load_c_pairs(c_words, 2 * self.c_batch * batch, 2 * self.c_batch,
+                                          tCgG, tCgU, tCcD, limits)
                     if const_expr(self.bias_grad):
                         group_sums.fill(0.0)  # masked elements add 0
                     for slot in cutlass.range_constexpr(2):
@@ -443,11 +461,12 @@ class FC2DgradSm90(QuantizedDhEpilogue):
                             up_stage[staged], up_stage[staged + 1] = BFloat16(0.0), BFloat16(0.0)
                         if cute.elem_less(tCcD[2 * i], limits):
                             grad = (acc[2 * i], acc[2 * i + 1])
-                            pair_bits[0] = tCgG[i]
+                            word = 2 * (i % _C_WORD_PAIRS)
+                            pair_bits[0] = c_words[word]
                             gate = (pair[0].to(Float32), pair[1].to(Float32))
                             up = gate
                             if const_expr(self.gated):
-                                pair_bits[0] = tCgU[i]
+                                pair_bits[0] = c_words[word + 1]
                                 up = (pair[0].to(Float32), pair[1].to(Float32))
                             d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
                             if const_expr(self.tma_store):
@@ -508,6 +527,21 @@ class FC2DgradSm90(QuantizedDhEpilogue):
             if const_expr(self.tma_store):
                 tile_store.drain()
 
+
+    @cute.jit
+    def load_c_pairs(self, c_words, first: int, count: int, tCgG, tCgU, tCcD, limits):
+        """c's words (bf16 pairs, gate and up) of the thread's pairs ``first + [0, count)`` into
+        ``c_words`` (pair i at 2 (i % 16)), traced inline: all issued before any is used. A masked
+        pair's words are not loaded but set to 0 (never read: else LLVM, not seeing that, keeps the
+        previous item's words live through the mainloop)."""
+        for k in cutlass.range_constexpr(count):
+            i = first + k
+            word = 2 * (i % _C_WORD_PAIRS)
+            c_words[word], c_words[word + 1] = Int32(0), Int32(0)
+            if cute.elem_less(tCcD[2 * i], limits):
+                c_words[word] = tCgG[i]
+                if const_expr(self.gated):
+                    c_words[word + 1] = tCgU[i]
 
     def pair_backward(self, gate, up, grad, slot: int, row_probs, row_dprobs):
         """(d0, d1): the activation backward of one column pair of row slot ``slot`` (gate, up and

@@ -11,10 +11,8 @@ from gmlp.cutedsl.sm90.launch_options import ENV, describe, forced_stores, store
 def test_defaults_where_the_tma_store_applies(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert store_for("grouped_gemm") == "tma" and store_for("grouped_wgrad") == "tma"
-    assert store_for("fc1_forward") == "regs" and store_for("fc2_dgrad") == "regs"  # until measured
+    assert store_for("fc1_forward") == "tma" and store_for("fc2_dgrad") == "tma"
     assert describe("grouped_gemm") == "store=tma"
-    assert describe("fc1_forward") == ("store=regs (the default until measured; GMLP_SM90_STORE=fc1_forward=tma "
-                                       "tries the TMA store)")
 
 
 def test_variants_the_tma_store_does_not_take_get_the_register_store(monkeypatch):
