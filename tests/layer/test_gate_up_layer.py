@@ -13,10 +13,12 @@ import torch
 
 import gmlp
 from gmlp.contract.gate_up import GateUpLayout
+from gmlp.cutedsl import import_error
 from gmlp.debug import cross_check
 from gmlp.layer import autograd
 from tests.support.backends import kernel_device
 from tests.support.cases import parametrize_quick, stored_gate_up
+from tests.support.sm90 import on_sm90
 
 SPLITS = [37, 0, 59]
 E, H, F = len(SPLITS), 64, 96
@@ -54,10 +56,17 @@ def _inputs(device: torch.device):
 
 @parametrize_quick("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
 @parametrize_quick("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton", pytest.param("default", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not on_sm90() or import_error() is not None,
+                                        reason="needs an sm_90 GPU (H100/H200) and cutlass-dsl")])])
 def test_layouts_give_the_halves_bits(monkeypatch, layout, recipe, backend):
-    monkeypatch.setenv("GMLP_BACKEND", backend)
-    device = kernel_device() if backend == "triton" else torch.device("cpu")
+    """"default" on an SM90 GPU: FC1 and FC1 dgrad on the CuTeDSL kernels reading the views in
+    place, FC1 wgrad on Triton (``gmlp.cutedsl.sm90.support``)."""
+    if backend == "default":
+        monkeypatch.delenv("GMLP_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("GMLP_BACKEND", backend)
+    device = kernel_device() if backend != "torch" else torch.device("cpu")
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(E, H, F, recipe=recipe, device=device)
     x, probs, split_sizes, dy = _inputs(device)

@@ -17,13 +17,15 @@ rows past N read zeros.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float32, Int32, const_expr
 
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 
@@ -31,7 +33,8 @@ __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGR
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "cta_roles", "mma_thread",
            "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline", "make_turns",
            "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major", "a_tiles",
-           "b_tiles", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "skip_k_tiles", "consumer_fragments"]
+           "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "skip_k_tiles",
+           "consumer_fragments"]
 
 TILE_K = 64  # one 128-byte swizzle row of bf16
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
@@ -191,7 +194,7 @@ def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages
     boxes must then be stacked row blocks of the smem tile, which holds for K-major B).
     ``a_dtype`` Uint8: A's slots hold the fp8 bytes of an MXFP8 A (64B-swizzled, decoded to bf16
     by the consumers: ``_decode``); the MMA stays bf16."""
-    mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
+    mB_nke = _nke(mB)
     tile_shape_mnk = (TILE_M, tile_n, TILE_K)
     a_layout = utils.LayoutEnum.from_tensor(mA)
     b_layout = utils.LayoutEnum.from_tensor(mB_nke)
@@ -205,14 +208,27 @@ def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
         (TILE_M, TILE_K),
     )
+    tma_atom_b, tma_b = make_b_tma(mB, b_smem_layout, tile_n, b_box_rows)
+    return MainloopOperands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
+
+
+def _nke(mB: cute.Tensor) -> cute.Tensor:
+    """B (E, N, K) as the (N, K, E) tensor of the dense Hopper GEMMs (L = experts)."""
+    return cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
+
+
+def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int, b_box_rows: int | None = None):
+    """(TMA atom, TMA coordinates (N, K, E)) of B (E, N, K) into ``b_smem_layout``'s (tile_n, 64)
+    tiles, by boxes of ``b_box_rows`` x 64 (default tile_n; see ``make_mainloop_operands``). A
+    second B of a K split (``KSplit``) gets its own from here, into the same slots."""
+    mB_nke = _nke(mB)
     box_rows = tile_n if b_box_rows is None else b_box_rows
     box_layout = b_smem_layout if box_rows == tile_n else sm90_utils.make_smem_layout_b(
-        b_layout, (TILE_M, box_rows, TILE_K), BFloat16, 1)
-    tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+        utils.LayoutEnum.from_tensor(mB_nke), (TILE_M, box_rows, TILE_K), BFloat16, 1)
+    return cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(box_layout, (None, None, 0)),
         (box_rows, TILE_K),
     )
-    return MainloopOperands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
 
 
 def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, stage_bytes: int):
@@ -245,38 +261,39 @@ def consumer_states(stages: int):
             pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages))
 
 
-def a_tiles(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, first_row: Int32):
+def a_tiles(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, first_row: Int32, first_col=0):
     """(tAsA, tAgA): TMA partitions of the (128, 64) k-tiles of A from row ``first_row`` (an
-    expert's row, not tile-aligned): ((TMA), stages) and ((TMA), RestK)."""
-    gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
+    expert's row, not tile-aligned) and column ``first_col``: ((TMA), stages) and ((TMA), RestK)."""
+    gA = cute.local_tile(cute.domain_offset((first_row, first_col), mA), (TILE_M, TILE_K), (0, None))
     return cute.nvgpu.cpasync.tma_partition(
         tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
 
 
 def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n: int, row_offset=0):
-    """(tBsB, tBgB): TMA partitions of the (tile_n, 64) tiles of B (N, K, E) whose rows start at
-    ``row_offset`` + n_tile * tile_n: ((TMA), stages) and ((TMA), RestN, RestK, E)."""
+    """(tma_atom_b, tBsB, tBgB): the TMA partitions of the (tile_n, 64) tiles of B (N, K, E) whose
+    rows start at ``row_offset`` + n_tile * tile_n, ((TMA), stages) and ((TMA), RestN, RestK, E),
+    with the atom that loads them (a B part of ``produce_token_items``)."""
     if isinstance(row_offset, int) and row_offset == 0:
         source = mB
     else:
         source = cute.domain_offset((row_offset, 0, 0), mB)
     gB = cute.local_tile(source, (tile_n, TILE_K), (None, None, None))
-    return cute.nvgpu.cpasync.tma_partition(
-        tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+    return (tma_atom_b, *cute.nvgpu.cpasync.tma_partition(
+        tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)))
 
 
 @cute.jit
 def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, tAgA: cute.Tensor,
-                    tAsA: cute.Tensor, tma_atom_b: cute.CopyAtom, b_loads: tuple):
+                    tAsA: cute.Tensor, b_loads: tuple):
     """TMA loads of one work item's k-tiles: per slot, A's k-tile and every B tile of ``b_loads``
-    ((tBgB of the item: ((TMA), RestK), tBsB) pairs), all on the slot's full barrier. Returns the
-    advanced producer state."""
+    ((TMA atom, tBgB of the item: ((TMA), RestK), tBsB) triples), all on the slot's full barrier.
+    Returns the advanced producer state."""
     for k_tile in range(k_tiles):
         mainloop.producer_acquire(state)
         barrier = mainloop.producer_get_barrier(state)
         cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
         for b in cutlass.range_constexpr(len(b_loads)):
-            cute.copy(tma_atom_b, b_loads[b][0][(None, k_tile)], b_loads[b][1][(None, state.index)],
+            cute.copy(b_loads[b][0], b_loads[b][1][(None, k_tile)], b_loads[b][2][(None, state.index)],
                       tma_bar_ptr=barrier)
         mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
         state.advance()
@@ -286,19 +303,52 @@ def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, 
 @cute.jit
 def produce_token_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: Int32, step: Int32,
                         k_tiles: Int32, tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor,
-                        tma_atom_b: cute.CopyAtom, b_parts: tuple):
+                        b_parts: tuple, k_split: KSplit | None = None):
     """The producer warp of a token-row kernel: for its CTA's work items (``item``, ``item +
     step``, ...), the TMA loads of every k-tile (``produce_k_tiles``): A at the expert's first row,
-    and per (tBsB, tBgB) of ``b_parts`` (``b_tiles``) the expert's B tile of the item's n-tile.
-    Then waits until the consumers freed every slot."""
+    and per B part of ``b_parts`` (``b_tiles``) the expert's B tile of the item's n-tile.
+    With ``k_split`` (B given as two tensors side by side along K), the first ``k_split.k_tiles``
+    k-tiles read A from column 0 and ``b_parts``, the rest A from column ``k_split.k0`` and
+    ``k_split.b_parts``. Then waits until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     while item < items.count:
         g, _, n_tile, first_row, _ = items.tile(item)
         tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
-        loads = tuple((tBgB[(None, n_tile, None, g)], tBsB) for tBsB, tBgB in b_parts)
-        state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, tma_atom_b, loads)
+        if const_expr(k_split is None):
+            state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, _item_loads(b_parts, n_tile, g))
+        else:
+            state = produce_k_tiles(mainloop, state, k_split.k_tiles, tma_atom_a, tAgA, tAsA,
+                                    _item_loads(b_parts, n_tile, g))
+            tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row, k_split.k0)
+            state = produce_k_tiles(mainloop, state, k_tiles - k_split.k_tiles, tma_atom_a, tAgA, tAsA,
+                                    _item_loads(k_split.b_parts, n_tile, g))
         item += step
     mainloop.producer_tail(state)
+
+
+def _item_loads(b_parts: tuple, n_tile: Int32, g: Int32) -> tuple:
+    """``produce_k_tiles``' B loads of an item: each B part's tiles of n-tile ``n_tile``, expert ``g``."""
+    return tuple((atom, tBgB[(None, n_tile, None, g)], tBsB) for atom, tBsB, tBgB in b_parts)
+
+
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class KSplit:
+    """B given as two tensors side by side along K (W1^T's gate and up stored apart, FC1 dgrad):
+    A's columns [0, k0) meet the first B, the rest the second (its ``b_parts``, ``b_tiles``).
+    ``k_tiles``: the first part's, ceil(k0 / 64); where k0 is not a multiple of 64 its last k-tile
+    reads A's columns past k0 against B's zero fill (TMA's, past the first tensor's K), which adds
+    exact zeros for finite A, and the k16 steps of the products that count are those of one B
+    (k0 is a multiple of 16): the same sums."""
+
+    k0: Int32
+    k_tiles: Int32
+    b_parts: tuple
+
+    @staticmethod
+    def of(mB: cute.Tensor, b_parts: tuple) -> KSplit:
+        """The split after a first B whose TMA coordinates ``mB`` are (N, k0, E)."""
+        k0 = mB.shape[1]
+        return KSplit(k0, (k0 + TILE_K - 1) // TILE_K, b_parts)
 
 
 @cute.jit

@@ -68,6 +68,7 @@ import torch
 from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.gate_up import GateUp
 from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
@@ -103,6 +104,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     cta_roles,
     launch,
     mainloop_fields,
+    make_b_tma,
     make_mainloop_operands,
     make_mainloop_pipeline,
     mma_thread,
@@ -174,6 +176,9 @@ class FC1Config(StagedConfig):
     # bf16 c and a's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
     # shared memory and TMA-stored, c gate, c up and a of a subtile as one bulk group (``_store``)
     store: str = "regs"
+    # W1's up weights a second tensor (gate and up stored apart, ``gmlp.contract.gate_up``): the
+    # up tiles from its own TMA descriptor at row n_tile * 128, not from W1's at F + n_tile * 128
+    up_apart: bool = False
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -188,6 +193,9 @@ class FC1Config(StagedConfig):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in _FLOAT_DTYPES:
                 raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
+        if self.up_apart and not (self.activation.gated and self.b_k_major):
+            raise ValueError(f"up_apart needs a gated activation and K-major gate and up views, got "
+                             f"{self.activation.name}, b_k_major={self.b_k_major}")
         launch_options.check_store(self.store)
         if self.store == "tma" and (self.quantized or self.fused_b or self.a_format is not None):
             raise ValueError(f"store='tma' needs a bf16 a, two B tiles and a bf16 x (the TMA-store epilogue has "
@@ -254,6 +262,7 @@ class FC1ForwardSm90:
         mX: cute.Tensor,  # (T, H) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
         mXScales: cute.Tensor | None,  # decoded: (T, H / 32) uint8 E8M0 bytes of x's rows
         mW: cute.Tensor,  # (E, N1, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, N1'))
+        mWUp: cute.Tensor | None,  # up_apart: W1's up weights (E, F, H), K-major; mW is then the gate's (E, F, H)
         mBias: cute.Tensor | None,  # (E, N1) bf16/fp32, row-major
         mProbs: cute.Tensor | None,  # (T,) fp32/bf16
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
@@ -270,6 +279,9 @@ class FC1ForwardSm90:
     ):
         ops = make_mainloop_operands(mX, mW, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
                                      a_dtype=self.a_dtype)
+        tma_atom_u = tma_u = None
+        if const_expr(self.config.up_apart):
+            tma_atom_u, tma_u = make_b_tma(mWUp, ops.b_smem_layout, self.mma_n, TILE_N)
         a16_layout = _decode.buffer_layout(mX, (TILE_M, self.mma_n, TILE_K))  # decoded: x's bf16 buffers
         # sB: the gate tile (h for srelu; fused_b: gate and up)
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
@@ -289,7 +301,8 @@ class FC1ForwardSm90:
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         if const_expr(self.fused_b):
             check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, mBias, mProbs, mRowStart,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, tma_atom_u, tma_u, mBias,
+                           mProbs, mRowStart,
                            mTileStart, mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
                            *_store.kernel_arguments(c_store), *_store.kernel_arguments(a_store)[:2],
                            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
@@ -302,7 +315,9 @@ class FC1ForwardSm90:
         mX: cute.Tensor,  # TMA coordinates of x (T, H)
         mXScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
-        mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E)
+        mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E), or (up_apart) of its gate weights (F, H, E)
+        tma_atom_u: cute.CopyAtom | None,  # up_apart: the up weights' TMA load
+        mWUp: cute.Tensor | None,  # up_apart: TMA coordinates of the up weights (F, H, E)
         mBias: cute.Tensor | None,
         mProbs: cute.Tensor | None,
         mRowStart: cute.Tensor,
@@ -325,7 +340,7 @@ class FC1ForwardSm90:
         a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         atoms = ((tma_atom_a, tma_atom_b, tma_atom_c, tma_atom_act) if const_expr(self.tma_store)
-                 else (tma_atom_a, tma_atom_b))
+                 else (tma_atom_a, tma_atom_b)) + ((tma_atom_u,) if const_expr(self.config.up_apart) else ())
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # a slot: A and the B tile(s): gate and up (gated), or the fused 256-row tile holding both
@@ -338,24 +353,25 @@ class FC1ForwardSm90:
         items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
         k_tiles = (mX.shape[1] + TILE_K - 1) // TILE_K
         # B tiles of an item's n-tile: W1_g rows n_tile * 128 + [0, 128) (gate, or h for srelu)
-        # and, gated, F + n_tile * 128 + [0, 128) (up)
+        # and, gated, F + n_tile * 128 + [0, 128) (up; up_apart: rows n_tile * 128 + [0, 128) of
+        # the up weights)
+        up_source = (tma_atom_u, mWUp, 0) if const_expr(self.config.up_apart) else (tma_atom_b, mW, ffn)
         smem_b = (sB,)
         if const_expr(self.fused_b):  # rows [0, 128) of the 256-row tile: gate; [128, 256): up
             b_parts = (b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N),
-                       b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)), TILE_N,
-                               row_offset=ffn))
+                       b_tiles(up_source[0], up_source[1], cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)),
+                               TILE_N, row_offset=up_source[2]))
         else:
             b_parts = (b_tiles(tma_atom_b, mW, sB, TILE_N),)
             if const_expr(self.gated):
                 sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-                b_parts += (b_tiles(tma_atom_b, mW, sU, TILE_N, row_offset=ffn),)
+                b_parts += (b_tiles(up_source[0], up_source[1], sU, TILE_N, row_offset=up_source[2]),)
                 smem_b = (sB, sU)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
-            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, tma_atom_b,
-                                b_parts)
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
@@ -509,7 +525,9 @@ def _fake_arguments(config: FC1Config) -> tuple:
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts = cute.sym_int(), cute.sym_int()
     x, x_scales = _decode.fake_token_operand(rows, hidden, config.a_format)
-    w = fake_experts(experts, n1, hidden, config.b_k_major)
+    w, w_up = fake_experts(experts, n1, hidden, config.b_k_major), None
+    if config.up_apart:  # the gate and up views, each (E, F, H) with its own strides
+        w, w_up = fake_experts(experts, ffn, hidden, True), fake_experts(experts, ffn, hidden, True)
     bias = probs = None
     if config.bias_dtype is not None:
         bias = fake_matrix(_FLOAT_DTYPES[config.bias_dtype], experts, n1, divisibility=1, align=4)
@@ -518,7 +536,7 @@ def _fake_arguments(config: FC1Config) -> tuple:
     row_start, tile_start = fake_vector(Int32, starts), fake_vector(Int32, starts)
     c = fake_matrix(BFloat16, rows, n1)
     block_start, outputs = _quantize_epilogue.fake_outputs(rows, ffn, starts, config.quantized)  # a's
-    return (x, x_scales, w, bias, probs, row_start, tile_start, block_start, c, *outputs, Int32(1), fake_stream())
+    return (x, x_scales, w, w_up, bias, probs, row_start, tile_start, block_start, c, *outputs, Int32(1), fake_stream())
 
 
 _compile = config_compiler(FC1ForwardSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
@@ -551,7 +569,7 @@ def compile_fc1(
 
 def fc1_forward(
     x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x) (decoded in the kernel)
-    w1: torch.Tensor,  # W1_g (N1, H) per expert: bf16 (E, N1, H), K-major or N-major
+    w1: torch.Tensor | GateUp,  # W1_g (N1, H) per expert: bf16 (E, N1, H), K-major or N-major; or its gate and up views
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     ffn_hidden_size: int,
@@ -569,7 +587,8 @@ def fc1_forward(
     ``MXFP8Recipe`` writes c and ``a`` as Q_row(a) and Q_col(a) (E4M3, the recipe's scale mode,
     compact scales; ``FC1Output.a`` is None), bit for bit the Triton kernel's. ``x`` may be a
     rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
-    as on its Triton-dequantized bf16 values."""
+    as on its Triton-dequantized bf16 values. A gated W1 may come in any ``gmlp.contract.gate_up``
+    layout, as the two (E, F, H) views of a ``GateUp`` (rows contiguous: K-major), read in place."""
     # validate
     check_recipe(recipe)
     check_activation(activation)
@@ -577,10 +596,19 @@ def fc1_forward(
     n1 = (2 if activation.gated else 1) * ffn
     x_data, x_scales, x_format = _decode.token_operand("x", x)
     tokens, hidden = x_data.shape
-    expert_matrices("w1", w1, experts, N1=n1, H=hidden)
+    w_gate, w_up = (w1.gate, w1.up) if isinstance(w1, GateUp) else (w1, None)
+    if w_up is not None:
+        if not activation.gated:
+            raise ValueError(f"w1 is a GateUp (gate and up weights) but the activation {activation.name} is not gated")
+        expert_matrices("w1.gate", w_gate, experts, F=ffn, H=hidden)
+        expert_matrices("w1.up", w_up, experts, F=ffn, H=hidden)
+        b_is_k_major("w1.up", w_up)  # a layout TMA reads, else ValueError
+        check_tma_bases(w1_up=w_up)
+    else:
+        expert_matrices("w1", w1, experts, N1=n1, H=hidden)
     check_problem(_NAME, problem_support(tokens, hidden, ffn, experts, gated=activation.gated))
-    b_k_major = b_is_k_major("w1", w1)  # a layout TMA reads, else ValueError
-    check_tma_bases(x=x_data, w1=w1)
+    b_k_major = b_is_k_major("w1", w_gate)  # a layout TMA reads, else ValueError
+    check_tma_bases(x=x_data, w1=w_gate)
     check_optional("b1", b1, (experts, n1))
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
@@ -590,7 +618,7 @@ def fc1_forward(
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
                        floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b,
-                       a_format=x_format, store=store)
+                       a_format=x_format, store=store, up_apart=w_up is not None)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
@@ -601,8 +629,8 @@ def fc1_forward(
                                                                device)
     block_start = groups.block_start if quantized else None
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, TILE_N), device)
-    run(_compile, config, device, num_ctas, x_data, x_scales, w1, b1, probs, groups.row_start, groups.tile_start,
-        block_start, c, *outputs)
+    run(_compile, config, device, num_ctas, x_data, x_scales, w_gate, w_up, b1, probs, groups.row_start,
+        groups.tile_start, block_start, c, *outputs)
     if not quantized:
         return FC1Output(c=c, a=outputs[0], a_rowwise=None, a_columnwise=None)
     a_rowwise, a_columnwise = quantized_a.tensors(False, A_FORMAT, recipe.scale_mode, split_sizes)

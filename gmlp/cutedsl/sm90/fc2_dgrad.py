@@ -346,8 +346,7 @@ class FC2DgradSm90(QuantizedDhEpilogue):
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (dy, w2t) k-tile of this CTA's items
-            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_b,
-                                b_parts)
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, b_parts)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])

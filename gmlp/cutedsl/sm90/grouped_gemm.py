@@ -69,11 +69,18 @@ from gmlp.cutedsl.sm90._compile import (
     fake_stream,
     fake_vector,
 )
-from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, expert_matrices, run
+from gmlp.cutedsl.sm90._launch import (
+    check_optional,
+    check_problem,
+    check_tma_bases,
+    expert_matrices,
+    run,
+)
 from gmlp.cutedsl.sm90._pipeline import (
     ELEMENT_ALIGN,
     THREADS_PER_WARPGROUP,
     TILE_K,
+    KSplit,
     StagedConfig,
     b_is_k_major,
     b_tiles,
@@ -82,6 +89,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     cta_roles,
     launch,
     mainloop_fields,
+    make_b_tma,
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
@@ -131,6 +139,9 @@ class KernelConfig(StagedConfig):
     # the epilogue's stores: "regs", predicated bf16 pairs from the registers; "tma", subtiles
     # staged in shared memory and stored by TMA, overlapped with what follows (``_store``)
     store: str = "regs"
+    # B given as two tensors side by side along K (W1^T with its gate and up stored apart, FC1
+    # dgrad; ``_pipeline.KSplit``), both of the b_k_major layout
+    k_split: bool = False
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -139,6 +150,8 @@ class KernelConfig(StagedConfig):
             raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), got {self.tile_n}")
         if self.a_format is not None and self.pingpong:
             raise ValueError("a decoded MXFP8 A (a_format) needs pingpong=False (one warpgroup's bf16 buffers per tile)")
+        if self.a_format is not None and self.k_split:
+            raise ValueError("a decoded MXFP8 A (a_format) needs k_split=False (its scales follow one B's k-tiles)")
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_store(self.store)
@@ -189,6 +202,7 @@ class GroupedGemmSm90:
         mA: cute.Tensor,  # (T, K) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
         mScales: cute.Tensor | None,  # decoded: (T, K / 32) uint8 E8M0 bytes of A's rows, row-major
         mB: cute.Tensor,  # (E, N, K) bf16: K-major (strides (., K', 1)) or N-major (strides (., 1, N'))
+        mB1: cute.Tensor | None,  # k_split: (E, N, K - K0) bf16, B's columns from K0 = mB's K on
         mBias: cute.Tensor | None,  # (E, N) bf16/fp32, row-major
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
         mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
@@ -197,6 +211,9 @@ class GroupedGemmSm90:
         stream,
     ):
         ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
+        tma_atom_b1 = tma_b1 = None
+        if const_expr(self.config.k_split):
+            tma_atom_b1, tma_b1 = make_b_tma(mB1, ops.b_smem_layout, self.tile_n)
         a16_layout = _decode.buffer_layout(mA, self.tile_shape_mnk)  # decoded: the bf16 buffers of A
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, turns=self.pingpong)
         if const_expr(self.decoded):
@@ -206,7 +223,8 @@ class GroupedGemmSm90:
             store = _store.make_store_operands(ragged_rows(mD), self.num_mma_warpgroups)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, mBias, mRowStart, mTileStart,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
+                           mRowStart, mTileStart,
                            mD, *(_store.kernel_arguments(store)), ops.tiled_mma, ops.a_smem_layout,
                            ops.b_smem_layout, a16_layout),
                num_ctas, self.threads, stream)
@@ -218,7 +236,9 @@ class GroupedGemmSm90:
         mA: cute.Tensor,  # TMA coordinates of A (T, K)
         mScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
-        mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
+        mB: cute.Tensor,  # TMA coordinates of B (N, K, E), or of its first K0 columns (k_split)
+        tma_atom_b1: cute.CopyAtom | None,  # k_split: the second B's TMA load
+        mB1: cute.Tensor | None,  # k_split: TMA coordinates of the second B (N, K - K0, E)
         mBias: cute.Tensor | None,
         mRowStart: cute.Tensor,
         mTileStart: cute.Tensor,
@@ -231,7 +251,8 @@ class GroupedGemmSm90:
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
         a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
-        atoms = (tma_atom_a, tma_atom_b, tma_atom_d) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
+        atoms = (tma_atom_a, tma_atom_b) + ((tma_atom_d,) if const_expr(self.tma_store) else ()) \
+            + ((tma_atom_b1,) if const_expr(self.config.k_split) else ())
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
@@ -246,12 +267,16 @@ class GroupedGemmSm90:
         items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], self.tile_n)
         k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
         b_parts = (b_tiles(tma_atom_b, mB, sB, self.tile_n),)  # B_g rows n_tile * BN + [0, BN)
+        k_split = None
+        if const_expr(self.config.k_split):  # the first B's k-tiles, then the second's
+            k_split = KSplit.of(mB, (b_tiles(tma_atom_b1, mB1, sB, self.tile_n),))
+            k_tiles = k_split.k_tiles + (mA.shape[1] - k_split.k0 + TILE_K - 1) // TILE_K
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_b,
-                                b_parts)
+            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, b_parts,
+                                k_split)
 
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
@@ -350,11 +375,14 @@ def _fake_arguments(config: KernelConfig) -> tuple:
     starts, experts = cute.sym_int(), cute.sym_int()  # E + 1, E
     k = cute.sym_int(divisibility=BLOCK_SIZE if config.a_format is not None else ELEMENT_ALIGN)
     a, scales = _decode.fake_token_operand(rows, k, config.a_format)
-    b = fake_experts(experts, n, k, config.b_k_major)
+    b, b1 = fake_experts(experts, n, k, config.b_k_major), None
+    if config.k_split:  # K = K0 + K1, each a multiple of 8
+        k0, k1 = cute.sym_int(divisibility=ELEMENT_ALIGN), cute.sym_int(divisibility=ELEMENT_ALIGN)
+        b, b1 = fake_experts(experts, n, k0, config.b_k_major), fake_experts(experts, n, k1, config.b_k_major)
     bias = None
     if config.bias_dtype is not None:
         bias = fake_matrix(_BIAS_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
-    return (a, scales, b, bias, fake_vector(Int32, starts), fake_vector(Int32, starts), fake_matrix(BFloat16, rows, n),
+    return (a, scales, b, b1, bias, fake_vector(Int32, starts), fake_vector(Int32, starts), fake_matrix(BFloat16, rows, n),
             Int32(1), fake_stream())
 
 
@@ -397,7 +425,7 @@ _b_layout = functools.partial(b_is_k_major, "b")  # True: K-major B (E, N, K); F
 
 def grouped_gemm(
     a: torch.Tensor | MXFP8Tensor,  # (T, K) bf16, contiguous, rows grouped by expert; or Q_row(A)
-    b: torch.Tensor,  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major (_b_layout)
+    b: torch.Tensor | tuple[torch.Tensor, torch.Tensor],  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     bias: torch.Tensor | None = None,  # (E, N) bf16 or fp32
@@ -410,23 +438,35 @@ def grouped_gemm(
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
     of 8 and 16-byte aligned bases (TMA). ``a`` may be a rowwise ``MXFP8Tensor`` (compact
     scales): decoded to bf16 in the kernel, the result is bit for bit that of its Triton-
-    dequantized bf16 values (``tile_n`` then without ``pingpong``)."""
+    dequantized bf16 values (``tile_n`` then without ``pingpong``). ``b`` may be a pair (B, B2) of
+    (E, N, K1) and (E, N, K - K1) operands of one layout, B_g = [B_g | B2_g] along K (W1^T with its
+    gate and up stored apart), read in place."""
     # validate
     a, scales, a_format = _decode.token_operand("a", a)
     (tokens, k), experts = a.shape, split_sizes.numel()
-    n = expert_matrices("b", b, experts, N=None, K=k).n
+    b0, b1 = b if isinstance(b, tuple) else (b, None)
+    n = expert_matrices("b", b0, experts, N=None, K=None if b1 is not None else k).n
+    if b1 is not None:
+        k0 = b0.shape[2]
+        if k0 % ELEMENT_ALIGN:
+            raise ValueError(f"b's first part must have a multiple of {ELEMENT_ALIGN} columns (K1), got K1={k0}")
+        expert_matrices("b[1]", b1, experts, N=n, K=k - k0)
+        if _b_layout(b0) != _b_layout(b1):
+            raise ValueError(f"b's two parts must both be K-major or both N-major, got strides {b0.stride()} and "
+                             f"{b1.stride()}")
+        check_tma_bases(b1=b1)
     check_problem(_NAME, problem_support(tokens, n, k, experts))
-    check_tma_bases(a=a, b=b)
+    check_tma_bases(a=a, b=b0)
     check_optional("bias", bias, (experts, n))
     if store is None:
         store = launch_options.store_for("grouped_gemm", bias=bias is not None, pingpong=pingpong,
                                          decoded=a_format is not None)
-    config = KernelConfig(b_k_major=_b_layout(b), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
-                          pingpong=pingpong, a_format=a_format, store=store)
+    config = KernelConfig(b_k_major=_b_layout(b0), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
+                          pingpong=pingpong, a_format=a_format, store=store, k_split=b1 is not None)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.device)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, tile_n), a.device)
-    run(_compile, config, a.device, num_ctas, a, scales, b, bias, groups.row_start, groups.tile_start, out)
+    run(_compile, config, a.device, num_ctas, a, scales, b0, b1, bias, groups.row_start, groups.tile_start, out)
     return out

@@ -98,7 +98,10 @@ def launcher(op: str) -> Callable:
     return getattr(_module(op), KERNEL_MODULES[op][1])
 
 
-W1_SITES = ("fc1", "fc1 dgrad", "fc1 wgrad")  # the sites whose kernels read W1 or write dW1
+# W1's gate and up stored apart (``gmlp.contract.gate_up``): FC1 reads gate and up through their
+# own TMA descriptors (``FC1Config.up_apart``) and FC1 dgrad W1^T's two parts along K
+# (``KernelConfig.k_split``); the weight gradient writes one (E, 2F, H) dW1
+W1_APART_REFUSED = ("fc1 wgrad",)
 
 
 def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
@@ -109,9 +112,9 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
         return error
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
-    if site in W1_SITES and problem.gate_up is not GateUpLayout.HALVES:
-        return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {problem.gate_up.storage}: the SM90 kernels read "
-                                        "W1 and write dW1 as one (E, 2F, H) tensor")
+    if site in W1_APART_REFUSED and problem.gate_up is not GateUpLayout.HALVES:
+        return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {problem.gate_up.storage}: the SM90 weight "
+                                        "gradient writes dW1 as one (E, 2F, H) tensor")
     gated = problem.activation != "srelu"
     n1 = (2 if gated else 1) * problem.ffn
     tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn

@@ -353,7 +353,7 @@ class GroupedWgradSm90:
                 tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
                 state = produce_k_tiles(mainloop, state, (rows + TILE_K - 1) // TILE_K, tma_atom_a, tAgA, tAsA,
-                                        tma_atom_b, ((tBgB, tBsB),))
+                                        ((tma_atom_b, tBgB, tBsB),))
                 item += grid
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
