@@ -60,8 +60,8 @@ def _inputs(device: torch.device):
     pytest.mark.gpu, pytest.mark.skipif(not on_sm90() or import_error() is not None,
                                         reason="needs an sm_90 GPU (H100/H200) and cutlass-dsl")])])
 def test_layouts_give_the_halves_bits(monkeypatch, layout, recipe, backend):
-    """"default" on an SM90 GPU: FC1 and FC1 dgrad on the CuTeDSL kernels reading the views in
-    place, FC1 wgrad on Triton (``gmlp.cutedsl.sm90.support``)."""
+    """"default" on an SM90 GPU: every site on the CuTeDSL kernels, the W1 sites reading and
+    writing the views in place (``gmlp.cutedsl.sm90.support.site_reason``)."""
     if backend == "default":
         monkeypatch.delenv("GMLP_BACKEND", raising=False)
     else:

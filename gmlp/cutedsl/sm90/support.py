@@ -15,7 +15,6 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Callable
 
-from gmlp.contract.gate_up import GateUpLayout
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 from gmlp.system.versions import missing_package_hint, package_version
@@ -98,23 +97,16 @@ def launcher(op: str) -> Callable:
     return getattr(_module(op), KERNEL_MODULES[op][1])
 
 
-# W1's gate and up stored apart (``gmlp.contract.gate_up``): FC1 reads gate and up through their
-# own TMA descriptors (``FC1Config.up_apart``) and FC1 dgrad W1^T's two parts along K
-# (``KernelConfig.k_split``); the weight gradient writes one (E, 2F, H) dW1
-W1_APART_REFUSED = ("fc1 wgrad",)
-
-
 def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     """Why the SM90 kernel of ``op`` cannot run ``site`` of the layer, or None (cutlass-dsl
-    imports: ``import_error`` is checked first)."""
+    imports: ``import_error`` is checked first). Every ``gmlp.contract.gate_up`` layout runs: FC1
+    reads gate and up through their own TMA descriptors, FC1 dgrad W1^T's two parts along K, the
+    weight gradient writes dW1's gate and up rows apart (``split_rows``)."""
     error = import_error()
     if error is not None:
         return error
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
-    if site in W1_APART_REFUSED and problem.gate_up is not GateUpLayout.HALVES:
-        return Reason(ReasonKind.SHAPE, f"W1's gate and up stored {problem.gate_up.storage}: the SM90 weight "
-                                        "gradient writes dW1 as one (E, 2F, H) tensor")
     gated = problem.activation != "srelu"
     n1 = (2 if gated else 1) * problem.ffn
     tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn

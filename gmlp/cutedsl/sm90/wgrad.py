@@ -591,8 +591,9 @@ def grouped_wgrad(
     b: torch.Tensor | MXFP8Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous; or Q_col of it
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
-    out: torch.Tensor | None = None,  # (E, M, N) fp32 to accumulate into (main_grad)
+    out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,  # (E, M, N) fp32 to accumulate into
     out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
+    split_rows: int | None = None,  # return rows [0, split_rows) and the rest of each dW_g apart
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tile_n: int | None = None,  # 256 (bf16 operands) or 128 (decoded ones, the only width they take)
     ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
@@ -604,7 +605,13 @@ def grouped_wgrad(
     multiples of 8 and 16-byte aligned bases (TMA). ``a`` and ``b`` may both be columnwise
     ``MXFP8Tensor``s (``support.decoded_wgrad_reason``): decoded in the kernel, the same result bit for
     bit as on their Triton-dequantized bf16 values (at tile_n 128); refused while
-    ``support.DECODED_WGRAD_FAULT`` says why it cannot run."""
+    ``support.DECODED_WGRAD_FAULT`` says why it cannot run. With ``split_rows`` (bf16 operands;
+    ``out`` then a pair), each dW_g's first ``split_rows`` rows and the rest are two (E, ., N)
+    tensors (dW1's gate and up, the gradients of two weights: ``gmlp.contract.gate_up``): two
+    launches, one per part of A's columns (the same sums, bit for bit, as one launch's rows)."""
+    if split_rows is not None:
+        return _split_wgrad(a, b, split_sizes, split_rows, out=out, out_dtype=out_dtype, groups=groups,
+                            tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store)
     # validate
     formats = None
     if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
@@ -615,10 +622,9 @@ def grouped_wgrad(
         (m, tokens), (n, _) = a.data.shape, b.data.shape
         scales = (a.scales, b.scales)
         a, b = a.data.view(torch.uint8), b.data.view(torch.uint8)
-    elif not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and a.is_contiguous()
-              and b.is_contiguous()):
-        raise TypeError(f"a and b must be contiguous bf16 (T, M) and (T, N) matrices, got a {describe(a)}, b "
-                        f"{describe(b)}")
+    elif not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and _tma_rows(a) and _tma_rows(b)):
+        raise TypeError(f"a and b must be bf16 (T, M) and (T, N) matrices with contiguous rows and row strides "
+                        f"multiples of {ELEMENT_ALIGN}, got a {describe(a)}, b {describe(b)}")
     else:
         (tokens, m), (b_tokens, n) = a.shape, b.shape
         scales = (None, None)
@@ -626,10 +632,9 @@ def grouped_wgrad(
             raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
     tile_n = tile_n if tile_n is not None else (128 if formats is not None else 256)
     experts = split_sizes.numel()
-    if out is not None and (tuple(out.shape) != (experts, m, n) or out.dtype != torch.float32
-                            or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (experts, m, n)
+                            or out.dtype != torch.float32 or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
     check_problem(_NAME, problem_support(tokens, m, n, experts))
@@ -659,3 +664,28 @@ def grouped_wgrad(
         run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, *scales, block_start,
             groups.row_start, out)
     return out
+
+
+def _tma_rows(t: torch.Tensor) -> bool:
+    """A contiguous matrix (its sizes are ``problem_support``'s), or contiguous rows at a stride
+    of a multiple of 16 bytes (a column slice of one, ``split_rows``' parts)."""
+    return t.is_contiguous() or (t.stride(1) == 1 and t.stride(0) % ELEMENT_ALIGN == 0)
+
+
+def _split_wgrad(a, b, split_sizes: torch.Tensor, split_rows: int, *, out, **options) -> tuple[torch.Tensor, ...]:
+    """``grouped_wgrad`` with ``split_rows``: dW_g's rows [0, split_rows) from A's columns [0,
+    split_rows), the rest from the others, each part a launch into its own (E, ., N) result or
+    ``out`` of the pair."""
+    if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
+        raise ValueError("split_rows needs bf16 operands (the decoded operands' columns are not split)")
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise TypeError(f"a must be a bf16 (T, M) matrix, got {describe(a)}")
+    m = a.shape[1]
+    if not 0 <= split_rows <= m or split_rows % ELEMENT_ALIGN:
+        raise ValueError(f"split_rows must be a multiple of {ELEMENT_ALIGN} in [0, {m}] (the rows of each dW_g; "
+                         f"A's second part starts there, 16-byte aligned for TMA), got {split_rows}")
+    if out is not None and not (isinstance(out, tuple) and len(out) == 2):
+        raise ValueError(f"out must be a pair of tensors when split_rows is given, got {describe(out)}")
+    outs = out if out is not None else (None, None)
+    return tuple(grouped_wgrad(part, b, split_sizes, out=target, **options)
+                 for part, target in zip((a[:, :split_rows], a[:, split_rows:]), outs))

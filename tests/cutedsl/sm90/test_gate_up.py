@@ -1,9 +1,10 @@
 """W1's gate and up stored apart (``gmlp.contract.gate_up``: torchtitan's two (E, F, H) tensors, its
 interleaved (E, F, 2, H) one) on the SM90 kernels, read in place: FC1 loads the up tiles through a
 second TMA descriptor (``FC1Config.up_apart``), FC1 dgrad takes W1^T as two parts along K
-(``KernelConfig.k_split``, ``_pipeline.KSplit``). Compiled without a GPU (the PTX checks of their
-kernels, the second descriptor's loads, no spills); on an H100/H200 (marker ``gpu``) bit for bit the
-outputs of gmlp's own (E, 2F, H) W1 with the same values, at every layout."""
+(``KernelConfig.k_split``, ``_pipeline.KSplit``), FC1 wgrad writes dW1's gate and up rows apart
+(``split_rows``: a launch per part of dh's columns). Compiled without a GPU (the PTX checks of
+their kernels, the second descriptor's loads, no spills); on an H100/H200 (marker ``gpu``) bit for
+bit the outputs of gmlp's own (E, 2F, H) W1 with the same values, at every layout."""
 
 from __future__ import annotations
 
@@ -145,3 +146,43 @@ def test_grouped_gemm_refuses_parts_that_do_not_fit():
         grouped_gemm(a, (part, part[:, :, :16]), split_sizes)
     with pytest.raises(ValueError, match="both be K-major or both N-major"):
         grouped_gemm(a, (part, part.transpose(1, 2)), split_sizes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("accumulate", [False, True], ids=["new", "main-grad"])
+@pytest.mark.parametrize("store", ["regs", "tma"])
+@pytest.mark.parametrize("hidden,ffn", [(64, 96), (512, 256)], ids=["H64-F96", "H512-F256"])
+@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]], ids=["ragged", "many-tiny"])
+def test_fc1_wgrad_writes_gate_and_up_apart_bitwise(accumulate, store, hidden, ffn, splits):
+    """FC1 wgrad with ``split_rows=F``: dW1's gate rows and up rows as two tensors (or added to two
+    main_grads), bit for bit the halves of the one-tensor dW1, also where F is not a multiple of the
+    128-row tile."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    dh = torch.randn(sum(splits), 2 * ffn, device="cuda").bfloat16()
+    x = torch.randn(sum(splits), hidden, device="cuda").bfloat16()
+    experts = len(splits)
+    start = torch.randn(experts, 2 * ffn, hidden, device="cuda") if accumulate else None
+    whole = grouped_wgrad(dh, x, split_sizes, out=None if start is None else start.clone(), store=store)
+    out = None if start is None else tuple(part.contiguous() for part in start.chunk(2, dim=1))
+    gate, up = grouped_wgrad(dh, x, split_sizes, out=out, split_rows=ffn, store=store)
+    if out is not None:
+        assert gate is out[0] and up is out[1]
+    assert_same_bits(gate, whole[:, :ffn], "dW1 gate")
+    assert_same_bits(up, whole[:, ffn:], "dW1 up")
+
+
+def test_split_rows_is_refused_where_it_cannot_run():
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dh, x = torch.zeros(4, 64, dtype=torch.bfloat16, device=device), torch.zeros(4, 32, dtype=torch.bfloat16,
+                                                                                 device=device)
+    split_sizes = torch.tensor([4], device=device)
+    with pytest.raises(ValueError, match=r"split_rows must be a multiple of 8 in \[0, 64\].*got 36"):
+        grouped_wgrad(dh, x, split_sizes, split_rows=36)
+    with pytest.raises(ValueError, match="out must be a pair of tensors when split_rows is given"):
+        grouped_wgrad(dh, x, split_sizes, split_rows=32, out=torch.zeros(1, 64, 32, device=device))
