@@ -1,8 +1,8 @@
 """FC2 dgrad's MXFP8 epilogue (``gmlp.cutedsl.sm90.fc2_dgrad``'s docstring, "MXFP8 epilogue"): the
 fp32 dh of a tile quantized both ways from the registers, in 64-column halves of the da tile when
 gated, with its db1 warp sums. A mixin of ``FC2DgradSm90``, which supplies the config attributes
-(``gated``, ``bias_grad``, ``e5m2``, ``floor_scales``) and ``pair_backward``, the activation
-backward both epilogues share.
+(``gated``, ``bias_grad``, ``e5m2``, ``floor_scales``) and, from ``_fc2_dgrad_epilogue``,
+``pair_backward``, the activation backward both epilogues share.
 """
 
 from __future__ import annotations
