@@ -68,7 +68,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float32, Int32, Int64, Uint8, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
@@ -108,6 +108,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90._tma import BIG, expert_tokens, ragged_tokens
+from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
 from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -197,7 +198,7 @@ def _transposed(tensor: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=[1, 0]))
 
 
-class GroupedWgradSm90:
+class GroupedWgradSm90(RegisterPaths):
     """The jit code of the grouped weight gradient (see the module docstring); ``__call__`` is the
     host side that builds TMA descriptors and launches, ``kernel`` the device side."""
 
@@ -274,18 +275,6 @@ class GroupedWgradSm90:
                            *_store.kernel_arguments(store), tiled_mma, a_smem_layout, b_smem_layout, a16_layout,
                            b16_layout),
                num_ctas, self.threads, stream)
-
-    @cute.jit
-    def zero_rows(self, sA: cute.Tensor, sB: cute.Tensor, slot: Int32, first: Int32, tidx: Int32):
-        """Zero the token rows [first, BK) of slot ``slot`` of A and B (the next expert's rows of
-        an expert's last k-step), by all consumer threads; then make the generic-proxy stores
-        visible to wgmma (async proxy) and wait for every consumer thread before any wgmma."""
-        for rows, width in ((sA, TILE_M), (sB, self.tile_n)):
-            for index in range(tidx, (TILE_K - first) * width, self.consumer_threads):
-                row = first + index // width
-                rows[(index - (index // width) * width, row, slot)] = BFloat16(0.0)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
     @cute.kernel
     def kernel(
@@ -475,50 +464,6 @@ class GroupedWgradSm90:
                 item += item_step
             if const_expr(self.tma_store):
                 tile_store.drain()
-
-    @cute.jit
-    def store_tile(self, acc: cute.Tensor, thr_mma, tCcD: cute.Tensor, mOut: cute.Tensor, g: Int32, m_tile: Int32,
-                   n_tile: Int32, k_tiles: Int32):
-        """Epilogue from the registers: tile (m_tile, n_tile) of out[g]; only rows < M and columns
-        < N. Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of one row (c even; N % 8 ==
-        0, so both or neither are < N): one 64-bit (fp32) or 32-bit (bf16) access of the pair."""
-        _, m, n = mOut.shape
-        limits = (m - m_tile * TILE_M, n - n_tile * self.tile_n)
-        gOut = cute.local_tile(mOut[(g, None, None)], (TILE_M, self.tile_n), (m_tile, n_tile))
-        tCgOut = thr_mma.partition_C(gOut)
-        if const_expr(self.out_dtype == Float32):
-            tCgPairs = cute.recast_tensor(tCgOut, Int64)
-            acc_pairs = cute.recast_tensor(acc, Int64)
-            if const_expr(self.accumulate):
-                if k_tiles > 0:  # an empty expert adds nothing
-                    # chunks of pairs: a chunk's loads in flight together, then its
-                    # adds and stores (all loads first would spill the accumulators)
-                    previous = cute.make_rmem_tensor((2 * self.add_chunk,), Float32)
-                    previous_pairs = cute.recast_tensor(previous, Int64)
-                    for chunk in cutlass.range_constexpr(cute.size(acc_pairs) // self.add_chunk):
-                        for j in cutlass.range_constexpr(self.add_chunk):
-                            i = chunk * self.add_chunk + j
-                            if cute.elem_less(tCcD[2 * i], limits):
-                                previous_pairs[j] = tCgPairs[i]
-                        for j in cutlass.range_constexpr(self.add_chunk):
-                            i = chunk * self.add_chunk + j
-                            if cute.elem_less(tCcD[2 * i], limits):
-                                acc[2 * i] = acc[2 * i] + previous[2 * j]
-                                acc[2 * i + 1] = acc[2 * i + 1] + previous[2 * j + 1]
-                                tCgPairs[i] = acc_pairs[i]
-            else:
-                for i in cutlass.range_constexpr(cute.size(acc_pairs)):
-                    if cute.elem_less(tCcD[2 * i], limits):
-                        tCgPairs[i] = acc_pairs[i]
-        else:  # bf16: the fp32 sums rounded once, stored as pairs through Int32 views
-            tCgPairs = cute.recast_tensor(tCgOut, Int32)
-            pair = cute.make_rmem_tensor((2,), BFloat16)
-            pair_bits = cute.recast_tensor(pair, Int32)
-            for i in cutlass.range_constexpr(cute.size(tCgPairs)):
-                if cute.elem_less(tCcD[2 * i], limits):
-                    pair[0] = acc[2 * i].to(BFloat16)
-                    pair[1] = acc[2 * i + 1].to(BFloat16)
-                    tCgPairs[i] = pair_bits[0]
 
     @cute.jit
     def k_tiles_of(self, mRowStart: cute.Tensor, item: Int32, tiles_per_expert: Int32) -> Int32:
