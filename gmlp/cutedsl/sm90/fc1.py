@@ -82,7 +82,8 @@ from gmlp.cutedsl.sm90._compile import (
     fake_stream,
     fake_vector,
 )
-from gmlp.cutedsl.sm90._epilogue_math import activation_forward, pair_fragment
+from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
+from gmlp.cutedsl.sm90._fc1_epilogue import ActivationEpilogue
 from gmlp.cutedsl.sm90._launch import (
     check_activation,
     check_optional,
@@ -233,7 +234,7 @@ class FC1Config(StagedConfig):
 # ---------------------------------------------------------------------------------------------
 
 
-class FC1ForwardSm90:
+class FC1ForwardSm90(ActivationEpilogue):
     """The jit code of FC1 (see the module docstring); ``__call__`` is the host side that builds
     TMA descriptors and launches, ``kernel`` the device side."""
 
@@ -451,6 +452,7 @@ class FC1ForwardSm90:
                 else:
                     gC = cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))
                     tCgC = cute.recast_tensor(thr_mma.partition_C(gC), Int32)
+                    tCgA = tCgU = None
                     if const_expr(not self.quantized):
                         gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
                         tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
@@ -458,49 +460,12 @@ class FC1ForwardSm90:
                         up_col = ffn + col0 - (TILE_N if const_expr(self.fused_b) else 0)
                         gU = cute.local_tile(cute.domain_offset((first_row, up_col), mC), tile, (0, 0))
                         tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
-                for i in cutlass.range_constexpr(cute.size(tCcD) // 2 - up_offset // 2):
-                    staged = 2 * (i % 8)  # the pair's place in its subtile's staging
-                    if const_expr(self.tma_store):  # a masked pair's values are never stored
-                        for stage in (c_stage, up_stage, a_stage):
-                            stage[staged], stage[staged + 1] = BFloat16(0.0), BFloat16(0.0)
-                    if cute.elem_less(tCcD[2 * i], limits):
-                        col = col0 + tCcD[2 * i][1]
-                        gate = (acc[2 * i], acc[2 * i + 1])
-                        up = (acc_up[up_offset + 2 * i], acc_up[up_offset + 2 * i + 1])
-                        if const_expr(self.has_bias):
-                            gate = (gate[0] + mBias[g, col].to(Float32), gate[1] + mBias[g, col + 1].to(Float32))
-                            if const_expr(self.gated):
-                                up = (up[0] + mBias[g, ffn + col].to(Float32),
-                                      up[1] + mBias[g, ffn + col + 1].to(Float32))
-                        if const_expr(self.tma_store):
-                            c_stage[staged], c_stage[staged + 1] = gate[0].to(BFloat16), gate[1].to(BFloat16)
-                            if const_expr(self.gated):
-                                up_stage[staged], up_stage[staged + 1] = up[0].to(BFloat16), up[1].to(BFloat16)
-                        else:
-                            pair[0], pair[1] = gate[0].to(BFloat16), gate[1].to(BFloat16)
-                            tCgC[i] = pair_bits[0]
-                            if const_expr(self.gated):
-                                pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
-                                tCgU[up_offset // 2 + i] = pair_bits[0]
-                        act = (activation_forward(self.activation, gate[0], up[0]), activation_forward(self.activation, gate[1], up[1]))
-                        if const_expr(self.has_probs):
-                            p = row_probs[i % 2]  # pair i = (row v1, column group v2): v1 = i % 2
-                            act = (act[0] * p, act[1] * p)
-                        if const_expr(self.quantized):  # the fp32 a, quantized below (as Triton: no bf16 step)
-                            acc[2 * i], acc[2 * i + 1] = act[0], act[1]
-                        elif const_expr(self.tma_store):
-                            a_stage[staged], a_stage[staged + 1] = act[0].to(BFloat16), act[1].to(BFloat16)
-                        else:
-                            pair[0], pair[1] = act[0].to(BFloat16), act[1].to(BFloat16)
-                            tCgA[i] = pair_bits[0]
-                    if const_expr(self.tma_store and i % 8 == 7):
-                        # the subtile's 8 pairs are staged: into smem, then TMA-stored unless its
-                        # 32 columns lie past F (F % 32 == 0: all or none of them)
-                        s = i // 8
-                        staged_outputs = (c_stage, up_stage, a_stage) if const_expr(self.gated) else (c_stage, a_stage)
-                        tile_store.write(staged_outputs, destinations, order.get_hier_coord(s), subtiles_done,
-                                         col0 + 32 * s < ffn)
-                        subtiles_done += 1
+                pass_args = (acc, acc_up, up_offset, tCcD, limits, col0, g, ffn, mBias, row_probs, pair, pair_bits)
+                if const_expr(self.tma_store):
+                    subtiles_done = self.activation_pass(*pass_args, None, (tile_store, c_stage, up_stage, a_stage,
+                                                                            order, destinations, subtiles_done))
+                else:
+                    self.activation_pass(*pass_args, (tCgC, tCgU, tCgA), None)
                 if const_expr(self.quantized):
                     # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
                     col_block0 = mBlockStart[g] + (m_tile - mTileStart[g]) * (TILE_M // BLOCK_SIZE)
