@@ -15,6 +15,8 @@ gradients, as after ``optimizer.zero_grad()`` (set to None): no side pays an acc
 an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h200-*``).
 ``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
 weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
+``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
+torchtitan keeps them (read in place: ``gmlp.contract.gate_up``).
 
 Before it is timed, each side runs one forward + backward (``torch.compile`` compiles the
 activation's forward and backward there, gmlp's kernels compile on their first shape): its wall
@@ -43,6 +45,9 @@ from gmlp.bench.common import (
     median_ms,
     use_cold_cache,
 )
+from gmlp.contract.gate_up import GateUpLayout
+from gmlp.dispatch.plan_cache import LayerConfig
+from gmlp.layer import autograd
 from gmlp.layer.module import GroupedMLP
 from gmlp.mxfp8.recipe import MXFP8Recipe
 
@@ -54,6 +59,7 @@ SHAPES = {
 
 EAGER_ACT = "torch-grouped-mm-bf16"
 COMPILED_ACT = "torch-bf16-compiled-act"
+W1_APART = "gmlp-bf16-w1-apart"  # gmlp bf16 with W1's gate and up as two tensors (torchtitan's layout)
 BASELINES = {"eager": EAGER_ACT, "compiled_act": COMPILED_ACT}  # JSON ratio key suffix -> baseline
 
 ActivationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (T, 2F), probs (T,)) -> (T, F)
@@ -121,12 +127,25 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
             for name, activation in ((EAGER_ACT, swiglu_probs), (COMPILED_ACT, compiled_act))}
     for name, layer in layers.items():
         runs[name] = (lambda layer=layer: layer(x, split_sizes, probs), [x, probs, *layer.parameters()])
+    runs[W1_APART] = w1_apart_run(layers["gmlp-bf16"], x, probs, split_sizes)
     # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
     mxfp8 = layers["gmlp-mxfp8"]
     mxfp8(x, split_sizes, probs, weight_cache="update")
     runs["gmlp-mxfp8-reused-weights"] = (lambda: mxfp8(x, split_sizes, probs, weight_cache="reuse"),
                                          [x, probs, *mxfp8.parameters()])
     return runs
+
+
+def w1_apart_run(bf16: GroupedMLP, x: torch.Tensor, probs: torch.Tensor, split_sizes: torch.Tensor) -> Run:
+    """The bf16 layer with W1's gate and up as two (E, F, H) tensors, as torchtitan keeps them
+    (``GateUpLayout.SEPARATE``, read in place; the layer call of ``gmlp.integrations.torchtitan``):
+    the bf16 layer's values in new leaves."""
+    gate, up = (half.detach().contiguous().requires_grad_() for half in bf16.w1.chunk(2, dim=1))
+    w2 = bf16.w2.detach().clone().requires_grad_()
+    config = LayerConfig(activation=bf16.activation, recipe=None, bias=False, strict=None, weight_cache=None,
+                         accumulate_main_grad=False, gate_up=GateUpLayout.SEPARATE).encode()
+    return (lambda: autograd.grouped_mlp(x, split_sizes, probs, gate, None, w2, None, config, w3=up)[0],
+            [x, probs, gate, up, w2])
 
 
 def add_shapes_argument(parser, default: str) -> None:

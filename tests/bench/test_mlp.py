@@ -14,6 +14,7 @@ import torch
 from gmlp.bench.mlp import (
     BASELINES,
     EAGER_ACT,
+    W1_APART,
     compiled_swiglu_probs,
     layer_runs,
     layer_tensors,
@@ -65,7 +66,7 @@ def test_every_side_multiplies_by_probs_and_returns_dprobs(compiled_act):
     assert split_sizes[-1] == 0  # an empty expert
     layers, torch_weights = make_layers(EXPERTS, HIDDEN, FFN, CPU)
     runs = layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act)
-    assert set(runs) == {*BASELINES.values(), "gmlp-mxfp8", "gmlp-bf16", "gmlp-mxfp8-reused-weights"}
+    assert set(runs) == {*BASELINES.values(), "gmlp-mxfp8", "gmlp-bf16", "gmlp-mxfp8-reused-weights", W1_APART}
     results = {}
     for name, (forward, leaves) in runs.items():
         assert any(leaf is probs for leaf in leaves), name  # its step clears dprobs first
@@ -73,6 +74,8 @@ def test_every_side_multiplies_by_probs_and_returns_dprobs(compiled_act):
         training_step(forward, leaves, dy)
         assert probs.grad is not None and probs.grad.dtype == torch.float32 and probs.grad.shape == (TOKENS,), name
         results[name] = (y, x.grad, probs.grad)
+    # W1's gate and up as two tensors: the bf16 layer's bits (the layout moves no value)
+    assert all(torch.equal(apart, halves) for apart, halves in zip(results[W1_APART], results["gmlp-bf16"]))
     want = results[EAGER_ACT]
     for name, got in results.items():
         # one rounding per operand of each GEMM and of the activation, in the side's format
