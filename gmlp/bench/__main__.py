@@ -7,6 +7,8 @@ BENCHES = {
     "quantize": ("gmlp.bench.quantize", "MXFP8 quantize bandwidth of each kernel path, as a ratio of device copy", "GPU"),
     "mlp": ("gmlp.bench.mlp", "the layer forward + backward against torch's bf16 grouped-GEMM layer", "GPU"),
     "gemm": ("gmlp.bench.gemm", "each GEMM of the layer alone against torch's bf16 grouped GEMM", "GPU"),
+    "tune": ("gmlp.bench.tune", "the SM90 kernels' launch knobs per GEMM site and shape, into the tuned table",
+             "GPU (SM90) with cutlass-dsl"),
     "profile": ("gmlp.bench.profile", "one layer step's device time per kernel (torch.profiler)", "GPU"),
     "ncu": ("gmlp.bench.ncu", "Nsight Compute counters of each SM90 GEMM next to cuBLAS on the same product",
             "GPU with ncu"),

@@ -41,6 +41,7 @@ import torch
 from gmlp.bench.common import PartialResults, add_out_argument, environment, median_ms
 from gmlp.bench.mlp import SHAPES, add_shapes_argument, expert_offsets, split_sizes_for
 from gmlp.contract.activations import SWIGLU
+from gmlp.cutedsl.sm90 import launch_options
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
@@ -68,10 +69,11 @@ WGRAD_CANDIDATES = [WgradTiling(*t) for t in ((128, 256, 64, 8, 3), (128, 128, 6
                                               (256, 128, 64, 8, 3))]
 
 
-def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.device) -> dict:
+def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.device,
+              routing: str = "balanced") -> dict:
     """bf16 tensors of one layer step and their MXFP8 quantizations (as the layer makes them)."""
     torch.manual_seed(0)
-    split_sizes = split_sizes_for("balanced", experts, tokens, device)
+    split_sizes = split_sizes_for(routing, experts, tokens, device)
     t = dict(split_sizes=split_sizes, offsets=expert_offsets(split_sizes))
     t["cu_seqlens"] = torch.cat([t["offsets"].new_zeros(1), t["offsets"]])  # (E + 1,): QuACK's varlen bounds
     t["x"] = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
@@ -91,17 +93,13 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
     return t
 
 
-# The SM90 kernels' configurations (keyword arguments of their launchers); the first is the default.
-SM90_GEMM_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True), dict(tile_n=256, store="tma"),
-                     dict(tile_n=128, store="tma")]
+def sm90_configs(op: str) -> list[dict]:
+    """The SM90 kernel's configurations of ``op`` (keyword arguments of its launcher): first the
+    layer's (none given: the tuned table's choice), then every candidate of the tuner."""
+    return [dict(), *launch_options.candidates(op)]
+
+
 SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM decoding A: no ping-pong
-# FC1's 128 a columns: two m64n128 wgmmas, or one m64n256 (fused_b); register or TMA stores
-SM90_FC1_CONFIGS = [dict(), dict(fused_b=True), dict(store="tma")]
-SM90_FC2_DGRAD_CONFIGS = [dict(tile_n=256), dict(tile_n=128), dict(tile_n=256, store="tma"),
-                          dict(tile_n=128, store="tma")]
-SM90_WGRAD_CONFIGS = [dict(tile_n=256, ragged_tma=True), dict(tile_n=128, ragged_tma=True),
-                      dict(tile_n=256, ragged_tma=False), dict(tile_n=128, ragged_tma=True, pingpong=True),
-                      dict(tile_n=256, store="tma"), dict(tile_n=128, store="tma")]
 
 
 QUACK_CONFIGS = [dict(tuned=False)]  # QuACK's default configuration (its autotuner: tuned=True)
@@ -132,7 +130,7 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
                t[f"{a}_col"], t[f"{b}_col"], splits, out_dtype=torch.bfloat16, **c)},
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
-        configs=SM90_WGRAD_CONFIGS, decode_configs=[dict(tile_n=128)])
+        configs=sm90_configs("grouped_wgrad"), decode_configs=[dict(tile_n=128)])
 
 
 def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
@@ -163,7 +161,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c)},
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
-            configs=SM90_FC1_CONFIGS),
+            configs=sm90_configs("fc1_forward")),
         "fc2": dict(
             baseline=lambda: torch._grouped_mm(t["a"], t["w2"].transpose(1, 2), offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["a"], t["w2"], splits, tiling=c),
@@ -174,7 +172,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=SM90_GEMM_CONFIGS, decode_configs=SM90_DECODE_CONFIGS),
+            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS),
         "fc1_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
@@ -186,7 +184,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=SM90_GEMM_CONFIGS, decode_configs=SM90_DECODE_CONFIGS),
+            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS),
         "fc2_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
             bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
@@ -200,7 +198,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c)},
             flops=2 * t["dy"].shape[0] * hidden * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
-            configs=SM90_FC2_DGRAD_CONFIGS),
+            configs=sm90_configs("fc2_dgrad")),
         "fc2_wgrad": _wgrad(t, "dy", "a", 2 * t["dy"].shape[0] * hidden * ffn),
         "fc1_wgrad": _wgrad(t, "dh", "x", 2 * t["dh"].shape[0] * hidden * 2 * ffn),
     }

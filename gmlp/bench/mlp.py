@@ -16,7 +16,8 @@ an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h
 ``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
 weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
 ``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
-torchtitan keeps them (read in place: ``gmlp.contract.gate_up``).
+torchtitan keeps them (read in place: ``gmlp.contract.gate_up``). ``sonicmoe-bf16`` is SonicMoE on
+the same rows (``gmlp.bench.sonicmoe``; ``--sides``, in a process of its own).
 
 Before it is timed, each side runs one forward + backward (``torch.compile`` compiles the
 activation's forward and backward there, gmlp's kernels compile on their first shape): its wall
@@ -37,6 +38,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from gmlp.bench import sonicmoe
 from gmlp.bench.common import (
     PartialResults,
     add_cold_cache_argument,
@@ -61,6 +63,10 @@ EAGER_ACT = "torch-grouped-mm-bf16"
 COMPILED_ACT = "torch-bf16-compiled-act"
 W1_APART = "gmlp-bf16-w1-apart"  # gmlp bf16 with W1's gate and up as two tensors (torchtitan's layout)
 BASELINES = {"eager": EAGER_ACT, "compiled_act": COMPILED_ACT}  # JSON ratio key suffix -> baseline
+MXFP8_REUSED = "gmlp-mxfp8-reused-weights"
+# the sides besides the baselines; SonicMoE (``gmlp.bench.sonicmoe``) needs a process of its own
+DEFAULT_SIDES = ("gmlp-mxfp8", "gmlp-bf16", W1_APART, MXFP8_REUSED)
+SIDES = (*DEFAULT_SIDES, sonicmoe.SIDE)
 
 ActivationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (T, 2F), probs (T,)) -> (T, F)
 Run = tuple[Callable[[], torch.Tensor], list[torch.Tensor]]  # a side's forward and the leaves it takes gradients of
@@ -117,22 +123,28 @@ def make_layers(experts: int, hidden: int, ffn: int, device: torch.device
 
 
 def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
-               probs: torch.Tensor, split_sizes: torch.Tensor, compiled_act: ActivationFn) -> dict[str, Run]:
-    """Every side of one routing by name: both torch baselines, gmlp's layers, and the MXFP8 layer
-    with the weights it quantizes here (``weight_cache="update"``) reused. All take x and probs."""
+               probs: torch.Tensor, split_sizes: torch.Tensor, compiled_act: ActivationFn,
+               sides: tuple[str, ...] = DEFAULT_SIDES) -> dict[str, Run]:
+    """The ``sides`` of one routing by name (the torch baselines always): gmlp's layers, the bf16
+    layer with W1 apart, the MXFP8 layer with the weights it quantizes here
+    (``weight_cache="update"``) reused, SonicMoE. All take x and probs."""
     w1, w2 = torch_weights
     offsets = expert_offsets(split_sizes)
     runs = {name: (lambda activation=activation: baseline_layer(x, probs, w1, w2, offsets, activation),
                    [x, probs, w1, w2])
             for name, activation in ((EAGER_ACT, swiglu_probs), (COMPILED_ACT, compiled_act))}
     for name, layer in layers.items():
-        runs[name] = (lambda layer=layer: layer(x, split_sizes, probs), [x, probs, *layer.parameters()])
-    runs[W1_APART] = w1_apart_run(layers["gmlp-bf16"], x, probs, split_sizes)
-    # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
-    mxfp8 = layers["gmlp-mxfp8"]
-    mxfp8(x, split_sizes, probs, weight_cache="update")
-    runs["gmlp-mxfp8-reused-weights"] = (lambda: mxfp8(x, split_sizes, probs, weight_cache="reuse"),
-                                         [x, probs, *mxfp8.parameters()])
+        if name in sides:
+            runs[name] = (lambda layer=layer: layer(x, split_sizes, probs), [x, probs, *layer.parameters()])
+    if W1_APART in sides:
+        runs[W1_APART] = w1_apart_run(layers["gmlp-bf16"], x, probs, split_sizes)
+    if MXFP8_REUSED in sides:  # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
+        mxfp8 = layers["gmlp-mxfp8"]
+        mxfp8(x, split_sizes, probs, weight_cache="update")
+        runs[MXFP8_REUSED] = (lambda: mxfp8(x, split_sizes, probs, weight_cache="reuse"),
+                              [x, probs, *mxfp8.parameters()])
+    if sonicmoe.SIDE in sides:
+        runs[sonicmoe.SIDE] = sonicmoe.sonicmoe_run(w1, w2, x, probs, split_sizes)
     return runs
 
 
@@ -198,7 +210,8 @@ def time_side(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], d
                 first_step_s=first_step_s, peak_step_mb=step_peak_mb(forward, leaves, dy))
 
 
-def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn, device: torch.device) -> list[dict]:
+def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn, device: torch.device,
+                sides: tuple[str, ...] = DEFAULT_SIDES) -> list[dict]:
     """The JSON rows of one shape: every side under each routing, with its ratios to both baselines."""
     experts, tokens, hidden, ffn = SHAPES[shape_name]
     x, dy = layer_tensors(tokens, hidden, device)
@@ -209,7 +222,8 @@ def bench_shape(shape_name: str, routings: list[str], compiled_act: ActivationFn
     for routing in routings:
         split_sizes = split_sizes_for(routing, experts, tokens, device)
         results = {}
-        for name, (forward, leaves) in layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act).items():
+        for name, (forward, leaves) in layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act,
+                                                           sides).items():
             print(f"  {shape_name} {routing:>8} {name:>25}: ", end="", flush=True)  # a hang shows where it is
             result = results[name] = time_side(forward, leaves, dy)
             print(f"forward {result['forward_ms']:8.3f} ms "
@@ -236,16 +250,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench mlp", description=__doc__)
     add_shapes_argument(parser, ",".join(SHAPES))
     parser.add_argument("--routing", default="balanced,skewed")
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES),
+                        help=f"comma-separated, of {list(SIDES)}, beside the two torch baselines; "
+                             f"{sonicmoe.SIDE} needs its own process and site directory (gmlp.bench.sonicmoe)")
     add_out_argument(parser)
     add_cold_cache_argument(parser)
     args = parser.parse_args(argv)
+    sides = tuple(side.strip() for side in args.sides.split(",") if side.strip())
+    if set(sides) - set(SIDES):
+        parser.error(f"--sides: unknown {sorted(set(sides) - set(SIDES))}; the sides are {list(SIDES)}")
     use_cold_cache(args.cold_cache)
     device = torch.device("cuda")
     env = environment()
     compiled_act = compiled_swiglu_probs()
     rows, results = [], PartialResults("mlp", args.out)
     for shape_name in args.shapes.split(","):
-        rows += bench_shape(shape_name, args.routing.split(","), compiled_act, device)
+        rows += bench_shape(shape_name, args.routing.split(","), compiled_act, device, sides)
         results.write(dict(environment=env, results=rows), complete=False)  # each shape kept as it ends
         torch.cuda.empty_cache()  # the shape's tensors went with bench_shape's frame
     print(f"wrote {results.write(dict(environment=env, results=rows), complete=True)}")

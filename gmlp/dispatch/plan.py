@@ -47,7 +47,7 @@ class LayerPlan:
     # pass for them; the weight gradients' only where decodable: ``layer._wgrad_operands``)
     decoding_sites: frozenset[str] = frozenset()
     capability: tuple[int, int] | None = None  # the device's (None: not a GPU), which picks each path's provider
-    # site -> how its SM90 kernel launches (its epilogue store), for the sites on the SM90 kernels
+    # site -> how its SM90 kernel launches (its knobs and where they come from), for the sites on the SM90 kernels
     launch_notes: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def path(self, site: str) -> Path:
@@ -106,23 +106,28 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
         decoding_sites = frozenset(name for name in sm90_support.DECODING_SITES if decisions[name].path is Path.CUTEDSL)
     launch_notes = {}
     if capability is not None and capability[0] == 9:
-        launch_notes = {name: _sm90_store(name, problem, name in decoding_sites) for name, decision in decisions.items()
+        launch_notes = {name: _sm90_launch(name, problem, name in decoding_sites)
+                        for name, decision in decisions.items()
                         if decision.path is Path.CUTEDSL and SITES[name].op in GEMM_OPS}
     return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites, capability=capability,
                      launch_notes=launch_notes)
 
 
-def _sm90_store(name: str, problem: LayerProblem, decoded: bool) -> str:
-    """How the SM90 kernel of site ``name`` stores its outputs (``launch_options.describe``), as
-    the layer launches it: FC2 adds b2, FC1 and FC2 dgrad quantize their outputs in an MXFP8
-    layer."""
+def _sm90_launch(name: str, problem: LayerProblem, decoded: bool) -> str:
+    """The knobs of the SM90 kernel of site ``name`` and where they come from
+    (``launch_options.describe``), as the layer launches it: FC2 adds b2, FC1 and FC2 dgrad
+    quantize their outputs in an MXFP8 layer."""
     op = SITES[name].op
     variant = dict(decoded=decoded)
     if op in (Op.FC1, Op.FC2_DGRAD):
         variant["quantized"] = problem.mxfp8
+    gated = problem.activation != "srelu"
+    if op is Op.FC1:
+        variant["gated"] = gated
     if name == "fc2":
         variant["bias"] = problem.bias
-    return launch_options.describe(op.value, **variant)
+    gemm = sm90_support.site_gemm(name, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
+    return launch_options.describe(op.value, *gemm, **variant)
 
 
 def _sm100_runs(problem: LayerProblem, device: torch.device, capability: tuple[int, int] | None) -> bool:

@@ -32,8 +32,10 @@ from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 __all__ = ["WEIGHT_CACHE_MODES", "LayerConfig", "decode_config", "layer_problem", "token_class", "cached_plan", "clear_plan_cache"]
 
 WEIGHT_CACHE_MODES = (None, "update", "reuse")
-# GMLP_SM90_STORE: the SM90 sites' store is in the plan's explain() (gmlp.cutedsl.sm90.launch_options)
-_PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET", "GMLP_SM90_STORE")
+# GMLP_SM90_CONFIG, GMLP_SM90_TUNED: the SM90 sites' launch options are in the plan's explain()
+# (gmlp.cutedsl.sm90.launch_options)
+_PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET", "GMLP_SM90_CONFIG",
+                     "GMLP_SM90_TUNED")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,10 @@ Every variable is read when it is used (not at import), except ``TRITON_INTERPRE
   (default ``$XDG_CACHE_HOME/gmlp`` or ``~/.cache/gmlp``).
 - ``GMLP_COMPILE_CACHE`` (boolean, ``gmlp.cutedsl.compile_cache``): keep and load compiled CuTeDSL
   kernels (default on).
+- ``GMLP_SM90_CONFIG`` (``op.knob=value,...``, ``gmlp.cutedsl.sm90.launch_options``): force the SM90
+  kernels' launch knobs (tile width, ping-pong, epilogue store, ...) over the tuned table's.
+- ``GMLP_SM90_TUNED`` (path, ``gmlp.cutedsl.sm90.tuned``): a tuned table of the SM90 launch knobs to
+  read instead of the package's (``python -m gmlp.bench tune`` writes one).
 - ``GMLP_COMMIT`` (string, ``gmlp.bench``): the commit recorded in benchmark results.
 
 Boolean values: ``1``/``0``, ``true``/``false``, ``yes``/``no``, ``on``/``off``, in any case;

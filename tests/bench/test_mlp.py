@@ -83,3 +83,19 @@ def test_every_side_multiplies_by_probs_and_returns_dprobs(compiled_act):
         bound = relative_rms_bound(unit, unit, unit, unit, BF16_UNIT)
         errors = {what: relative_rms_error(g, w) for what, g, w in zip(("y", "dx", "dprobs"), got, want)}
         assert all(error <= bound for error in errors.values()), f"{name}: {errors} > {bound}"
+
+
+def test_sides_are_chosen_and_the_baselines_always_run(compiled_act):
+    """``--sides``: only the named sides are built, beside both baselines; SonicMoE is not a
+    default side (it needs its own process) and an unknown side is refused."""
+    from gmlp.bench import mlp, sonicmoe
+
+    x, _ = layer_tensors(TOKENS, HIDDEN, CPU)
+    probs = router_probs(TOKENS, CPU)
+    split_sizes = split_sizes_for("balanced", EXPERTS, TOKENS, CPU)
+    layers, torch_weights = make_layers(EXPERTS, HIDDEN, FFN, CPU)
+    runs = layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act, sides=("gmlp-bf16",))
+    assert set(runs) == {*BASELINES.values(), "gmlp-bf16"}
+    assert sonicmoe.SIDE in mlp.SIDES and sonicmoe.SIDE not in mlp.DEFAULT_SIDES
+    with pytest.raises(SystemExit):
+        mlp.main(["--sides", "gmlp-bf16,nope"])

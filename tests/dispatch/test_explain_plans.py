@@ -93,7 +93,7 @@ def _explain_all(monkeypatch) -> str:
                 cached.cache_clear()
             patch.setattr(paths, "_warned", set())
             patch.setenv("TRITON_INTERPRET", interpret)
-            for name in ("GMLP_WARN_FALLBACK", "GMLP_STRICT", "GMLP_BACKEND", "GMLP_SM90_STORE"):
+            for name in ("GMLP_WARN_FALLBACK", "GMLP_STRICT", "GMLP_BACKEND", "GMLP_SM90_CONFIG", "GMLP_SM90_TUNED"):
                 patch.delenv(name, raising=False)
             if backend is not None:
                 patch.setenv("GMLP_BACKEND", backend)

@@ -1,6 +1,6 @@
 """What the SM90 kernels' tests share: the GPU check, the routings and operands of the GPU tests,
-bitwise comparison, and what every config's PTX must show per kernel (grouped GEMM, FC1, FC2
-dgrad), which the decoding variants' tests check too."""
+bitwise comparison, what every config's PTX must show per kernel (grouped GEMM, FC1, FC2
+dgrad), which the decoding variants' tests check too, and the configs of the tuned table."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import re
 
 import torch
 
+from gmlp.cutedsl.sm90 import tuned
+from tests.support.cases import config_id
 from tests.support.ptx import check_register_split, kernel_resources, sass
 
 __all__ = ["on_sm90", "SPLITS", "expert_weights", "assert_same_bits", "fc1_operands", "fc2_dgrad_operands",
-           "check_ptx", "check_fc1_ptx", "check_fc2_dgrad_ptx", "QUANTIZE_SHUFFLES"]
+           "check_ptx", "check_fc1_ptx", "check_fc2_dgrad_ptx", "QUANTIZE_SHUFFLES", "tuned_knobs"]
 
 
 def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
@@ -188,3 +190,26 @@ def fc2_dgrad_operands(splits, hidden, ffn, activation, with_probs, transposed=F
     c = torch.randn(tokens, n1, device="cuda").bfloat16()
     probs = torch.rand(tokens, device="cuda") if with_probs else None
     return dy, w2t, c, split_sizes, probs
+
+
+# each site's kernel config in the bf16 layer (HALVES W1, probs, no bias), before the table's knobs
+_SITE_KNOBS = {
+    "fc1": dict(activation="swiglu", probs_dtype=torch.float32),
+    "fc2": dict(b_k_major=True),
+    "fc2 dgrad": dict(activation="swiglu", b_k_major=False, probs_dtype=torch.float32),
+    "fc1 dgrad": dict(b_k_major=False),
+    "fc2 wgrad": dict(out_dtype=torch.bfloat16),
+    "fc1 wgrad": dict(out_dtype=torch.bfloat16),
+}
+
+
+def tuned_knobs(op: str) -> list[dict]:
+    """The kernel-config knobs of every distinct launch of ``op`` that the package's tuned table
+    chooses (its site's bf16 layer config with the entry's knobs): the compile tests check each."""
+    table = tuned.read_table(tuned.TABLE_FILE) if tuned.TABLE_FILE.exists() else None
+    distinct = {}
+    for entry in (table.entries if table else ()):
+        if entry.op == op:
+            knobs = {**_SITE_KNOBS[entry.site], **entry.options}
+            distinct[config_id(knobs)] = knobs
+    return list(distinct.values())

@@ -5,10 +5,10 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
 
 - ``grouped_gemm``: ``A @ B_g^T (+ bias)`` per expert (FC2 forward, FC1 dgrad), bf16 out;
 - ``fc1``: FC1 + bias + activation + probs, c in bf16 and a in bf16 or (MXFP8) quantized both ways
-  (Q_row(a), Q_col(a), bit for bit the Triton kernel's; not yet dispatched: it has not run on a GPU);
+  (Q_row(a), Q_col(a), bit for bit the Triton kernel's);
 - ``fc2_dgrad``: FC2 dgrad + activation backward + deterministic dprobs and db1 partials, dh in
   bf16 or (MXFP8, tile_n 128) quantized both ways in the gradient format (Q_row(dh), Q_col(dh), bit
-  for bit the Triton kernel's; not yet dispatched: it has not run on a GPU);
+  for bit the Triton kernel's);
 - ``wgrad``: ``dW_g = A_g^T @ B_g`` over each expert's rows (a ragged K), stored or added into
   an fp32 ``main_grad``.
 
@@ -21,6 +21,8 @@ transposed store), ``_compile`` (the cached compile of a config, ahead of time w
 the tests, and the symbolic stand-ins of the arguments), ``_launch`` (the launchers' common
 checks, one message each, the FC1 / FC2 dgrad problem rule, the run of a compiled config).
 ``support`` says what each kernel runs at each GEMM site of the layer and gives the dispatcher
-the launchers (imported lazily: this package imports without cutlass-dsl). Verified on the H200 against the oracle and the Triton twins (the MXFP8
-FC1 and FC2 dgrad epilogues not yet: compiled only); the dispatcher takes them on capability 9.0.
+the launchers (imported lazily: this package imports without cutlass-dsl); ``launch_options``
+chooses each launch's knobs (tile width, ping-pong, epilogue store, ...) from the defaults, the
+tuned table (``tuned``, written by ``python -m gmlp.bench tune``) and ``GMLP_SM90_CONFIG``.
+Verified on the H200 against the oracle and the Triton twins; the dispatcher takes them on 9.x.
 """

@@ -544,8 +544,9 @@ def fc1_forward(
     probs: torch.Tensor | None = None,  # (T,) fp32 or bf16
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
-    fused_b: bool = False,  # one 256-row B tile and m64n256 wgmmas (FC1Config.fused_b)
-    store: str | None = None,  # bf16 c and a's stores, "regs" or "tma" (FC1Config); None: launch_options.store_for
+    # the knobs (FC1Config); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
+    fused_b: bool | None = None,  # one 256-row B tile and m64n256 wgmmas
+    store: str | None = None,  # bf16 c and a's stores, "regs" or "tma"
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
@@ -577,9 +578,10 @@ def fc1_forward(
     check_optional("b1", b1, (experts, n1))
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
-    if store is None:
-        store = launch_options.store_for("fc1_forward", quantized=quantized, decoded=x_format is not None,
-                                         fused_b=fused_b)
+    knobs = launch_options.launch_options("fc1_forward", tokens, n1, hidden, experts,
+                                          dict(fused_b=fused_b, store=store), quantized=quantized,
+                                          decoded=x_format is not None, gated=activation.gated)
+    fused_b, store = knobs["fused_b"], knobs["store"]
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
                        floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b,

@@ -147,17 +147,15 @@ from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
-           "SUPPORTED_ARCHS", "WARPS_PER_TILE", "DEFAULT_TILE_N"]
+           "SUPPORTED_ARCHS", "WARPS_PER_TILE", "QUANTIZED_TILE_N"]
 
 _NAME = "fc2_dgrad kernel"  # in the errors of compile_fc2_dgrad and fc2_dgrad
 TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
-QUANTIZED_TILE_N = _quantize_epilogue.TILE_COLS  # the quantizing epilogue's tile width (128)
-# the launcher's tile_n: 256 for a bf16 dh from a bf16 dy (0.77 of torch's grouped GEMM against
-# 0.68 at 128, DeepSeek-V3 shape, bench_results/gemm-h200-sm90-decode-*); 128 with a recipe (the
-# quantizing epilogue's only width) or a decoded dy (the width its tests ran)
-DEFAULT_TILE_N = {"bf16": 256, "mxfp8": QUANTIZED_TILE_N}
+# the quantizing epilogue's tile width (_quantize_epilogue.TILE_COLS, 128), the launcher's tile_n
+# with a recipe (launch_options fixes it there; a test checks the two agree)
+QUANTIZED_TILE_N = launch_options.QUANTIZED_TILE_N
 # MXFP8: 8 more registers a consumer thread, 16 fewer a producer one (128 x 24 + 256 x 240 = 384 x 168)
 QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
@@ -525,8 +523,9 @@ def fc2_dgrad(
     bias_grad: bool = False,
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is tile_n)
-    tile_n: int | None = None,  # da columns per work item (FC2DgradConfig.tile_n); None: DEFAULT_TILE_N's
-    store: str | None = None,  # a bf16 dh's stores, "regs" or "tma" (FC2DgradConfig); None: launch_options.store_for
+    # the knobs (FC2DgradConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
+    tile_n: int | None = None,  # da columns per work item
+    store: str | None = None,  # a bf16 dh's stores, "regs" or "tma"
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
@@ -537,9 +536,7 @@ def fc2_dgrad(
     as on its Triton-dequantized bf16 values."""
     # validate
     check_recipe(recipe)
-    if tile_n is None:
-        tile_n = DEFAULT_TILE_N["bf16" if recipe is None and not isinstance(dy, MXFP8Tensor) else "mxfp8"]
-    if recipe is not None and tile_n != QUANTIZED_TILE_N:
+    if recipe is not None and tile_n not in (None, QUANTIZED_TILE_N):
         raise ValueError(_quantized_tile_n_reason(tile_n))
     check_activation(activation)
     dy_data, dy_scales, dy_format = _decode.token_operand("dy", dy)
@@ -557,8 +554,9 @@ def fc2_dgrad(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
-    if store is None:
-        store = launch_options.store_for("fc2_dgrad", quantized=quantized, decoded=dy_format is not None)
+    knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts, dict(tile_n=tile_n, store=store),
+                                          quantized=quantized, decoded=dy_format is not None)
+    tile_n, store = knobs["tile_n"], knobs["store"]
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,

@@ -430,9 +430,10 @@ def grouped_gemm(
     *,
     bias: torch.Tensor | None = None,  # (E, N) bf16 or fp32
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
-    tile_n: int = 256,
-    pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (KernelConfig)
-    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (KernelConfig); None: launch_options.store_for
+    # the knobs (KernelConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
+    tile_n: int | None = None,  # 128 or 256
+    pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
+    store: str | None = None,  # the epilogue's stores, "regs" or "tma"
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
@@ -458,9 +459,10 @@ def grouped_gemm(
     check_problem(_NAME, problem_support(tokens, n, k, experts))
     check_tma_bases(a=a, b=b0)
     check_optional("bias", bias, (experts, n))
-    if store is None:
-        store = launch_options.store_for("grouped_gemm", bias=bias is not None, pingpong=pingpong,
-                                         decoded=a_format is not None)
+    knobs = launch_options.launch_options("grouped_gemm", tokens, n, k, experts,
+                                          dict(tile_n=tile_n, pingpong=pingpong, store=store),
+                                          bias=bias is not None, decoded=a_format is not None)
+    tile_n, pingpong, store = knobs["tile_n"], knobs["pingpong"], knobs["store"]
     config = KernelConfig(b_k_major=_b_layout(b0), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
                           pingpong=pingpong, a_format=a_format, store=store, k_split=b1 is not None)
 

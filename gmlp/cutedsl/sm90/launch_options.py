@@ -1,32 +1,51 @@
-"""The SM90 kernels' epilogue store, chosen in one place: each kernel's default (what ``bench
-gemm`` measured faster on the H200), where the TMA store applies, and a forced choice.
+"""The SM90 kernels' launch options, chosen in one place: each kernel's knobs (the tile width, the
+ping-pong schedule, the epilogue's store, FC1's fused B tile, the weight gradient's K tail), from
+its defaults, the tuned table, a forced choice, and what the launch's variant allows.
 
-``store="tma"`` stages a tile's outputs in shared memory and stores them by TMA (``_store``);
-``"regs"`` stores them from the registers. The TMA store does not yet cover every variant of a
-kernel (``tma_reason``); where it does not, the register store runs. A launcher given
-``store=None`` takes ``store_for``: the store forced for its op by ``GMLP_SM90_STORE``, else its
-default where the TMA store applies, else "regs". A forced "tma" where it does not apply is an
-error that says why, never a silent change. ``describe`` is the same choice in words, for
-``LayerPlan.explain``.
+A launcher given None for a knob takes ``choose``'s value, built in four steps:
 
-``GMLP_SM90_STORE``: ``op=store`` items separated by commas, the ops those of ``DEFAULT_STORES``
-(``grouped_gemm=regs,fc1_forward=tma``), or one store for every op (``tma``).
+1. the kernel's default (``DEFAULTS``);
+2. the tuned table's entry for the nearest tuned shape of the op (``gmlp.cutedsl.sm90.tuned``);
+3. ``GMLP_SM90_CONFIG``'s items for the op;
+4. what the variant fixes (``_fixes``): a knob the launch's variant does not take (an MXFP8
+   output, a decoded operand, a bias, ping-pong's tile width) takes the one value it allows. A
+   tuned choice so replaced is said in the choice's notes; a forced one is an error naming both,
+   never a silent change.
+
+``describe`` is the same choice in words for ``LayerPlan.explain``. The module imports no
+cutlass-dsl: the dispatcher reads it on any machine.
+
+``GMLP_SM90_CONFIG``: items separated by commas, each ``op.knob=value``, or ``knob=value`` for every
+op that has the knob: ``store=regs``, ``grouped_gemm.tile_n=128,grouped_gemm.pingpong=1``.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+from dataclasses import dataclass
 
-__all__ = ["ENV", "STORES", "DEFAULT_STORES", "check_store", "tma_reason", "forced_stores", "store_for", "describe"]
+from gmlp.cutedsl.sm90 import tuned
+from gmlp.system.env import FALSE_WORDS, TRUE_WORDS
 
-ENV = "GMLP_SM90_STORE"
+__all__ = ["ENV", "STORES", "TILE_WIDTHS", "QUANTIZED_TILE_N", "DEFAULTS", "LaunchChoice", "check_store",
+           "forced_options", "candidates", "choose", "launch_options", "describe"]
+
+ENV = "GMLP_SM90_CONFIG"
 STORES = ("regs", "tma")
-# op -> its launcher's store where the TMA store applies: the TMA store at every op, the faster
-# on the H200 (bench gemm, docs/performance.md; FC1 0.94 / 0.85 of torch against 0.86 / 0.75 at
-# the DeepSeek-V3 / Qwen3 shapes, FC2 dgrad 0.86 / 0.62 against 0.82 / 0.62). The register store
-# stays for the variants the TMA store does not take (tma_reason) and as GMLP_SM90_STORE's "regs".
-DEFAULT_STORES = {"grouped_gemm": "tma", "grouped_wgrad": "tma", "fc1_forward": "tma", "fc2_dgrad": "tma"}
+TILE_WIDTHS = (128, 256)
+QUANTIZED_TILE_N = 128  # FC2 dgrad's quantizing epilogue: the MXFP8 block tile's columns (fc2_dgrad.py)
+
+# op -> its knobs and their defaults (the faster on the H200 where the table has no entry:
+# bench gemm, docs/performance.md). The TMA store is every op's default where it applies.
+DEFAULTS: dict[str, dict[str, object]] = {
+    "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma"),
+    "fc1_forward": dict(fused_b=False, store="tma"),
+    "fc2_dgrad": dict(tile_n=256, store="tma"),
+    "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma"),
+}
+_BOOLEANS = {**dict.fromkeys(TRUE_WORDS, True), **dict.fromkeys(FALSE_WORDS, False)}
 
 
 def check_store(store: str) -> None:
@@ -35,59 +54,158 @@ def check_store(store: str) -> None:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
 
 
-def tma_reason(op: str, *, bias: bool = False, pingpong: bool = False, quantized: bool = False,
-               decoded: bool = False, fused_b: bool = False) -> str | None:
-    """None if ``op``'s TMA-store epilogue covers this variant, else why not."""
-    if op not in DEFAULT_STORES:
-        raise ValueError(f"op must be one of {tuple(DEFAULT_STORES)}, got {op!r}")
-    if not (bias or pingpong or quantized or decoded or fused_b):  # the common case, at every launch
-        return None
-    blocked = {"a bias": bias and op == "grouped_gemm", "ping-pong": pingpong, "MXFP8 outputs": quantized,
-               "a decoded MXFP8 operand": decoded, "fused_b": fused_b}
-    reasons = [reason for reason, present in blocked.items() if present]
-    return None if not reasons else f"{op}'s TMA store does not take {' or '.join(reasons)} yet"
+@dataclass(frozen=True)
+class LaunchChoice:
+    """A launch's knobs (``options``, keyword arguments of the op's launcher), where they come from
+    (``source``: "defaults" or the tuned entry's words), the knobs forced by ``GMLP_SM90_CONFIG``,
+    and a note for each tuned or default knob the variant replaced, with why."""
+
+    options: dict[str, object]
+    source: str
+    forced: tuple[str, ...]
+    notes: tuple[str, ...]
 
 
-def forced_stores(value: str | None = None) -> dict[str, str]:
-    """op -> store forced by ``GMLP_SM90_STORE`` (or ``value``); empty when unset. Raises naming
-    the item for an unknown op or store."""
-    return dict(_parsed(os.environ.get(ENV, "") if value is None else value))
+def forced_options(value: str | None = None) -> dict[str, dict[str, object]]:
+    """op -> {knob: value} forced by ``GMLP_SM90_CONFIG`` (or ``value``); empty when unset. Raises
+    naming the item for an unknown op, knob or value."""
+    return {op: dict(items) for op, items in _parsed(os.environ.get(ENV, "") if value is None else value)}
 
 
 @functools.lru_cache(maxsize=8)  # read at every launch: parsed once per value of the variable
-def _parsed(value: str) -> tuple[tuple[str, str], ...]:
-    forced: dict[str, str] = {}
+def _parsed(value: str) -> tuple[tuple[str, tuple[tuple[str, object], ...]], ...]:
+    forced: dict[str, dict[str, object]] = {}
     for item in filter(None, (part.strip() for part in value.split(","))):
-        op, _, store = item.rpartition("=")
-        ops = [op] if op else list(DEFAULT_STORES)
-        if op and op not in DEFAULT_STORES:
-            raise ValueError(f"{ENV}: {item!r} names op {op!r}; the ops are {tuple(DEFAULT_STORES)}")
-        if store not in STORES:
-            raise ValueError(f"{ENV}: {item!r} asks for store {store!r}; the stores are {STORES}")
-        forced.update(dict.fromkeys(ops, store))
-    return tuple(forced.items())
+        name, equals, text = item.partition("=")
+        op, _, knob = name.strip().rpartition(".")
+        if not equals:
+            raise ValueError(f"{ENV}: {item!r} is not knob=value or op.knob=value")
+        if op and op not in DEFAULTS:
+            raise ValueError(f"{ENV}: {item!r} names op {op!r}; the ops are {tuple(DEFAULTS)}")
+        ops = [op] if op else [o for o, knobs in DEFAULTS.items() if knob in knobs]
+        if not ops or knob not in DEFAULTS[ops[0]]:
+            known = tuple(DEFAULTS[op]) if op else tuple(dict.fromkeys(k for ks in DEFAULTS.values() for k in ks))
+            raise ValueError(f"{ENV}: {item!r} names knob {knob!r}; the knobs{f' of {op}' if op else ''} are {known}")
+        parsed = _knob_value(knob, text.strip(), item)
+        for o in ops:
+            forced.setdefault(o, {})[knob] = parsed
+    return tuple((op, tuple(items.items())) for op, items in forced.items())
 
 
-def store_for(op: str, **variant: bool) -> str:
-    """The store of a launch of ``op`` given ``store=None`` (``variant``: ``tma_reason``'s flags)."""
-    reason = tma_reason(op, **variant)
-    store = forced_stores().get(op) if ENV in os.environ else None  # the check first: no dict at every launch
-    if store == "tma" and reason is not None:
-        raise ValueError(f"{ENV} forces the TMA store for {op}, but {reason}")
-    if store is None:
-        store = DEFAULT_STORES[op] if reason is None else "regs"
-    return store
+def _knob_value(knob: str, text: str, item: str) -> object:
+    if knob == "store":
+        if text not in STORES:
+            raise ValueError(f"{ENV}: {item!r} asks for store {text!r}; the stores are {STORES}")
+        return text
+    if knob == "tile_n":
+        if text not in map(str, TILE_WIDTHS):
+            raise ValueError(f"{ENV}: {item!r} asks for tile_n {text!r}; the widths are {TILE_WIDTHS}")
+        return int(text)
+    if text.lower() not in _BOOLEANS:
+        raise ValueError(f"{ENV}: {item!r}: {knob} takes one of {tuple(_BOOLEANS)}, got {text!r}")
+    return _BOOLEANS[text.lower()]
 
 
-def describe(op: str, **variant: bool) -> str:
-    """``store_for``'s choice and where it comes from, e.g. "store=tma" or "store=regs (forced by
-    GMLP_SM90_STORE)"."""
-    reason = tma_reason(op, **variant)
-    store = forced_stores().get(op)
-    if store == "tma" and reason is not None:
-        return f"store=tma forced by {ENV}, which fails: {reason}"
-    if store is not None:
-        return f"store={store} (forced by {ENV})"
-    if reason is not None:
-        return f"store=regs ({reason})"
-    return f"store={DEFAULT_STORES[op]}"
+def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool, decoded: bool,
+           gated: bool) -> dict[str, tuple[object, str]]:
+    """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes,
+    given the knobs chosen so far (ping-pong and the fused B tile fix others)."""
+    fixed: dict[str, tuple[object, str]] = {}
+    if decoded:
+        fixed["store"] = ("regs", f"{op}'s TMA store does not take a decoded MXFP8 operand yet")
+        if "pingpong" in options:
+            fixed["pingpong"] = (False, "a decoded operand's bf16 buffers serve one warpgroup's tiles")
+        if op in ("grouped_wgrad", "fc2_dgrad"):
+            fixed["tile_n"] = (128, "a decoded operand runs 128-wide tiles (the width its GPU tests cover)")
+        if op == "fc1_forward":
+            fixed["fused_b"] = (False, "the fused B tile needs a bf16 x")
+    if quantized:
+        fixed["store"] = ("regs", f"{op}'s TMA store does not take MXFP8 outputs yet")
+        if op == "fc2_dgrad":
+            fixed["tile_n"] = (QUANTIZED_TILE_N, "the quantizing epilogue's tile is 128 columns wide")
+        if op == "fc1_forward":
+            fixed["fused_b"] = (False, "the quantizing epilogue reads 128-column fragments")
+    if bias and op == "grouped_gemm":
+        fixed["store"] = ("regs", f"{op}'s TMA store does not take a bias yet")
+    if op == "fc1_forward" and not gated:
+        fixed["fused_b"] = (False, "the fused B tile holds gate and up rows (a gated activation)")
+    pingpong = fixed.get("pingpong", (options.get("pingpong", False),))[0]
+    if pingpong:
+        fixed.setdefault("tile_n", (128, "ping-pong runs one 128 x 128 tile per warpgroup"))
+        if op == "grouped_wgrad":
+            fixed.setdefault("ragged_tma", (True, "ping-pong's K tail is TMA's zero fill (smem zeroing syncs both "
+                                                  "warpgroups)"))
+        fixed.setdefault("store", ("regs", f"{op}'s TMA store does not take ping-pong yet"))
+    if fixed.get("fused_b", (options.get("fused_b", False),))[0]:
+        fixed.setdefault("store", ("regs", f"{op}'s TMA store does not take the fused B tile yet"))
+    return fixed
+
+
+def candidates(op: str) -> list[dict[str, object]]:
+    """Every combination of ``op``'s knobs that a plain bf16 launch takes as it is (none of them
+    fixed by another): the tuner's candidates, the defaults first."""
+    values = {"tile_n": TILE_WIDTHS, "store": STORES}  # the others are booleans
+    knobs = list(DEFAULTS[op])
+    combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
+    plain = dict(bias=False, quantized=False, decoded=False, gated=True)
+    consistent = [c for c in combos if all(c[k] == v for k, (v, _) in _fixes(op, c, **plain).items())]
+    return sorted(consistent, key=lambda c: c != DEFAULTS[op])
+
+
+def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[tuple[str, object], ...] = (),
+           bias: bool = False, quantized: bool = False, decoded: bool = False, gated: bool = True) -> LaunchChoice:
+    """The knobs of a launch of ``op`` on a (tokens x k) by (k x n) product per expert group (the
+    weight gradient: its (n, k) are dW's (M, N)), for the variant the flags give. ``given``: the
+    knobs the caller set, kept as they are (the kernel's config checks them). Raises when
+    ``GMLP_SM90_CONFIG`` forces a knob the variant does not take."""
+    if op not in DEFAULTS:
+        raise ValueError(f"op must be one of {tuple(DEFAULTS)}, got {op!r}")
+    entry = tuned.lookup(op, tokens, n, k, experts)
+    options = dict(DEFAULTS[op])
+    from_table = {}
+    if entry is not None:
+        from_table = {knob: value for knob, value in entry.options.items() if knob in options}
+        options.update(from_table)
+    forced = forced_options().get(op, {}) if ENV in os.environ else {}  # the check first: no dict at every launch
+    options.update(forced)
+    options.update(given)
+    notes = []
+    for knob, (value, why) in _fixes(op, options, bias=bias, quantized=quantized, decoded=decoded,
+                                     gated=gated).items():
+        if options[knob] == value or knob in dict(given):
+            continue
+        if knob in forced:
+            raise ValueError(f"{ENV} forces {op}.{knob}={forced[knob]}, but {why} ({knob}={value})")
+        was = f"the table's {from_table[knob]}" if knob in from_table else f"the default {options[knob]}"
+        notes.append(f"{knob}={value}, not {was}: {why}")
+        options[knob] = value
+    source = "defaults" if entry is None else entry.words()
+    return LaunchChoice(options, source, tuple(forced), tuple(notes))
+
+
+@functools.lru_cache(maxsize=256)  # the layer's launches repeat the same shapes and variants
+def _cached_choice(op: str, tokens: int, n: int, k: int, experts: int, given: tuple[tuple[str, object], ...],
+                   environment: tuple[str | None, str | None], **variant: bool) -> LaunchChoice:
+    return choose(op, tokens, n, k, experts, given=given, **variant)
+
+
+def launch_options(op: str, tokens: int, n: int, k: int, experts: int, given: dict[str, object],
+                   **variant: bool) -> dict[str, object]:
+    """A launcher's knobs: those it was ``given`` (not None) as they are, the others ``choose``'s
+    (cached per shape, variant, and values of ``GMLP_SM90_CONFIG`` and ``GMLP_SM90_TUNED``)."""
+    if all(value is not None for value in given.values()):
+        return given
+    fixed = tuple((knob, value) for knob, value in given.items() if value is not None)
+    environment = (os.environ.get(ENV), os.environ.get(tuned.ENV))
+    return _cached_choice(op, tokens, n, k, experts, fixed, environment, **variant).options
+
+
+def describe(op: str, tokens: int, n: int, k: int, experts: int, **variant: bool) -> str:
+    """``choose``'s knobs and where they come from, in words: "tile_n=256, store=tma (tuned: ...)"."""
+    try:
+        choice = choose(op, tokens, n, k, experts, **variant)
+    except ValueError as error:
+        return f"{ENV} fails: {error}"
+    knobs = ", ".join(f"{knob}={value}" for knob, value in choice.options.items())
+    parts = [choice.source] + [f"{knob} forced by {ENV}" for knob in choice.forced] + list(choice.notes)
+    return f"{knobs} ({'; '.join(parts)})"

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
 __all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
-           "import_error", "launcher", "site_reason"]
+           "import_error", "launcher", "site_gemm", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
@@ -97,6 +97,17 @@ def launcher(op: str) -> Callable:
     return getattr(_module(op), KERNEL_MODULES[op][1])
 
 
+def site_gemm(site: str, tokens: int, hidden: int, ffn: int, experts: int, *, gated: bool = True
+              ) -> tuple[int, int, int, int]:
+    """(T, N, K, E) of the GEMM at ``site`` of a layer (T rows, H, F, E), as its SM90 launcher
+    sees it: FC1 N = 2F (F ungated), K = H; FC2 N = H, K = F; FC2 dgrad N = F, K = H; FC1 dgrad
+    N = H, K = 2F | F; the weight gradients' (N, K) are dW's (M, N): FC2 (H, F), FC1 (2F | F, H)."""
+    n1 = (2 if gated else 1) * ffn
+    n, k = {"fc1": (n1, hidden), "fc2": (hidden, ffn), "fc2 dgrad": (ffn, hidden), "fc1 dgrad": (hidden, n1),
+            "fc2 wgrad": (hidden, ffn), "fc1 wgrad": (n1, hidden)}[site]
+    return tokens, n, k, experts
+
+
 def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     """Why the SM90 kernel of ``op`` cannot run ``site`` of the layer, or None (cutlass-dsl
     imports: ``import_error`` is checked first). Every ``gmlp.contract.gate_up`` layout runs: FC1
@@ -108,14 +119,10 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
     gated = problem.activation != "srelu"
-    n1 = (2 if gated else 1) * problem.ffn
-    tokens, experts, hidden, ffn = problem.tokens, problem.experts, problem.hidden, problem.ffn
+    tokens, n, k, experts = site_gemm(site, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
     module = _module(op)
-    if op in ("fc1_forward", "fc2_dgrad"):
-        reason = module.problem_support(tokens, hidden, ffn, experts, gated=gated)
-    elif op == "grouped_gemm":  # fc2: N = H, K = F; fc1 dgrad: N = H, K = 2F | F
-        reason = module.problem_support(tokens, hidden, ffn if site == "fc2" else n1, experts)
-    else:  # fc2 wgrad: (H, F) per expert; fc1 wgrad: (2F | F, H)
-        m, n = (hidden, ffn) if site == "fc2 wgrad" else (n1, hidden)
-        reason = module.problem_support(tokens, m, n, experts)
+    if op in ("fc1_forward", "fc2_dgrad"):  # their problem_support takes (T, H, F, E)
+        reason = module.problem_support(tokens, problem.hidden, problem.ffn, experts, gated=gated)
+    else:  # the grouped GEMM's (T, N, K, E), the weight gradient's (T, M, N, E)
+        reason = module.problem_support(tokens, n, k, experts)
     return None if reason is None else Reason(reason.kind, f"the SM90 {op} kernel: {reason.message}")

@@ -540,10 +540,11 @@ def grouped_wgrad(
     out_dtype: torch.dtype = torch.float32,  # of a new result: fp32, or bf16 (the fp32 sums rounded once)
     split_rows: int | None = None,  # return rows [0, split_rows) and the rest of each dW_g apart
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
-    tile_n: int | None = None,  # 256 (bf16 operands) or 128 (decoded ones, the only width they take)
-    ragged_tma: bool = True,  # K tail: TMA zero fill past the expert (else smem zeroing; WgradConfig)
-    pingpong: bool = False,  # tile_n = 128: two consumer warpgroups on alternate items (WgradConfig)
-    store: str | None = None,  # the epilogue's stores, "regs" or "tma" (WgradConfig); None: launch_options.store_for
+    # the knobs (WgradConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
+    tile_n: int | None = None,  # 256 or 128 (decoded operands take 128 only)
+    ragged_tma: bool | None = None,  # K tail: TMA zero fill past the expert (else smem zeroing)
+    pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
+    store: str | None = None,  # the epilogue's stores, "regs" or "tma"
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -575,7 +576,6 @@ def grouped_wgrad(
         scales = (None, None)
         if b_tokens != tokens:
             raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
-    tile_n = tile_n if tile_n is not None else (128 if formats is not None else 256)
     experts = split_sizes.numel()
     if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (experts, m, n)
                             or out.dtype != torch.float32 or not out.is_contiguous()):
@@ -595,9 +595,11 @@ def grouped_wgrad(
         out = torch.empty(experts, m, n, dtype=out_dtype, device=a.device)
         if tokens == 0:
             return out.zero_()
+    knobs = launch_options.launch_options("grouped_wgrad", tokens, m, n, experts,
+                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store),
+                                          decoded=formats is not None)
+    tile_n, ragged_tma, pingpong, store = knobs["tile_n"], knobs["ragged_tma"], knobs["pingpong"], knobs["store"]
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
-    if store is None:
-        store = launch_options.store_for("grouped_wgrad", pingpong=pingpong, decoded=formats is not None)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
                              pingpong=pingpong, a_format=None if formats is None else formats[0],

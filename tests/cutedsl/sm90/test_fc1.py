@@ -29,7 +29,7 @@ from gmlp.mxfp8.reference import quantize_columnwise_ref, quantize_rowwise_ref
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_multiplier
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, adversarial_matrix, config_id, parametrize_quick
-from tests.support.sm90 import assert_same_bits, check_fc1_ptx, fc1_operands, on_sm90
+from tests.support.sm90 import assert_same_bits, check_fc1_ptx, fc1_operands, on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -93,6 +93,14 @@ def test_layer_configs_compile(knobs):
 def test_variant_configs_compile(knobs):
     compiled = _compiled(knobs)
     check_fc1_ptx(compiled, gated=compiled.config.activation.gated, b_k_major=compiled.config.b_k_major)
+
+
+@parametrize_quick("knobs", tuned_knobs("fc1_forward"), ids=config_id)
+def test_tuned_configs_compile(knobs):
+    """Every config the tuned table chooses for FC1 (``gmlp.cutedsl.sm90.tuned``)."""
+    compiled = _compiled(knobs)
+    check_fc1_ptx(compiled, gated=True, b_k_major=compiled.config.b_k_major, fused_b=compiled.config.fused_b)
+    check_activation_math(compiled.ptx, compiled.config.activation)
 
 
 @parametrize_quick("knobs", [dict(activation=activation, **LAYER, fused_b=True)

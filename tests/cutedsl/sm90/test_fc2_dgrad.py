@@ -24,7 +24,7 @@ from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
-from tests.support.sm90 import assert_same_bits, check_fc2_dgrad_ptx, fc2_dgrad_operands, on_sm90
+from tests.support.sm90 import assert_same_bits, check_fc2_dgrad_ptx, fc2_dgrad_operands, on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -110,6 +110,14 @@ def test_layer_configs_compile(knobs):
 @parametrize_quick("knobs", [dict(activation=activation, **variant) for variant in VARIANTS
                              for activation in VARIANT_ACTIVATIONS], ids=config_id)
 def test_variant_configs_compile(knobs):
+    compiled = _compiled(knobs)
+    check_fc2_dgrad_ptx(compiled)
+    check_activation_math(compiled)
+
+
+@parametrize_quick("knobs", tuned_knobs("fc2_dgrad"), ids=config_id)
+def test_tuned_configs_compile(knobs):
+    """Every config the tuned table chooses for FC2 dgrad (``gmlp.cutedsl.sm90.tuned``)."""
     compiled = _compiled(knobs)
     check_fc2_dgrad_ptx(compiled)
     check_activation_math(compiled)

@@ -20,7 +20,7 @@ from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 from tests.support.ptx import check_register_split
-from tests.support.sm90 import SPLITS, check_ptx, expert_weights, on_sm90
+from tests.support.sm90 import SPLITS, check_ptx, expert_weights, on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -80,6 +80,14 @@ def test_tma_store_configs_compile(knobs):
     assert "stmatrix.sync.aligned" in ptx and "cp.async.bulk.commit_group" in ptx
     assert not re.search(r"st\.global\.(b32|v\d)", ptx)
     assert config.num_stages() == {256: 4, 128: 6}[config.tile_n]
+
+
+@parametrize_quick("knobs", tuned_knobs("grouped_gemm"), ids=config_id)
+def test_tuned_configs_compile(knobs):
+    """Every config the tuned table chooses for FC2 and FC1 dgrad (``gmlp.cutedsl.sm90.tuned``)."""
+    compiled = _compiled(knobs)
+    config = compiled.config
+    check_ptx(compiled, tile_n=config.tile_n, b_k_major=config.b_k_major, pingpong=config.pingpong)
 
 
 def test_design_and_odd_shapes_are_supported():

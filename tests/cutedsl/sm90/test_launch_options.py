@@ -1,51 +1,165 @@
-"""The SM90 kernels' epilogue store choice (``gmlp.cutedsl.sm90.launch_options``): defaults, where
-the TMA store applies, ``GMLP_SM90_STORE``, and the same choice in ``explain()``'s words. Pure
-Python: no cutlass-dsl needed."""
+"""The SM90 kernels' launch knobs (``gmlp.cutedsl.sm90.launch_options``, ``gmlp.cutedsl.sm90.tuned``):
+defaults, the tuned table's nearest entry, ``GMLP_SM90_CONFIG``, what a variant fixes, and the same
+choice in ``explain()``'s words. Pure Python: no cutlass-dsl needed."""
+
+import json
 
 import pytest
 
-from gmlp.cutedsl.sm90 import launch_options
-from gmlp.cutedsl.sm90.launch_options import ENV, describe, forced_stores, store_for, tma_reason
+from gmlp.cutedsl.sm90 import launch_options, tuned
+from gmlp.cutedsl.sm90.launch_options import DEFAULTS, ENV, choose, describe, forced_options
+
+DEEPSEEK_FC2 = (32768, 7168, 2048, 32)  # (T, N, K, E)
+QWEN3_FC2 = (65536, 2048, 768, 128)
 
 
-def test_defaults_where_the_tma_store_applies(monkeypatch):
+def _table(tmp_path, entries) -> str:
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(dict(device="NVIDIA H200", commit="abc1234", date="2026-12-04",
+                                    measurements="bench_results/tune-test.json", entries=entries)))
+    return str(path)
+
+
+def _entry(op, shape, n, k, rows, **options):
+    return dict(op=op, site="fc2", shape=shape, n=n, k=k, rows_per_expert=rows, options=options,
+                ratios=dict(balanced=1.0, skewed=1.0))
+
+
+@pytest.fixture
+def no_table(monkeypatch, tmp_path):
+    """No forced knobs and an empty tuned table: the kernels' defaults."""
     monkeypatch.delenv(ENV, raising=False)
-    assert store_for("grouped_gemm") == "tma" and store_for("grouped_wgrad") == "tma"
-    assert store_for("fc1_forward") == "tma" and store_for("fc2_dgrad") == "tma"
-    assert describe("grouped_gemm") == "store=tma"
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path, []))
 
 
-def test_variants_the_tma_store_does_not_take_get_the_register_store(monkeypatch):
+@pytest.fixture
+def two_shapes(monkeypatch, tmp_path):
+    """A table tuned at two grouped-GEMM shapes, with different knobs."""
     monkeypatch.delenv(ENV, raising=False)
-    assert tma_reason("grouped_gemm") is None and tma_reason("fc1_forward", bias=True) is None  # FC1 adds b1 itself
-    assert tma_reason("grouped_gemm", bias=True) == "grouped_gemm's TMA store does not take a bias yet"
-    assert tma_reason("grouped_wgrad", pingpong=True, decoded=True) == (
-        "grouped_wgrad's TMA store does not take ping-pong or a decoded MXFP8 operand yet")
-    assert store_for("grouped_gemm", bias=True) == "regs"
-    assert describe("fc2_dgrad", quantized=True) == "store=regs (fc2_dgrad's TMA store does not take MXFP8 outputs yet)"
-    with pytest.raises(ValueError, match=r"op must be one of \('grouped_gemm', .*\), got 'fc3'"):
-        tma_reason("fc3")
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path, [
+        _entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=256, pingpong=False, store="tma"),
+        _entry("grouped_gemm", "qwen3-30b-a3b", 2048, 768, 512, tile_n=128, pingpong=True, store="regs"),
+    ]))
 
 
-def test_a_forced_store(monkeypatch):
-    monkeypatch.setenv(ENV, "fc1_forward=tma, grouped_gemm=regs")
-    assert forced_stores() == {"fc1_forward": "tma", "grouped_gemm": "regs"}
-    assert store_for("fc1_forward") == "tma" and store_for("grouped_gemm") == "regs"
-    assert store_for("grouped_wgrad") == "tma"  # not named: its default
-    assert describe("grouped_gemm") == "store=regs (forced by GMLP_SM90_STORE)"
-    # a forced TMA store where it does not apply is an error that says why, not a silent change
-    with pytest.raises(ValueError, match=r"GMLP_SM90_STORE forces the TMA store for fc1_forward, but fc1_forward's "
-                                         r"TMA store does not take MXFP8 outputs yet"):
-        store_for("fc1_forward", quantized=True)
-    assert describe("fc1_forward", quantized=True).startswith("store=tma forced by GMLP_SM90_STORE, which fails: ")
-    monkeypatch.setenv(ENV, "regs")  # every op
-    assert forced_stores() == dict.fromkeys(launch_options.DEFAULT_STORES, "regs")
+def test_defaults_without_a_table_entry(no_table):
+    for op, knobs in DEFAULTS.items():
+        choice = choose(op, *DEEPSEEK_FC2)
+        assert choice.options == knobs and choice.source == "defaults" and not choice.notes
+    assert describe("grouped_gemm", *DEEPSEEK_FC2) == "tile_n=256, pingpong=False, store=tma (defaults)"
+
+
+def test_the_nearest_tuned_shape_gives_the_knobs(two_shapes):
+    assert choose("grouped_gemm", *DEEPSEEK_FC2).options == dict(tile_n=256, pingpong=False, store="tma")
+    qwen = choose("grouped_gemm", *QWEN3_FC2)
+    assert qwen.options == dict(tile_n=128, pingpong=True, store="regs")
+    assert qwen.source == "tuned on the NVIDIA H200 at qwen3-30b-a3b's fc2: N=2048, K=768, 512 rows/expert"
+    # a shape between the two takes the nearer in log2 (N, K, rows per expert)
+    assert choose("grouped_gemm", 16384, 4096, 1024, 32).options["tile_n"] == 128  # distances 3 / 2
+    assert choose("grouped_gemm", 32768, 4096, 2048, 32).options["tile_n"] == 256  # distances 1 / 4
+    assert choose("fc2_dgrad", *QWEN3_FC2).source == "defaults"  # no entry of that op
+
+
+def test_a_variant_replaces_a_tuned_knob_and_says_so(two_shapes):
+    choice = choose("grouped_gemm", *QWEN3_FC2, decoded=True)
+    # ping-pong is fixed off by the decoded operand, so the tile width is the table's again
+    assert choice.options == dict(tile_n=128, pingpong=False, store="regs")
+    assert choice.notes == ("pingpong=False, not the table's True: a decoded operand's bf16 buffers serve one "
+                            "warpgroup's tiles",)
+    assert choose("grouped_gemm", *DEEPSEEK_FC2, bias=True).options["store"] == "regs"
+    assert describe("fc2_dgrad", *DEEPSEEK_FC2, quantized=True) == (
+        "tile_n=128, store=regs (defaults; store=regs, not the default tma: fc2_dgrad's TMA store does not take "
+        "MXFP8 outputs yet; tile_n=128, not the default 256: the quantizing epilogue's tile is 128 columns wide)")
+    assert "store=regs, not the table's tma: grouped_gemm's TMA store does not take a bias yet" in describe(
+        "grouped_gemm", *DEEPSEEK_FC2, bias=True)
+
+
+@pytest.mark.parametrize("op,variant,fixed", [
+    ("fc2_dgrad", dict(quantized=True), dict(tile_n=128, store="regs")),
+    ("fc1_forward", dict(quantized=True), dict(fused_b=False, store="regs")),
+    ("fc1_forward", dict(gated=False), dict(fused_b=False)),
+    ("grouped_wgrad", dict(decoded=True), dict(tile_n=128, pingpong=False, store="regs")),
+    ("grouped_gemm", dict(bias=True), dict(store="regs")),
+])
+def test_what_each_variant_fixes(no_table, monkeypatch, op, variant, fixed):
+    # every knob forced to the other value where it has one: the variant's value still wins
+    # over the table and the defaults, and a forced conflicting knob is an error naming both
+    options = choose(op, *DEEPSEEK_FC2, **variant).options
+    assert {knob: options[knob] for knob in fixed} == fixed
+    knob, value = next(iter(fixed.items()))
+    other = {"store": "tma", "fused_b": True, "pingpong": True, "tile_n": 256}[knob]
+    monkeypatch.setenv(ENV, f"{op}.{knob}={str(other).lower()}")
+    with pytest.raises(ValueError, match=rf"{ENV} forces {op}.{knob}={other}, but .* \({knob}={value}\)"):
+        choose(op, *DEEPSEEK_FC2, **variant)
+    assert describe(op, *DEEPSEEK_FC2, **variant).startswith(f"{ENV} fails: ")
+
+
+def test_forced_knobs_beat_the_table(two_shapes, monkeypatch):
+    monkeypatch.setenv(ENV, "grouped_gemm.pingpong=0, store=regs")
+    assert forced_options() == {"grouped_gemm": dict(pingpong=False, store="regs"),
+                                **{op: dict(store="regs") for op in DEFAULTS if op != "grouped_gemm"}}
+    choice = choose("grouped_gemm", *QWEN3_FC2)
+    assert choice.options == dict(tile_n=128, pingpong=False, store="regs") and choice.forced == ("pingpong", "store")
+    assert describe("grouped_gemm", *QWEN3_FC2).endswith(
+        "512 rows/expert; pingpong forced by GMLP_SM90_CONFIG; store forced by GMLP_SM90_CONFIG)")
+    # forced ping-pong brings its tile width and store along where they are not forced
+    monkeypatch.setenv(ENV, "grouped_wgrad.pingpong=true")
+    assert choose("grouped_wgrad", *DEEPSEEK_FC2).options == dict(tile_n=128, ragged_tma=True, pingpong=True,
+                                                                  store="regs")
+
+
+def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
+    given = dict(tile_n=256, pingpong=None, store=None)
+    assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, given) == dict(tile_n=256, pingpong=True,
+                                                                                      store="regs")
+    every = dict(tile_n=128, pingpong=False, store="tma")
+    assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, every) is every  # nothing to choose
+    monkeypatch.setenv(ENV, "grouped_gemm.tile_n=256")  # a new value of the variable: chosen again, not cached
+    assert launch_options.launch_options("grouped_gemm", *DEEPSEEK_FC2, dict(tile_n=None))["tile_n"] == 256
 
 
 @pytest.mark.parametrize("value,match", [
-    ("fc3=tma", r"GMLP_SM90_STORE: 'fc3=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
-    ("grouped_gemm=smem", r"'grouped_gemm=smem' asks for store 'smem'; the stores are \('regs', 'tma'\)"),
+    ("fc3.store=tma", r"GMLP_SM90_CONFIG: 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
+    ("grouped_gemm.fused_b=1",
+     r"names knob 'fused_b'; the knobs of grouped_gemm are \('tile_n', 'pingpong', 'store'\)"),
+    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'fused_b', 'ragged_tma'\)"),
+    ("store=smem", r"'store=smem' asks for store 'smem'; the stores are \('regs', 'tma'\)"),
+    ("tile_n=64", r"'tile_n=64' asks for tile_n '64'; the widths are \(128, 256\)"),
+    ("pingpong=maybe", r"'pingpong=maybe': pingpong takes one of \('1', 'true'"),
+    ("store", r"'store' is not knob=value or op.knob=value"),
 ])
-def test_a_bad_forced_store_is_named(value, match):
+def test_a_bad_forced_knob_is_named(value, match):
     with pytest.raises(ValueError, match=match):
-        forced_stores(value)
+        forced_options(value)
+
+
+def test_a_malformed_table_is_named(monkeypatch, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(dict(device="H200", entries=[])))
+    monkeypatch.setenv(tuned.ENV, str(path))
+    with pytest.raises(ValueError, match=r"the SM90 tuned table .*bad.json cannot be read: KeyError: 'commit'"):
+        choose("grouped_gemm", *DEEPSEEK_FC2)
+    monkeypatch.setenv(tuned.ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"missing.json cannot be read: FileNotFoundError"):
+        choose("grouped_gemm", *DEEPSEEK_FC2)
+
+
+def test_the_package_table_is_valid():
+    """The committed table (when there is one) reads, names known ops and knobs with legal values,
+    and each entry was the fastest of its candidates (its ratios are those of the tuner's run)."""
+    current = tuned.read_table(tuned.TABLE_FILE) if tuned.TABLE_FILE.exists() else None
+    if current is None:
+        pytest.skip(f"no tuned table at {tuned.TABLE_FILE} yet")
+    assert current.entries, "an empty table: the tuner writes at least one entry per op it tuned"
+    for entry in current.entries:
+        assert set(entry.options) == set(DEFAULTS[entry.op]), entry
+        items = ",".join(f"{entry.op}.{knob}={str(value).lower()}" for knob, value in entry.options.items())
+        assert forced_options(items)[entry.op] == entry.options  # every value parses as a forced one would
+        assert set(entry.ratios) == {"balanced", "skewed"} and all(r > 0 for r in entry.ratios.values())
+
+
+def test_fc2_dgrads_quantized_tile_width_is_its_epilogues():
+    pytest.importorskip("cutlass")
+    from gmlp.cutedsl.sm90 import _quantize_epilogue, fc2_dgrad
+
+    assert launch_options.QUANTIZED_TILE_N == fc2_dgrad.QUANTIZED_TILE_N == _quantize_epilogue.TILE_COLS

@@ -20,7 +20,7 @@ from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import config_id, parametrize_quick
 from tests.support.ptx import check_register_split, kernel_resources, sass
-from tests.support.sm90 import on_sm90
+from tests.support.sm90 import on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -111,6 +111,12 @@ def test_three_stage_configs_compile(knobs):
 @parametrize_quick("knobs", [dict(tile_n=128, pingpong=True, **OUTPUTS[output]) for output in OUTPUTS], ids=config_id)
 def test_pingpong_configs_compile(knobs):
     """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only)."""
+    check_ptx(_compiled(knobs))
+
+
+@parametrize_quick("knobs", tuned_knobs("grouped_wgrad"), ids=config_id)
+def test_tuned_configs_compile(knobs):
+    """Every config the tuned table chooses for the weight gradients (``gmlp.cutedsl.sm90.tuned``)."""
     check_ptx(_compiled(knobs))
 
 

@@ -1,0 +1,130 @@
+"""Tune the SM90 kernels' launch knobs: time every candidate configuration of each GEMM site at
+each shape, over balanced and skewed routing, and write the fastest into the tuned table.
+
+For each shape of ``--shapes`` and each routing (balanced, and Zipf-like skewed with empty
+experts: the layer's plan cannot know the routing, so one choice must serve both), each site's
+SM90 kernel runs every candidate of ``launch_options.candidates`` on the bf16 operands of
+``bench gemm``, timed as there: the ratio to torch's ``_grouped_mm`` on the same product, the
+baseline timed again after each candidate. A site's choice is the candidate with the best
+geometric mean of its ratios over the routings (a candidate that fails at one routing is out).
+
+Writes the measurements (``tune-<date>.json`` in ``--out``, every candidate's time and ratio) and
+merges the choices into ``--table`` (default: the package's ``gmlp/cutedsl/sm90/tuned_sm90.json``),
+replacing the entries of the sites and shapes tuned now and keeping the others. Commit both: the
+table is what every later launch reads (``GMLP_SM90_TUNED`` points a process at another table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import pathlib
+
+import torch
+
+from gmlp.bench.common import PartialResults, add_out_argument, environment
+from gmlp.bench.gemm import _gemms, _operands, _time
+from gmlp.bench.mlp import SHAPES, add_shapes_argument
+from gmlp.cutedsl.sm90 import launch_options, tuned
+from gmlp.cutedsl.sm90.support import site_gemm
+from gmlp.dispatch.sites import SITES
+
+ROUTINGS = ("balanced", "skewed")
+# bench gemm's name of each layer site
+GEMM_NAMES = {"fc1": "fc1", "fc2": "fc2", "fc2 dgrad": "fc2_dgrad", "fc1 dgrad": "fc1_dgrad", "fc2 wgrad": "fc2_wgrad",
+              "fc1 wgrad": "fc1_wgrad"}
+
+
+def choose(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """(shape, site) -> its best candidate's row (``options``, ``ratios`` per routing, their
+    geometric mean): the candidate with the best geometric mean over ``ROUTINGS`` among those
+    that ran at every routing. Raises naming the site if none did."""
+    by_site: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    for row in rows:
+        key = json.dumps(row["options"], sort_keys=True)
+        by_site.setdefault((row["shape"], row["site"]), {}).setdefault(key, {})
+        if row["ratio"]:
+            by_site[(row["shape"], row["site"])][key][row["routing"]] = row["ratio"]
+    best = {}
+    for site_key, by_options in by_site.items():
+        complete = {key: ratios for key, ratios in by_options.items() if set(ratios) == set(ROUTINGS)}
+        if not complete:
+            raise RuntimeError(f"no candidate ran at every routing for {site_key}: {by_options}")
+        mean = {key: math.exp(sum(map(math.log, ratios.values())) / len(ratios)) for key, ratios in complete.items()}
+        key = max(mean, key=mean.get)
+        best[site_key] = dict(options=json.loads(key), ratios=complete[key], geomean=mean[key])
+    return best
+
+
+def table_entries(best: dict[tuple[str, str], dict]) -> list[dict]:
+    """The tuned table's entries for ``choose``'s result: op, site, shape, the launch's (N, K) and
+    rows per expert (what ``tuned.lookup`` measures distance in), the knobs and their ratios."""
+    entries = []
+    for (shape, site), chosen in best.items():
+        experts, tokens, hidden, ffn = SHAPES[shape]
+        _, n, k, _ = site_gemm(site, tokens, hidden, ffn, experts)
+        entries.append(dict(op=SITES[site].op.value, site=site, shape=shape, n=n, k=k,
+                            rows_per_expert=tokens / experts, options=chosen["options"],
+                            ratios={routing: round(ratio, 4) for routing, ratio in chosen["ratios"].items()}))
+    return entries
+
+
+def merged_table(path: pathlib.Path, entries: list[dict], env: dict, measurements: str) -> dict:
+    """The table at ``path`` (if any) with ``entries`` replacing those of the same site and shape."""
+    old = json.loads(path.read_text())["entries"] if path.exists() else []
+    tuned_now = {(entry["site"], entry["shape"]) for entry in entries}
+    kept = [entry for entry in old if (entry["site"], entry["shape"]) not in tuned_now]
+    order = {site: i for i, site in enumerate(GEMM_NAMES)}
+    all_entries = sorted(kept + entries, key=lambda e: (e["shape"], order[e["site"]]))
+    return dict(device=env["device"], commit=env["commit"], cutlass_dsl=env.get("nvidia-cutlass-dsl"),
+                date=datetime.date.today().isoformat(), measurements=measurements, entries=all_entries)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gmlp.bench tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shapes_argument(parser, ",".join(SHAPES))
+    parser.add_argument("--sites", default=",".join(GEMM_NAMES), help=f"comma-separated, of {list(GEMM_NAMES)}")
+    parser.add_argument("--table", default=str(tuned.TABLE_FILE), help="the tuned table to merge the choices into")
+    add_out_argument(parser)
+    args = parser.parse_args(argv)
+    sites = [site.strip() for site in args.sites.split(",")]
+    unknown = [site for site in sites if site not in GEMM_NAMES]
+    if unknown:
+        parser.error(f"--sites: unknown {unknown}; the sites are {list(GEMM_NAMES)}")
+    device, env = torch.device("cuda"), environment()
+    rows, results = [], PartialResults("tune", args.out)
+    for shape in args.shapes.split(","):
+        experts, tokens, hidden, ffn = SHAPES[shape]
+        for routing in ROUTINGS:
+            gemms = _gemms(_operands(experts, tokens, hidden, ffn, device, routing), hidden, ffn)
+            for site in sites:
+                gemm, op = gemms[GEMM_NAMES[site]], SITES[site].op.value
+                base_ms, _ = _time(gemm["baseline"])
+                for options in launch_options.candidates(op):
+                    print(f"{shape} {routing} {site:>9} {options}: ", end="", flush=True)  # a hang shows where
+                    ms, error = _time(gemm["cutedsl"](options))
+                    base_after, _ = _time(gemm["baseline"])
+                    bracket = [t for t in (base_ms, base_after) if t]
+                    baseline = sum(bracket) / len(bracket) if bracket else None
+                    ratio = baseline / ms if ms and baseline else None
+                    rows.append(dict(shape=shape, routing=routing, site=site, op=op, options=options, ms=ms,
+                                     tflops=gemm["flops"] / ms / 1e9 if ms else None, baseline_ms=baseline,
+                                     ratio=ratio, error=error))
+                    base_ms = base_after or base_ms
+                    results.write(dict(environment=env, results=rows), complete=False)  # kept if cut short
+                    print(f"{ms:.3f} ms, {ratio:.3f} of torch" if ratio else str(error), flush=True)
+            del gemms
+            torch.cuda.empty_cache()
+    best = choose(rows)
+    measurements = results.write(dict(environment=env, results=rows, chosen=[
+        dict(shape=shape, site=site, **chosen) for (shape, site), chosen in best.items()]), complete=True)
+    table_path = pathlib.Path(args.table)
+    table = merged_table(table_path, table_entries(best), env, str(measurements))
+    table_path.write_text(json.dumps(table, indent=1) + "\n")
+    for (shape, site), chosen in best.items():
+        ratios = ", ".join(f"{routing} {ratio:.3f}" for routing, ratio in chosen["ratios"].items())
+        print(f"{shape} {site:>9}: {chosen['options']} ({ratios} of torch)")
+    print(f"wrote {measurements} and {table_path}")

@@ -1,0 +1,99 @@
+"""The tuned table of the SM90 kernels' launch options: per op and tuned shape, the knobs that
+``python -m gmlp.bench tune`` measured fastest on a GPU (the geometric mean of the ratio to torch's
+``_grouped_mm`` over balanced and skewed routing), with the shape they were measured at.
+
+The table is ``tuned_sm90.json`` beside this module, as the tuner wrote it (its measurements are
+in ``bench_results/``); ``GMLP_SM90_TUNED`` names another table file instead. A launch's shape
+class is the tuned shape of its op nearest to it in log space over (N, K, rows per expert): each
+factor of 2 in one of them counts 1, so a shape between two tuned ones takes the closer. The table
+gives preferences only: ``gmlp.cutedsl.sm90.launch_options`` applies what the launch's variant
+fixes and what ``GMLP_SM90_CONFIG`` forces. No cutlass-dsl import: the dispatcher reads it anywhere.
+
+File format: ``{"device", "commit", "date", "measurements", "entries": [{"op", "site", "shape",
+"n", "k", "rows_per_expert", "options": {knob: value}, "ratios": {routing: ratio to torch}}]}``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ENV", "TABLE_FILE", "TunedEntry", "Table", "read_table", "table", "lookup"]
+
+ENV = "GMLP_SM90_TUNED"
+TABLE_FILE = Path(__file__).with_name("tuned_sm90.json")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (the lookup cache), dict fields
+class TunedEntry:
+    """The knobs measured fastest for ``op`` at ``site`` of the layer at a named design shape."""
+
+    op: str
+    site: str
+    shape: str
+    n: int
+    k: int
+    rows_per_expert: float
+    options: dict[str, object]
+    ratios: dict[str, float]
+    device: str
+
+    def distance(self, n: int, k: int, rows_per_expert: float) -> float:
+        """Squared log2 distance of a launch's (N, K, rows per expert) from this entry's."""
+        return sum(math.log2(max(a, 1) / max(b, 1)) ** 2
+                   for a, b in ((n, self.n), (k, self.k), (rows_per_expert, self.rows_per_expert)))
+
+    def words(self) -> str:
+        return (f"tuned on the {self.device} at {self.shape}'s {self.site}: N={self.n}, K={self.k}, "
+                f"{self.rows_per_expert:g} rows/expert")
+
+
+@dataclass(frozen=True, eq=False)  # one object per file read: the lookup cache keys on it
+class Table:
+    """A tuned table: where it was measured, and its entries."""
+
+    device: str
+    commit: str
+    date: str
+    measurements: str
+    entries: tuple[TunedEntry, ...]
+
+
+def read_table(path: Path) -> Table:
+    """The table in ``path``; raises naming the file and the field for a malformed one."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        device = raw["device"]
+        entries = tuple(TunedEntry(op=e["op"], site=e["site"], shape=e["shape"], n=int(e["n"]), k=int(e["k"]),
+                                   rows_per_expert=float(e["rows_per_expert"]), options=dict(e["options"]),
+                                   ratios=dict(e["ratios"]), device=device) for e in raw["entries"])
+        return Table(device, raw["commit"], raw["date"], raw["measurements"], entries)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"the SM90 tuned table {path} cannot be read: {type(error).__name__}: {error}") from error
+
+
+@functools.lru_cache(maxsize=4)
+def _table_at(path: str) -> Table | None:
+    return read_table(Path(path)) if Path(path).exists() or path != str(TABLE_FILE) else None
+
+
+def table() -> Table | None:
+    """The table in use (``GMLP_SM90_TUNED``'s file, else ``TABLE_FILE``); None when the package
+    has none yet. A named file that is missing or malformed raises."""
+    return _table_at(os.environ.get(ENV) or str(TABLE_FILE))
+
+
+@functools.lru_cache(maxsize=256)
+def _nearest(current: Table | None, op: str, n: int, k: int, rows_per_expert: float) -> TunedEntry | None:
+    candidates = [entry for entry in (current.entries if current else ()) if entry.op == op]
+    return min(candidates, key=lambda entry: entry.distance(n, k, rows_per_expert), default=None)
+
+
+def lookup(op: str, tokens: int, n: int, k: int, experts: int) -> TunedEntry | None:
+    """The entry of ``op`` nearest to a launch on ``tokens`` rows over ``experts`` groups with this
+    (N, K), or None when the table has none for ``op``."""
+    return _nearest(table(), op, n, k, tokens / max(experts, 1))

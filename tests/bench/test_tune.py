@@ -1,0 +1,66 @@
+"""The SM90 tuner's choice and table (``gmlp.bench.tune``), on made-up timings: no GPU needed."""
+
+import json
+
+import pytest
+
+from gmlp.bench import tune
+from gmlp.cutedsl.sm90 import tuned
+from gmlp.cutedsl.sm90.launch_options import DEFAULTS, candidates
+
+ENV = {"device": "NVIDIA H200", "commit": "abc1234", "nvidia-cutlass-dsl": "4.8.1"}
+
+
+def _row(site, options, routing, ratio, shape="qwen3-30b-a3b"):
+    return dict(shape=shape, routing=routing, site=site, options=options, ratio=ratio)
+
+
+def test_the_best_geometric_mean_over_both_routings_wins():
+    wide, narrow, broken = dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)
+    rows = [_row("fc2", wide, "balanced", 1.10), _row("fc2", wide, "skewed", 0.80),  # geomean 0.938
+            _row("fc2", narrow, "balanced", 0.95), _row("fc2", narrow, "skewed", 0.95),  # 0.95
+            _row("fc2", broken, "balanced", 2.0), _row("fc2", broken, "skewed", None)]  # failed once: out
+    best = tune.choose(rows)
+    assert best[("qwen3-30b-a3b", "fc2")]["options"] == narrow
+    assert best[("qwen3-30b-a3b", "fc2")]["geomean"] == pytest.approx(0.95)
+    with pytest.raises(RuntimeError, match=r"no candidate ran at every routing for \('qwen3-30b-a3b', 'fc1'\)"):
+        tune.choose([_row("fc1", wide, "balanced", 1.0)])
+
+
+def test_entries_carry_each_sites_launch_shape():
+    best = {("deepseek-v3-rank", site): dict(options=dict(DEFAULTS[op]), ratios=dict(balanced=1.0, skewed=0.9))
+            for site, op in (("fc1", "fc1_forward"), ("fc1 dgrad", "grouped_gemm"), ("fc1 wgrad", "grouped_wgrad"))}
+    entries = {entry["site"]: entry for entry in tune.table_entries(best)}
+    # DeepSeek-V3 rank: E=32, T=32768, H=7168, F=2048
+    assert (entries["fc1"]["op"], entries["fc1"]["n"], entries["fc1"]["k"]) == ("fc1_forward", 4096, 7168)
+    assert (entries["fc1 dgrad"]["n"], entries["fc1 dgrad"]["k"]) == (7168, 4096)
+    assert (entries["fc1 wgrad"]["n"], entries["fc1 wgrad"]["k"]) == (4096, 7168)
+    assert entries["fc1"]["rows_per_expert"] == 1024
+
+
+def test_the_table_merges_and_reads_back(tmp_path):
+    path = tmp_path / "table.json"
+    first = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(tile_n=128, pingpong=True, store="regs"),
+                                                               ratios=dict(balanced=1.0, skewed=1.0))})
+    path.write_text(json.dumps(tune.merged_table(path, first, ENV, "bench_results/tune-1.json")))
+    second = tune.table_entries({("deepseek-v3-rank", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
+                                                                   ratios=dict(balanced=1.0, skewed=0.98))})
+    path.write_text(json.dumps(tune.merged_table(path, second, ENV, "bench_results/tune-2.json")))
+    table = tuned.read_table(path)
+    assert [entry.shape for entry in table.entries] == ["deepseek-v3-rank", "qwen3-30b-a3b"]  # both kept
+    assert table.measurements == "bench_results/tune-2.json" and table.device == "NVIDIA H200"
+    assert table.entries[1].options == dict(tile_n=128, pingpong=True, store="regs")
+    retuned = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
+                                                                 ratios=dict(balanced=1.1, skewed=1.0))})
+    path.write_text(json.dumps(tune.merged_table(path, retuned, ENV, "bench_results/tune-3.json")))
+    assert [entry.options for entry in tuned.read_table(path).entries] == [DEFAULTS["grouped_gemm"]] * 2  # replaced
+
+
+@pytest.mark.parametrize("op,count", [("grouped_gemm", 5), ("fc1_forward", 3), ("fc2_dgrad", 4), ("grouped_wgrad", 9)])
+def test_candidates_are_the_consistent_knob_combinations(op, count):
+    found = candidates(op)
+    assert found[0] == DEFAULTS[op] and len(found) == count
+    assert len({json.dumps(c, sort_keys=True) for c in found}) == count
+    for c in found:
+        assert not (c.get("pingpong") and (c["tile_n"] != 128 or c["store"] != "regs"))
+        assert not (c.get("fused_b") and c["store"] != "regs")
