@@ -1,6 +1,7 @@
 """The SM90 tuner's choice and table (``gmlp.bench.tune``), on made-up timings: no GPU needed."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -64,3 +65,19 @@ def test_candidates_are_the_consistent_knob_combinations(op, count):
     for c in found:
         assert not (c.get("pingpong") and (c["tile_n"] != 128 or c["store"] != "regs"))
         assert not (c.get("fused_b") and c["store"] != "regs")
+
+
+def test_the_committed_table_is_what_the_committed_measurements_choose():
+    """Each entry of the package's table is the fastest candidate of the latest committed tuner run
+    that timed its site and shape (bench_results/tune-*.json), with that run's ratios and with the
+    (N, K, rows per expert) of its shape: no entry edited by hand, none left from an older run."""
+    runs = sorted(pathlib.Path(__file__).parents[2].glob("bench_results/tune-*.json"))
+    assert runs, "no committed tuner measurements (bench_results/tune-*.json)"
+    latest: dict[tuple[str, str], dict] = {}
+    for run in runs:  # names sort by date: a later run's choice replaces an earlier one's
+        latest.update(tune.choose(json.loads(run.read_text())["results"]))
+    table = json.loads(tuned.TABLE_FILE.read_text())["entries"]
+    assert {(entry["shape"], entry["site"]) for entry in table} == set(latest)
+    expected = {(entry["shape"], entry["site"]): entry for entry in tune.table_entries(latest)}
+    for entry in table:
+        assert entry == expected[(entry["shape"], entry["site"])], entry

@@ -145,11 +145,10 @@ def test_a_malformed_table_is_named(monkeypatch, tmp_path):
 
 
 def test_the_package_table_is_valid():
-    """The committed table (when there is one) reads, names known ops and knobs with legal values,
-    and each entry was the fastest of its candidates (its ratios are those of the tuner's run)."""
-    current = tuned.read_table(tuned.TABLE_FILE) if tuned.TABLE_FILE.exists() else None
-    if current is None:
-        pytest.skip(f"no tuned table at {tuned.TABLE_FILE} yet")
+    """The committed table reads and names known ops and knobs with legal values (that each entry is
+    its measurements' fastest candidate: tests/bench/test_tune.py)."""
+    assert tuned.TABLE_FILE.exists(), f"the package's tuned table {tuned.TABLE_FILE} is missing"
+    current = tuned.read_table(tuned.TABLE_FILE)
     assert current.entries, "an empty table: the tuner writes at least one entry per op it tuned"
     for entry in current.entries:
         assert set(entry.options) == set(DEFAULTS[entry.op]), entry
