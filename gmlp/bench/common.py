@@ -101,7 +101,8 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
     return 2 * num_bytes / ms / 1e6
 
 
-PEER_PACKAGES = ("quack-kernels",)  # other kernel packages a bench may time (bench gemm --variants quack)
+# other kernel packages a bench may time (bench gemm --variants quack, bench mlp --sides sonicmoe-bf16)
+PEER_PACKAGES = ("quack-kernels", "sonic-moe")
 
 
 def _checkout() -> dict:

@@ -72,7 +72,6 @@ from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
-from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
@@ -84,7 +83,7 @@ from gmlp.cutedsl.sm90._compile import (
     fake_vector,
     sym_stride,
 )
-from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
+from gmlp.cutedsl.sm90._launch import check_tma_bases, run
 from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     ELEMENT_ALIGN,
@@ -107,9 +106,9 @@ from gmlp.cutedsl.sm90._pipeline import (
     smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
-from gmlp.cutedsl.sm90._tma import BIG, expert_tokens, ragged_tokens
+from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
+from gmlp.cutedsl.sm90._wgrad_operands import problem_support, wgrad_operands
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
-from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
@@ -501,19 +500,6 @@ CompiledWgrad = CompiledKernel  # the callable (runs on a matching GPU), its PTX
 _compile = config_compiler(GroupedWgradSm90, _fake_arguments)  # (config, arch) -> CompiledWgrad, cached
 
 
-def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> Reason | None:
-    """None if the kernel runs a (T, M, N, E) problem, else why not (TMA alignment, coordinates)."""
-    if num_experts < 1:
-        return Reason(ReasonKind.SHAPE, f"E={num_experts}: needs at least one expert")
-    if m % ELEMENT_ALIGN or n % ELEMENT_ALIGN:
-        return Reason(ReasonKind.SHAPE, f"M={m} and N={n} must be multiples of {ELEMENT_ALIGN} (TMA's 16-byte "
-                                        "strides)")
-    if num_rows >= BIG or max(m, n) * 2 >= 2**31 or num_experts * (m // 8 + 1) * (n // 8 + 1) >= 2**31:
-        return Reason(ReasonKind.SHAPE, f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit tile "
-                                        "coordinates")
-    return None
-
-
 def compile_wgrad(
     arch: str = "sm_90a",
     config: WgradConfig = WgradConfig(),
@@ -558,36 +544,8 @@ def grouped_wgrad(
     if split_rows is not None:
         return _split_wgrad(a, b, split_sizes, split_rows, out=out, out_dtype=out_dtype, groups=groups,
                             tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store)
-    # validate
-    formats = None
-    if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
-        reason = DECODED_WGRAD_FAULT or decoded_wgrad_reason(a, b)
-        if reason is not None:
-            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason.message}")
-        formats = (a.element_format, b.element_format)
-        (m, tokens), (n, _) = a.data.shape, b.data.shape
-        scales = (a.scales, b.scales)
-        a, b = a.data.view(torch.uint8), b.data.view(torch.uint8)
-    elif not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and _tma_rows(a) and _tma_rows(b)):
-        raise TypeError(f"a and b must be bf16 (T, M) and (T, N) matrices with contiguous rows and row strides "
-                        f"multiples of {ELEMENT_ALIGN}, got a {describe(a)}, b {describe(b)}")
-    else:
-        (tokens, m), (b_tokens, n) = a.shape, b.shape
-        scales = (None, None)
-        if b_tokens != tokens:
-            raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
     experts = split_sizes.numel()
-    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (experts, m, n)
-                            or out.dtype != torch.float32 or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
-    check_problem(_NAME, problem_support(tokens, m, n, experts))
-    if tokens > 0:
-        check_tma_bases(a=a, b=b)
-    if out is not None and out.data_ptr() % ALIGN:
-        raise ValueError(f"out must be 16-byte aligned, got an address {out.data_ptr() % ALIGN} bytes past a 16-byte "
-                         "boundary")
+    a, b, scales, formats, tokens, m, n = wgrad_operands(_NAME, a, b, experts, out, out_dtype)
 
     # allocate; no tokens: zeros (nothing added to out), else launch over min(#SMs, tiles) CTAs
     accumulate = out is not None
@@ -611,12 +569,6 @@ def grouped_wgrad(
         run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, *scales, block_start,
             groups.row_start, out)
     return out
-
-
-def _tma_rows(t: torch.Tensor) -> bool:
-    """A contiguous matrix (its sizes are ``problem_support``'s), or contiguous rows at a stride
-    of a multiple of 16 bytes (a column slice of one, ``split_rows``' parts)."""
-    return t.is_contiguous() or (t.stride(1) == 1 and t.stride(0) % ELEMENT_ALIGN == 0)
 
 
 def _split_wgrad(a, b, split_sizes: torch.Tensor, split_rows: int, *, out, **options) -> tuple[torch.Tensor, ...]:
