@@ -10,6 +10,7 @@ BENCHES = {
     "tune": ("gmlp.bench.tune", "the SM90 kernels' launch knobs per GEMM site and shape, into the tuned table",
              "GPU (SM90) with cutlass-dsl"),
     "profile": ("gmlp.bench.profile", "one layer step's device time per kernel (torch.profiler)", "GPU"),
+    "memory": ("gmlp.bench.memory", "one layer step's memory timeline and what is alive at its peak", "GPU"),
     "ncu": ("gmlp.bench.ncu", "Nsight Compute counters of each SM90 GEMM next to cuBLAS on the same product",
             "GPU with ncu"),
     "host": ("gmlp.bench.host", "host time of a layer step against torch eager's, per path; --profile: where it goes",
