@@ -2,7 +2,9 @@
 fp32 dh of a tile quantized both ways from the registers, in 64-column halves of the da tile when
 gated, with its db1 warp sums. A mixin of ``FC2DgradSm90``, which supplies the config attributes
 (``gated``, ``bias_grad``, ``e5m2``, ``floor_scales``) and, from ``_fc2_dgrad_epilogue``,
-``pair_backward``, the activation backward both epilogues share.
+``pair_backward``, the activation backward both epilogues share, and ``load_c_pairs``: c's words
+come in batches of ``C_WORD_PAIRS`` pairs (a gated half's), every load of a batch issued before
+the first is used, the first batch before the item's mainloop.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from cutlass import Float32, Uint32, const_expr
 
 from gmlp.cutedsl._quantize_kernel import _as_f32
 from gmlp.cutedsl.sm90 import _quantize_epilogue
+from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS
 from gmlp.cutedsl.sm90._quantize_epilogue import quantize_tile_both_ways
 
 __all__ = ["QuantizedDhEpilogue", "dh_segments"]
@@ -24,22 +27,23 @@ class QuantizedDhEpilogue:
     """The MXFP8 epilogue's device methods (traced inline in ``FC2DgradSm90.kernel``)."""
 
     @cute.jit
-    def quantized_epilogue(self, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
-                           smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
+    def quantized_epilogue(self, acc, values, c_words, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs,
+                           outputs, smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
         """The MXFP8 epilogue of one tile (module docstring): per 128-column tile of dh (gated: a
         64-column half of the da tile gives its 64 d gate and 64 d up columns; srelu: the whole
         tile), the fp32 dh of the thread's pairs into ``values``, Q_row and Q_col of it, its db1
-        warp sums; the dprobs partials accumulate in row_dprobs over the halves in column order."""
-        args = (acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs, smem_q, mWarpSums,
-                first_row, col0, ffn, limits, col_block0, sums_row)
+        warp sums; the dprobs partials accumulate in row_dprobs over the halves in column order.
+        ``c_words`` holds c's first batch (pairs [0, C_WORD_PAIRS), loaded before the mainloop)."""
+        args = (acc, values, c_words, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs, smem_q,
+                mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row)
         self.quantized_half(0, *args)
         if const_expr(self.gated):
             if limits[1] > _quantize_epilogue.SEGMENT_COLS:  # the second half has valid columns
                 self.quantized_half(1, *args)
 
     @cute.jit
-    def quantized_half(self, q: int, acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs, outputs,
-                       smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
+    def quantized_half(self, q: int, acc, values, c_words, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs,
+                       outputs, smem_q, mWarpSums, first_row, col0, ffn, limits, col_block0, sums_row):
         """Gated: half q of the da tile (its 64-column half q -> the d gate and d up columns of a
         quantized tile); srelu: the whole tile (q = 0)."""
         quads = _quantize_epilogue.SEGMENT_GROUPS if const_expr(self.gated) else cute.size(tCcD) // 4
@@ -48,12 +52,15 @@ class QuantizedDhEpilogue:
             segments = dh_segments(col0, ffn, limits[1], q)
         for jl in cutlass.range_constexpr(quads):
             j = q * quads + jl  # da column group
+            if const_expr(2 * j % C_WORD_PAIRS == 0 and j > 0):  # the next batch of c (the first came before)
+                self.load_c_pairs(c_words, 2 * j, C_WORD_PAIRS, tCgG, tCgU, tCcD, limits)
             for slot in cutlass.range_constexpr(2):
                 i = 2 * j + slot
                 if cute.elem_less(tCcD[2 * i], limits):
                     grad = (acc[2 * i], acc[2 * i + 1])
-                    gate = _bf16_pair(Uint32(tCgG[i]))
-                    up = _bf16_pair(Uint32(tCgU[i])) if const_expr(self.gated) else gate
+                    word = 2 * (i % C_WORD_PAIRS)
+                    gate = _bf16_pair(Uint32(c_words[word]))
+                    up = _bf16_pair(Uint32(c_words[word + 1])) if const_expr(self.gated) else gate
                     d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
                     # the fp32 dh (as Triton: no bf16 step); gated: d gate at tile column
                     # group jl, d up at 8 + jl (pair 2 j + slot of the quantized tile)

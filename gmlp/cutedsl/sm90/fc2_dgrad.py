@@ -383,7 +383,8 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
                 gate_stage, up_stage = tile_store.staging(), tile_store.staging()
                 subtiles_done = Int32(0)
 
-            # bf16 dh: c's gate and up words of pair i at 2 (i % 16) (two batches of up to 8 pairs)
+            # c's gate and up words of pair i at 2 (i % 16): bf16 dh, two batches of up to 8 pairs; MXFP8, a
+            # batch of 16 (a gated half's pairs)
             c_words = cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32)
 
             item = bidx
@@ -408,8 +409,9 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
                         row_dprobs[slot] = Float32(0.0)
                         if row < limits[0]:
                             row_probs[slot] = mProbs[first_row + row].to(Float32)
-                if const_expr(not self.quantized):
-                    self.load_c_pairs(c_words, 0, 2 * self.c_batch, tCgG, tCgU, tCcD, limits)
+                # c's first batch before the mainloop: the bf16 pass's first batch, or a gated half's pairs
+                self.load_c_pairs(c_words, 0, C_WORD_PAIRS if const_expr(self.quantized) else 2 * self.c_batch,
+                                  tCgG, tCgU, tCcD, limits)
                 tiled_mma, read_state, release_state, decoded = _decode.mainloop(
                     decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
                     decoded)
@@ -433,7 +435,7 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
                     # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
                     col_block0 = mBlockStart[g] + (m_tile - mTileStart[g]) * (TILE_M // BLOCK_SIZE)
                     self.quantized_epilogue(
-                        acc, values, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs,
+                        acc, values, c_words, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs,
                         (mRowData, mRowScale, mColData, mColScale), smem_q, mWarpSums, first_row, col0, ffn, limits,
                         col_block0, m_tile * WARPS_PER_TILE + tile_warp)
 
