@@ -94,33 +94,34 @@ def flatten(tree: Any, inputs: list[torch.Tensor | None], traced: bool = False) 
             by_storage[key] = found
         return found
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            return slot(node)
-        names = _field_names(type(node))
-        if names is not None:  # a dataclass instance
-            return _Node(type(node), {name: walk(getattr(node, name)) for name in names})
-        if isinstance(node, dict):
-            return {key: walk(value) for key, value in node.items()}
-        if isinstance(node, (tuple, list)):
-            return type(node)(walk(value) for value in node)
-        return node
+    return outputs, _spec_of(tree, slot)
 
-    return outputs, walk(tree)
+
+# The tree walks are module functions, not nested ones: a recursive closure refers to itself, and
+# that reference cycle would keep the state's tensors alive until the cyclic garbage collector ran.
+def _spec_of(node: Any, slot) -> Any:
+    """``node`` with each tensor replaced by ``slot(tensor)`` and each dataclass by a ``_Node``."""
+    if isinstance(node, torch.Tensor):
+        return slot(node)
+    names = _field_names(type(node))
+    if names is not None:  # a dataclass instance
+        return _Node(type(node), {name: _spec_of(getattr(node, name), slot) for name in names})
+    if isinstance(node, dict):
+        return {key: _spec_of(value, slot) for key, value in node.items()}
+    if isinstance(node, (tuple, list)):
+        return type(node)(_spec_of(value, slot) for value in node)
+    return node
 
 
 def unflatten(spec: Spec, outputs: list[torch.Tensor], inputs: list[torch.Tensor | None]) -> Any:
     """The tree ``flatten`` described, from the op's ``outputs`` and ``inputs``."""
-    def walk(node: Any) -> Any:
-        if isinstance(node, _Slot):
-            base = (outputs if node.source == "output" else inputs)[node.index]
-            return base if node.view is None else base.as_strided(*node.view)
-        if isinstance(node, _Node):
-            return node.cls(**{name: walk(value) for name, value in node.fields.items()})
-        if isinstance(node, dict):
-            return {key: walk(value) for key, value in node.items()}
-        if isinstance(node, (tuple, list)):
-            return type(node)(walk(value) for value in node)
-        return node
-
-    return walk(spec)
+    if isinstance(spec, _Slot):
+        base = (outputs if spec.source == "output" else inputs)[spec.index]
+        return base if spec.view is None else base.as_strided(*spec.view)
+    if isinstance(spec, _Node):
+        return spec.cls(**{name: unflatten(value, outputs, inputs) for name, value in spec.fields.items()})
+    if isinstance(spec, dict):
+        return {key: unflatten(value, outputs, inputs) for key, value in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(unflatten(value, outputs, inputs) for value in spec)
+    return spec

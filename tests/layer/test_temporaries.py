@@ -54,3 +54,69 @@ def test_no_dequantized_copy_outlives_its_gemm(live_copies_per_gemm):
     mlp(x, torch.tensor([50, 0, 30])).square().sum().backward()
     assert set(live_copies_per_gemm) == GEMM_SITES  # every GEMM site ran and was checked
     assert all(not shapes for shapes in live_copies_per_gemm.values()), live_copies_per_gemm
+
+
+@pytest.fixture
+def alive_at_each_op(monkeypatch):
+    """(site -> names of the forward's saved tensors alive when that op of the backward is
+    called, the weakrefs by name): the saved tensors are those of Q_col(x), Q_col(W1), Q_col(W2),
+    c and Q_col(a) (bf16: c and a), recorded from the ops' outputs."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    refs: dict[str, weakref.ref] = {}
+    alive: dict[str, set[str]] = {}
+    real = gmlp.layer.steps.implementation
+
+    def tracking(site, path, capability=None):
+        run = real(site, path, capability)
+
+        def call(*args, **kwargs):
+            if site.name in ("fc1 dgrad", "fc2 wgrad", "fc1 wgrad"):
+                alive[site.name] = {name for name, ref in refs.items() if ref() is not None}
+            result = run(*args, **kwargs)
+            if site.name in ("quantize x", "quantize w1", "quantize w2"):
+                refs[f"Q_col({site.name.split()[-1]})"] = weakref.ref(result.columnwise.data)
+            if site.name == "fc1":
+                refs["c"] = weakref.ref(result.c)
+                refs["a"] = weakref.ref(result.a if result.a is not None else result.a_columnwise.data)
+            return result
+        return call
+
+    monkeypatch.setattr(gmlp.layer.steps, "implementation", tracking)
+    return alive, refs
+
+
+@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+def test_the_backward_frees_the_forward_state_after_its_last_reader(alive_at_each_op, recipe):
+    """The saved tensors are freed as the backward goes, not at its end: c after FC2 dgrad, a after
+    FC2's weight gradient, and a quantized tensor as soon as its bf16 copy is made for the GEMM
+    that reads it, so that at the weight gradients (the step's peak) only their own operands are
+    alive."""
+    alive, refs = alive_at_each_op
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe)
+    x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True)
+    mlp(x, torch.tensor([50, 0, 30])).square().sum().backward()
+    if recipe is None:  # x and the weights are the layer's inputs (not recorded); a is FC2 wgrad's operand
+        assert set(refs) == {"c", "a"}
+        assert alive == {"fc1 dgrad": {"a"}, "fc2 wgrad": {"a"}, "fc1 wgrad": set()}
+    else:  # each quantized tensor is gone by the time the GEMM that reads its dequantized copy runs
+        assert set(refs) == {"c", "a", "Q_col(x)", "Q_col(w1)", "Q_col(w2)"}
+        assert alive == {"fc1 dgrad": {"a", "Q_col(x)"}, "fc2 wgrad": {"Q_col(x)"}, "fc1 wgrad": set()}
+
+
+@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+def test_a_retained_graph_keeps_the_state_for_a_second_backward(alive_at_each_op, recipe):
+    """With retain_graph autograd keeps the saved tensors (a second backward reads them): nothing
+    is freed early, and the second backward's gradients are the first's, bit for bit."""
+    alive, refs = alive_at_each_op
+    torch.manual_seed(0)
+    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe)
+    x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = mlp(x, torch.tensor([50, 0, 30]))
+    y.square().sum().backward(retain_graph=True)
+    assert alive["fc1 wgrad"] == set(refs)
+    first = [t.grad.clone() for t in (x, *mlp.parameters())]
+    for t in (x, *mlp.parameters()):
+        t.grad = None
+    y.square().sum().backward()
+    assert all(torch.equal(a, t.grad) for a, t in zip(first, (x, *mlp.parameters())))
