@@ -110,3 +110,19 @@ def test_an_eager_call_binds_no_signature(monkeypatch):
     assert calls == [] and y.grad_fn is not None
     y.backward(dy)
     assert x.grad is not None and probs.grad is not None and mlp.w1.grad is not None
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+def test_activation_checkpointing_gives_the_same_gradients(recipe, reentrant):
+    """``torch.utils.checkpoint`` recomputes the forward in the backward (its saved tensors are
+    the recomputation's): the backward, which frees the saved state as it goes, gives the plain
+    call's gradients bit for bit."""
+    mlp, x, split_sizes, probs, dy = _module_and_inputs(recipe)
+    mlp(x, split_sizes, probs).backward(dy)
+    plain = _grads(mlp, x, probs)
+    for t in (x, probs, mlp.w1, mlp.w2):
+        t.grad = None
+    torch.utils.checkpoint.checkpoint(mlp, x, split_sizes, probs, use_reentrant=reentrant).backward(dy)
+    for name, got, want in zip(("x", "probs", "w1", "w2"), _grads(mlp, x, probs), plain):
+        assert torch.equal(got, want), name
