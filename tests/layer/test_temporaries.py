@@ -13,6 +13,7 @@ import torch
 import gmlp
 import gmlp.layer.steps
 from gmlp.dispatch.sites import GEMM_OPS, SITES
+from tests.support.sm90 import on_sm90
 
 GEMM_SITES = {name for name, site in SITES.items() if site.op in GEMM_OPS}
 
@@ -58,10 +59,15 @@ def test_no_dequantized_copy_outlives_its_gemm(live_copies_per_gemm):
 
 @pytest.fixture
 def alive_at_each_op(monkeypatch):
+    """``_track_alive`` on the torch path."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    return _track_alive(monkeypatch)
+
+
+def _track_alive(monkeypatch):
     """(site -> names of the forward's saved tensors alive when that op of the backward is
     called, the weakrefs by name): the saved tensors are those of Q_col(x), Q_col(W1), Q_col(W2),
     c and Q_col(a) (bf16: c and a), recorded from the ops' outputs."""
-    monkeypatch.setenv("GMLP_BACKEND", "torch")
     refs: dict[str, weakref.ref] = {}
     alive: dict[str, set[str]] = {}
     real = gmlp.layer.steps.implementation
@@ -91,11 +97,22 @@ def test_the_backward_frees_the_forward_state_after_its_last_reader(alive_at_eac
     FC2's weight gradient, and a quantized tensor as soon as its bf16 copy is made for the GEMM
     that reads it, so that at the weight gradients (the step's peak) only their own operands are
     alive."""
-    alive, refs = alive_at_each_op
+    _check_freed_as_it_goes(*alive_at_each_op, recipe, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
+def test_the_backward_frees_the_forward_state_on_the_sm90_paths(monkeypatch, recipe):
+    """The same on the paths an H200 runs (the SM90 CuTeDSL kernels where they apply)."""
+    _check_freed_as_it_goes(*_track_alive(monkeypatch), recipe, torch.device("cuda"))
+
+
+def _check_freed_as_it_goes(alive, refs, recipe, device):
     torch.manual_seed(0)
-    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe)
-    x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True)
-    mlp(x, torch.tensor([50, 0, 30])).square().sum().backward()
+    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe, device=device)
+    x = torch.randn(80, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    mlp(x, torch.tensor([50, 0, 30], device=device)).square().sum().backward()
     if recipe is None:  # x and the weights are the layer's inputs (not recorded); a is FC2 wgrad's operand
         assert set(refs) == {"c", "a"}
         assert alive == {"fc1 dgrad": {"a"}, "fc2 wgrad": {"a"}, "fc1 wgrad": set()}
