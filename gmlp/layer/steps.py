@@ -269,10 +269,15 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
              _transposed_weight(run, _release(saved, "w1_col"), (experts, -1, hidden)), split_sizes, groups=groups)
     del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
-    dw2 = run("fc2 wgrad", *_wgrad_operands(run, "fc2 wgrad", dy_col, _release(saved, "a_col"), groups), split_sizes,
-              out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
+    # each weight gradient's operands are made first, then its Q_col inputs dropped (the bf16
+    # copies are what the GEMM reads), before its output is allocated
+    operands = _wgrad_operands(run, "fc2 wgrad", dy_col, _release(saved, "a_col"), groups)
     del dy_col
-    dw1 = run("fc1 wgrad", *_wgrad_operands(run, "fc1 wgrad", dh_col, _release(saved, "x_col"), groups), split_sizes,
-              out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
+    dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
+    del operands
+    operands = _wgrad_operands(run, "fc1 wgrad", dh_col, _release(saved, "x_col"), groups)
+    del dh_col
+    dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
+    del operands
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)

@@ -65,9 +65,9 @@ def alive_at_each_op(monkeypatch):
 
 
 def _track_alive(monkeypatch):
-    """(site -> names of the forward's saved tensors alive when that op of the backward is
-    called, the weakrefs by name): the saved tensors are those of Q_col(x), Q_col(W1), Q_col(W2),
-    c and Q_col(a) (bf16: c and a), recorded from the ops' outputs."""
+    """(site -> names of the tracked tensors alive when that op of the backward is called, the
+    weakrefs by name): the forward's saved Q_col(x), Q_col(W1), Q_col(W2), c and Q_col(a) (bf16:
+    c and a) and the backward's Q_col(dy) and Q_col(dh), recorded from the ops' outputs."""
     refs: dict[str, weakref.ref] = {}
     alive: dict[str, set[str]] = {}
     real = gmlp.layer.steps.implementation
@@ -79,8 +79,10 @@ def _track_alive(monkeypatch):
             if site.name in ("fc1 dgrad", "fc2 wgrad", "fc1 wgrad"):
                 alive[site.name] = {name for name, ref in refs.items() if ref() is not None}
             result = run(*args, **kwargs)
-            if site.name in ("quantize x", "quantize w1", "quantize w2"):
+            if site.name in ("quantize x", "quantize w1", "quantize w2", "quantize dy"):
                 refs[f"Q_col({site.name.split()[-1]})"] = weakref.ref(result.columnwise.data)
+            if site.name == "fc2 dgrad" and result.dh_columnwise is not None:
+                refs["Q_col(dh)"] = weakref.ref(result.dh_columnwise.data)
             if site.name == "fc1":
                 refs["c"] = weakref.ref(result.c)
                 refs["a"] = weakref.ref(result.a if result.a is not None else result.a_columnwise.data)
@@ -117,8 +119,9 @@ def _check_freed_as_it_goes(alive, refs, recipe, device):
         assert set(refs) == {"c", "a"}
         assert alive == {"fc1 dgrad": {"a"}, "fc2 wgrad": {"a"}, "fc1 wgrad": set()}
     else:  # each quantized tensor is gone by the time the GEMM that reads its dequantized copy runs
-        assert set(refs) == {"c", "a", "Q_col(x)", "Q_col(w1)", "Q_col(w2)"}
-        assert alive == {"fc1 dgrad": {"a", "Q_col(x)"}, "fc2 wgrad": {"Q_col(x)"}, "fc1 wgrad": set()}
+        assert set(refs) == {"c", "a", "Q_col(x)", "Q_col(w1)", "Q_col(w2)", "Q_col(dy)", "Q_col(dh)"}
+        assert alive == {"fc1 dgrad": {"a", "Q_col(x)", "Q_col(dy)", "Q_col(dh)"},
+                         "fc2 wgrad": {"Q_col(x)", "Q_col(dh)"}, "fc1 wgrad": set()}
 
 
 @pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
@@ -131,7 +134,7 @@ def test_a_retained_graph_keeps_the_state_for_a_second_backward(alive_at_each_op
     x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True)
     y = mlp(x, torch.tensor([50, 0, 30]))
     y.square().sum().backward(retain_graph=True)
-    assert alive["fc1 wgrad"] == set(refs)
+    assert alive["fc1 wgrad"] == set(refs) - {"Q_col(dy)", "Q_col(dh)"}  # the forward's state, all of it
     first = [t.grad.clone() for t in (x, *mlp.parameters())]
     for t in (x, *mlp.parameters()):
         t.grad = None
