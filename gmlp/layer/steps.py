@@ -2,8 +2,8 @@
 
 The dataflow of docs/design.md, step for step, with no host sync on the kernel paths:
 
-forward:  quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1`` (c, Q_row(a),
-          Q_col(a)) -> quantize W2 -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y
+forward:  quantize W1 -> quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1``
+          (c, Q_row(a), Q_col(a)) -> quantize W2 -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y
 backward: quantize dy (both ways, gradient format) -> ``fc2 dgrad`` with Q_col(W2) (dprobs,
           Q_row(dh), Q_col(dh)) -> ``fc1 dgrad`` with Q_col(W1) -> dx; ``fc2 wgrad``
           dW2 = Q_col(dy)^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``bias grad`` for b2
@@ -209,6 +209,9 @@ def grouped_mlp_forward(
     sums of ``split_sizes`` when the caller has them (computed here otherwise), read by every op."""
     ffn = w2.shape[2]
     groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
+    # W1 before x: its Q_row and the bf16 copy made from it (together twice W1's fp8 size) peak
+    # before x's quantized forms and copy exist
+    w1_fc1, w1_col = _forward_weight(run, "quantize w1", w1, recipe)
     if recipe is None:
         x_fc1, x_col = x, x
     else:
@@ -216,7 +219,6 @@ def grouped_mlp_forward(
                  scale_mode=recipe.scale_mode, groups=groups)
         x_fc1, x_col = _a_operand(run, "fc1", xq.rowwise), xq.columnwise
         del xq  # Q_row(x) is not kept once FC1's operand is made
-    w1_fc1, w1_col = _forward_weight(run, "quantize w1", w1, recipe)
     fc1 = run("fc1", x_fc1, w1_fc1, split_sizes, ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1,
               probs=probs, groups=groups)
     del x_fc1, w1_fc1  # an MXFP8 layer's bf16 copies: freed before FC2's are made (W2 is quantized only now)
