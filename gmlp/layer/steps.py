@@ -85,9 +85,7 @@ def _naming_site(site: str, run: Callable, args: tuple, kwargs: dict):
 
 @dataclass
 class LayerSaved:
-    """What the forward keeps for the backward. The backward takes each tensor field out of it
-    (``_release``, None after) for its last reader, so that what the backward no longer needs
-    is freed as it goes (the eager autograd Function lets go of its own references first)."""
+    """What the forward keeps for the backward."""
 
     x_col: torch.Tensor | MXFP8Tensor  # (T, H) bf16, or Q_col(x)
     c: torch.Tensor  # (T, 2F | F) bf16
@@ -233,19 +231,11 @@ def grouped_mlp_forward(
     return y, saved
 
 
-def _release(saved: LayerSaved, name: str):
-    """``saved.<name>``, taken out of ``saved``: the caller is its last reader, and it is freed
-    once that op is done with it (a quantized weight as soon as it is dequantized)."""
-    value = getattr(saved, name)
-    setattr(saved, name, None)
-    return value
-
-
 def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, activation: Activation,
                          recipe: MXFP8Recipe | None, weight_grad_dtype: torch.dtype = torch.float32,
                          weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
     """Gradients for dy (T, H); the arguments of ``gmlp.contract.reference.grouped_mlp_backward_ref`` after
-    the runner. ``saved``'s tensors are released after their last reader (``_release``)."""
+    the runner."""
     split_sizes, groups = saved.split_sizes, saved.groups
     # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
     apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1_col, (GateUp, tuple)) else {}
@@ -257,10 +247,10 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
                   element_format=recipe.grad_format, scale_mode=recipe.scale_mode, groups=groups)
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
         del dyq
-    # operands made for one GEMM are passed as temporaries, and each saved or quantized tensor is
-    # dropped after its last reader (the peak is at the weight gradients, allocated last)
+    # operands made for one GEMM are passed as temporaries, and each quantized tensor is dropped
+    # after its last reader (the peak is at the weight gradients, allocated last)
     dgrad = run("fc2 dgrad", _a_operand(run, "fc2 dgrad", dy_row),
-                _transposed_weight(run, _release(saved, "w2_col"), (experts, hidden, -1)), _release(saved, "c"),
+                _transposed_weight(run, saved.w2_col, (experts, hidden, -1)), saved.c,
                 split_sizes, activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1,
                 groups=groups)
     del dy_row
@@ -268,16 +258,16 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
     del dgrad
     dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row),
-             _transposed_weight(run, _release(saved, "w1_col"), (experts, -1, hidden)), split_sizes, groups=groups)
+             _transposed_weight(run, saved.w1_col, (experts, -1, hidden)), split_sizes, groups=groups)
     del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
     # each weight gradient's operands are made first, then its Q_col inputs dropped (the bf16
     # copies are what the GEMM reads), before its output is allocated
-    operands = _wgrad_operands(run, "fc2 wgrad", dy_col, _release(saved, "a_col"), groups)
+    operands = _wgrad_operands(run, "fc2 wgrad", dy_col, saved.a_col, groups)
     del dy_col
     dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
     del operands
-    operands = _wgrad_operands(run, "fc1 wgrad", dh_col, _release(saved, "x_col"), groups)
+    operands = _wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups)
     del dh_col
     dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
     del operands

@@ -116,8 +116,7 @@ def test_an_eager_call_binds_no_signature(monkeypatch):
 @pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
 def test_activation_checkpointing_gives_the_same_gradients(recipe, reentrant):
     """``torch.utils.checkpoint`` recomputes the forward in the backward (its saved tensors are
-    the recomputation's): the backward, which frees the saved state as it goes, gives the plain
-    call's gradients bit for bit."""
+    the recomputation's): the plain call's gradients, bit for bit."""
     mlp, x, split_sizes, probs, dy = _module_and_inputs(recipe)
     mlp(x, split_sizes, probs).backward(dy)
     plain = _grads(mlp, x, probs)

@@ -94,49 +94,31 @@ def _track_alive(monkeypatch):
 
 
 @pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
-def test_the_backward_frees_the_forward_state_after_its_last_reader(alive_at_each_op, recipe):
-    """The saved tensors are freed as the backward goes, not at its end: c after FC2 dgrad, a after
-    FC2's weight gradient, and a quantized tensor as soon as its bf16 copy is made for the GEMM
-    that reads it, so that at the weight gradients (the step's peak) only their own operands are
-    alive."""
-    _check_freed_as_it_goes(*alive_at_each_op, recipe, torch.device("cpu"))
+def test_the_backwards_quantized_inputs_are_dropped_before_each_weight_gradient(alive_at_each_op, recipe):
+    """Q_col(dy) and Q_col(dh), made in the backward, are gone once their weight gradient's bf16
+    copies are made (before its output is allocated, at the step's peak). The forward's saved
+    tensors stay alive to the end of the backward: autograd's node holds them until it returns."""
+    _check_alive_at_each_op(*alive_at_each_op, recipe, torch.device("cpu"))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
-def test_the_backward_frees_the_forward_state_on_the_sm90_paths(monkeypatch, recipe):
+def test_the_backwards_quantized_inputs_are_dropped_on_the_sm90_paths(monkeypatch, recipe):
     """The same on the paths an H200 runs (the SM90 CuTeDSL kernels where they apply)."""
-    _check_freed_as_it_goes(*_track_alive(monkeypatch), recipe, torch.device("cuda"))
+    _check_alive_at_each_op(*_track_alive(monkeypatch), recipe, torch.device("cuda"))
 
 
-def _check_freed_as_it_goes(alive, refs, recipe, device):
+def _check_alive_at_each_op(alive, refs, recipe, device):
     torch.manual_seed(0)
     mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe, device=device)
     x = torch.randn(80, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
     mlp(x, torch.tensor([50, 0, 30], device=device)).square().sum().backward()
-    if recipe is None:  # x and the weights are the layer's inputs (not recorded); a is FC2 wgrad's operand
-        assert set(refs) == {"c", "a"}
-        assert alive == {"fc1 dgrad": {"a"}, "fc2 wgrad": {"a"}, "fc1 wgrad": set()}
-    else:  # each quantized tensor is gone by the time the GEMM that reads its dequantized copy runs
-        assert set(refs) == {"c", "a", "Q_col(x)", "Q_col(w1)", "Q_col(w2)", "Q_col(dy)", "Q_col(dh)"}
-        assert alive == {"fc1 dgrad": {"a", "Q_col(x)", "Q_col(dy)", "Q_col(dh)"},
-                         "fc2 wgrad": {"Q_col(x)", "Q_col(dh)"}, "fc1 wgrad": set()}
-
-
-@pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
-def test_a_retained_graph_keeps_the_state_for_a_second_backward(alive_at_each_op, recipe):
-    """With retain_graph autograd keeps the saved tensors (a second backward reads them): nothing
-    is freed early, and the second backward's gradients are the first's, bit for bit."""
-    alive, refs = alive_at_each_op
-    torch.manual_seed(0)
-    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe)
-    x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True)
-    y = mlp(x, torch.tensor([50, 0, 30]))
-    y.square().sum().backward(retain_graph=True)
-    assert alive["fc1 wgrad"] == set(refs) - {"Q_col(dy)", "Q_col(dh)"}  # the forward's state, all of it
-    first = [t.grad.clone() for t in (x, *mlp.parameters())]
-    for t in (x, *mlp.parameters()):
-        t.grad = None
-    y.square().sum().backward()
-    assert all(torch.equal(a, t.grad) for a, t in zip(first, (x, *mlp.parameters())))
+    forward = {"c", "a"} | ({"Q_col(x)", "Q_col(w1)", "Q_col(w2)"} if recipe is not None else set())
+    if recipe is None:  # x and the weights are the layer's inputs, dy and dh plain tensors: not tracked
+        assert set(refs) == forward
+        assert alive == {"fc1 dgrad": forward, "fc2 wgrad": forward, "fc1 wgrad": forward}
+    else:
+        assert set(refs) == forward | {"Q_col(dy)", "Q_col(dh)"}
+        assert alive == {"fc1 dgrad": forward | {"Q_col(dy)", "Q_col(dh)"}, "fc2 wgrad": forward | {"Q_col(dh)"},
+                         "fc1 wgrad": forward}
