@@ -237,8 +237,6 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     """Gradients for dy (T, H); the arguments of ``gmlp.contract.reference.grouped_mlp_backward_ref`` after
     the runner."""
     split_sizes, groups = saved.split_sizes, saved.groups
-    # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
-    apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1_col, (GateUp, tuple)) else {}
     experts, hidden = split_sizes.numel(), dy.shape[1]
     if recipe is None:
         dy_row = dy_col = dy
@@ -248,11 +246,10 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
         dy_row, dy_col = dyq.rowwise, dyq.columnwise
         del dyq
     # operands made for one GEMM are passed as temporaries, and each quantized tensor is dropped
-    # after its last reader (the peak is at the weight gradients, allocated last)
+    # after its last GEMM (the peak is at the weight gradients, allocated last)
     dgrad = run("fc2 dgrad", _a_operand(run, "fc2 dgrad", dy_row),
-                _transposed_weight(run, saved.w2_col, (experts, hidden, -1)), saved.c,
-                split_sizes, activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1,
-                groups=groups)
+                _transposed_weight(run, saved.w2_col, (experts, hidden, -1)), saved.c, split_sizes,
+                activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
     del dy_row
     dprobs, db1 = dgrad.dprobs, dgrad.db1
     dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
@@ -269,6 +266,8 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     del operands
     operands = _wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups)
     del dh_col
+    # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
+    apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1_col, (GateUp, tuple)) else {}
     dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
     del operands
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None

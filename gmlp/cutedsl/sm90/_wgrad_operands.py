@@ -16,7 +16,7 @@ from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
 
-OUT_DTYPES = (torch.float32, torch.bfloat16)  # of a new result
+OUT_DTYPES = (torch.float32, torch.bfloat16)  # of a new result (wgrad.py maps them to cutlass dtypes)
 
 
 class WgradOperands(NamedTuple):

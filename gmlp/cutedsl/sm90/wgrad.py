@@ -107,7 +107,7 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
-from gmlp.cutedsl.sm90._wgrad_operands import problem_support, wgrad_operands
+from gmlp.cutedsl.sm90._wgrad_operands import OUT_DTYPES, problem_support, wgrad_operands
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -126,7 +126,7 @@ __all__ = [
 _NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
 _ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
-_OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}
+_OUT_DTYPES = dict(zip(OUT_DTYPES, (Float32, BFloat16)))  # torch -> cutlass dtype of the result
 
 
 @dataclass(frozen=True)
