@@ -21,7 +21,7 @@ from gmlp.dispatch.sites import Op, Site
 from gmlp.mxfp8.buffers import compact_buffers, empty_quantize
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat
-from gmlp.mxfp8.tensor import MXFP8Tensor
+from gmlp.mxfp8.tensor import MXFP8Tensor, MXFP8Values
 
 __all__ = ["stub", "stubbed_ops"]
 
@@ -56,6 +56,10 @@ def stub(site: Site, path, capability) -> Callable:
         if op is Op.QUANTIZE:
             kwargs.pop("groups", None)
             return empty_quantize(*args, **kwargs)
+        if op is Op.QUANTIZE_DEQUANTIZE:
+            x = args[0]
+            return MXFP8Values(*(torch.empty(x.shape, dtype=torch.bfloat16, device=x.device) if kwargs.get(axis) else None
+                                 for axis in ("rowwise", "columnwise")))
         if op is Op.DEQUANTIZE:
             rows, cols = args[0].source_shape
             return torch.empty(rows, cols, dtype=torch.bfloat16, device=args[0].data.device)

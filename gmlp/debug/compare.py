@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gmlp.contract.activations import Activation
-from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
 __all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope"]
 
@@ -98,7 +98,7 @@ def _same_bits(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 
 def bitwise(comparison: Comparison, name: str, got, want) -> None:
     """Bit-for-bit comparison of a tensor or an MXFP8 quantization (data and scale bytes)."""
-    if isinstance(want, MXFP8Quantized):
+    if isinstance(want, (MXFP8Quantized, MXFP8Values)):
         for axis in ("rowwise", "columnwise"):
             if getattr(want, axis) is not None:
                 bitwise(comparison, f"{name}.{axis}", getattr(got, axis), getattr(want, axis))

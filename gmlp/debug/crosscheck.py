@@ -59,7 +59,7 @@ class CrossCheckSettings:
 def _compare(site: str, got, want, args: tuple, kwargs: dict, tolerance) -> Comparison:
     """The comparison rule of the site's op (``gmlp.debug.compare``'s module docstring)."""
     op, comparison = SITES[site].op, Comparison()
-    if op in (Op.QUANTIZE, Op.DEQUANTIZE):
+    if op in (Op.QUANTIZE, Op.DEQUANTIZE, Op.QUANTIZE_DEQUANTIZE):
         bitwise(comparison, "out", got, want)
     elif op is Op.SEGMENT_SUM:
         values, starts = args

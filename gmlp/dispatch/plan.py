@@ -57,6 +57,7 @@ class LayerPlan:
         """Each op (where it runs in the layer, which op, which path), then why faster paths were
         skipped: each reason once, with the ops it applies to."""
         width = max(len(name) for name in self.decisions)
+        op_width = max(len(decision.op) for decision in self.decisions.values())
         lines = ["the layer's GEMMs run as one Blackwell (SM100) composition of cuDNN frontend's fused kernels, "
                  "MXFP8 operands as they are; each op and its path:" if self.sm100 else
                  "each op of the layer and the path it runs on (the fastest that can: cutedsl, triton, torch):"]
@@ -64,7 +65,7 @@ class LayerPlan:
         for name, decision in self.decisions.items():
             decoded = ", MXFP8 operands decoded in the kernel" if name in self.decoding_sites else ""
             launch = f", {self.launch_notes[name]}" if name in self.launch_notes else ""
-            lines.append(f"  {name:<{width}}  {decision.op:<16} -> {decision.path.value}{decoded}{launch}")
+            lines.append(f"  {name:<{width}}  {decision.op:<{op_width}} -> {decision.path.value}{decoded}{launch}")
             for path, reason in decision.skipped:
                 skipped.setdefault((path, str(reason)), []).append(name)
         if skipped:
@@ -89,9 +90,9 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
     for name, site in SITES.items():
         if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
             continue
-        if site.op is Op.DEQUANTIZE and sm100:
+        if site.sm100 is not None and site.sm100 != sm100:
             continue
-        op_problem = quantize_problems[name] if site.op is Op.QUANTIZE else problem
+        op_problem = quantize_problems[name] if site.quantizes else problem
 
         def problem_reason(path: Path, site: Site = site, op_problem=op_problem) -> Reason | None:
             return provider(path, capability).supports(site.op, op_problem, site.name)  # asked after its system check
@@ -103,6 +104,10 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
         raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
     decoding_sites = frozenset()
     if problem.mxfp8 and not sm100:
+        undecodable = set(sm90_support.DECODING_SITES) - set(sm90_support.DECODABLE_SITES)
+        if undecodable:
+            raise AssertionError(f"DECODING_SITES lists {sorted(undecodable)}, whose MXFP8 operand the layer does not "
+                                 f"make (decodable: {sm90_support.DECODABLE_SITES})")
         decoding_sites = frozenset(name for name in sm90_support.DECODING_SITES if decisions[name].path is Path.CUTEDSL)
     launch_notes = {}
     if capability is not None and capability[0] == 9:

@@ -101,7 +101,8 @@ def layer_problem(config: LayerConfig, tokens: int, experts: int, hidden: int, f
 def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hidden: int, ffn: int,
                        fc1_outputs: int, param_dtype: torch.dtype, x_dtype: torch.dtype, device: torch.device,
                        gate_up: GateUpLayout, *, sm100: bool) -> dict[str, QuantizeProblem]:
-    """The layer's quantize calls: as ``gmlp.layer.steps`` makes them, or with ``sm100`` as the SM100
+    """The layer's quantize (and quantize-dequantize) calls: as ``gmlp.layer.steps`` makes them, or
+    with ``sm100`` as the SM100
     composition does (token rows padded, every expert starting at a multiple of 256 rows,
     grouped by the padded sizes and the slack; weight stacks grouped by expert; swizzled scales).
     W1's gate and up stored apart are quantized apart, each an (E * F, H) call (its size here;
@@ -116,19 +117,32 @@ def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hi
         token_groups = experts
 
     def problem(rows: int, cols: int, groups: int | None, dtype: torch.dtype, fmt: ElementFormat,
-                row_stride: int | None = None) -> QuantizeProblem:
+                row_stride: int | None = None, rowwise: bool = True, columnwise: bool = True) -> QuantizeProblem:
         return QuantizeProblem(num_rows=rows, num_cols=cols, num_experts=groups or 1, grouped=groups is not None,
-                               dtype=dtype, device=device, rowwise=True, columnwise=True, swizzle=sm100,
+                               dtype=dtype, device=device, rowwise=rowwise, columnwise=columnwise, swizzle=sm100,
                                element_format=fmt, scale_mode=recipe.scale_mode, row_stride=row_stride or cols)
 
-    weight_groups = experts if sm100 else None
+    w1_rows = experts * (fc1_outputs if gate_up is GateUpLayout.HALVES else ffn)
+    x_problem = problem(tokens, hidden, token_groups, x_dtype, ElementFormat.E4M3)
+    dy = dict(rows=tokens, cols=hidden, groups=token_groups, dtype=x_dtype, fmt=recipe.grad_format)
+    if sm100:
+        return {
+            "quantize x": x_problem,
+            "quantize w1": problem(w1_rows, hidden, experts, param_dtype, ElementFormat.E4M3),
+            "quantize w2": problem(experts * hidden, ffn, experts, param_dtype, ElementFormat.E4M3),
+            "quantize dy": problem(**dy),
+        }
+    # the step sequence: each weight's values rowwise for the forward, columnwise for the dgrad
+    w1_stride = 2 * hidden if gate_up is GateUpLayout.INTERLEAVED else hidden
+    weight = dict(groups=None, dtype=param_dtype, fmt=ElementFormat.E4M3)
     return {
-        "quantize x": problem(tokens, hidden, token_groups, x_dtype, ElementFormat.E4M3),
-        "quantize w1": problem(experts * (fc1_outputs if gate_up is GateUpLayout.HALVES else ffn), hidden, weight_groups,
-                               param_dtype, ElementFormat.E4M3,
-                               2 * hidden if gate_up is GateUpLayout.INTERLEAVED and not sm100 else hidden),
-        "quantize w2": problem(experts * hidden, ffn, weight_groups, param_dtype, ElementFormat.E4M3),
-        "quantize dy": problem(tokens, hidden, token_groups, x_dtype, recipe.grad_format),
+        "quantize x": x_problem,
+        "qdq w1": problem(w1_rows, hidden, row_stride=w1_stride, columnwise=False, **weight),
+        "qdq w2": problem(experts * hidden, ffn, columnwise=False, **weight),
+        "qdq dy": problem(**dy, columnwise=False),
+        "qdq w2^T": problem(experts * hidden, ffn, rowwise=False, **weight),
+        "qdq w1^T": problem(w1_rows, hidden, row_stride=w1_stride, rowwise=False, **weight),
+        "qdq dy^T": problem(**dy, rowwise=False),
     }
 
 

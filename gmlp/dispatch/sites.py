@@ -21,6 +21,8 @@ class Op(enum.Enum):
 
     QUANTIZE = "quantize_mxfp8"
     DEQUANTIZE = "dequantize_mxfp8"
+    # the bf16 values of an MXFP8 quantization in one pass, no fp8 written (Hopper's weight and dy operands)
+    QUANTIZE_DEQUANTIZE = "quantize_dequantize_mxfp8"
     FC1 = "fc1_forward"  # FC1 GEMM + bias + activation + probs, a in bf16 or quantized both ways
     GROUPED_GEMM = "grouped_gemm"  # A @ B_g^T per expert: FC2 forward, FC1 dgrad
     FC2_DGRAD = "fc2_dgrad"  # FC2 dgrad + activation backward + dprobs, dh in bf16 or quantized
@@ -47,18 +49,34 @@ class Site:
     mxfp8_only: bool = False  # runs only with an MXFP8 recipe
     weight_stack: bool = False  # quantizes an (E * N, K) weight stack (a launch config of its own)
     bias_only: bool = False  # runs only when the layer has biases
+    # which composition calls it: None both, True the SM100 one only (gmlp.cutedsl.sm100.layer), False
+    # the step sequence on bf16 GEMMs only (gmlp.layer.steps)
+    sm100: bool | None = None
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether the site's problem is a quantize call's (``QuantizeProblem``)."""
+        return self.op in (Op.QUANTIZE, Op.QUANTIZE_DEQUANTIZE)
 
 
 SITES = {site.name: site for site in (
+    # "qdq": the bf16 values of an MXFP8 quantization in one pass (the step sequence's weights and dy,
+    # rowwise, or columnwise where the GEMM reads the transpose: W^T in the dgrads, dy^T in FC2 wgrad)
+    Site("qdq w1", Op.QUANTIZE_DEQUANTIZE, True, weight_stack=True, sm100=False),
     Site("quantize x", Op.QUANTIZE, True),
-    Site("quantize w1", Op.QUANTIZE, True, weight_stack=True),
-    Site("quantize w2", Op.QUANTIZE, True, weight_stack=True),
-    Site("dequantize", Op.DEQUANTIZE, True),
+    Site("quantize w1", Op.QUANTIZE, True, weight_stack=True, sm100=True),
+    Site("quantize w2", Op.QUANTIZE, True, weight_stack=True, sm100=True),
+    Site("dequantize", Op.DEQUANTIZE, True, sm100=False),
     Site("fc1", Op.FC1),
+    Site("qdq w2", Op.QUANTIZE_DEQUANTIZE, True, weight_stack=True, sm100=False),
     Site("fc2", Op.GROUPED_GEMM),
-    Site("quantize dy", Op.QUANTIZE, True),
+    Site("quantize dy", Op.QUANTIZE, True, sm100=True),
+    Site("qdq dy", Op.QUANTIZE_DEQUANTIZE, True, sm100=False),
+    Site("qdq w2^T", Op.QUANTIZE_DEQUANTIZE, True, weight_stack=True, sm100=False),
     Site("fc2 dgrad", Op.FC2_DGRAD),
+    Site("qdq w1^T", Op.QUANTIZE_DEQUANTIZE, True, weight_stack=True, sm100=False),
     Site("fc1 dgrad", Op.GROUPED_GEMM),
+    Site("qdq dy^T", Op.QUANTIZE_DEQUANTIZE, True, sm100=False),
     Site("fc2 wgrad", Op.WGRAD),
     Site("fc1 wgrad", Op.WGRAD),
     Site("bias grad", Op.SEGMENT_SUM, bias_only=True),

@@ -1,24 +1,27 @@
 """The grouped MLP's forward and backward as a sequence of ops, each on the path its plan chose.
 
-The dataflow of docs/design.md, step for step, with no host sync on the kernel paths:
+The dataflow of docs/design.md, step for step, with no host sync on the kernel paths
+("values": the bf16 values of an MXFP8 quantization, made in one pass with no fp8 tensor):
 
-forward:  quantize W1 -> quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) -> ``fc1``
-          (c, Q_row(a), Q_col(a)) -> quantize W2 -> ``fc2`` (grouped GEMM) with Q_row(W2) -> y
-backward: quantize dy (both ways, gradient format) -> ``fc2 dgrad`` with Q_col(W2) (dprobs,
-          Q_row(dh), Q_col(dh)) -> ``fc1 dgrad`` with Q_col(W1) -> dx; ``fc2 wgrad``
-          dW2 = Q_col(dy)^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``bias grad`` for b2
+forward:  W1's rowwise values -> quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) ->
+          ``fc1`` (c, Q_row(a), Q_col(a)) -> W2's rowwise values -> ``fc2`` (grouped GEMM) -> y
+backward: dy's rowwise values (gradient format), W2's columnwise values -> ``fc2 dgrad`` (dprobs,
+          Q_row(dh), Q_col(dh)) -> W1's columnwise values -> ``fc1 dgrad`` -> dx; dy's columnwise
+          values -> ``fc2 wgrad`` dW2 = dy^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x);
+          ``bias grad`` for b2
 
 Each op runs through an ``OpRunner``: the implementation of the site's chosen path
 (``gmlp.dispatch.sites``), and, when the cross-check is on, the next path down on the same inputs
-(``gmlp.debug``). MXFP8 operands are dequantized to bf16 once, just before the GEMM that reads
-them, and the GEMMs run on bf16 (Hopper has no block-scaled MMA): the same values a GEMM would
-dequantize tile by tile, without repeating that work in every tile. Only the quantized tensors
-are kept for the backward, and no bf16 copy outlives the GEMM that reads it (a dequantized W is
-as large as its gradient). Each weight is quantized once per forward, rowwise and columnwise in
-one pass over its (E * N, K) stack: Q_row(W) for the forward GEMM, Q_col(W) for the backward
-one, which reads W_g^T as a transposed view of its dequantized values (in bf16, of the weight
-itself). No weight is copied to be transposed. Bias gradients are fp32 per-expert sums (of dy
-for b2; of dh's per-tile sums inside ``fc2 dgrad`` for b1).
+(``gmlp.debug``). The GEMMs run on bf16 (Hopper has no block-scaled MMA), on the values an
+MXFP8 GEMM would multiply: a quantized tensor (x's, a's, dh's) is dequantized once, just before
+the GEMM that reads it, rather than tile by tile in every tile; a tensor at hand when its GEMM
+runs (the weights, dy) gives its values in one quantize-dequantize pass ("qdq" sites: the same
+bits). Only quantized tensors are kept for the backward (of the weights nothing: the backward
+makes W^T's values from the weights again, one pass over W, rather than keep an fp8 form), and
+no bf16 operand outlives the GEMM that reads it (a weight's values are as large as its
+gradient). W_g^T is read as a transposed view of W's columnwise values: no weight is copied to
+be transposed. Bias gradients are fp32 per-expert sums (of dy for b2; of dh's per-tile sums
+inside ``fc2 dgrad`` for b1).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class OpRunner:
 def _naming_site(site: str, run: Callable, args: tuple, kwargs: dict):
     """``run(*args, **kwargs)``; an argument error is raised again (same type) with the site in
     front: the op's own message names its parameter ("x"), the site says which tensor of the
-    layer that is ("quantize dy": the gradient of y)."""
+    layer that is ("qdq dy": the gradient of y)."""
     try:
         return run(*args, **kwargs)
     except (ValueError, TypeError) as error:
@@ -91,10 +94,10 @@ class LayerSaved:
     c: torch.Tensor  # (T, 2F | F) bf16
     a_col: torch.Tensor | MXFP8Tensor  # (T, F) bf16, or Q_col(a)
     probs: torch.Tensor | None
-    # (E, 2F | F, H) W1 (bf16), or Q_col(W1) of its (E * N1, H) stack; W1's gate and up stored
-    # apart (gmlp.contract.gate_up): their GateUp views, or (Q_col(gate), Q_col(up)) of (E * F, H) stacks
-    w1_col: torch.Tensor | MXFP8Tensor | GateUp | tuple[MXFP8Tensor, MXFP8Tensor]
-    w2_col: torch.Tensor | MXFP8Tensor  # (E, H, F) W2 (bf16), or Q_col(W2)
+    # the weights themselves (the parameters, alive anyway): an MXFP8 backward makes its W^T values
+    # from them again (one pass over W), rather than keeping an fp8 form as large as W's half
+    w1: torch.Tensor | GateUp  # (E, 2F | F, H), or W1's gate and up views (gmlp.contract.gate_up)
+    w2: torch.Tensor  # (E, H, F)
     split_sizes: torch.Tensor
     groups: DeviceGroups  # device prefix sums of split_sizes, computed once for every launcher
     has_b1: bool
@@ -123,13 +126,10 @@ def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Te
                            ElementFormat.E4M3, recipe.scale_mode, split_sizes if grouped else None)
 
     if recipe is None:
-        x_col, a_col, w1_col, w2_col = x, x.new_empty(tokens, ffn, dtype=unquantized), w1, w2
+        x_col, a_col = x, x.new_empty(tokens, ffn, dtype=unquantized)
     else:
         x_col, a_col = q_col(tokens, hidden, True), q_col(tokens, ffn, True)
-        w1_col = ((q_col(experts * ffn, hidden, False), q_col(experts * ffn, hidden, False)) if apart
-                  else q_col(experts * fc1_outputs, hidden, False))
-        w2_col = q_col(experts * hidden, ffn, False)
-    return LayerSaved(x_col=x_col, c=c, a_col=a_col, probs=probs, w1_col=w1_col, w2_col=w2_col,
+    return LayerSaved(x_col=x_col, c=c, a_col=a_col, probs=probs, w1=w1, w2=w2,
                       split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
 
 
@@ -161,16 +161,6 @@ def _wgrad_operands(run: OpRunner, site: str, a: torch.Tensor | MXFP8Tensor, b: 
     return _bf16(run, a, groups), _bf16(run, b, groups)
 
 
-def _transposed_weight(run: OpRunner, w_col, shape: tuple[int, int, int]) -> torch.Tensor | tuple:
-    """W_g^T per expert, a (E, K, N) transposed view of the (E, N, K) weight's values (from Q_col);
-    for W1's gate and up stored apart, the pair of their transposed views (side by side along K)."""
-    if isinstance(w_col, GateUp):
-        return w_col.gate.transpose(1, 2), w_col.up.transpose(1, 2)
-    if isinstance(w_col, tuple):
-        return tuple(_bf16(run, part).view(shape).transpose(1, 2) for part in w_col)
-    return _bf16(run, w_col).view(shape).transpose(1, 2)
-
-
 def _stacked_rows(view: torch.Tensor, name: str) -> torch.Tensor:
     """The (E * F, H) rows of W1's gate or up view as one strided matrix (a view: no copy)."""
     if view.shape[0] > 1 and view.stride(0) != view.shape[1] * view.stride(1):
@@ -179,22 +169,31 @@ def _stacked_rows(view: torch.Tensor, name: str) -> torch.Tensor:
     return view.reshape(-1, view.shape[2])
 
 
-def _forward_weight(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: MXFP8Recipe | None) -> tuple:
-    """The (E, N, K) weight's forward operand and what the backward keeps of it: ``w`` twice, or
-    the bf16 values of Q_row(W) and Q_col(W), quantized at ``site`` in one pass over the (E * N, K)
-    stack (or reused: ``quantized_weight``). Q_row(W) is not kept once dequantized. W1's gate and
-    up stored apart (a GateUp) are quantized apart, each as the (E * F, H) stack of its rows (a
-    view: the interleaved layout's rows are 2H apart); F is a multiple of 32, so Q_col's blocks
-    are the halves' blocks."""
+def _weight_values(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: MXFP8Recipe | None, *,
+                   transposed: bool) -> torch.Tensor | GateUp | tuple:
+    """A GEMM's operand from the (E, N, K) weight ``w``: the forward's B (``transposed`` False,
+    shaped as ``w``) or the dgrad's W_g^T per expert (an (E, K, N) transposed view; for W1's gate
+    and up stored apart, the pair of their transposed views, side by side along K). In an MXFP8
+    layer, the bf16 values of W's rowwise or columnwise quantization, made at ``site`` in one pass
+    over its (E * N, K) stack with no fp8 tensor written (the forward's may be an earlier
+    forward's, ``quantized_weight``); the backward makes its own from the weight, so nothing of
+    the weights is kept but the weights. W1's gate and up stored apart (a GateUp) are quantized
+    apart, each as the (E * F, H) stack of its rows (a view: the interleaved layout's rows are 2H
+    apart); F is a multiple of 32, so the columnwise blocks are the halves' blocks."""
     if recipe is None:
-        return w, w
-    args = dict(rowwise=True, columnwise=True, swizzle=False, scale_mode=recipe.scale_mode)
+        if isinstance(w, GateUp):
+            return (w.gate.transpose(1, 2), w.up.transpose(1, 2)) if transposed else w
+        return w.transpose(1, 2) if transposed else w
+    args = dict(rowwise=not transposed, columnwise=transposed, scale_mode=recipe.scale_mode)
+    if transposed:  # not kept for later steps: a weight cache keeps the forward's values only
+        stacks = (_stacked_rows(w.gate, "gate"), _stacked_rows(w.up, "up")) if isinstance(w, GateUp) else (
+            w.reshape(-1, w.shape[-1]),)
+        parts = tuple(run(site, stack, **args).columnwise.view(w.shape).transpose(1, 2) for stack in stacks)
+        return parts if isinstance(w, GateUp) else parts[0]
     if isinstance(w, GateUp):
         gate, up = quantized_weight(run, site, lambda: (_stacked_rows(w.gate, "gate"), _stacked_rows(w.up, "up")), **args)
-        operand = GateUp(_bf16(run, gate.rowwise).view(w.shape), _bf16(run, up.rowwise).view(w.shape))
-        return operand, (gate.columnwise, up.columnwise)
-    quantized = quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), **args)
-    return _bf16(run, quantized.rowwise).view(w.shape), quantized.columnwise
+        return GateUp(gate.rowwise.view(w.shape), up.rowwise.view(w.shape))
+    return quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), **args).rowwise.view(w.shape)
 
 
 def grouped_mlp_forward(
@@ -207,9 +206,8 @@ def grouped_mlp_forward(
     sums of ``split_sizes`` when the caller has them (computed here otherwise), read by every op."""
     ffn = w2.shape[2]
     groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
-    # W1 before x: its Q_row and the bf16 copy made from it (together twice W1's fp8 size) peak
-    # before x's quantized forms and copy exist
-    w1_fc1, w1_col = _forward_weight(run, "quantize w1", w1, recipe)
+    # W1's values before x's quantized forms exist
+    w1_fc1 = _weight_values(run, "qdq w1", w1, recipe, transposed=False)
     if recipe is None:
         x_fc1, x_col = x, x
     else:
@@ -219,13 +217,13 @@ def grouped_mlp_forward(
         del xq  # Q_row(x) is not kept once FC1's operand is made
     fc1 = run("fc1", x_fc1, w1_fc1, split_sizes, ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1,
               probs=probs, groups=groups)
-    del x_fc1, w1_fc1  # an MXFP8 layer's bf16 copies: freed before FC2's are made (W2 is quantized only now)
-    w2_fc2, w2_col = _forward_weight(run, "quantize w2", w2, recipe)
+    del x_fc1, w1_fc1  # an MXFP8 layer's bf16 copies: freed before FC2's are made (W2's values only now)
+    w2_fc2 = _weight_values(run, "qdq w2", w2, recipe, transposed=False)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
     y = run("fc2", _a_operand(run, "fc2", a_row), w2_fc2, split_sizes, bias=b2, groups=groups)
     saved = LayerSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
-        w1_col=w1_col, w2_col=w2_col, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
+        w1=w1, w2=w2, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
         has_b2=b2 is not None,
     )
     return y, saved
@@ -237,37 +235,35 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     """Gradients for dy (T, H); the arguments of ``gmlp.contract.reference.grouped_mlp_backward_ref`` after
     the runner."""
     split_sizes, groups = saved.split_sizes, saved.groups
-    experts, hidden = split_sizes.numel(), dy.shape[1]
-    if recipe is None:
-        dy_row = dy_col = dy
-    else:
-        dyq = run("quantize dy", dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
-                  element_format=recipe.grad_format, scale_mode=recipe.scale_mode, groups=groups)
-        dy_row, dy_col = dyq.rowwise, dyq.columnwise
-        del dyq
+
+    def dy_values(site: str, axis: str) -> torch.Tensor:  # dy's MXFP8 values, made when its GEMM runs
+        if recipe is None:
+            return dy
+        values = run(site, dy, rowwise=axis == "rowwise", columnwise=axis == "columnwise", split_sizes=split_sizes,
+                     element_format=recipe.grad_format, scale_mode=recipe.scale_mode, groups=groups)
+        return getattr(values, axis)
+
     # operands made for one GEMM are passed as temporaries, and each quantized tensor is dropped
     # after its last GEMM (the peak is at the weight gradients, allocated last)
-    dgrad = run("fc2 dgrad", _a_operand(run, "fc2 dgrad", dy_row),
-                _transposed_weight(run, saved.w2_col, (experts, hidden, -1)), saved.c, split_sizes,
+    dgrad = run("fc2 dgrad", dy_values("qdq dy", "rowwise"),
+                _weight_values(run, "qdq w2^T", saved.w2, recipe, transposed=True), saved.c, split_sizes,
                 activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
-    del dy_row
     dprobs, db1 = dgrad.dprobs, dgrad.db1
     dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
     del dgrad
     dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row),
-             _transposed_weight(run, saved.w1_col, (experts, -1, hidden)), split_sizes, groups=groups)
+             _weight_values(run, "qdq w1^T", saved.w1, recipe, transposed=True), split_sizes, groups=groups)
     del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
     # each weight gradient's operands are made first, then its Q_col inputs dropped (the bf16
     # copies are what the GEMM reads), before its output is allocated
-    operands = _wgrad_operands(run, "fc2 wgrad", dy_col, saved.a_col, groups)
-    del dy_col
+    operands = _wgrad_operands(run, "fc2 wgrad", dy_values("qdq dy^T", "columnwise"), saved.a_col, groups)
     dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
     del operands
     operands = _wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups)
     del dh_col
     # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
-    apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1_col, (GateUp, tuple)) else {}
+    apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1, GateUp) else {}
     dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
     del operands
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None

@@ -11,9 +11,9 @@ import torch
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.problem import check_split_values, validate_quantize_args
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, quantize_blocks
-from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
-__all__ = ["quantize_mxfp8_ref", "quantize_rowwise_ref", "quantize_columnwise_ref"]
+__all__ = ["quantize_mxfp8_ref", "quantize_dequantize_mxfp8_ref", "quantize_rowwise_ref", "quantize_columnwise_ref"]
 
 
 def quantize_rowwise_ref(x: torch.Tensor, element_format: ElementFormat, scale_mode: ScaleMode):
@@ -77,3 +77,21 @@ def quantize_mxfp8_ref(
             scales = scale_layout.swizzle_columnwise_grouped(scales, layout_splits, problem.num_rows)
         col_result = MXFP8Tensor(data, scales, QuantAxis.COLUMNWISE, swizzle, element_format, scale_mode, split_sizes)
     return MXFP8Quantized(row_result, col_result)
+
+
+def quantize_dequantize_mxfp8_ref(
+    x: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    split_sizes: torch.Tensor | None = None,
+    element_format: ElementFormat = ElementFormat.E4M3,
+    scale_mode: ScaleMode = ScaleMode.RCEIL,
+) -> MXFP8Values:
+    """The bf16 values of x's MXFP8 quantization in each orientation asked for, by the spec:
+    ``quantize_mxfp8_ref`` then ``dequantize()``, rounded to bf16 (exact but for results below
+    bf16's smallest subnormal)."""
+    quantized = quantize_mxfp8_ref(x, rowwise=rowwise, columnwise=columnwise, swizzle=False, split_sizes=split_sizes,
+                                   element_format=element_format, scale_mode=scale_mode)
+    return MXFP8Values(*(None if t is None else t.dequantize().to(torch.bfloat16)
+                         for t in (quantized.rowwise, quantized.columnwise)))

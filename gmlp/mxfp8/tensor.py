@@ -10,7 +10,7 @@ import torch
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, e8m0_to_float
 
-__all__ = ["QuantAxis", "MXFP8Tensor", "MXFP8Quantized"]
+__all__ = ["QuantAxis", "MXFP8Tensor", "MXFP8Quantized", "MXFP8Values"]
 
 
 class QuantAxis(enum.Enum):
@@ -97,3 +97,14 @@ class MXFP8Quantized:
 
     def __repr__(self) -> str:
         return f"MXFP8Quantized(\n  rowwise={self.rowwise!r},\n  columnwise={self.columnwise!r})"
+
+
+@dataclass(frozen=True)
+class MXFP8Values:
+    """Result of ``quantize_dequantize_mxfp8``: the values an MXFP8 GEMM multiplies, in bf16 and
+    in the source's (M, K) orientation, of the rowwise and/or columnwise quantization of one
+    tensor (``quantize_mxfp8(...).rowwise.dequantize()`` in bf16, bit for bit), with no fp8
+    tensor kept."""
+
+    rowwise: torch.Tensor | None
+    columnwise: torch.Tensor | None

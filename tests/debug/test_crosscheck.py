@@ -16,7 +16,7 @@ from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.debug import CrossCheckError, CrossCheckWarning, cross_check
 from gmlp.dispatch.paths import Path
 from gmlp.dispatch.sites import SITES
-from gmlp.mxfp8.tensor import MXFP8Quantized
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Values
 from tests.support.backends import kernel_device
 from tests.support.cases import parametrize_quick
 
@@ -61,6 +61,9 @@ def _planted(output, where: list):
     """output with one element made wrong; ``where`` receives the element's index."""
     if isinstance(output, MXFP8Quantized):
         return dataclasses.replace(output, rowwise=_planted(output.rowwise, where))
+    if isinstance(output, MXFP8Values):  # a quantize-dequantize: the orientation it made
+        axis = "rowwise" if output.rowwise is not None else "columnwise"
+        return dataclasses.replace(output, **{axis: _planted(getattr(output, axis), where)})
     if isinstance(output, (FC1Output, FC2DgradOutput)):
         name = "c" if isinstance(output, FC1Output) else ("dh" if output.dh is not None else "dh_rowwise")
         return dataclasses.replace(output, **{name: _planted(getattr(output, name), where)})
@@ -77,9 +80,10 @@ def _planted(output, where: list):
     return output
 
 
-# every site of the MXFP8 layer, and the sites of the bf16 layer (on SM90 its FC1 and FC2 dgrad
-# run on CuTeDSL, checked against Triton)
-PLANTED = [(site, "mxfp8") for site in SITES] + [(site, "bf16") for site, s in SITES.items() if not s.mxfp8_only]
+# every site of the MXFP8 layer's step sequence (the SM100 composition's: tests/cutedsl/sm100), and
+# the sites of the bf16 layer (on SM90 its FC1 and FC2 dgrad run on CuTeDSL, checked against Triton)
+PLANTED = [(site, "mxfp8") for site, s in SITES.items() if s.sm100 is not True] + [
+    (site, "bf16") for site, s in SITES.items() if not s.mxfp8_only]
 
 
 def _plant_at(monkeypatch, site: str, chosen: Path, where: list) -> None:

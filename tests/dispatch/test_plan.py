@@ -107,7 +107,7 @@ def test_old_package_reason(monkeypatch):
     device = _gpu(monkeypatch, (10, 0))
     monkeypatch.setattr(gmlp.system.versions, "package_version",
                         lambda name: "4.4.2" if name == "nvidia-cutlass-dsl" else "3.6.0")
-    reason = str(dict(_plan(device).decisions["quantize w1"].skipped)[Path.CUTEDSL])
+    reason = str(dict(_plan(device).decisions["quantize x"].skipped)[Path.CUTEDSL])
     assert "nvidia-cutlass-dsl 4.4.2 is older than 4.8.1" in reason
 
 
@@ -125,11 +125,12 @@ def test_one_warning_per_op_path_activation_and_reason(monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
-            _plan(device)  # four quantize sites, two GEMM sites of each of two ops, twice
+            _plan(device)  # one quantize site, six quantize-dequantize sites, two GEMM sites of each of two ops, twice
         first = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
         _plan(device, activation="srelu")  # another activation: its own warnings
         second = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)][len(first):]
-    ops = ["quantize_mxfp8", "dequantize_mxfp8", "fc1_forward", "grouped_gemm", "fc2_dgrad", "grouped_wgrad"]
+    ops = ["quantize_mxfp8", "quantize_dequantize_mxfp8", "dequantize_mxfp8", "fc1_forward", "grouped_gemm",
+           "fc2_dgrad", "grouped_wgrad"]
     assert sorted(m.split(" ")[0] for m in first) == sorted(ops), first
     quantize = next(m for m in first if m.startswith("quantize_mxfp8 (swiglu) at quantize x"))
     assert RENAMED_API in quantize and "nvidia-cutlass-dsl" in quantize and "took triton" in quantize
@@ -151,7 +152,8 @@ def test_no_warning_unless_asked_and_the_same_decisions(monkeypatch):
 def test_strict_raises_at_the_first_fallback(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     mlp = gmlp.GroupedMLP(2, 64, 64, strict=True)
-    with pytest.raises(FallbackError, match=r"strict mode: quantize_mxfp8 \(swiglu\) at quantize x took the torch path; "
+    with pytest.raises(FallbackError, match=r"strict mode: quantize_dequantize_mxfp8 \(swiglu\) at qdq w1 took the torch "
+                                             r"path; "
                                              r"not cutedsl: \[system\].*not triton: \[system\] tensors are on cpu"):
         mlp(torch.zeros(8, 64).bfloat16(), torch.tensor([4, 4]))
     monkeypatch.setenv("GMLP_STRICT", "1")
@@ -167,8 +169,8 @@ def test_forced_backends(monkeypatch):
     device = _gpu(monkeypatch, (9, 0))
     monkeypatch.setenv("GMLP_BACKEND", "cutedsl")
     _broken_cutedsl(monkeypatch, ImportError(RENAMED_API))
-    with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_mxfp8 \(swiglu\) at quantize x cannot "
-                                             r"run on cutedsl: \[system\] gmlp.cutedsl.quantize failed to import"):
+    with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_dequantize_mxfp8 \(swiglu\) at qdq w1 "
+                                             r"cannot run on cutedsl: \[system\] gmlp.cutedsl.quantize failed to import"):
         _plan(device)
     monkeypatch.setenv("GMLP_BACKEND", "triton")
     assert {d.path for d in _plan(device).decisions.values()} == {Path.TRITON}
@@ -392,16 +394,14 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
     _with_sm100_packages()
     from gmlp.cutedsl.sm100 import layer
     from gmlp.dispatch import plan_cache
-    from gmlp.dispatch.plan import LayerPlan
-    from tests.support.sm100_twins import TorchKernels
+    from tests.support.sm100_twins import TorchKernels, as_sm100_plan
 
     mlp = gmlp.GroupedMLP(2, 128, 128)
     torch_plan = plan_cache.plan_layer
     monkeypatch.setenv("GMLP_BACKEND", "torch")
 
     def sm100_plan(problem, device, *, strict):
-        plan = torch_plan(problem, device, strict=strict)
-        return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
+        return as_sm100_plan(torch_plan(problem, device, strict=strict))
 
     monkeypatch.setattr(plan_cache, "plan_layer", sm100_plan)  # the plan the layer's ops make
     twins = TorchKernels(mlp.activation)
@@ -419,8 +419,8 @@ def test_the_module_runs_the_sm100_composition_when_planned(monkeypatch, tmp_pat
 @pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
 def test_w1_stored_apart_runs_every_site_on_the_cutedsl_gemms(monkeypatch, layout):
     """W1's gate and up stored apart (``gmlp.contract.gate_up``): on SM90 every GEMM site runs its
-    CuTeDSL kernel, the three W1 sites on the views in place; the interleaved rows (2H apart) keep
-    quantize w1 off the CuTeDSL quantize; SM100 refuses the composition."""
+    CuTeDSL kernel, the three W1 sites on the views in place; W1's values are made by the Triton
+    quantize-dequantize (rows 2H apart read in place); SM100 refuses the composition."""
     _with_cutedsl()
     mlp = gmlp.GroupedMLP(4, 128, 128, recipe=gmlp.MXFP8Recipe())
     config = dataclasses.replace(mlp._config(None, None), gate_up=layout)
@@ -429,9 +429,10 @@ def test_w1_stored_apart_runs_every_site_on_the_cutedsl_gemms(monkeypatch, layou
     plan = plan_layer(problem, _gpu(monkeypatch, (9, 0)), strict=None)
     for site in GEMM_SITES:
         assert plan.path(site) is Path.CUTEDSL, site
-    quantize_w1 = plan.decisions["quantize w1"]
-    assert quantize_w1.path is (Path.TRITON if layout is GateUpLayout.INTERLEAVED else Path.CUTEDSL)
-    if layout is GateUpLayout.INTERLEAVED:
-        assert "2H apart" in str(dict(quantize_w1.skipped)[Path.CUTEDSL])
-    assert problem.quantize_problems["quantize w1"].num_rows == 4 * 128  # gate and up quantized apart: E * F rows
+    for site in ("qdq w1", "qdq w1^T"):
+        assert plan.path(site) is Path.TRITON, site
+        assert "no CuTeDSL quantize-dequantize" in str(dict(plan.decisions[site].skipped)[Path.CUTEDSL])
+        w1_values = problem.quantize_problems[site]
+        assert w1_values.num_rows == 4 * 128  # gate and up quantized apart: E * F rows
+        assert w1_values.row_stride == (256 if layout is GateUpLayout.INTERLEAVED else 128)
     assert "interleaves W1's (E, 2F, H) halves" in str(composition_reason(problem))

@@ -202,12 +202,12 @@ def test_meta_inputs_give_meta_outputs(recipe, bias):
 
 def test_an_op_error_names_the_layer_tensor_it_is_about():
     """The ops name their own parameters ("x"); raised inside the layer, the error says at which
-    op, so that the tensor is known (here the gradient dy, quantized at 'quantize dy')."""
+    op, so that the tensor is known (here the gradient dy, whose values are made at 'qdq dy')."""
     from gmlp.layer.steps import OpRunner
 
     mlp, x, split_sizes, _ = _module_and_inputs()
     run = OpRunner(mlp.plan(x, split_sizes))
     dy = torch.randn(x.shape[1], x.shape[0], dtype=torch.bfloat16).t()  # (T, H), not row-major
-    with pytest.raises(ValueError, match=r"^gmlp layer, at its 'quantize dy' op: x must have contiguous rows"):
-        run("quantize dy", dy, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
-            element_format=ElementFormat.E4M3, scale_mode=ScaleMode.RCEIL)
+    with pytest.raises(ValueError, match=r"^gmlp layer, at its 'qdq dy' op: x must have contiguous rows"):
+        run("qdq dy", dy, rowwise=True, columnwise=False, split_sizes=split_sizes, element_format=ElementFormat.E4M3,
+            scale_mode=ScaleMode.RCEIL)

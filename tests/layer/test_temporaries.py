@@ -12,7 +12,7 @@ import torch
 
 import gmlp
 import gmlp.layer.steps
-from gmlp.dispatch.sites import GEMM_OPS, SITES
+from gmlp.dispatch.sites import GEMM_OPS, SITES, Op
 from tests.support.sm90 import on_sm90
 
 GEMM_SITES = {name for name, site in SITES.items() if site.op in GEMM_OPS}
@@ -24,7 +24,8 @@ def _storages(values) -> set[int]:
 
 @pytest.fixture
 def live_copies_per_gemm(monkeypatch):
-    """site -> the dequantize outputs alive during that GEMM's call that it does not read."""
+    """site -> the bf16 operand values (the dequantize's and the quantize-dequantize's outputs) alive
+    during that GEMM's call that it does not read."""
     monkeypatch.setenv("GMLP_BACKEND", "torch")
     copies: list[weakref.ref] = []
     stale: dict[str, list[tuple[int, ...]]] = {}
@@ -39,8 +40,10 @@ def live_copies_per_gemm(monkeypatch):
                 alive = [ref() for ref in copies if ref() is not None]
                 stale[site.name] = [tuple(t.shape) for t in alive if t.untyped_storage().data_ptr() not in read]
             result = run(*args, **kwargs)
-            if site.name == "dequantize":
+            if site.op is Op.DEQUANTIZE:
                 copies.append(weakref.ref(result))
+            if site.op is Op.QUANTIZE_DEQUANTIZE:
+                copies.extend(weakref.ref(t) for t in (result.rowwise, result.columnwise) if t is not None)
             return result
         return call
 
@@ -66,8 +69,9 @@ def alive_at_each_op(monkeypatch):
 
 def _track_alive(monkeypatch):
     """(site -> names of the tracked tensors alive when that op of the backward is called, the
-    weakrefs by name): the forward's saved Q_col(x), Q_col(W1), Q_col(W2), c and Q_col(a) (bf16:
-    c and a) and the backward's Q_col(dy) and Q_col(dh), recorded from the ops' outputs."""
+    weakrefs by name): the forward's saved Q_col(x), c and Q_col(a) (bf16: c and a), the backward's
+    Q_col(dh), and the bf16 values each quantize-dequantize makes for one GEMM (named by its site:
+    "w1", "w2", "dy" rowwise, "w2^T", "w1^T", "dy^T" columnwise), recorded from the ops' outputs."""
     refs: dict[str, weakref.ref] = {}
     alive: dict[str, set[str]] = {}
     real = gmlp.layer.steps.implementation
@@ -79,8 +83,11 @@ def _track_alive(monkeypatch):
             if site.name in ("fc1 dgrad", "fc2 wgrad", "fc1 wgrad"):
                 alive[site.name] = {name for name, ref in refs.items() if ref() is not None}
             result = run(*args, **kwargs)
-            if site.name in ("quantize x", "quantize w1", "quantize w2", "quantize dy"):
-                refs[f"Q_col({site.name.split()[-1]})"] = weakref.ref(result.columnwise.data)
+            if site.name == "quantize x":
+                refs["Q_col(x)"] = weakref.ref(result.columnwise.data)
+            if site.name.startswith("qdq "):
+                values = result.rowwise if result.rowwise is not None else result.columnwise
+                refs[site.name.removeprefix("qdq ")] = weakref.ref(values)
             if site.name == "fc2 dgrad" and result.dh_columnwise is not None:
                 refs["Q_col(dh)"] = weakref.ref(result.dh_columnwise.data)
             if site.name == "fc1":
@@ -95,9 +102,11 @@ def _track_alive(monkeypatch):
 
 @pytest.mark.parametrize("recipe", [None, gmlp.MXFP8Recipe()], ids=["bf16", "mxfp8"])
 def test_the_backwards_quantized_inputs_are_dropped_before_each_weight_gradient(alive_at_each_op, recipe):
-    """Q_col(dy) and Q_col(dh), made in the backward, are gone once their weight gradient's bf16
-    copies are made (before its output is allocated, at the step's peak). The forward's saved
-    tensors stay alive to the end of the backward: autograd's node holds them until it returns."""
+    """Each GEMM's bf16 values (the weights' and dy's, made by one quantize-dequantize pass) live
+    only while that GEMM runs; Q_col(dh), made in the backward, is gone once FC1 wgrad's bf16
+    copies are made (before its output is allocated, at the step's peak). The forward keeps no
+    form of the weights, and its saved tensors stay alive to the end of the backward: autograd's
+    node holds them until it returns."""
     _check_alive_at_each_op(*alive_at_each_op, recipe, torch.device("cpu"))
 
 
@@ -114,11 +123,11 @@ def _check_alive_at_each_op(alive, refs, recipe, device):
     mlp = gmlp.GroupedMLP(3, 64, 96, recipe=recipe, device=device)
     x = torch.randn(80, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
     mlp(x, torch.tensor([50, 0, 30], device=device)).square().sum().backward()
-    forward = {"c", "a"} | ({"Q_col(x)", "Q_col(w1)", "Q_col(w2)"} if recipe is not None else set())
+    forward = {"c", "a"} | ({"Q_col(x)"} if recipe is not None else set())
     if recipe is None:  # x and the weights are the layer's inputs, dy and dh plain tensors: not tracked
         assert set(refs) == forward
         assert alive == {"fc1 dgrad": forward, "fc2 wgrad": forward, "fc1 wgrad": forward}
-    else:
-        assert set(refs) == forward | {"Q_col(dy)", "Q_col(dh)"}
-        assert alive == {"fc1 dgrad": forward | {"Q_col(dy)", "Q_col(dh)"}, "fc2 wgrad": forward | {"Q_col(dh)"},
+    else:  # each GEMM's values are alive while it runs (its argument), and not after
+        assert set(refs) == forward | {"Q_col(dh)", "w1", "w2", "dy", "w2^T", "w1^T", "dy^T"}
+        assert alive == {"fc1 dgrad": forward | {"Q_col(dh)", "w1^T"}, "fc2 wgrad": forward | {"Q_col(dh)", "dy^T"},
                          "fc1 wgrad": forward}

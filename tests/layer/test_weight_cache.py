@@ -42,15 +42,15 @@ def test_reused_weights_give_the_same_outputs_without_quantizing_again(quantize_
     mlp = gmlp.GroupedMLP(3, 64, 64)
     x, split_sizes = _inputs()
     fresh = mlp(x, split_sizes)
-    assert quantize_calls["quantize w1"] == quantize_calls["quantize w2"] == 1
+    assert quantize_calls["qdq w1"] == quantize_calls["qdq w2"] == 1
     updated = mlp(x, split_sizes, weight_cache="update")
     reused = [mlp(x, split_sizes, weight_cache="reuse") for _ in range(2)]
-    assert quantize_calls["quantize w1"] == quantize_calls["quantize w2"] == 2  # not in the reusing forwards
+    assert quantize_calls["qdq w1"] == quantize_calls["qdq w2"] == 2  # not in the reusing forwards
     assert quantize_calls["quantize x"] == 4
     for y in (updated, *reused):
         assert torch.equal(y, fresh)
     x.requires_grad_()
-    mlp(x, split_sizes, weight_cache="reuse").sum().backward()  # the backward reads the kept Q_col(W)
+    mlp(x, split_sizes, weight_cache="reuse").sum().backward()  # the backward makes W^T's values from W
     assert x.grad is not None and mlp.w1.grad is not None
 
 

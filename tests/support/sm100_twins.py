@@ -113,3 +113,15 @@ class TorchKernels:
         b_values = columnwise_of(b.t(), call["sfb"], call["offsets"]).dequantize()  # (T_pad, N)
         for e, (start, end) in enumerate(segments):
             call["wgrad"][e] += a_values[start:end].t() @ b_values[start:end]
+
+
+def as_sm100_plan(plan):
+    """``plan`` (the torch path's, made off SM100) as the plan of the SM100 composition: the
+    composition's sites only (its quantizes of W1, W2 and dy in place of the step sequence's
+    quantize-dequantize sites, on the path of the quantize of x), ``sm100`` set."""
+    from gmlp.dispatch.plan import LayerPlan
+    from gmlp.dispatch.sites import SITES
+
+    decisions = {s: d for s, d in plan.decisions.items() if SITES[s].sm100 is not False}
+    decisions.update({s: plan.decisions["quantize x"] for s in ("quantize w1", "quantize w2", "quantize dy")})
+    return LayerPlan(decisions, plan.references, sm100=True)

@@ -22,7 +22,7 @@ from gmlp.system.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
+__all__ = ["KERNEL_MODULES", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
            "import_error", "launcher", "site_gemm", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
@@ -36,10 +36,12 @@ KERNEL_MODULES = {
 
 # GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 operands as they are and
 # decodes them (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16
-# copies: the token-row operand (x, a, dy, dh) of FC1, FC2, FC2 dgrad and FC1 dgrad, both Q_col
-# operands of a weight gradient (where T is a multiple of 16). None is listed until its GPU tests
-# pass and ``bench gemm``'s cutedsl-decode variant measures faster than cutedsl-dequant
-# (docs/design.md, section 8).
+# copies: the token-row operand (x, a, dh) of FC1, FC2 and FC1 dgrad, both Q_col operands of
+# FC1's weight gradient (where T is a multiple of 16); of ``DECODABLE_SITES``, since dy's GEMMs
+# (FC2 dgrad, FC2 wgrad) get dy's values from one quantize-dequantize pass over dy, which has no
+# fp8 form to decode. None is listed until its GPU tests pass and ``bench gemm``'s cutedsl-decode
+# variant measures faster than cutedsl-dequant (docs/design.md, section 8).
+DECODABLE_SITES = ("fc1", "fc2", "fc1 dgrad", "fc1 wgrad")
 DECODING_SITES: tuple[str, ...] = ()
 
 

@@ -35,6 +35,9 @@ def no_kernel_reason(op: Op) -> Reason | None:
     if op is Op.DEQUANTIZE:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL dequantize in gmlp: the SM100 steps read MXFP8 operands as "
                                          "they are, and on SM90 the operands are dequantized before the GEMMs")
+    if op is Op.QUANTIZE_DEQUANTIZE:
+        return Reason(ReasonKind.SYSTEM, "no CuTeDSL quantize-dequantize in gmlp: the Triton kernel runs at a device "
+                                         "copy's speed rowwise")
     if op is Op.SEGMENT_SUM:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
                                          "no biases)")

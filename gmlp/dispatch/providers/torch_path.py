@@ -23,12 +23,13 @@ def _supports(op: Op, problem, site: str | None) -> Reason | None:
 
 def _load(site: Site) -> Callable:
     from gmlp.contract import reference
-    from gmlp.mxfp8.reference import quantize_mxfp8_ref
+    from gmlp.mxfp8.reference import quantize_dequantize_mxfp8_ref, quantize_mxfp8_ref
 
     launch_only = without("groups", "tiling")
     return {
         Op.QUANTIZE: without("groups")(quantize_mxfp8_ref),
         Op.DEQUANTIZE: dequantize_ref,
+        Op.QUANTIZE_DEQUANTIZE: without("groups")(quantize_dequantize_mxfp8_ref),
         Op.FC1: dequantizing_a(launch_only(reference.fc1_forward_ref), dequantize_ref),
         Op.GROUPED_GEMM: dequantizing_a(launch_only(reference.grouped_gemm_ref), dequantize_ref),
         Op.FC2_DGRAD: dequantizing_a(launch_only(reference.fc2_dgrad_ref), dequantize_ref),

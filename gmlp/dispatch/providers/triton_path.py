@@ -43,6 +43,10 @@ def _supports(op: Op, problem, site: str | None) -> Reason | None:
         from gmlp.triton_ref.quantize import problem_support
 
         return problem_support(problem)
+    if op is Op.QUANTIZE_DEQUANTIZE:
+        from gmlp.triton_ref.quantize_dequantize import problem_support
+
+        return problem_support(problem)
     if op not in GEMM_OPS:
         return None
     from gmlp.triton_ref.shapes import fc1_shape_reason, fc2_dgrad_shape_reason

@@ -121,7 +121,7 @@ def _sm100_runner(split_sizes: torch.Tensor):
     from gmlp.dispatch.sites import SITES
     from gmlp.layer.steps import OpRunner
 
-    names = [name for name, site in SITES.items() if name not in ("dequantize", "bias grad")]
+    names = [name for name, site in SITES.items() if site.sm100 is not False and name != "bias grad"]
     decisions = {name: Decision(SITES[name].op.value, Path.TORCH if name.startswith("quantize") else Path.CUTEDSL, ())
                  for name in names}
     references = {name: None if name.startswith("quantize") else Path.TORCH for name in names}
@@ -226,11 +226,10 @@ def test_the_sm100_composition_compiles_without_graph_breaks(monkeypatch):
     backward, as the token count and the routing change: its fake implementation is the
     composition itself with allocating quantizes and no launches (``gmlp.layer.autograd``)."""
     from gmlp.dispatch import plan_cache
-    from gmlp.dispatch.plan import LayerPlan
+    from tests.support.sm100_twins import as_sm100_plan
 
     def sm100_plan(problem, device, *, strict, plan_layer=plan_cache.plan_layer):
-        plan = plan_layer(problem, device, strict=strict)
-        return LayerPlan({s: d for s, d in plan.decisions.items() if s != "dequantize"}, plan.references, sm100=True)
+        return as_sm100_plan(plan_layer(problem, device, strict=strict))
 
     monkeypatch.setenv("GMLP_BACKEND", "torch")
     monkeypatch.setattr(plan_cache, "plan_layer", sm100_plan)
