@@ -7,10 +7,11 @@ followed by the dequantize, with the same expressions (``_mxfp8_math``, the dequ
 ``fp8 -> fp32 * 2**(e - 127) -> bf16``), so the same bits, minus the fp8 round trip through
 memory.
 
-One program: one 128-row expert-aligned tile (4 columnwise blocks of one expert, rows past the
-expert's end read as 0, as the spec pads a trailing block) by BLOCK_K columns (BLOCK_K / 32
-rowwise blocks per row); both orientations from the same registers. Column chunks are the fast
-grid axis, so the programs running together read whole runs of the same rows.
+One program: ROWS rows (128 or 32) of one 128-row expert-aligned tile (ROWS / 32 columnwise
+blocks of one expert; rows past the expert's end read as 0, as the spec pads a trailing block)
+by BLOCK_K columns (BLOCK_K / 32 rowwise blocks per row); both orientations from the same
+registers. Column chunks are the fast grid axis, so the programs running together read whole
+runs of the same rows.
 """
 
 import triton
@@ -39,14 +40,15 @@ def quantize_dequantize_kernel(
     RECIPROCAL_MAX: tl.constexpr, EMAX: tl.constexpr, FLOOR_MODE: tl.constexpr, E5M2: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
     GROUPED: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    tile = tl.program_id(1)
-    first_row, end_row, _, _, _ = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED,
-                                             NUM_ROWS)
+    tile = tl.program_id(1) // (128 // ROWS)
+    tile_first_row, end_row, _, _, _ = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS,
+                                                  GROUPED, NUM_ROWS)
+    first_row = tile_first_row + (tl.program_id(1) % (128 // ROWS)) * ROWS
     if end_row <= first_row:
-        return  # a tile past the last expert
-    rows = first_row + tl.arange(0, 128)
+        return  # a tile past the last expert, or rows past this expert's end
+    rows = first_row + tl.arange(0, ROWS)
     cols = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < end_row)[:, None] & (cols < NUM_COLS)[None, :]  # K is a multiple of 32: uniform per block
     x = tl.load(x_ptr + rows[:, None].to(tl.int64) * X_ROW_STRIDE + cols[None, :], mask=mask, other=0.0)
@@ -54,14 +56,15 @@ def quantize_dequantize_kernel(
     magnitude = tl.abs(x)
     offsets = rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :]
 
-    if ROWWISE:  # 1 x 32 blocks: (128, BLOCK_K / 32, 32)
-        blocks = tl.reshape(x, (128, BLOCK_K // 32, 32))
-        e = e8m0_from_amax(block_amax(tl.reshape(magnitude, (128, BLOCK_K // 32, 32)), 2),
+    if ROWWISE:  # 1 x 32 blocks: (ROWS, BLOCK_K / 32, 32)
+        blocks = tl.reshape(x, (ROWS, BLOCK_K // 32, 32))
+        e = e8m0_from_amax(block_amax(tl.reshape(magnitude, (ROWS, BLOCK_K // 32, 32)), 2),
                            RECIPROCAL_MAX, EMAX, FLOOR_MODE)
-        values = tl.reshape(_values_of_blocks(blocks, e[:, :, None], E5M2), (128, BLOCK_K))
+        values = tl.reshape(_values_of_blocks(blocks, e[:, :, None], E5M2), (ROWS, BLOCK_K))
         tl.store(row_out_ptr + offsets, values, mask=mask)
-    if COLUMNWISE:  # 32 x 1 blocks: (4, 32, BLOCK_K), blocks starting at the expert's rows
-        blocks = tl.reshape(x, (4, 32, BLOCK_K))
-        e = e8m0_from_amax(block_amax(tl.reshape(magnitude, (4, 32, BLOCK_K)), 1), RECIPROCAL_MAX, EMAX, FLOOR_MODE)
-        values = tl.reshape(_values_of_blocks(blocks, e[:, None, :], E5M2), (128, BLOCK_K))
+    if COLUMNWISE:  # 32 x 1 blocks: (ROWS / 32, 32, BLOCK_K), blocks starting at the expert's rows
+        blocks = tl.reshape(x, (ROWS // 32, 32, BLOCK_K))
+        e = e8m0_from_amax(block_amax(tl.reshape(magnitude, (ROWS // 32, 32, BLOCK_K)), 1),
+                           RECIPROCAL_MAX, EMAX, FLOOR_MODE)
+        values = tl.reshape(_values_of_blocks(blocks, e[:, None, :], E5M2), (ROWS, BLOCK_K))
         tl.store(col_out_ptr + offsets, values, mask=mask)
