@@ -24,9 +24,14 @@ def _storages(values) -> set[int]:
 
 @pytest.fixture
 def live_copies_per_gemm(monkeypatch):
+    """``_track_copies`` on the torch path."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    return _track_copies(monkeypatch)
+
+
+def _track_copies(monkeypatch):
     """site -> the bf16 operand values (the dequantize's and the quantize-dequantize's outputs) alive
     during that GEMM's call that it does not read."""
-    monkeypatch.setenv("GMLP_BACKEND", "torch")
     copies: list[weakref.ref] = []
     stale: dict[str, list[tuple[int, ...]]] = {}
     real = gmlp.layer.steps.implementation
@@ -52,10 +57,21 @@ def live_copies_per_gemm(monkeypatch):
 
 
 def test_no_dequantized_copy_outlives_its_gemm(live_copies_per_gemm):
+    _check_no_stale_copies(live_copies_per_gemm, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+def test_no_dequantized_copy_outlives_its_gemm_on_the_sm90_paths(monkeypatch):
+    """The same on the paths an H200 runs (the SM90 CuTeDSL kernels, the Triton quantize-dequantize)."""
+    _check_no_stale_copies(_track_copies(monkeypatch), torch.device("cuda"))
+
+
+def _check_no_stale_copies(live_copies_per_gemm, device):
     torch.manual_seed(0)
-    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=gmlp.MXFP8Recipe())
-    x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True)
-    mlp(x, torch.tensor([50, 0, 30])).square().sum().backward()
+    mlp = gmlp.GroupedMLP(3, 64, 96, recipe=gmlp.MXFP8Recipe(), device=device)
+    x = torch.randn(80, 64, dtype=torch.bfloat16, requires_grad=True, device=device)
+    mlp(x, torch.tensor([50, 0, 30], device=device)).square().sum().backward()
     assert set(live_copies_per_gemm) == GEMM_SITES  # every GEMM site ran and was checked
     assert all(not shapes for shapes in live_copies_per_gemm.values()), live_copies_per_gemm
 
