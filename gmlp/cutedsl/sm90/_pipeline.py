@@ -115,13 +115,15 @@ def mma_thread(tidx, warpgroup, pingpong: bool):
 
 
 def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
-                 b_tiles_per_slot: int = 1, a_dtype=BFloat16):
+                 b_tiles_per_slot: int = 1, a_dtype=BFloat16, b_dtype=BFloat16):
     """(sA, sB, stage_bytes): the staged A and B tiles of ``storage`` (fields ``sA``, ``sB``) and
-    the TMA bytes that fill one slot (its A tile of ``a_dtype`` and ``b_tiles_per_slot`` B tiles)."""
+    the TMA bytes that fill one slot (its A tile of ``a_dtype`` and ``b_tiles_per_slot`` B tiles of
+    ``b_dtype``: the full barrier's transaction count, which must be exactly what TMA delivers, or
+    the slot never completes)."""
     sA = storage.sA.get_tensor(a_smem_layout.outer, swizzle=a_smem_layout.inner)
     sB = storage.sB.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
     stage_bytes = (cute.size_in_bytes(a_dtype, cute.slice_(a_smem_layout, (None, None, 0)))
-                   + b_tiles_per_slot * cute.size_in_bytes(BFloat16, cute.slice_(b_smem_layout, (None, None, 0))))
+                   + b_tiles_per_slot * cute.size_in_bytes(b_dtype, cute.slice_(b_smem_layout, (None, None, 0))))
     return sA, sB, stage_bytes
 
 

@@ -301,7 +301,8 @@ class GroupedWgradSm90(RegisterPaths):
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # full[s]: armed by the producer with the slot's TMA bytes (zero-filled rows count too);
         # empty[s]: one arrive per consumer warp once its wgmmas reading slot s completed.
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.operand_dtype)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.operand_dtype,
+                                           b_dtype=self.operand_dtype)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, self.num_mma_warpgroups,
                                           stage_bytes)  # initializes the mbarriers and syncs the CTA
         if const_expr(self.pingpong):  # the mainloops' turns
