@@ -47,14 +47,18 @@ DECODING_SITES: tuple[str, ...] = ()
 
 DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
 
-# Why the weight gradient's decoded variant is refused (None once its GPU test passes): it compiles,
-# but on the H200 it faults. Seen on 2026-12-03 (compute-sanitizer, CUDA_LAUNCH_BLOCKING, one process
-# a case): an illegal instruction at the producer's first TMA load of the fp8 tiles (UTMALDG.2D) on
-# ragged routings (224 and 240 tokens), no end within 100 s on 128-token multiples; the same test
-# failed before the SM90 kernels moved into this package (a08ec69).
+# Why the weight gradient's decoded variant is refused (None once it runs every routing): on the
+# H200 (2026-12-04, one process a case) it is bit for bit the dequantized operands' kernel where
+# every expert starts at a multiple of 16 tokens (routings of 16-, 32- and 128-token multiples) and
+# faults with an illegal instruction at its first TMA load of the fp8 tiles (UTMALDG.2D) where one
+# starts elsewhere (starts 1, 8, 37): the plain 2-D box starts at the expert's token, and its inner
+# start is then not 16-byte aligned in the fp8 rows. (Until 2026-12-04 it also hung on 128-token
+# multiples: its full barrier counted the fp8 B tile as bf16.) The layer cannot know the starts
+# without a host sync, so it dequantizes those operands.
 DECODED_WGRAD_FAULT: Reason | None = Reason(
-    ReasonKind.SYSTEM, "the sm90 weight gradient's decoded variant faults on the H200 (an illegal instruction at its "
-                       "TMA load of the fp8 tiles): its operands are dequantized to bf16 instead")
+    ReasonKind.SYSTEM, "the sm90 weight gradient's decoded variant faults on the H200 where an expert starts at a "
+                       "token that is not a multiple of 16 (its TMA boxes of fp8 bytes would start off a 16-byte "
+                       "boundary): its operands are dequantized to bf16 instead")
 
 
 def decoded_wgrad_reason(a, b) -> Reason | None:
