@@ -13,19 +13,21 @@ import torch
 __all__ = ["quantized_weight"]
 
 
-def quantized_weight(run: Callable, site: str, stack: Callable[[], torch.Tensor | tuple], **quantize_args):
+def quantized_weight(run: Callable, site: str, stack: Callable[[], torch.Tensor | tuple], cache: bool = True,
+                     **quantize_args):
     """A weight site's quantization: the one an earlier forward kept (``run.reused_weights``,
     GroupedMLP's ``weight_cache``), or ``run(site, stack(), **quantize_args)``, kept in
-    ``run.kept_weights`` when the runner keeps weights. ``stack`` builds the (E * N, K) weight
-    stack only when it is quantized (the SM100 path interleaves W1 there); a pair of stacks (W1's
-    gate and up stored apart) is quantized one by one, and the pair of results is the site's."""
-    reused = getattr(run, "reused_weights", {}).get(site)  # a plain quantize function keeps none
+    ``run.kept_weights`` when the runner keeps weights; with ``cache`` False neither (a
+    backward's). ``stack`` builds the (E * N, K) weight stack only when it is quantized (the SM100
+    path interleaves W1 there); a pair of stacks (W1's gate and up stored apart) is quantized one
+    by one, and the pair of results is the site's."""
+    reused = getattr(run, "reused_weights", {}).get(site) if cache else None  # a plain function keeps none
     if reused is not None:
         return reused
     stacks = stack()
     result = (tuple(run(site, part, **quantize_args) for part in stacks) if isinstance(stacks, tuple)
               else run(site, stacks, **quantize_args))
-    kept = getattr(run, "kept_weights", None)
+    kept = getattr(run, "kept_weights", None) if cache else None
     if kept is not None:
         kept[site] = result
     return result

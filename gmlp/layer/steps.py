@@ -61,6 +61,12 @@ class OpRunner:
         self.reused_weights = reused_weights or {}
         self.kept_weights: dict[str, MXFP8Quantized] | None = {} if keep_weights else None
 
+    @property
+    def caches_weights(self) -> bool:
+        """Whether this forward keeps its weights' values for later ones or reuses an earlier one's
+        (GroupedMLP's ``weight_cache``)."""
+        return self.kept_weights is not None or bool(self.reused_weights)
+
     def __call__(self, site: str, *args, **kwargs):
         run = implementation(SITES[site], self.plan.path(site), self.plan.capability)
         if self.check is None:
@@ -102,6 +108,10 @@ class LayerSaved:
     groups: DeviceGroups  # device prefix sums of split_sizes, computed once for every launcher
     has_b1: bool
     has_b2: bool
+    # with a weight cache, the dgrads' W^T values made (or reused) by the forward, as the backward
+    # reads them (``_weight_values``): kept for later micro-batches anyway, so made once
+    w1t: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None
+    w2t: torch.Tensor | None = None
 
 
 def fake_layer_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
@@ -170,30 +180,42 @@ def _stacked_rows(view: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _weight_values(run: OpRunner, site: str, w: torch.Tensor | GateUp, recipe: MXFP8Recipe | None, *,
-                   transposed: bool) -> torch.Tensor | GateUp | tuple:
+                   transposed: bool, cached: bool = True) -> torch.Tensor | GateUp | tuple:
     """A GEMM's operand from the (E, N, K) weight ``w``: the forward's B (``transposed`` False,
     shaped as ``w``) or the dgrad's W_g^T per expert (an (E, K, N) transposed view; for W1's gate
     and up stored apart, the pair of their transposed views, side by side along K). In an MXFP8
     layer, the bf16 values of W's rowwise or columnwise quantization, made at ``site`` in one pass
-    over its (E * N, K) stack with no fp8 tensor written (the forward's may be an earlier
-    forward's, ``quantized_weight``); the backward makes its own from the weight, so nothing of
-    the weights is kept but the weights. W1's gate and up stored apart (a GateUp) are quantized
-    apart, each as the (E * F, H) stack of its rows (a view: the interleaved layout's rows are 2H
-    apart); F is a multiple of 32, so the columnwise blocks are the halves' blocks."""
+    over its (E * N, K) stack with no fp8 tensor written, or an earlier forward's when ``cached``
+    (``quantized_weight``: the weight cache); the backward makes its own from the weight unless
+    the forward saved them, so nothing of the weights is kept but the weights. W1's gate and up
+    stored apart (a GateUp) are quantized apart, each as the (E * F, H) stack of its rows (a view:
+    the interleaved layout's rows are 2H apart); F is a multiple of 32, so the columnwise blocks
+    are the halves' blocks."""
+    apart = isinstance(w, GateUp)
     if recipe is None:
-        if isinstance(w, GateUp):
-            return (w.gate.transpose(1, 2), w.up.transpose(1, 2)) if transposed else w
-        return w.transpose(1, 2) if transposed else w
+        if transposed:
+            return (w.gate.transpose(1, 2), w.up.transpose(1, 2)) if apart else w.transpose(1, 2)
+        return w
     args = dict(rowwise=not transposed, columnwise=transposed, scale_mode=recipe.scale_mode)
-    if transposed:  # not kept for later steps: a weight cache keeps the forward's values only
-        stacks = (_stacked_rows(w.gate, "gate"), _stacked_rows(w.up, "up")) if isinstance(w, GateUp) else (
-            w.reshape(-1, w.shape[-1]),)
-        parts = tuple(run(site, stack, **args).columnwise.view(w.shape).transpose(1, 2) for stack in stacks)
-        return parts if isinstance(w, GateUp) else parts[0]
-    if isinstance(w, GateUp):
-        gate, up = quantized_weight(run, site, lambda: (_stacked_rows(w.gate, "gate"), _stacked_rows(w.up, "up")), **args)
-        return GateUp(gate.rowwise.view(w.shape), up.rowwise.view(w.shape))
-    return quantized_weight(run, site, lambda: w.reshape(-1, w.shape[-1]), **args).rowwise.view(w.shape)
+
+    def stacks():  # built only when quantized (a reused value needs none)
+        return (_stacked_rows(w.gate, "gate"), _stacked_rows(w.up, "up")) if apart else w.reshape(-1, w.shape[-1])
+
+    result = quantized_weight(run, site, stacks, cache=cached, **args)
+    parts = [getattr(part, "columnwise" if transposed else "rowwise").view(w.shape)
+             for part in (result if apart else (result,))]
+    if transposed:
+        parts = [part.transpose(1, 2) for part in parts]
+        return tuple(parts) if apart else parts[0]
+    return GateUp(*parts) if apart else parts[0]
+
+
+def _transposed_weight(run: OpRunner, site: str, w: torch.Tensor | GateUp, saved_values, recipe: MXFP8Recipe | None):
+    """A dgrad's W^T operand: the values the forward saved (a weight cache's), else made from W now
+    (not kept: the backward's runner keeps nothing for later steps)."""
+    if saved_values is not None:
+        return saved_values
+    return _weight_values(run, site, w, recipe, transposed=True, cached=False)
 
 
 def grouped_mlp_forward(
@@ -221,10 +243,14 @@ def grouped_mlp_forward(
     w2_fc2 = _weight_values(run, "qdq w2", w2, recipe, transposed=False)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
     y = run("fc2", _a_operand(run, "fc2", a_row), w2_fc2, split_sizes, bias=b2, groups=groups)
+    # a weight cache keeps W^T's values too (made here, after the forward's GEMMs, or reused)
+    cache = recipe is not None and getattr(run, "caches_weights", False)
     saved = LayerSaved(
         x_col=x_col, c=fc1.c, a_col=fc1.a if recipe is None else fc1.a_columnwise, probs=probs,
         w1=w1, w2=w2, split_sizes=split_sizes, groups=groups, has_b1=b1 is not None,
         has_b2=b2 is not None,
+        w1t=_weight_values(run, "qdq w1^T", w1, recipe, transposed=True) if cache else None,
+        w2t=_weight_values(run, "qdq w2^T", w2, recipe, transposed=True) if cache else None,
     )
     return y, saved
 
@@ -246,13 +272,13 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     # operands made for one GEMM are passed as temporaries, and each quantized tensor is dropped
     # after its last GEMM (the peak is at the weight gradients, allocated last)
     dgrad = run("fc2 dgrad", dy_values("qdq dy", "rowwise"),
-                _weight_values(run, "qdq w2^T", saved.w2, recipe, transposed=True), saved.c, split_sizes,
+                _transposed_weight(run, "qdq w2^T", saved.w2, saved.w2t, recipe), saved.c, split_sizes,
                 activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
     dprobs, db1 = dgrad.dprobs, dgrad.db1
     dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
     del dgrad
     dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row),
-             _weight_values(run, "qdq w1^T", saved.w1, recipe, transposed=True), split_sizes, groups=groups)
+             _transposed_weight(run, "qdq w1^T", saved.w1, saved.w1t, recipe), split_sizes, groups=groups)
     del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
     # each weight gradient's operands are made first, then its Q_col inputs dropped (the bf16

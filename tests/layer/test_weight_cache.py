@@ -50,8 +50,33 @@ def test_reused_weights_give_the_same_outputs_without_quantizing_again(quantize_
     for y in (updated, *reused):
         assert torch.equal(y, fresh)
     x.requires_grad_()
-    mlp(x, split_sizes, weight_cache="reuse").sum().backward()  # the backward makes W^T's values from W
+    mlp(x, split_sizes, weight_cache="reuse").sum().backward()  # the backward reads the kept W^T values
     assert x.grad is not None and mlp.w1.grad is not None
+
+
+def test_the_cache_keeps_the_dgrads_values_too(quantize_calls):
+    """With a weight cache the forward makes (or reuses) W^T's values as well and no backward makes
+    them, so gradient accumulation pays each weight's two passes once per optimizer step; the
+    gradients are bit for bit those without a cache."""
+    mlp = gmlp.GroupedMLP(3, 64, 64)
+    x, split_sizes = _inputs()
+    x.requires_grad_()
+
+    def gradients(**kwargs) -> list[torch.Tensor]:
+        mlp.zero_grad()
+        x.grad = None
+        mlp(x, split_sizes, **kwargs).square().sum().backward()
+        return [t.grad.clone() for t in (x, mlp.w1, mlp.w2)]
+
+    want = gradients()
+    assert quantize_calls["qdq w1^T"] == quantize_calls["qdq w2^T"] == 1  # without a cache: in the backward
+    quantize_calls.clear()
+    got = [gradients(weight_cache="update"), *(gradients(weight_cache="reuse") for _ in range(2))]
+    assert {site: quantize_calls[site] for site in ("qdq w1", "qdq w2", "qdq w1^T", "qdq w2^T")} == dict.fromkeys(
+        ("qdq w1", "qdq w2", "qdq w1^T", "qdq w2^T"), 1)  # the "update" forward's, once
+    for grads in got:
+        for name, mine, reference in zip(("dx", "dw1", "dw2"), grads, want):
+            assert torch.equal(mine, reference), name
 
 
 def test_reuse_is_refused_without_matching_kept_weights(quantize_calls):
