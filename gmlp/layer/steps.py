@@ -41,25 +41,29 @@ from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
-from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
+from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
 __all__ = ["OpRunner", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
            "grouped_mlp_backward"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
+# a weight site's output: a quantization (the SM100 composition's) or values (the step sequence's),
+# or a pair of them for W1's gate and up stored apart
+KeptWeight = MXFP8Quantized | MXFP8Values | tuple
 
 
 class OpRunner:
     """Runs each site's op on the path its plan chose; ``check``, when given (the cross-check),
-    sees every call and its output. ``reused_weights`` (site -> output) are quantized weights
-    of an earlier forward, which ``quantized_weight`` returns instead of quantizing again; with
-    ``keep_weights`` it keeps the weight sites' outputs in ``kept_weights`` for later forwards."""
+    sees every call and its output. ``reused_weights`` (site -> output) are the weight sites'
+    outputs of an earlier forward (quantized weights, or their values), which ``quantized_weight``
+    returns instead of quantizing again; with ``keep_weights`` it keeps the weight sites' outputs
+    in ``kept_weights`` for later forwards."""
 
     def __init__(self, plan: LayerPlan, check: CrossCheckHook | None = None,
-                 reused_weights: dict[str, MXFP8Quantized] | None = None, keep_weights: bool = False):
+                 reused_weights: dict[str, KeptWeight] | None = None, keep_weights: bool = False):
         self.plan, self.check = plan, check
         self.reused_weights = reused_weights or {}
-        self.kept_weights: dict[str, MXFP8Quantized] | None = {} if keep_weights else None
+        self.kept_weights: dict[str, KeptWeight] | None = {} if keep_weights else None
 
     @property
     def caches_weights(self) -> bool:
