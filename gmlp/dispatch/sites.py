@@ -76,9 +76,9 @@ SITES = {site.name: site for site in (
     Site("fc2 dgrad", Op.FC2_DGRAD),
     Site("qdq w1^T", Op.QUANTIZE_DEQUANTIZE, True, weight_stack=True, sm100=False),
     Site("fc1 dgrad", Op.GROUPED_GEMM),
+    Site("fc1 wgrad", Op.WGRAD),
     Site("qdq dy^T", Op.QUANTIZE_DEQUANTIZE, True, sm100=False),
     Site("fc2 wgrad", Op.WGRAD),
-    Site("fc1 wgrad", Op.WGRAD),
     Site("bias grad", Op.SEGMENT_SUM, bias_only=True),
 )}
 

@@ -6,8 +6,8 @@ The dataflow of docs/design.md, step for step, with no host sync on the kernel p
 forward:  W1's rowwise values -> quantize x (rowwise for FC1, columnwise kept for FC1 wgrad) ->
           ``fc1`` (c, Q_row(a), Q_col(a)) -> W2's rowwise values -> ``fc2`` (grouped GEMM) -> y
 backward: dy's rowwise values (gradient format), W2's columnwise values -> ``fc2 dgrad`` (dprobs,
-          Q_row(dh), Q_col(dh)) -> W1's columnwise values -> ``fc1 dgrad`` -> dx; dy's columnwise
-          values -> ``fc2 wgrad`` dW2 = dy^T Q_col(a), ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x);
+          Q_row(dh), Q_col(dh)) -> W1's columnwise values -> ``fc1 dgrad`` -> dx; ``fc1 wgrad``
+          dW1 = Q_col(dh)^T Q_col(x); dy's columnwise values -> ``fc2 wgrad`` dW2 = dy^T Q_col(a);
           ``bias grad`` for b2
 
 Each op runs through an ``OpRunner``: the implementation of the site's chosen path
@@ -286,15 +286,17 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
     # each weight gradient's operands are made first, then its Q_col inputs dropped (the bf16
-    # copies are what the GEMM reads), before its output is allocated
-    operands = _wgrad_operands(run, "fc2 wgrad", dy_values("qdq dy^T", "columnwise"), saved.a_col, groups)
-    dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
-    del operands
+    # copies are what the GEMM reads), before its output is allocated. FC1's first: dh (and its
+    # quantized forms) dies with it, so the step's peak, at the second weight gradient, holds
+    # neither dh nor FC1 wgrad's operands (the larger pair: T x (2F + H) against FC2's T x (H + F))
     operands = _wgrad_operands(run, "fc1 wgrad", dh_col, saved.x_col, groups)
     del dh_col
     # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
     apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1, GateUp) else {}
     dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
+    del operands
+    operands = _wgrad_operands(run, "fc2 wgrad", dy_values("qdq dy^T", "columnwise"), saved.a_col, groups)
+    dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
     del operands
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
     return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)

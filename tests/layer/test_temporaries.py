@@ -120,7 +120,8 @@ def _track_alive(monkeypatch):
 def test_the_backwards_quantized_inputs_are_dropped_before_each_weight_gradient(alive_at_each_op, recipe):
     """Each GEMM's bf16 values (the weights' and dy's, made by one quantize-dequantize pass) live
     only while that GEMM runs; Q_col(dh), made in the backward, is gone once FC1 wgrad's bf16
-    copies are made (before its output is allocated, at the step's peak). The forward keeps no
+    copies are made (before its output is allocated), and dh with it before FC2 wgrad (the last,
+    at the step's peak) allocates its output. The forward keeps no
     form of the weights, and its saved tensors stay alive to the end of the backward: autograd's
     node holds them until it returns."""
     _check_alive_at_each_op(*alive_at_each_op, recipe, torch.device("cpu"))
@@ -145,5 +146,5 @@ def _check_alive_at_each_op(alive, refs, recipe, device):
         assert alive == {"fc1 dgrad": forward, "fc2 wgrad": forward, "fc1 wgrad": forward}
     else:  # each GEMM's values are alive while it runs (its argument), and not after
         assert set(refs) == forward | {"Q_col(dh)", "w1", "w2", "dy", "w2^T", "w1^T", "dy^T"}
-        assert alive == {"fc1 dgrad": forward | {"Q_col(dh)", "w1^T"}, "fc2 wgrad": forward | {"Q_col(dh)", "dy^T"},
-                         "fc1 wgrad": forward}
+        assert alive == {"fc1 dgrad": forward | {"Q_col(dh)", "w1^T"}, "fc1 wgrad": forward,
+                         "fc2 wgrad": forward | {"dy^T"}}
