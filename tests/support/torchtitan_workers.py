@@ -3,6 +3,8 @@ results against the single-process MoE it also runs (``tests/integrations/test_t
 
 from __future__ import annotations
 
+import functools
+import gc
 import os
 import socket
 import time
@@ -32,10 +34,27 @@ def run_workers(worker, world: int, *args, timeout_s: float = 240.0) -> None:
             raise TimeoutError(f"{worker.__name__}: {world} processes still running after {timeout_s:.0f} s")
 
 
-def _start(rank: int, world: int, port: int) -> None:
-    os.environ["GMLP_BACKEND"] = "torch"  # the oracle's twins: the single-process run is bit-comparable
-    torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed does
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _in_process_group(check):
+    """A worker that runs ``check(rank, world, *args)`` in a gloo process group, then takes it down
+    while Python is alive: the check's reference cycles collected (FSDP's hooks hold their modules
+    and, through them, the group), every rank's collectives finished (a barrier), the group
+    destroyed, its worker threads joined. Otherwise a gloo thread may drop a finished
+    collective's tensors while the interpreter finalizes; freeing their Python objects then needs
+    the GIL, the thread is made to exit inside a noexcept destructor, and the process aborts
+    ("terminate called without an active exception": 1 run in 40 under CPU load while the
+    backward cleared its saved tensors early; gdb on the core, ProcessGroupGloo::runLoop ->
+    ~AsyncAllgatherCoalescedWork -> decref_pyobject -> take_gil -> pthread_exit)."""
+    @functools.wraps(check)
+    def worker(rank: int, world: int, port: int, *args) -> None:
+        os.environ["GMLP_BACKEND"] = "torch"  # the oracle's twins: the single-process run is bit-comparable
+        torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed does
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        check(rank, world, *args)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+        gc.collect()
+    return worker
 
 
 def _batch(world: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +80,8 @@ def _mine(rank: int, tensor: torch.Tensor) -> torch.Tensor:
     return tensor[rank * ROWS_PER_RANK:(rank + 1) * ROWS_PER_RANK]
 
 
-def expert_parallel_worker(rank: int, world: int, port: int, recipe: str, spmd_backend: str) -> None:
+@_in_process_group
+def expert_parallel_worker(rank: int, world: int, recipe: str, spmd_backend: str) -> None:
     """torchtitan's expert-parallel MoE (EP = world: each rank keeps E / world experts, tokens
     travel by its all-to-all dispatcher) with gmlp's experts, on this rank's sequences, against the
     single-process MoE on all of them: out and dx bit for bit (each expert sees the same rows in
@@ -72,7 +92,6 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str, spmd_b
     partial_dtensor, whose dispatcher exchanges tokens by ``all_to_all_single``; spmd_types'
     exchange is ``torch.distributed.all_to_all`` of a list, which gloo runs with equal chunks
     only, so there the router is torchtitan's debug round-robin."""
-    _start(rank, world, port)
     import spmd_types as spmd
     import torchtitan.distributed.parallel_dims as parallel_dims_module
     from torchtitan.distributed import utils as dist_utils
@@ -114,16 +133,15 @@ def expert_parallel_worker(rank: int, world: int, port: int, recipe: str, spmd_b
     dist.all_reduce(gate)
     error = relative_rms_error(gate, single.router.gate.weight.grad)
     assert error <= 1e-6, f"router gate gradient: relative RMS error {error}"
-    dist.destroy_process_group()
 
 
-def fsdp_worker(rank: int, world: int, port: int, recipe: str) -> None:
+@_in_process_group
+def fsdp_worker(rank: int, world: int, recipe: str) -> None:
     """FSDP2 ``fully_shard`` of torchtitan's MoE with gmlp's experts over ``world`` ranks (each
     holds 1 / world of every parameter, all-gathered for the step), a loss of sum(out * dy) on each
     rank's sequences: FSDP averages the gradients over the ranks, so they are half the
     single-process gradients of all sequences. Each rank's and the single run's bf16 weight
     gradients round once (one more rounding each, summed in fp32), hence the bound."""
-    _start(rank, world, port)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -140,4 +158,3 @@ def fsdp_worker(rank: int, world: int, port: int, recipe: str) -> None:
         want = dict(single.named_parameters())[name].grad / world
         error = relative_rms_error(grad, want)
         assert error <= bound, f"{name}: relative RMS error {error} > {bound}"
-    dist.destroy_process_group()
