@@ -362,10 +362,15 @@ class _EagerGroupedMLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         saved_tensors = ctx.saved_tensors
+        # autograd lets go of the saved tensors now unless the graph is retained (retain_graph: a
+        # later backward reads them again), so that the backward frees each after its last reader
+        ctx.maybe_clear_saved_tensors()
         inputs, state = list(saved_tensors[:_INPUTS]), list(saved_tensors[_INPUTS:])
+        del saved_tensors
         if dy is None:  # an undefined gradient of y (not materialized)
             dy = torch.zeros_like(inputs[0])
         saved = unflatten(ctx.spec, state, inputs)
+        del state  # the state's tensors now live in saved only
         computed = _backward_steps(dy, inputs, saved, ctx.layer, ctx.plan, ctx.main_grads, ctx.cross_check)
         dx, dprobs, dw1, dw3, db1, dw2, db2 = _autograd_grads(computed, inputs, ctx.main_grads)
         return dx, None, dprobs, dw1, dw3, db1, dw2, db2, None
