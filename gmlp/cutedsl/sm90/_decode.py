@@ -55,7 +55,8 @@ from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 __all__ = [
     "DECODE_BUFFERS", "BLOCK", "BUFFER_BYTES", "FIRST_BARRIER", "buffers_bytes", "barrier_id",
     "decoded_operand", "token_operand", "fake_operand", "fake_token_operand", "Decoder", "make_decoder", "mainloop",
-    "buffer_layout", "chunks", "fp8_chunk", "bf16_chunk", "DecodeSplit", "load_scales", "decode_k_tile",
+    "buffer_layout", "chunks", "shifted_k_tiles", "shifted_scale_indices", "fp8_chunk", "bf16_chunk", "DecodeSplit",
+    "load_scales", "decode_k_tile",
     "decode_rows", "publish", "mma_decoded_k_tiles"
 ]
 
@@ -69,6 +70,12 @@ _SUBNORMAL_2_POW_MINUS_127 = 0x00400000
 # quantizing epilogues' 256-thread barrier, which a warpgroup may still be using while the other
 # decodes the next item's first k-tile)
 FIRST_BARRIER = 2
+
+
+def shifted_k_tiles(rows: Int32, shift: Int32) -> Int32:
+    """k-tiles of an item of ``rows`` tokens whose tiles start ``shift`` tokens before its first: 0
+    for an empty one, else ceil((rows + shift) / BK)."""
+    return cutlass.select_(rows > 0, (rows + shift + TILE_K - 1) // TILE_K, Int32(0))
 
 
 def buffers_bytes(operands: int) -> int:
@@ -155,22 +162,27 @@ def _e8m0_to_f32_bits(e: Uint32) -> Uint32:
 
 
 @dsl_user_op
-def _decode_pair(word: Uint32, scale_bits: Uint32, high: bool, e5m2: bool, *, loc=None, ip=None) -> Uint32:
+def _decode_pair(word: Uint32, scale_bits: Uint32, high: bool, e5m2: bool, second_scale_bits: Uint32 | None = None,
+                 *, loc=None, ip=None) -> Uint32:
     """bf16x2 of fp8 bytes 0, 1 (``high``: 2, 3) of ``word`` times the fp32 scale, the first byte
-    in the low half: cvt to f16x2 (exact), each half to fp32 (exact), mul.rn.f32, cvt.rn.bf16x2."""
+    in the low half: cvt to f16x2 (exact), each half to fp32 (exact), mul.rn.f32, cvt.rn.bf16x2.
+    ``second_scale_bits``: the second byte's own scale (a pair at a block boundary)."""
     fmt = "e5m2x2" if e5m2 else "e4m3x2"
     half = "hi" if high else "lo"
-    asm = ("{ .reg .b16 lo, hi, a, b; .reg .b32 h2; .reg .f32 x, y, s;\n"
+    two = second_scale_bits is not None
+    asm = ("{ .reg .b16 lo, hi, a, b; .reg .b32 h2; .reg .f32 x, y, s" + (", t" if two else "") + ";\n"
            "mov.b32 {lo, hi}, $1;\n"
            f"cvt.rn.f16x2.{fmt} h2, {half};\n"
            "mov.b32 {a, b}, h2;\n"
            "cvt.f32.f16 x, a; cvt.f32.f16 y, b;\n"
-           "mov.b32 s, $2;\n"
-           "mul.rn.f32 x, x, s; mul.rn.f32 y, y, s;\n"
+           "mov.b32 s, $2;\n" + ("mov.b32 t, $3;\n" if two else "")
+           + "mul.rn.f32 x, x, s; mul.rn.f32 y, y, " + ("t" if two else "s") + ";\n"
            "cvt.rn.bf16x2.f32 $0, y, x; }")
     values = [Uint32(word).ir_value(loc=loc, ip=ip), Uint32(scale_bits).ir_value(loc=loc, ip=ip)]
-    return Uint32(llvm.inline_asm(T.i32(), values, asm, "=r,r,r", has_side_effects=False, is_align_stack=False,
-                                  asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    if two:
+        values.append(Uint32(second_scale_bits).ir_value(loc=loc, ip=ip))
+    return Uint32(llvm.inline_asm(T.i32(), values, asm, "=r,r,r" + (",r" if two else ""), has_side_effects=False,
+                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 
 class DecodeSplit:
@@ -193,20 +205,28 @@ class DecodeSplit:
 
 @cute.jit
 def load_scales(split: cutlass.Constexpr, mScales: cute.Tensor, row: Int32, first_chunk: Int32, first_row: Int32,
-                k_tile: Int32, scales: cute.Tensor, blocks: tuple | None = None):
+                k_tile: Int32, scales: cute.Tensor, blocks: tuple | None = None, shifted: cutlass.Constexpr = False):
     """Write into ``scales`` (2 Uint32 registers) the fp32 scale bits of the thread's blocks of
     ``k_tile`` (tile row ``row`` of the item whose tile starts at ``first_row``; ``mScales`` (rows,
     blocks) E8M0 bytes); rows past the tensor and blocks past its K / 32 (TMA zero fill) get 1.0
     (byte 127), as the Triton dequantize's masked loads. ``blocks`` (first, end): the item's
-    blocks are columns first .. end - 1 of ``mScales`` (a columnwise quantization's expert)."""
+    blocks are columns first .. end - 1 of ``mScales`` (a columnwise quantization's expert).
+    ``shifted`` (with ``blocks``, one thread a row): the item's k-tiles start up to 15 tokens
+    before its first token (``decode_rows``' ``shift``), so k-tile k spans blocks 2k - 1, 2k and
+    2k + 1: those three go into ``scales`` (3 registers), a block before the first as 1.0."""
     num_rows, num_blocks = mScales.shape
     global_row = first_row + row
-    for b in cutlass.range_constexpr(split.blocks):
+    for b in cutlass.range_constexpr(split.blocks + 1 if shifted else split.blocks):
         block = k_tile * (TILE_K // BLOCK) + first_chunk // 2 + b
+        if const_expr(shifted):
+            block = k_tile * (TILE_K // BLOCK) - 1 + b
         byte = Uint32(127)
         if const_expr(blocks is None):
             if global_row < num_rows and block < num_blocks:
                 byte = Uint32(mScales[global_row, block])
+        elif const_expr(shifted):
+            if global_row < num_rows and block >= 0 and blocks[0] + block < blocks[1]:
+                byte = Uint32(mScales[global_row, blocks[0] + block])
         else:
             if global_row < num_rows and blocks[0] + block < blocks[1]:
                 byte = Uint32(mScales[global_row, blocks[0] + block])
@@ -230,34 +250,57 @@ def publish(barrier_id: Int32, threads: cutlass.Constexpr):
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
 
+def shifted_scale_indices(chunk: int) -> tuple[int, int]:
+    """Which of a shifted k-tile's scales (blocks 2k - 1, 2k, 2k + 1) fp8 chunk ``chunk`` (0..3) of
+    a row takes: (before byte ``shift``, from it on). Column 16 chunk + e of k-tile k is token
+    64 k + 16 chunk + e - shift of the item (0 <= shift < 16): in block 2k + chunk // 2 from e = shift
+    on, before it in the block that precedes the chunk's first token's (even chunks straddle)."""
+    return (chunk + 1) // 2, 1 + chunk // 2
+
+
 @cute.jit
-def _keep_bytes(word: Uint32, keep: Int32) -> Uint32:
-    """``word`` with its bytes from index ``keep`` on set to 0 (fp8 +0); keep <= 0: 0, >= 4: all."""
-    kept = cutlass.min(cutlass.max(keep, Int32(0)), Int32(4))
-    mask = _select(kept >= Int32(4), 0xFFFFFFFF, (Uint32(1) << (Uint32(kept) * Uint32(8))) - Uint32(1))
-    return word & mask
+def _low_bytes(count: Int32) -> Uint32:
+    """The mask of a word's bytes 0 .. count - 1: count <= 0 none, >= 4 all."""
+    kept = cutlass.min(cutlass.max(count, Int32(0)), Int32(4))
+    return _select(kept >= Int32(4), 0xFFFFFFFF, (Uint32(1) << (Uint32(kept) * Uint32(8))) - Uint32(1))
 
 
 @cute.jit
 def decode_rows(split: cutlass.Constexpr, sA8: cute.Tensor, sA16: cute.Tensor, row: Int32, first_chunk: Int32,
-                slot: Int32, buffer: Int32, scales: cute.Tensor, valid_k: Int32 | None = None):
+                slot: Int32, buffer: Int32, scales: cute.Tensor, valid: tuple | None = None,
+                shift: Int32 | None = None):
     """fp8 slot ``slot`` of ``sA8`` -> bf16 buffer ``buffer`` of ``sA16`` (both as 16-byte chunks,
-    ``chunks``) for the thread's chunks. ``valid_k``: the k-tile's values from column ``valid_k``
-    on are decoded as 0 (a weight gradient's tokens past the expert's end)."""
+    ``chunks``) for the thread's chunks. ``valid`` (first, end): only the k-tile's columns first ..
+    end - 1 hold the item's values, the others are decoded as 0 (a weight gradient's tokens of
+    the neighbouring experts). ``shift`` (0 .. 15, one thread a row): the item's k-tiles start
+    ``shift`` tokens before its first token, so column c of k-tile k is in the item's block
+    (64 k + c - shift) // 32: ``scales`` holds blocks 2k - 1, 2k, 2k + 1 (``load_scales(shifted=True)``)
+    and ``shifted_scale_indices`` says which a chunk's bytes take."""
     for j in cutlass.range_constexpr(split.chunks):
         chunk = first_chunk + j
         src = cute.make_rmem_tensor((4,), Uint32)
         cute.autovec_copy(sA8[None, slot * (TILE_M * _FP8_CHUNKS_PER_ROW) + fp8_chunk(row, chunk)], src)
-        if const_expr(valid_k is not None):
+        if const_expr(valid is not None):
             for w in cutlass.range_constexpr(4):
-                src[w] = _keep_bytes(src[w], valid_k - chunk * 16 - 4 * w)
-        scale = scales[j // 2]
+                first_byte = chunk * 16 + 4 * w
+                mask = _low_bytes(valid[1] - first_byte) & (_low_bytes(valid[0] - first_byte) ^ Uint32(0xFFFFFFFF))
+                src[w] = src[w] & mask
+        low_scale = high_scale = scales[j // 2]
+        if const_expr(shift is not None):
+            low_index, high_index = shifted_scale_indices(j)
+            low_scale, high_scale = scales[low_index], scales[high_index]
         for half in cutlass.range_constexpr(2):  # fp8 words 2 half, 2 half + 1 -> bf16 chunk 2 chunk + half
             dst = cute.make_rmem_tensor((4,), Uint32)
             for w in cutlass.range_constexpr(2):
                 word = src[2 * half + w]
-                dst[2 * w] = _decode_pair(word, scale, False, split.e5m2)
-                dst[2 * w + 1] = _decode_pair(word, scale, True, split.e5m2)
+                for high in cutlass.range_constexpr(2):  # bytes 0, 1 or 2, 3 of the word
+                    if const_expr(shift is None or len(set(shifted_scale_indices(j))) == 1):  # one block
+                        dst[2 * w + high] = _decode_pair(word, high_scale, high == 1, split.e5m2)
+                    else:  # the chunk straddles a block boundary at byte ``shift``
+                        byte = 8 * half + 4 * w + 2 * high
+                        dst[2 * w + high] = _decode_pair(
+                            word, _select(Int32(byte) < shift, low_scale, high_scale), high == 1, split.e5m2,
+                            _select(Int32(byte + 1) < shift, low_scale, high_scale))
             position = buffer * (TILE_M * _BF16_CHUNKS_PER_ROW) + bf16_chunk(row, 2 * chunk + half)
             cute.autovec_copy(dst, sA16[None, position])
 

@@ -48,17 +48,18 @@ DECODING_SITES: tuple[str, ...] = ()
 DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
 
 # Why the weight gradient's decoded variant is refused (None once it runs every routing): on the
-# H200 (2026-12-04, one process a case) it is bit for bit the dequantized operands' kernel where
+# H200 (2026-12-04, one process a case) it was bit for bit the dequantized operands' kernel where
 # every expert starts at a multiple of 16 tokens (routings of 16-, 32- and 128-token multiples) and
-# faults with an illegal instruction at its first TMA load of the fp8 tiles (UTMALDG.2D) where one
-# starts elsewhere (starts 1, 8, 37): the plain 2-D box starts at the expert's token, and its inner
-# start is then not 16-byte aligned in the fp8 rows. (Until 2026-12-04 it also hung on 128-token
-# multiples: its full barrier counted the fp8 B tile as bf16.) The layer cannot know the starts
-# without a host sync, so it dequantizes those operands.
+# faulted with an illegal instruction at its first TMA load of the fp8 tiles (UTMALDG.2D) where one
+# starts elsewhere (starts 1, 8, 37): the plain 2-D box started at the expert's token, and its inner
+# start was then not 16-byte aligned in the fp8 rows. The boxes now start at the multiple of 16
+# tokens at or below the expert's first token, the decoder skipping the columns before it
+# (compiled for sm_90a, not yet run on the H200). The layer cannot know the starts without a host
+# sync, so it dequantizes those operands until the GPU test passes on every routing.
 DECODED_WGRAD_FAULT: Reason | None = Reason(
-    ReasonKind.SYSTEM, "the sm90 weight gradient's decoded variant faults on the H200 where an expert starts at a "
-                       "token that is not a multiple of 16 (its TMA boxes of fp8 bytes would start off a 16-byte "
-                       "boundary): its operands are dequantized to bf16 instead")
+    ReasonKind.SYSTEM, "the sm90 weight gradient's decoded variant faulted on the H200 where an expert starts at a "
+                       "token that is not a multiple of 16, and its fix (TMA boxes shifted to 16-token boundaries) "
+                       "has not run on the H200 yet: its operands are dequantized to bf16 instead")
 
 
 def decoded_wgrad_reason(a, b) -> Reason | None:

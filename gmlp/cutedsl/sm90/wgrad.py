@@ -40,11 +40,14 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 - Decoded operands (``WgradConfig.a_format`` / ``b_format``, BN = 128): A and B given as the
   columnwise MXFP8 quantizations the layer keeps (Q_col data (features, T), K-major along the
   tokens; compact scales, each expert's 32-token blocks from its first token at
-  ``block_start[g]``). Plain 2-D TMA boxes of fp8 bytes at the expert's token offset (the ragged
-  view cannot serve: its wrap stride would be odd in bytes), so T must be a multiple of 16 (the
-  rows are TMA strides). The consumer warpgroup decodes both tiles into K-major bf16 buffers
-  (``gmlp.cutedsl.sm90._decode``), writing the tokens past the expert's end as 0 (the plain view
-  reads the next expert's there), one barrier a k-step; the wgmmas then read the buffers.
+  ``block_start[g]``). Plain 2-D TMA boxes of fp8 bytes (the ragged view cannot serve: its wrap
+  stride would be odd in bytes), so T must be a multiple of 16 (the rows are TMA strides), and a
+  box's inner start must be 16-byte aligned: an expert's k-tiles start at ``first - shift``,
+  ``shift = first % 16`` (``_decode.shifted_k_tiles`` of them). The consumer warpgroup decodes
+  both tiles into K-major bf16 buffers (``gmlp.cutedsl.sm90._decode``), writing the columns
+  outside the expert's tokens as 0 (the plain view reads the neighbours' there), each column with
+  its 32-token block's scale counted from the expert's first token (a column of a 16-byte chunk
+  may belong to either of two blocks), one barrier a k-step; the wgmmas then read the buffers.
 - Ping-pong (``WgradConfig.pingpong``, BN = 128, the ragged TMA view): the two consumer
   warpgroups take alternate items, each a whole 128 x 128 tile, their mainloops in turns, each
   skipping the other's k-steps (its expert's count) in the shared slot ring; the scheme and why
@@ -107,8 +110,13 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
-from gmlp.cutedsl.sm90._wgrad_operands import OUT_DTYPES, problem_support, wgrad_operands
+from gmlp.cutedsl.sm90._wgrad_operands import (
+    OUT_DTYPES,
+    problem_support,
+    wgrad_operands,
+)
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
+from gmlp.cutedsl.sm90.support import DECODED_TOKEN_ALIGN
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
@@ -125,7 +133,10 @@ __all__ = [
 
 _NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
-_ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue (no spills at 32)
+# out pairs loaded together by the accumulating epilogue: no spills at 32; 8 with decoded operands,
+# whose k-tiles' shift keeps more registers live (32 spilled 96 bytes around the epilogue, 16 spilled 16)
+_ADD_CHUNK = 32
+_DECODED_ADD_CHUNK = 8
 _OUT_DTYPES = dict(zip(OUT_DTYPES, (Float32, BFloat16)))  # torch -> cutlass dtype of the result
 
 
@@ -212,7 +223,7 @@ class GroupedWgradSm90(RegisterPaths):
         # BN = 256: two consumer warpgroups, each 64 rows of M x 256 (128 fp32 accumulators a
         # thread); BN = 128: one warpgroup, two m64 wgmmas per k-block (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
-        self.add_chunk = _ADD_CHUNK
+        self.add_chunk = _DECODED_ADD_CHUNK if config.decoded else _ADD_CHUNK
         self.ragged_tma = config.ragged_tma
         self.consumer_threads = self.num_mma_warpgroups * THREADS_PER_WARPGROUP
         self.pingpong = config.pingpong
@@ -332,6 +343,12 @@ class GroupedWgradSm90(RegisterPaths):
                 if const_expr(self.ragged_tma and not self.decoded):
                     mA_g = expert_tokens(mA, first_row, rows)
                     mB_g = expert_tokens(mB, first_row, rows)
+                elif const_expr(self.decoded):
+                    # fp8 boxes start at 16-byte boundaries (TMA faults otherwise): the expert's
+                    # k-tiles start at the multiple of 16 tokens at or below its first token
+                    shift = first_row % DECODED_TOKEN_ALIGN
+                    mA_g = cute.domain_offset((0, first_row - shift), mA)
+                    mB_g = cute.domain_offset((0, first_row - shift), mB)
                 else:
                     mA_g = cute.domain_offset((0, first_row), mA)
                     mB_g = cute.domain_offset((0, first_row), mB)
@@ -341,7 +358,9 @@ class GroupedWgradSm90(RegisterPaths):
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                 tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-                state = produce_k_tiles(mainloop, state, (rows + TILE_K - 1) // TILE_K, tma_atom_a, tAgA, tAsA,
+                k_tiles = (_decode.shifted_k_tiles(rows, shift) if const_expr(self.decoded)
+                           else (rows + TILE_K - 1) // TILE_K)
+                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
                                         ((tma_atom_b, tBgB, tBsB),))
                 item += grid
             mainloop.producer_tail(state)  # wait until the consumers freed every slot
@@ -361,8 +380,7 @@ class GroupedWgradSm90(RegisterPaths):
                     storage.sB, cute.cosize(b_smem_layout))
                 sA16w, sB16w = _decode.chunks(storage.sA16, cute.cosize(a16_layout)), _decode.chunks(
                     storage.sB16, cute.cosize(b16_layout))
-                a_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
-                b_scales = cute.make_rmem_tensor((2,), cutlass.Uint32)
+                scales = cute.make_rmem_tensor((3,), cutlass.Uint32)  # blocks 2k - 1 .. 2k + 1 of k-tile k
             decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
             # A/B smem descriptors are per warpgroup, (MMA, MMA_M | N, MMA_K, stages | buffers); C fragments per thread
             tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB_mma,))
@@ -399,6 +417,9 @@ class GroupedWgradSm90(RegisterPaths):
                 n_tile = rest - m_tile * n_tiles
                 rows = mRowStart[g + 1] - mRowStart[g]
                 k_tiles = (rows + TILE_K - 1) // TILE_K
+                if const_expr(self.decoded):  # the producer's shifted k-tiles
+                    shift = mRowStart[g] % DECODED_TOKEN_ALIGN
+                    k_tiles = _decode.shifted_k_tiles(rows, shift)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
 
@@ -416,14 +437,15 @@ class GroupedWgradSm90(RegisterPaths):
                         # (the plain view reads the next expert's there); the rotation and its one
                         # barrier are _decode's (wait_group(1) below comes after every k-tile)
                         operand_index = decoded % _decode.DECODE_BUFFERS
-                        valid = rows - k_tile * TILE_K
-                        for sources, split, mScales, feature0, scales in (
-                                ((sA8w, sA16w), split_a, mAScales, m_tile * TILE_M, a_scales),
-                                ((sB8w, sB16w), split_b, mBScales, n_tile * self.tile_n, b_scales)):
+                        # the k-tile's columns of this expert's tokens
+                        valid = (shift - k_tile * TILE_K, shift + rows - k_tile * TILE_K)
+                        for sources, split, mScales, feature0 in (
+                                ((sA8w, sA16w), split_a, mAScales, m_tile * TILE_M),
+                                ((sB8w, sB16w), split_b, mBScales, n_tile * self.tile_n)):
                             _decode.load_scales(split, mScales, decode_row, decode_chunk, feature0, k_tile, scales,
-                                                blocks)
+                                                blocks, shifted=True)
                             _decode.decode_rows(split, sources[0], sources[1], decode_row, decode_chunk,
-                                                read_state.index, operand_index, scales, valid)
+                                                read_state.index, operand_index, scales, valid, shift)
                         _decode.publish(_decode.barrier_id(1), THREADS_PER_WARPGROUP)
                         decoded += 1
                     elif const_expr(not self.ragged_tma):

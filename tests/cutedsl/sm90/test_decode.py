@@ -430,6 +430,34 @@ def test_decoded_wgrad_compiles(formats, accumulate):
         assert resources["stack"] == resources["local"] == 0, resources
 
 
+def test_shifted_k_tiles_give_every_column_its_block():
+    """The weight gradient's k-tiles start at the multiple of 16 tokens at or below the expert's
+    first token (TMA boxes of fp8 bytes start 16-byte aligned): column c of k-tile k holds token
+    64 k + c - shift. The blocks ``load_scales(shifted=True)`` loads (2k - 1 .. 2k + 1) and the one
+    ``decode_rows`` picks per byte (``shifted_scale_indices``) must be that token's block, every
+    token of the expert must fall in exactly one k-tile, and an empty expert has none."""
+    from gmlp.cutedsl.sm90._decode import BLOCK, shifted_scale_indices
+    from gmlp.cutedsl.sm90._pipeline import TILE_K
+
+    for shift in range(16):
+        for rows in (0, 1, 15, 16, 17, 63, 64, 65, 100, 200):
+            k_tiles = 0 if rows == 0 else -(-(rows + shift) // TILE_K)  # shifted_k_tiles' formula
+            seen = []
+            for k in range(k_tiles):
+                for column in range(TILE_K):
+                    token = k * TILE_K + column - shift
+                    if not 0 <= token < rows:  # decode_rows' valid window
+                        assert not shift - k * TILE_K <= column < shift + rows - k * TILE_K
+                        continue
+                    assert shift - k * TILE_K <= column < shift + rows - k * TILE_K
+                    chunk, byte = divmod(column, 16)
+                    low, high = shifted_scale_indices(chunk)
+                    index = low if byte < shift else high
+                    assert 2 * k - 1 + index == token // BLOCK, (shift, k, column)
+                    seen.append(token)
+            assert seen == list(range(rows)), (shift, rows)
+
+
 def test_decoded_wgrad_rules():
     from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
     from gmlp.cutedsl.sm90.wgrad import WgradConfig
@@ -452,7 +480,7 @@ def test_decoded_wgrad_rules():
     if _decoded_wgrad_fault() is not None:  # refused before any launch while it faults
         from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
 
-        with pytest.raises(ValueError, match="decoded variant faults on the H200"):
+        with pytest.raises(ValueError, match="decoded variant faulted on the H200"):
             grouped_wgrad(q_col(192), q_col(192), torch.tensor([192]))
 
 
