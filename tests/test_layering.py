@@ -13,7 +13,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "gmlp"
 TESTS = pathlib.Path(__file__).resolve().parent
 # From the ground up: a module may import its own floor and those below.
-FLOORS = ("system", "mxfp8", "contract", "triton_ref", "cutedsl", "dispatch", "debug", "layer",
+FLOORS = ("system", "mxfp8", "fp8_blockwise", "contract", "triton_ref", "cutedsl", "dispatch", "debug", "layer",
           "integrations", "bench", "__main__", "__init__")
 def _module(path: pathlib.Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)

@@ -9,7 +9,8 @@ import torch
 from gmlp.mxfp8.routing import should_check_split_values
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode, enum_member
 
-__all__ = ["QuantizeProblem", "validate_quantize_args", "SUPPORTED_INPUT_DTYPES"]
+__all__ = ["QuantizeProblem", "validate_quantize_args", "validate_split_sizes", "check_split_values",
+           "SUPPORTED_INPUT_DTYPES"]
 
 SUPPORTED_INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -79,17 +80,7 @@ def validate_quantize_args(
     scale_mode = enum_member(ScaleMode, scale_mode, "scale_mode")
     num_experts = 1
     if split_sizes is not None:
-        if not isinstance(split_sizes, torch.Tensor):
-            raise TypeError(f"split_sizes must be an integer torch.Tensor of shape (E,), got {type(split_sizes).__name__}")
-        if split_sizes.dim() != 1 or split_sizes.numel() == 0:
-            raise ValueError(f"split_sizes must have shape (E,) with E >= 1, got {tuple(split_sizes.shape)=}")
-        if split_sizes.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"split_sizes must be int32 or int64, got {split_sizes.dtype=}")
-        if split_sizes.device != x.device:
-            raise ValueError(f"split_sizes must be on x's device, got {split_sizes.device=} and {x.device=}")
-        num_experts = split_sizes.numel()
-        if check_values and should_check_split_values(split_sizes):
-            check_split_values(split_sizes, rows)
+        num_experts = validate_split_sizes(split_sizes, x, check_values=check_values)
     return QuantizeProblem(
         num_rows=rows,
         num_cols=cols,
@@ -104,6 +95,23 @@ def validate_quantize_args(
         scale_mode=scale_mode,
         row_stride=x.stride(0) if rows > 1 and x.numel() else cols,
     )
+
+
+def validate_split_sizes(split_sizes, x: torch.Tensor, *, check_values: bool = True) -> int:
+    """Check a ``split_sizes`` argument against the rows of ``x`` and return E: an int32 or int64
+    (E,) tensor on x's device, E >= 1; its values (see ``validate_quantize_args``) where that
+    needs no host sync or when asked."""
+    if not isinstance(split_sizes, torch.Tensor):
+        raise TypeError(f"split_sizes must be an integer torch.Tensor of shape (E,), got {type(split_sizes).__name__}")
+    if split_sizes.dim() != 1 or split_sizes.numel() == 0:
+        raise ValueError(f"split_sizes must have shape (E,) with E >= 1, got {tuple(split_sizes.shape)=}")
+    if split_sizes.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"split_sizes must be int32 or int64, got {split_sizes.dtype=}")
+    if split_sizes.device != x.device:
+        raise ValueError(f"split_sizes must be on x's device, got {split_sizes.device=} and {x.device=}")
+    if check_values and should_check_split_values(split_sizes):
+        check_split_values(split_sizes, x.shape[0])
+    return split_sizes.numel()
 
 
 def check_split_values(split_sizes: torch.Tensor, num_rows: int) -> None:

@@ -1,0 +1,95 @@
+"""Containers for FP8 blockwise quantized tensors (plain frozen dataclasses, not tensor subclasses)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.fp8_blockwise.spec import BLOCK
+from gmlp.mxfp8.scale_layout import ceil_div
+from gmlp.mxfp8.spec import ElementFormat
+
+__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized"]
+
+
+class BlockShape(enum.Enum):
+    """Which values share one scale (``gmlp.fp8_blockwise.layout`` has the layouts)."""
+
+    ROWWISE = "1x128"
+    """128 consecutive values of a row (along K): data (T, K), scales (K/128, pad4(T))."""
+    COLUMNWISE = "128x1"
+    """128 consecutive tokens of one expert in a column: data transposed (K, T), scales
+    (K, pad4(n_blocks))."""
+    TILE = "128x128"
+    """A 128 x 128 tile of a weight (..., N, K): data (..., N, K), scales (..., N/128, K/128)."""
+
+
+@dataclass(frozen=True)
+class FP8BlockwiseTensor:
+    """One quantized orientation of a source tensor: fp8 ``data`` and fp32 ``scale_inv`` (the
+    padded buffers of ``gmlp.fp8_blockwise.layout``). ``split_sizes`` (E,) int on the data's
+    device when a token operand's rows are grouped by expert; None otherwise."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    block_shape: BlockShape
+    element_format: ElementFormat
+    power_of_two: bool
+    split_sizes: torch.Tensor | None = None
+
+    @property
+    def source_shape(self) -> tuple[int, ...]:
+        """Shape of the tensor that was quantized ((T, K) for token operands)."""
+        if self.block_shape is BlockShape.COLUMNWISE:
+            cols, rows = self.data.shape
+            return rows, cols
+        return tuple(self.data.shape)
+
+    def element_scales(self) -> torch.Tensor:
+        """fp32 ``scale_inv`` of each element's block, in the source's shape (syncs with the
+        device to read the split sizes of a columnwise tensor)."""
+        if self.block_shape is BlockShape.TILE:
+            return self.scale_inv.repeat_interleave(BLOCK, dim=-2).repeat_interleave(BLOCK, dim=-1)
+        rows, cols = self.source_shape
+        if self.block_shape is BlockShape.ROWWISE:
+            return self.scale_inv[:, :rows].t().repeat_interleave(BLOCK, dim=1)
+        out = torch.empty(cols, rows, dtype=torch.float32, device=self.data.device)
+        sizes = [rows] if self.split_sizes is None else [int(m) for m in self.split_sizes.tolist()]
+        row, block = 0, 0
+        for m in sizes:  # each expert's 128-token blocks start at its first token
+            blocks = ceil_div(m, BLOCK)
+            out[:, row:row + m] = self.scale_inv[:, block:block + blocks].repeat_interleave(BLOCK, dim=1)[:, :m]
+            row, block = row + m, block + blocks
+        return out.t()
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 values ``q * scale_inv`` in the source's shape."""
+        data = self.data.t() if self.block_shape is BlockShape.COLUMNWISE else self.data
+        return data.float() * self.element_scales()
+
+    def transpose(self) -> FP8BlockwiseTensor:
+        """A weight's transpose (..., K, N): its data and scales transposed (128 x 128 tiles only)."""
+        if self.block_shape is not BlockShape.TILE:
+            raise ValueError(f"only 128x128-tiled weights transpose exactly (a 1-D block's transpose is another "
+                             f"quantization), got {self.block_shape.value}")
+        return FP8BlockwiseTensor(self.data.transpose(-2, -1).contiguous(),
+                                  self.scale_inv.transpose(-2, -1).contiguous(), BlockShape.TILE,
+                                  self.element_format, self.power_of_two)
+
+    def __repr__(self) -> str:
+        groups = "" if self.split_sizes is None else f", experts={self.split_sizes.numel()}"
+        scales = "power-of-two" if self.power_of_two else "fp32"
+        return (f"FP8BlockwiseTensor({self.block_shape.value}, source={self.source_shape}, "
+                f"{self.element_format.value}, {scales} scales, data={tuple(self.data.shape)}, "
+                f"scale_inv={tuple(self.scale_inv.shape)}{groups}, device={self.data.device})")
+
+
+@dataclass(frozen=True)
+class FP8BlockwiseQuantized:
+    """A token operand's rowwise (1 x 128) and/or columnwise (128 x 1) quantizations, each from
+    the source values (the columnwise one is never re-quantized from the rowwise fp8)."""
+
+    rowwise: FP8BlockwiseTensor | None
+    columnwise: FP8BlockwiseTensor | None
