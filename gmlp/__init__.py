@@ -5,6 +5,8 @@ The packages, from the ground up (each imports only those below it):
 - ``gmlp.system``: the environment variables and package versions gmlp reads;
 - ``gmlp.mxfp8``: the format (the bit-exact spec, scale layouts, rows grouped by expert,
   quantized tensors, the reference quantize, the recipe);
+- ``gmlp.fp8_blockwise``: the second format, FP8 with 128-element blocks and fp32 scales (its
+  spec, layouts, containers and reference quantize), beside MXFP8;
 - ``gmlp.contract``: what every backend shares (the oracle of each op, activations, gate/up
   layouts, reasons);
 - ``gmlp.triton_ref`` and ``gmlp.cutedsl``: the kernels and their launchers;

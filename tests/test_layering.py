@@ -89,7 +89,7 @@ def test_imports_point_down():
 
 
 KERNEL_PACKAGES = ("triton_ref", "cutedsl")
-BELOW_THE_KERNELS = ("system", "mxfp8", "contract")
+BELOW_THE_KERNELS = ("system", "mxfp8", "fp8_blockwise", "contract")
 
 
 def test_kernels_import_only_the_format_the_contract_and_their_own_package():

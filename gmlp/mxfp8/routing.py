@@ -79,8 +79,9 @@ def should_check_split_values(split_sizes: torch.Tensor) -> bool:
     return split_sizes.device.type == "cpu" or env_flag("GMLP_VALIDATE")
 
 
-def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None) -> None:
-    """Set every scale byte to 0xFF (NaN) when the split sizes were invalid; no host sync. Groups
-    whose sizes were ``checked`` need none (one launch less per scale tensor)."""
+def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None, poison: float = 0xFF) -> None:
+    """Set every scale to ``poison`` (the E8M0 NaN byte 0xFF; NaN for fp32 scales) when the split
+    sizes were invalid; no host sync. Groups whose sizes were ``checked`` need none (one launch
+    less per scale tensor)."""
     if groups is not None and not groups.checked:
-        scales.masked_fill_(groups.valid.logical_not(), 0xFF)  # a 0-dim mask, broadcast: every byte or none
+        scales.masked_fill_(groups.valid.logical_not(), poison)  # a 0-dim mask, broadcast: every scale or none

@@ -12,9 +12,12 @@ kernels in the ``_``-prefixed module beside them:
 - ``fc2_dgrad``: FC2 dgrad + activation backward, dprobs, dh (``_fc2_dgrad_kernel``);
 - ``wgrad``: weight gradients over each expert's tokens (``_wgrad_kernel``);
 - ``segment_sum``: per-expert bias gradients (``_segment_sum_kernel``);
-- ``dequantize``: MXFP8 back to bf16, rowwise or columnwise (``_dequantize_kernel``).
+- ``dequantize``: MXFP8 back to bf16, rowwise or columnwise (``_dequantize_kernel``);
+- ``blockwise_quantize``: FP8 blockwise quantize of token operands (both ways, one pass) and of
+  weight tiles (``_blockwise_quantize_kernel``; twins of ``gmlp.fp8_blockwise.reference``).
 
-Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math), ``_activations``
+Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math),
+``_blockwise_math`` (the blockwise spec's scale), ``_activations``
 (the activations' formulas), ``_grouping`` (expert-aligned tiles, swizzled index), ``_epilogue``
 (a tile quantized both ways). ``_interpreter_fixes`` makes Triton's interpreter compute what the
 GPU does (fp8 and bf16 casts, bf16 dots); it is installed at import when TRITON_INTERPRET is true

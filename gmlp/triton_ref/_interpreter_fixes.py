@@ -17,6 +17,8 @@ rounds like the hardware.
    the fix widens them to fp32 first, as the tensor cores do (products of bf16 values are exact
    in fp32). Remove it once the interpreter's dot handles bf16.
 3. fp32 -> bf16 casts: the interpreter truncates; the GPU (and torch) round to nearest even.
+   bf16 -> fp32 casts: the interpreter loses bf16 subnormals (2**-133 becomes 0); the GPU widens
+   the bits exactly.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def install() -> None:
     original_cast = interpreter.InterpreterBuilder.cast_impl
 
     def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
+            return widen_bf16(src)
         if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
             return original_cast(self, src, dst_type)
         values = torch.from_numpy(np.ascontiguousarray(src.data).astype(np.float32))

@@ -41,6 +41,11 @@ DEQUANTIZE_ROW_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr
 DEQUANTIZE_COL_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
                             "block_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32", "NUM_COLS": "i32",
                             "NUM_COL_BLOCKS": "i32"}
+BLOCKWISE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "row_data_ptr": "*{fp8}",
+                       "row_scale_ptr": "*fp32", "col_data_ptr": "*{fp8}", "col_scale_ptr": "*fp32", "NUM_ROWS": "i32",
+                       "NUM_COLS": "i32", "ROW_SCALE_STRIDE": "i32", "COL_SCALE_STRIDE": "i32"}
+BLOCKWISE_WEIGHT_SIGNATURE = {"w_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "NUM_COLS": "i32"}
+BF16_MAX = 3.3895313892515355e38
 
 
 def configs() -> dict[str, tuple]:
@@ -78,6 +83,15 @@ def configs() -> dict[str, tuple]:
         for split in (False, True):  # dW1's gate and up rows to two gradients
             out[f"wgrad{'_split_m' if split else ''}_sm{capability}"] = ("wgrad", WGRAD_SIGNATURE, dict(
                 ACCUMULATE=True, SPLIT_M=split, BLOCK_M=64, BLOCK_N=64, BLOCK_T=64, N_FASTEST=True), capability, 4)
+    for fp8, fmax in (("fp8e4nv", 448.0), ("fp8e5", 57344.0)):
+        for power_of_two in (True, False):
+            signature = {k: v.format(fp8=fp8) for k, v in BLOCKWISE_SIGNATURE.items()}
+            constexprs = dict(FMAX=fmax, INPUT_MAX=BF16_MAX, POWER_OF_TWO=power_of_two, ROWWISE=True, COLUMNWISE=True,
+                              GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCKS_PER_PROGRAM=2)
+            scales = "pow2" if power_of_two else "fp32"
+            out[f"blockwise_quantize_{fp8}_{scales}_sm90"] = ("blockwise_quantize", signature, constexprs, 90, 8)
+    out["blockwise_weights_sm90"] = ("blockwise_weights", BLOCKWISE_WEIGHT_SIGNATURE, dict(
+        FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True), 90, 8)
     return out
 
 
@@ -99,6 +113,7 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
 
 
 def main(out_dir: str) -> None:
+    from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel, quantize_weight_tiles_kernel
     from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
     from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
     from gmlp.triton_ref._fc2_dgrad_kernel import fc2_dgrad_kernel
@@ -108,7 +123,8 @@ def main(out_dir: str) -> None:
 
     kernels = {"quantize": quantize_mxfp8_kernel, "fc1": fc1_forward_kernel,
                "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
-               "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel}
+               "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel,
+               "blockwise_quantize": quantize_fp8_blockwise_kernel, "blockwise_weights": quantize_weight_tiles_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))

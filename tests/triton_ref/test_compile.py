@@ -39,6 +39,18 @@ def test_quantize_kernel_ptx(ptx_dir, name):
     assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx
 
 
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("blockwise")])
+def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
+    ptx = (ptx_dir / f"{name}.ptx").read_text()
+    assert ".target sm_90a" in ptx
+    cvt = "e5m2x2" if "fp8e5" in name else "e4m3x2"
+    assert f"cvt.rn.satfinite.{cvt}.f32" in ptx  # the spec's saturating round to nearest even
+    # fmax / amax and 1 / s in fp64, rounded once to fp32, nothing flushed: a subnormal amax and
+    # the subnormal scale_inv 2**-127 of s = 2**127 survive
+    assert "div.rn.f64" in ptx and "cvt.rn.f32.f64" in ptx
+    assert ".ftz" not in ptx
+
+
 @pytest.mark.parametrize("name", [n for n in configs() if n.startswith("dequantize")])
 def test_dequantize_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()

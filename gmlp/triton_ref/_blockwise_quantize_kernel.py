@@ -1,0 +1,76 @@
+"""Triton kernels: FP8 blockwise quantization of a token operand (1 x 128 and 128 x 1 in one
+pass) and of weight tiles (128 x 128).
+
+Token operand (T, K), rows grouped by expert: a program owns one expert-aligned 128-row tile
+(``_grouping.group_tile``) and walks BLOCKS_PER_PROGRAM 128-column blocks of it. Each (128, 128)
+block of x is both a stack of 128 rowwise blocks (amax along K) and of 128 columnwise blocks
+(amax along the tokens): an expert's 128-token blocks are exactly its 128-row tiles, so the
+columnwise block index is the tile index, and a tile past the last expert (all rows masked)
+writes ``scale_inv = 1`` there, the layout's value for unused blocks.
+"""
+
+import triton
+import triton.language as tl
+
+from gmlp.triton_ref._blockwise_math import blockwise_scale
+from gmlp.triton_ref._grouping import group_tile
+from gmlp.triton_ref._mxfp8_math import block_amax
+
+
+@triton.jit
+def quantize_fp8_blockwise_kernel(
+    x_ptr,  # (T, K) bf16 | fp32, contiguous
+    row_start_ptr,  # (E+1,) int32 prefix sums of split sizes (GROUPED)
+    tile_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/128) (GROUPED)
+    row_data_ptr,  # (T, K) fp8
+    row_scale_ptr,  # (K/128, ROW_SCALE_STRIDE) fp32, MN-major
+    col_data_ptr,  # (K, T) fp8, transposed
+    col_scale_ptr,  # (K, COL_SCALE_STRIDE) fp32
+    NUM_ROWS, NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE,
+    FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
+    GROUPED: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    first_row, end_row, _, _, _ = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED,
+                                             NUM_ROWS)
+    lanes = tl.arange(0, 128)
+    rows = first_row + lanes
+    row_mask = rows < end_row  # rows past the expert's end read as zeros and are not written
+    first_block = tl.program_id(1) * BLOCKS_PER_PROGRAM
+    last_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, NUM_COLS // 128)
+    for block in tl.range(first_block, last_block):
+        cols = block * 128 + lanes
+        offsets = rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :]
+        x = tl.load(x_ptr + offsets, mask=row_mask[:, None], other=0.0).to(tl.float32)
+        magnitude = tl.abs(x)
+        if ROWWISE:  # one block per row
+            s, scale_inv = blockwise_scale(block_amax(magnitude, 1), FMAX, INPUT_MAX, POWER_OF_TWO)
+            q = (x * s[:, None]).to(row_data_ptr.dtype.element_ty)
+            tl.store(row_data_ptr + offsets, q, mask=row_mask[:, None])
+            tl.store(row_scale_ptr + block * ROW_SCALE_STRIDE + rows, scale_inv, mask=row_mask)
+        if COLUMNWISE:  # one block per column: this tile's 128 tokens of the expert
+            s, scale_inv = blockwise_scale(block_amax(magnitude, 0), FMAX, INPUT_MAX, POWER_OF_TWO)
+            q_t = tl.trans((x * s[None, :]).to(col_data_ptr.dtype.element_ty))
+            transposed = cols[:, None].to(tl.int64) * NUM_ROWS + rows[None, :]
+            tl.store(col_data_ptr + transposed, q_t, mask=row_mask[None, :])
+            tl.store(col_scale_ptr + cols.to(tl.int64) * COL_SCALE_STRIDE + tile, scale_inv)
+
+
+@triton.jit
+def quantize_weight_tiles_kernel(
+    w_ptr,  # (R, K) bf16 | fp32, contiguous: a stack (E, N, K) as (E * N, K), N a multiple of 128
+    data_ptr,  # (R, K) fp8
+    scale_ptr,  # (R/128, K/128) fp32
+    NUM_COLS,
+    FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+):
+    tile_row, block = tl.program_id(0), tl.program_id(1)
+    lanes = tl.arange(0, 128)
+    offsets = (tile_row * 128 + lanes)[:, None].to(tl.int64) * NUM_COLS + (block * 128 + lanes)[None, :]
+    x = tl.load(w_ptr + offsets).to(tl.float32)
+    amax = tl.max(block_amax(tl.abs(x), 1), 0)  # per row, then over the tile's rows
+    s, scale_inv = blockwise_scale(amax, FMAX, INPUT_MAX, POWER_OF_TWO)
+    tl.store(data_ptr + offsets, (x * s).to(data_ptr.dtype.element_ty))
+    tl.store(scale_ptr + tile_row * (NUM_COLS // 128) + block, scale_inv)

@@ -1,0 +1,105 @@
+"""Triton launchers of the FP8 blockwise quantize: token operands (1 x 128 and/or 128 x 1,
+grouped by expert, one pass) and weights (128 x 128 tiles). Twins of
+``gmlp.fp8_blockwise.reference``, bit for bit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.problem import validate_blockwise_args, validate_weight_args
+from gmlp.fp8_blockwise.spec import BLOCK
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
+from gmlp.mxfp8.routing import DeviceGroups, given_or_device_groups, launch_offsets, poison_scales_if_invalid
+from gmlp.mxfp8.spec import ElementFormat
+from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel, quantize_weight_tiles_kernel
+from gmlp.triton_ref.quantize import search_steps
+
+__all__ = ["BlockwiseQuantizeConfig", "quantize_fp8_blockwise", "quantize_weights_fp8_blockwise"]
+
+
+@dataclass(frozen=True)
+class BlockwiseQuantizeConfig:
+    """Tiling of the token-operand kernel: a program walks one 128-row tile over 128-column blocks."""
+
+    blocks_per_program: int = 2
+    num_warps: int = 8
+
+    def __post_init__(self) -> None:
+        if self.blocks_per_program < 1 or self.num_warps < 1:
+            raise ValueError(f"invalid blockwise quantize config: {self}; every field must be >= 1")
+
+
+def _scale_buffer(shape: tuple[int, int], used_cols: int, device: torch.device) -> torch.Tensor:
+    """fp32 scales (rows, padded columns): the kernel writes the first ``used_cols`` columns, the
+    padding holds 1.0 (``gmlp.fp8_blockwise.layout``)."""
+    buffer = torch.empty(shape, dtype=torch.float32, device=device)
+    if shape[1] > used_cols:
+        buffer[:, used_cols:] = 1.0
+    return buffer
+
+
+def _format_constants(element_format: ElementFormat, dtype: torch.dtype, power_of_two: bool) -> dict:
+    return dict(FMAX=element_format.max_normal, INPUT_MAX=torch.finfo(dtype).max, POWER_OF_TWO=power_of_two)
+
+
+def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise: bool = False,
+                           split_sizes: torch.Tensor | None = None,
+                           element_format: ElementFormat | str = ElementFormat.E4M3, power_of_two: bool = True,
+                           groups: DeviceGroups | None = None,
+                           config: BlockwiseQuantizeConfig = BlockwiseQuantizeConfig()) -> FP8BlockwiseQuantized:
+    """Quantize x (T, K) in one pass; the contract of ``quantize_fp8_blockwise_ref``. Split sizes
+    stay on the device (no host sync): invalid ones set every scale to NaN."""
+    problem = validate_blockwise_args(x, rowwise=rowwise, columnwise=columnwise, split_sizes=split_sizes,
+                                      element_format=element_format, power_of_two=power_of_two)
+    element_format, rows, cols, device = problem.element_format, problem.num_rows, problem.num_cols, x.device
+    groups = given_or_device_groups(split_sizes, rows, groups)
+    row_start, tile_start, _ = launch_offsets(groups, device)
+    num_tiles = layout.columnwise_blocks(rows, problem.num_experts)
+    fp8 = element_format.torch_dtype
+    row_data = row_scales = col_data = col_scales = None
+    if rowwise:
+        row_data = torch.empty(rows, cols, dtype=fp8, device=device)
+        row_scales = _scale_buffer(layout.rowwise_scale_shape(rows, cols), rows, device)
+    if columnwise:
+        col_data = torch.empty(cols, rows, dtype=fp8, device=device)
+        col_scales = _scale_buffer(layout.columnwise_scale_shape(rows, cols, problem.num_experts), num_tiles, device)
+    if num_tiles > 0 and cols > 0:
+        grid = (num_tiles, triton.cdiv(cols // BLOCK, config.blocks_per_program))
+        placeholder = x  # the pointers of an orientation not written
+        quantize_fp8_blockwise_kernel[grid](
+            x, row_start, tile_start,
+            row_data if rowwise else placeholder, row_scales if rowwise else placeholder,
+            col_data if columnwise else placeholder, col_scales if columnwise else placeholder,
+            rows, cols, row_scales.shape[1] if rowwise else 0, col_scales.shape[1] if columnwise else 0,
+            **_format_constants(element_format, x.dtype, power_of_two),
+            ROWWISE=rowwise, COLUMNWISE=columnwise, GROUPED=split_sizes is not None,
+            NUM_GROUPS=problem.num_experts, SEARCH_STEPS=search_steps(problem.num_experts),
+            BLOCKS_PER_PROGRAM=config.blocks_per_program, num_warps=config.num_warps,
+        )
+    tensors = []
+    for data, scales, shape in ((row_data, row_scales, BlockShape.ROWWISE),
+                                (col_data, col_scales, BlockShape.COLUMNWISE)):
+        if data is None:
+            tensors.append(None)
+            continue
+        poison_scales_if_invalid(scales, groups, poison=float("nan"))
+        tensors.append(FP8BlockwiseTensor(data, scales, shape, element_format, power_of_two, split_sizes))
+    return FP8BlockwiseQuantized(*tensors)
+
+
+def quantize_weights_fp8_blockwise(w: torch.Tensor, *, element_format: ElementFormat | str = ElementFormat.E4M3,
+                                   power_of_two: bool = True) -> FP8BlockwiseTensor:
+    """Quantize a weight (N, K) or a stack (E, N, K) in 128 x 128 tiles; the contract of
+    ``quantize_weights_fp8_blockwise_ref``."""
+    element_format = validate_weight_args(w, element_format=element_format, power_of_two=power_of_two)
+    data = torch.empty(w.shape, dtype=element_format.torch_dtype, device=w.device)
+    scale_inv = torch.empty(layout.weight_scale_shape(tuple(w.shape)), dtype=torch.float32, device=w.device)
+    rows, cols = w.numel() // max(w.shape[-1], 1), w.shape[-1]
+    if w.numel():
+        quantize_weight_tiles_kernel[(rows // BLOCK, cols // BLOCK)](
+            w, data, scale_inv, cols, **_format_constants(element_format, w.dtype, power_of_two), num_warps=8)
+    return FP8BlockwiseTensor(data, scale_inv, BlockShape.TILE, element_format, power_of_two)
