@@ -11,7 +11,7 @@ from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.mxfp8.scale_layout import ceil_div
 from gmlp.mxfp8.spec import ElementFormat
 
-__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized"]
+__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized", "require_block_shape"]
 
 
 class BlockShape(enum.Enum):
@@ -93,3 +93,9 @@ class FP8BlockwiseQuantized:
 
     rowwise: FP8BlockwiseTensor | None
     columnwise: FP8BlockwiseTensor | None
+
+
+def require_block_shape(value, name: str, block_shape: BlockShape) -> None:
+    """Raise TypeError unless argument ``name`` is an ``FP8BlockwiseTensor`` of ``block_shape`` blocks."""
+    if not isinstance(value, FP8BlockwiseTensor) or value.block_shape is not block_shape:
+        raise TypeError(f"{name} must be an FP8BlockwiseTensor with {block_shape.value} blocks, got {value!r}")

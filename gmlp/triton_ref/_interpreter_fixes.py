@@ -13,9 +13,9 @@ Installed by
 ``gmlp.triton_ref`` only when the interpreter is on; remove it once the interpreter's cast
 rounds like the hardware.
 
-2. ``tl.dot`` of bf16 operands: the interpreter multiplies the raw 16-bit patterns (docs/design.md);
-   the fix widens them to fp32 first, as the tensor cores do (products of bf16 values are exact
-   in fp32). Remove it once the interpreter's dot handles bf16.
+2. ``tl.dot`` of bf16 or fp8 operands: the interpreter multiplies the raw 16- or 8-bit patterns
+   (docs/design.md); the fix widens them to fp32 first, as the tensor cores do (products of bf16
+   or fp8 values are exact in fp32). Remove it once the interpreter's dot handles them.
 3. fp32 -> bf16 casts: the interpreter truncates; the GPU (and torch) round to nearest even.
    bf16 -> fp32 casts: the interpreter loses bf16 subnormals (2**-133 becomes 0); the GPU widens
    the bits exactly.
@@ -61,8 +61,16 @@ def install() -> None:
         bits = np.ascontiguousarray(handle.data).view(np.uint16).astype(np.uint32) << 16
         return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
 
+    def widen_fp8(handle):
+        source_format = formats.get(handle.dtype.scalar)
+        if source_format is None:
+            return handle
+        codes = torch.from_numpy(np.ascontiguousarray(handle.data).view(np.uint8))
+        return interpreter.TensorHandle(codes.view(source_format.torch_dtype).float().numpy(), tl.float32)
+
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original_dot(self, widen_bf16(a), widen_bf16(b), d, input_precision, max_num_imprecise_acc)
+        a, b = (widen_fp8(widen_bf16(operand)) for operand in (a, b))
+        return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     original_cast = interpreter.InterpreterBuilder.cast_impl
 

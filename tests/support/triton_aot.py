@@ -46,6 +46,12 @@ BLOCKWISE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_pt
                        "NUM_COLS": "i32", "ROW_SCALE_STRIDE": "i32", "COL_SCALE_STRIDE": "i32"}
 BLOCKWISE_WEIGHT_SIGNATURE = {"w_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "NUM_COLS": "i32"}
 BF16_MAX = 3.3895313892515355e38
+BLOCKWISE_GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
+                            "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32",
+                            "N": "i32", "K": "i32", "A_SCALE_STRIDE": "i32", "B_STRIDE_E": "i32", "B_STRIDE_N": "i32"}
+BLOCKWISE_WGRAD_SIGNATURE = {"a_ptr": "*{grad}", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
+                             "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_ROWS": "i32",
+                             "M": "i32", "N": "i32", "A_SCALE_STRIDE": "i32", "B_SCALE_STRIDE": "i32"}
 
 
 def configs() -> dict[str, tuple]:
@@ -92,6 +98,12 @@ def configs() -> dict[str, tuple]:
             out[f"blockwise_quantize_{fp8}_{scales}_sm90"] = ("blockwise_quantize", signature, constexprs, 90, 8)
     out["blockwise_weights_sm90"] = ("blockwise_weights", BLOCKWISE_WEIGHT_SIGNATURE, dict(
         FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True), 90, 8)
+    out["blockwise_gemm_e4m3_sm90"] = ("blockwise_gemm", BLOCKWISE_GEMM_SIGNATURE, dict(
+        NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=128, N_FASTEST=False), 90, 8)
+    for grad in ("fp8e4nv", "fp8e5"):  # E4M3 or E5M2 gradients times E4M3 activations
+        signature = {k: v.format(grad=grad) for k, v in BLOCKWISE_WGRAD_SIGNATURE.items()}
+        out[f"blockwise_wgrad_{'e4m3' if grad == 'fp8e4nv' else 'e5m2'}_sm90"] = ("blockwise_wgrad", signature, dict(
+            ACCUMULATE=True, BLOCK_M=128, BLOCK_N=128), 90, 8)
     return out
 
 
@@ -113,6 +125,7 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
 
 
 def main(out_dir: str) -> None:
+    from gmlp.triton_ref._blockwise_gemm_kernel import grouped_gemm_blockwise_kernel, wgrad_blockwise_kernel
     from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel, quantize_weight_tiles_kernel
     from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
     from gmlp.triton_ref._fc1_kernel import fc1_forward_kernel
@@ -124,7 +137,8 @@ def main(out_dir: str) -> None:
     kernels = {"quantize": quantize_mxfp8_kernel, "fc1": fc1_forward_kernel,
                "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
                "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel,
-               "blockwise_quantize": quantize_fp8_blockwise_kernel, "blockwise_weights": quantize_weight_tiles_kernel}
+               "blockwise_quantize": quantize_fp8_blockwise_kernel, "blockwise_weights": quantize_weight_tiles_kernel,
+               "blockwise_gemm": grouped_gemm_blockwise_kernel, "blockwise_wgrad": wgrad_blockwise_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))

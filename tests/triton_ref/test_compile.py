@@ -39,7 +39,7 @@ def test_quantize_kernel_ptx(ptx_dir, name):
     assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("blockwise")])
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_quantize", "blockwise_weights"))])
 def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     assert ".target sm_90a" in ptx
@@ -49,6 +49,14 @@ def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
     # the subnormal scale_inv 2**-127 of s = 2**127 survive
     assert "div.rn.f64" in ptx and "cvt.rn.f32.f64" in ptx
     assert ".ftz" not in ptx
+
+
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_gemm", "blockwise_wgrad"))])
+def test_blockwise_gemms_use_fp8_wgmma(ptx_dir, name):
+    ptx = (ptx_dir / f"{name}.ptx").read_text()
+    # fp8 warpgroup MMAs with fp32 accumulators (e5m2 gradients times e4m3 activations in the mixed wgrad)
+    operands = "e5m2.e4m3" if "e5m2" in name else "e4m3.e4m3"
+    assert "wgmma.mma_async" in ptx and f".f32.{operands}" in ptx, name
 
 
 @pytest.mark.parametrize("name", [n for n in configs() if n.startswith("dequantize")])

@@ -1,0 +1,96 @@
+"""Triton kernels: the grouped FP8 blockwise GEMMs, the scales applied once per 128 of the
+contraction (``gmlp.fp8_blockwise.gemm``).
+
+Each 128-wide block of the contraction is one fp8 ``tl.dot`` into a fresh fp32 partial (on
+Hopper a chain of four k=32 fp8 ``wgmma``, at the tensor core's accumulation precision), then
+promoted: the partial times its two scales is added to the fp32 accumulator in registers.
+"""
+
+import triton
+import triton.language as tl
+
+from gmlp.triton_ref._grouping import group_tile, output_tile
+
+
+@triton.jit
+def grouped_gemm_blockwise_kernel(
+    a_ptr,  # (T, K) fp8, rowwise (1 x 128 blocks)
+    a_scale_ptr,  # (K/128, A_SCALE_STRIDE) fp32, MN-major
+    b_ptr,  # B_g (N, K) fp8 per expert, 128 x 128 tiles: element (g, n, k) at g*B_STRIDE_E + n*B_STRIDE_N + k
+    b_scale_ptr,  # (E, N/128, K/128) fp32, contiguous
+    row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
+    out_ptr,  # (T, N) bf16
+    NUM_ROWS, N, K, A_SCALE_STRIDE, B_STRIDE_E, B_STRIDE_N,
+    NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # divides 128: an output tile's columns share one weight tile row
+    N_FASTEST: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = 128  # one expert-aligned tile
+    BLOCK_K: tl.constexpr = 128  # one scale block
+    tile, n_tile, n_tiles = output_tile(N_FASTEST)
+    first_row, end_row, _, _, group = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True,
+                                                 NUM_ROWS)
+    if end_row <= first_row:
+        return  # a tile past the last expert
+    rows = first_row + tl.arange(0, BLOCK_M)
+    row_mask = rows < end_row
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    cols = tl.arange(0, BLOCK_K)
+    b_expert = b_ptr + group.to(tl.int64) * B_STRIDE_E
+    k_blocks = K // BLOCK_K
+    b_scales = b_scale_ptr + (group * (N // 128) + n_tile * BLOCK_N // 128) * k_blocks  # this tile row's k-blocks
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, k_blocks):
+        k = kb * BLOCK_K + cols
+        a_tile = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + k[None, :], mask=row_mask[:, None], other=0.0)
+        b_tile = tl.load(b_expert + n[:, None].to(tl.int64) * B_STRIDE_N + k[None, :], mask=n_mask[:, None], other=0.0)
+        partial = tl.dot(a_tile, tl.trans(b_tile))
+        a_scale = tl.load(a_scale_ptr + kb * A_SCALE_STRIDE + rows, mask=row_mask, other=0.0)
+        acc += partial * (a_scale[:, None] * tl.load(b_scales + kb))
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], acc.to(tl.bfloat16),
+             mask=row_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _features_by_tokens(data_ptr, features, feature_mask, tokens, token_mask, NUM_ROWS):
+    """The (features, tokens) tile of columnwise data (features, T), K-major along the tokens."""
+    mask = feature_mask[:, None] & token_mask[None, :]
+    return tl.load(data_ptr + features[:, None].to(tl.int64) * NUM_ROWS + tokens[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def wgrad_blockwise_kernel(
+    a_ptr,  # (M, T) fp8, columnwise (128 x 1 blocks from each expert's first token)
+    a_scale_ptr,  # (M, A_SCALE_STRIDE) fp32: expert g's blocks from column tile_start[g]
+    b_ptr,  # (N, T) fp8, columnwise
+    b_scale_ptr,  # (N, B_SCALE_STRIDE) fp32
+    row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
+    out_ptr,  # (E, M, N) fp32 | bf16, or fp32 added to (ACCUMULATE)
+    NUM_ROWS, M, N, A_SCALE_STRIDE, B_SCALE_STRIDE,
+    ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    group, m_tile, n_tile = tl.program_id(2), tl.program_id(1), tl.program_id(0)  # n fastest: programs share A
+    m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = m < M
+    n_mask = n < N
+    first_token = tl.load(row_start_ptr + group)
+    end_token = tl.load(row_start_ptr + group + 1)
+    first_block = tl.load(tile_start_ptr + group)
+    blocks = tl.load(tile_start_ptr + group + 1) - first_block
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for block in range(0, blocks):
+        tokens = first_token + block * 128 + tl.arange(0, 128)
+        token_mask = tokens < end_token
+        a_tile = _features_by_tokens(a_ptr, m, m_mask, tokens, token_mask, NUM_ROWS)
+        b_tile = _features_by_tokens(b_ptr, n, n_mask, tokens, token_mask, NUM_ROWS)
+        partial = tl.dot(a_tile, tl.trans(b_tile))
+        a_scale = tl.load(a_scale_ptr + m.to(tl.int64) * A_SCALE_STRIDE + first_block + block, mask=m_mask, other=0.0)
+        b_scale = tl.load(b_scale_ptr + n.to(tl.int64) * B_SCALE_STRIDE + first_block + block, mask=n_mask, other=0.0)
+        acc += partial * (a_scale[:, None] * b_scale[None, :])
+    mask = m_mask[:, None] & n_mask[None, :]
+    out = out_ptr + group.to(tl.int64) * M * N + m[:, None].to(tl.int64) * N + n[None, :]
+    if ACCUMULATE:
+        acc += tl.load(out, mask=mask, other=0.0)
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
