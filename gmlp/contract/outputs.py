@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
 from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["FC1Output", "FC2DgradOutput", "MLPGrads"]
@@ -16,12 +17,13 @@ __all__ = ["FC1Output", "FC2DgradOutput", "MLPGrads"]
 @dataclass(frozen=True)
 class FC1Output:
     """FC1 step's outputs: c = bf16(h) (T, 2F | F), and a = act(h) * probs as bf16 (T, F), or
-    quantized both ways (compact scales) under MXFP8."""
+    quantized both ways (compact scales) under MXFP8, or in 1 x 128 and 128 x 1 blocks under the
+    FP8 blockwise recipe."""
 
     c: torch.Tensor
     a: torch.Tensor | None  # bf16 mode
-    a_rowwise: MXFP8Tensor | None  # MXFP8: FC2's forward operand
-    a_columnwise: MXFP8Tensor | None  # MXFP8: FC2's weight-gradient operand
+    a_rowwise: MXFP8Tensor | FP8BlockwiseTensor | None  # quantized: FC2's forward operand
+    a_columnwise: MXFP8Tensor | FP8BlockwiseTensor | None  # quantized: FC2's weight-gradient operand
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ writes ``scale_inv = 1`` there, the layout's value for unused blocks.
 import triton
 import triton.language as tl
 
+from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways
 from gmlp.triton_ref._blockwise_math import blockwise_scale
 from gmlp.triton_ref._grouping import group_tile
 from gmlp.triton_ref._mxfp8_math import block_amax
@@ -42,20 +43,10 @@ def quantize_fp8_blockwise_kernel(
     last_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, NUM_COLS // 128)
     for block in tl.range(first_block, last_block):
         cols = block * 128 + lanes
-        offsets = rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :]
-        x = tl.load(x_ptr + offsets, mask=row_mask[:, None], other=0.0).to(tl.float32)
-        magnitude = tl.abs(x)
-        if ROWWISE:  # one block per row
-            s, scale_inv = blockwise_scale(block_amax(magnitude, 1), FMAX, INPUT_MAX, POWER_OF_TWO)
-            q = (x * s[:, None]).to(row_data_ptr.dtype.element_ty)
-            tl.store(row_data_ptr + offsets, q, mask=row_mask[:, None])
-            tl.store(row_scale_ptr + block * ROW_SCALE_STRIDE + rows, scale_inv, mask=row_mask)
-        if COLUMNWISE:  # one block per column: this tile's 128 tokens of the expert
-            s, scale_inv = blockwise_scale(block_amax(magnitude, 0), FMAX, INPUT_MAX, POWER_OF_TWO)
-            q_t = tl.trans((x * s[None, :]).to(col_data_ptr.dtype.element_ty))
-            transposed = cols[:, None].to(tl.int64) * NUM_ROWS + rows[None, :]
-            tl.store(col_data_ptr + transposed, q_t, mask=row_mask[None, :])
-            tl.store(col_scale_ptr + cols.to(tl.int64) * COL_SCALE_STRIDE + tile, scale_inv)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None], other=0.0)
+        store_blockwise_both_ways(x.to(tl.float32), rows, row_mask, block, tile, row_data_ptr, row_scale_ptr,
+                                  ROW_SCALE_STRIDE, col_data_ptr, col_scale_ptr, COL_SCALE_STRIDE, NUM_ROWS, NUM_COLS,
+                                  FMAX, INPUT_MAX, POWER_OF_TWO, ROWWISE, COLUMNWISE)
 
 
 @triton.jit

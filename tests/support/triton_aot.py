@@ -52,6 +52,13 @@ BLOCKWISE_GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr"
 BLOCKWISE_WGRAD_SIGNATURE = {"a_ptr": "*{grad}", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
                              "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_ROWS": "i32",
                              "M": "i32", "N": "i32", "A_SCALE_STRIDE": "i32", "B_SCALE_STRIDE": "i32"}
+BLOCKWISE_FC1_SIGNATURE = {"x_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
+                           "b1_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
+                           "c_ptr": "*bf16", "a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "a_col_ptr": "*fp8e4nv",
+                           "a_col_scale_ptr": "*fp32", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
+                           "X_SCALE_STRIDE": "i32", "A_SCALE_STRIDE": "i32", "A_COL_SCALE_STRIDE": "i32",
+                           "W_STRIDE_E": "i32", "W_STRIDE_N": "i32"}
+FP32_MAX = 3.4028234663852886e38
 
 
 def configs() -> dict[str, tuple]:
@@ -100,6 +107,9 @@ def configs() -> dict[str, tuple]:
         FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True), 90, 8)
     out["blockwise_gemm_e4m3_sm90"] = ("blockwise_gemm", BLOCKWISE_GEMM_SIGNATURE, dict(
         NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=128, N_FASTEST=False), 90, 8)
+    out["blockwise_fc1_sm90"] = ("blockwise_fc1", BLOCKWISE_FC1_SIGNATURE, dict(
+        GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0, FMAX=448.0,
+        INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 8)
     for grad in ("fp8e4nv", "fp8e5"):  # E4M3 or E5M2 gradients times E4M3 activations
         signature = {k: v.format(grad=grad) for k, v in BLOCKWISE_WGRAD_SIGNATURE.items()}
         out[f"blockwise_wgrad_{'e4m3' if grad == 'fp8e4nv' else 'e5m2'}_sm90"] = ("blockwise_wgrad", signature, dict(
@@ -125,6 +135,7 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
 
 
 def main(out_dir: str) -> None:
+    from gmlp.triton_ref._blockwise_fc1_kernel import fc1_blockwise_kernel
     from gmlp.triton_ref._blockwise_gemm_kernel import grouped_gemm_blockwise_kernel, wgrad_blockwise_kernel
     from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel, quantize_weight_tiles_kernel
     from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
@@ -138,7 +149,7 @@ def main(out_dir: str) -> None:
                "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
                "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel,
                "blockwise_quantize": quantize_fp8_blockwise_kernel, "blockwise_weights": quantize_weight_tiles_kernel,
-               "blockwise_gemm": grouped_gemm_blockwise_kernel, "blockwise_wgrad": wgrad_blockwise_kernel}
+               "blockwise_gemm": grouped_gemm_blockwise_kernel, "blockwise_fc1": fc1_blockwise_kernel, "blockwise_wgrad": wgrad_blockwise_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))

@@ -51,9 +51,11 @@ def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
     assert ".ftz" not in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_gemm", "blockwise_wgrad"))])
+@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_gemm", "blockwise_wgrad",
+                                                                            "blockwise_fc1"))])
 def test_blockwise_gemms_use_fp8_wgmma(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
+    assert ".ftz" not in ptx  # scales below 2**-126 (fp32 subnormals) are applied, not flushed
     # fp8 warpgroup MMAs with fp32 accumulators (e5m2 gradients times e4m3 activations in the mixed wgrad)
     operands = "e5m2.e4m3" if "e5m2" in name else "e4m3.e4m3"
     assert "wgmma.mma_async" in ptx and f".f32.{operands}" in ptx, name

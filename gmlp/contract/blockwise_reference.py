@@ -1,0 +1,40 @@
+"""The oracle of the FP8 blockwise recipe's fused steps, in plain PyTorch (any device, syncs freely).
+
+The same dataflow as ``gmlp.contract.reference`` (docs/design.md), the quantizations those of
+``gmlp.fp8_blockwise``: token operands in 1 x 128 blocks for the forward and dgrad GEMMs and
+128 x 1 blocks per expert for the weight gradients, weights in 128 x 128 tiles. The GEMMs sum in
+fp64 (``gmlp.fp8_blockwise.gemm``); what the dataflow keeps in fp32 is rounded there. A fused
+epilogue quantizes its fp32 values (the largest fp32 stands in for an overflowed scale).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gmlp.contract.activations import Activation
+from gmlp.contract.outputs import FC1Output
+from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
+from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
+
+__all__ = ["fc1_forward_blockwise_ref"]
+
+
+def fc1_forward_blockwise_ref(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
+                              ffn_hidden_size: int, activation: Activation, b1: torch.Tensor | None = None,
+                              probs: torch.Tensor | None = None, power_of_two: bool = True) -> FC1Output:
+    """FC1 (dataflow steps 2-3) on Q_row(x) (T, H) and W1 (E, 2F | F, H) in 128 x 128 tiles ([gate;
+    up] halves): h in fp32, c = bf16(h), a = act(h) * probs quantized both ways (E4M3); twin of
+    ``gmlp.triton_ref.blockwise_fc1.fc1_forward_blockwise``."""
+    h = grouped_gemm_blockwise_ref(x, w1, split_sizes, out_dtype=torch.float64)
+    if b1 is not None:
+        h += torch.repeat_interleave(b1.double(), split_sizes.to(b1.device), dim=0)
+    h = h.float()
+    a = activation.forward(h)
+    if probs is not None:
+        a = a * probs.float()[:, None]
+    if a.shape[1] != ffn_hidden_size:
+        raise ValueError(f"w1 holds {h.shape[1]} outputs: {activation.name} with F={ffn_hidden_size} needs "
+                         f"{(2 if activation.gated else 1) * ffn_hidden_size}")
+    q = quantize_fp8_blockwise_ref(a, columnwise=True, split_sizes=split_sizes, power_of_two=power_of_two)
+    return FC1Output(c=h.bfloat16(), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
