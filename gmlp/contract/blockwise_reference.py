@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 
 from gmlp.contract.activations import Activation
-from gmlp.contract.outputs import FC1Output
+from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
 from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref
 from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
+from gmlp.mxfp8.spec import ElementFormat
 
-__all__ = ["fc1_forward_blockwise_ref"]
+__all__ = ["fc1_forward_blockwise_ref", "fc2_dgrad_blockwise_ref"]
 
 
 def fc1_forward_blockwise_ref(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
@@ -38,3 +39,27 @@ def fc1_forward_blockwise_ref(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, spl
                          f"{(2 if activation.gated else 1) * ffn_hidden_size}")
     q = quantize_fp8_blockwise_ref(a, columnwise=True, split_sizes=split_sizes, power_of_two=power_of_two)
     return FC1Output(c=h.bfloat16(), a=None, a_rowwise=q.rowwise, a_columnwise=q.columnwise)
+
+
+def fc2_dgrad_blockwise_ref(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor,
+                            split_sizes: torch.Tensor, *, activation: Activation,
+                            grad_format: ElementFormat | str = ElementFormat.E4M3, probs: torch.Tensor | None = None,
+                            bias_grad: bool = False, power_of_two: bool = True) -> FC2DgradOutput:
+    """FC2 dgrad (dataflow steps 5-6) on Q_row(dy) (T, H) and W2^T (E, F, H) in 128 x 128 tiles:
+    da in fp32; dprobs = sum_f da * act(c); dh = act'(c) applied to da * probs, quantized both
+    ways in ``grad_format``; db1 the fp32 per-expert sums of dh; twin of
+    ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``."""
+    da = grouped_gemm_blockwise_ref(dy, w2t, split_sizes, out_dtype=torch.float32)
+    c = c.float()
+    dprobs = None
+    if probs is not None:
+        dprobs = (da.double() * activation.forward(c).double()).sum(-1).float()
+        da = da * probs.float()[:, None]
+    dh = activation.backward(c, da)
+    db1 = None
+    if bias_grad:
+        sizes = [int(m) for m in split_sizes.tolist()]
+        db1 = torch.stack([part.double().sum(0).float() for part in dh.split(sizes)])
+    q = quantize_fp8_blockwise_ref(dh, columnwise=True, split_sizes=split_sizes, element_format=grad_format,
+                                   power_of_two=power_of_two)
+    return FC2DgradOutput(dprobs=dprobs, dh=None, dh_rowwise=q.rowwise, dh_columnwise=q.columnwise, db1=db1)

@@ -29,12 +29,13 @@ class FC1Output:
 @dataclass(frozen=True)
 class FC2DgradOutput:
     """FC2 dgrad step's outputs: dprobs (T,) fp32 (None without probs), and dh = act'(c) applied
-    to da * probs: bf16 (T, 2F | F), or quantized both ways in the gradient format."""
+    to da * probs: bf16 (T, 2F | F), or quantized both ways in the gradient format (MXFP8 or the
+    FP8 blockwise recipe's 1 x 128 and 128 x 1 blocks)."""
 
     dprobs: torch.Tensor | None
     dh: torch.Tensor | None  # bf16 mode
-    dh_rowwise: MXFP8Tensor | None  # MXFP8: FC1 dgrad operand
-    dh_columnwise: MXFP8Tensor | None  # MXFP8: FC1 wgrad operand
+    dh_rowwise: MXFP8Tensor | FP8BlockwiseTensor | None  # quantized: FC1 dgrad operand
+    dh_columnwise: MXFP8Tensor | FP8BlockwiseTensor | None  # quantized: FC1 wgrad operand
     db1: torch.Tensor | None = None  # (E, 2F | F) fp32 per-expert sums of dh, when asked (bias_grad)
 
 

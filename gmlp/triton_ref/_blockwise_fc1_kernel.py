@@ -2,7 +2,7 @@
 
 One program computes a (128-row expert tile, 128 activation columns) tile: the gate and up
 columns of ``h = Q_row(x) @ W1_g^T (+ b1)`` in two fp32 accumulators, each 128-wide block of H
-one fp8 dot promoted with its two scales (``_blockwise_gemm_kernel``). The epilogue writes
+one fp8 dot promoted with its two scales (``_blockwise_tiles.promoted_dot``). The epilogue writes
 ``c = bf16(h)`` and ``a = act(h) * probs`` as Q_row(a) and Q_col(a) from the same registers:
 128 activation columns are exactly one 1 x 128 block of each row, and the expert-aligned tile's
 128 tokens exactly one 128 x 1 block of each column (``_blockwise_epilogue``).
@@ -13,16 +13,8 @@ import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_forward, srelu_forward
 from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways
+from gmlp.triton_ref._blockwise_tiles import load_token_block, promoted_dot
 from gmlp.triton_ref._grouping import group_tile, output_tile
-
-
-@triton.jit
-def _promoted_dot(acc, x_tile, x_scale, w_ptr, w_rows, kb, w_scale_ptr, HIDDEN, W_STRIDE_N):
-    """acc + (x_scale * w_scale) * (x_tile @ W[w_rows, 128 kb : 128 kb + 128]^T): one k-block."""
-    k = kb * 128 + tl.arange(0, 128)
-    w_tile = tl.load(w_ptr + w_rows[:, None].to(tl.int64) * W_STRIDE_N + k[None, :])
-    partial = tl.dot(x_tile, tl.trans(w_tile))
-    return acc + partial * (x_scale[:, None] * tl.load(w_scale_ptr + kb))
 
 
 @triton.jit
@@ -56,17 +48,17 @@ def fc1_blockwise_kernel(
     k_blocks = HIDDEN // BLOCK
     gate_scales = w_scale_ptr + (group * (N1 // BLOCK) + n_tile) * k_blocks  # this tile row's k-blocks
     up_scales = w_scale_ptr + (group * (N1 // BLOCK) + FFN // BLOCK + n_tile) * k_blocks
+    gate_rows = n.to(tl.int64) * W_STRIDE_N  # offsets of W1_g's gate rows n and up rows F + n
+    up_rows = (FFN + n).to(tl.int64) * W_STRIDE_N
 
     # main loop: h over H, promoted every 128
     acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
     for kb in range(0, k_blocks):
-        k = kb * BLOCK + lanes
-        x_tile = tl.load(x_ptr + rows[:, None].to(tl.int64) * HIDDEN + k[None, :], mask=row_mask[:, None], other=0.0)
-        x_scale = tl.load(x_scale_ptr + kb * X_SCALE_STRIDE + rows, mask=row_mask, other=0.0)
-        acc = _promoted_dot(acc, x_tile, x_scale, w_expert, n, kb, gate_scales, HIDDEN, W_STRIDE_N)
+        x_tile, x_scale = load_token_block(x_ptr, x_scale_ptr, rows, row_mask, kb, HIDDEN, X_SCALE_STRIDE)
+        acc = promoted_dot(acc, x_tile, x_scale, w_expert, gate_rows, kb, tl.load(gate_scales + kb))
         if GATED:
-            acc_up = _promoted_dot(acc_up, x_tile, x_scale, w_expert, FFN + n, kb, up_scales, HIDDEN, W_STRIDE_N)
+            acc_up = promoted_dot(acc_up, x_tile, x_scale, w_expert, up_rows, kb, tl.load(up_scales + kb))
 
     # epilogue: bias, saved c = bf16(h), a = act(h) * probs quantized both ways
     if HAS_BIAS:

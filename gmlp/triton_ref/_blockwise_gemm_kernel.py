@@ -9,6 +9,7 @@ promoted: the partial times its two scales is added to the fp32 accumulator in r
 import triton
 import triton.language as tl
 
+from gmlp.triton_ref._blockwise_tiles import load_token_block, promoted_dot
 from gmlp.triton_ref._grouping import group_tile, output_tile
 
 
@@ -34,22 +35,16 @@ def grouped_gemm_blockwise_kernel(
         return  # a tile past the last expert
     rows = first_row + tl.arange(0, BLOCK_M)
     row_mask = rows < end_row
-    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    cols = tl.arange(0, BLOCK_K)
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)  # N is a multiple of 128: no column past its end
     b_expert = b_ptr + group.to(tl.int64) * B_STRIDE_E
+    b_rows = n.to(tl.int64) * B_STRIDE_N
     k_blocks = K // BLOCK_K
     b_scales = b_scale_ptr + (group * (N // 128) + n_tile * BLOCK_N // 128) * k_blocks  # this tile row's k-blocks
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, k_blocks):
-        k = kb * BLOCK_K + cols
-        a_tile = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + k[None, :], mask=row_mask[:, None], other=0.0)
-        b_tile = tl.load(b_expert + n[:, None].to(tl.int64) * B_STRIDE_N + k[None, :], mask=n_mask[:, None], other=0.0)
-        partial = tl.dot(a_tile, tl.trans(b_tile))
-        a_scale = tl.load(a_scale_ptr + kb * A_SCALE_STRIDE + rows, mask=row_mask, other=0.0)
-        acc += partial * (a_scale[:, None] * tl.load(b_scales + kb))
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], acc.to(tl.bfloat16),
-             mask=row_mask[:, None] & n_mask[None, :])
+        a_tile, a_scale = load_token_block(a_ptr, a_scale_ptr, rows, row_mask, kb, K, A_SCALE_STRIDE)
+        acc = promoted_dot(acc, a_tile, a_scale, b_expert, b_rows, kb, tl.load(b_scales + kb))
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], acc.to(tl.bfloat16), mask=row_mask[:, None])
 
 
 @triton.jit

@@ -58,6 +58,13 @@ BLOCKWISE_FC1_SIGNATURE = {"x_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32", "w_ptr":
                            "a_col_scale_ptr": "*fp32", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
                            "X_SCALE_STRIDE": "i32", "A_SCALE_STRIDE": "i32", "A_COL_SCALE_STRIDE": "i32",
                            "W_STRIDE_E": "i32", "W_STRIDE_N": "i32"}
+BLOCKWISE_DGRAD_SIGNATURE = {"dy_ptr": "*fp8e4nv", "dy_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
+                             "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
+                             "dprobs_partial_ptr": "*fp32", "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv",
+                             "dh_scale_ptr": "*fp32", "dh_col_ptr": "*fp8e4nv", "dh_col_scale_ptr": "*fp32",
+                             "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "DY_SCALE_STRIDE": "i32",
+                             "DH_SCALE_STRIDE": "i32", "DH_COL_SCALE_STRIDE": "i32", "W_STRIDE_E": "i32",
+                             "W_STRIDE_N": "i32"}
 FP32_MAX = 3.4028234663852886e38
 
 
@@ -110,6 +117,9 @@ def configs() -> dict[str, tuple]:
     out["blockwise_fc1_sm90"] = ("blockwise_fc1", BLOCKWISE_FC1_SIGNATURE, dict(
         GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0, FMAX=448.0,
         INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 8)
+    out["blockwise_fc2_dgrad_sm90"] = ("blockwise_fc2_dgrad", BLOCKWISE_DGRAD_SIGNATURE, dict(
+        GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0, FMAX=448.0,
+        INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 8)
     for grad in ("fp8e4nv", "fp8e5"):  # E4M3 or E5M2 gradients times E4M3 activations
         signature = {k: v.format(grad=grad) for k, v in BLOCKWISE_WGRAD_SIGNATURE.items()}
         out[f"blockwise_wgrad_{'e4m3' if grad == 'fp8e4nv' else 'e5m2'}_sm90"] = ("blockwise_wgrad", signature, dict(
@@ -136,6 +146,7 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
 
 def main(out_dir: str) -> None:
     from gmlp.triton_ref._blockwise_fc1_kernel import fc1_blockwise_kernel
+    from gmlp.triton_ref._blockwise_fc2_dgrad_kernel import fc2_dgrad_blockwise_kernel
     from gmlp.triton_ref._blockwise_gemm_kernel import grouped_gemm_blockwise_kernel, wgrad_blockwise_kernel
     from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel, quantize_weight_tiles_kernel
     from gmlp.triton_ref._dequantize_kernel import dequantize_columnwise_kernel, dequantize_rowwise_kernel
@@ -149,7 +160,8 @@ def main(out_dir: str) -> None:
                "gemm": grouped_gemm_kernel, "dgrad": fc2_dgrad_kernel, "wgrad": wgrad_kernel,
                "dequantize_row": dequantize_rowwise_kernel, "dequantize_col": dequantize_columnwise_kernel,
                "blockwise_quantize": quantize_fp8_blockwise_kernel, "blockwise_weights": quantize_weight_tiles_kernel,
-               "blockwise_gemm": grouped_gemm_blockwise_kernel, "blockwise_fc1": fc1_blockwise_kernel, "blockwise_wgrad": wgrad_blockwise_kernel}
+               "blockwise_gemm": grouped_gemm_blockwise_kernel, "blockwise_fc1": fc1_blockwise_kernel,
+               "blockwise_fc2_dgrad": fc2_dgrad_blockwise_kernel, "blockwise_wgrad": wgrad_blockwise_kernel}
     folder = pathlib.Path(out_dir)
     for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))

@@ -52,7 +52,7 @@ def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
 
 
 @pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_gemm", "blockwise_wgrad",
-                                                                            "blockwise_fc1"))])
+                                                                            "blockwise_fc1", "blockwise_fc2"))])
 def test_blockwise_gemms_use_fp8_wgmma(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     assert ".ftz" not in ptx  # scales below 2**-126 (fp32 subnormals) are applied, not flushed
