@@ -27,10 +27,7 @@ def fc1_forward_blockwise_ref(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, spl
     """FC1 (dataflow steps 2-3) on Q_row(x) (T, H) and W1 (E, 2F | F, H) in 128 x 128 tiles ([gate;
     up] halves): h in fp32, c = bf16(h), a = act(h) * probs quantized both ways (E4M3); twin of
     ``gmlp.triton_ref.blockwise_fc1.fc1_forward_blockwise``."""
-    h = grouped_gemm_blockwise_ref(x, w1, split_sizes, out_dtype=torch.float64)
-    if b1 is not None:
-        h += torch.repeat_interleave(b1.double(), split_sizes.to(b1.device), dim=0)
-    h = h.float()
+    h = grouped_gemm_blockwise_ref(x, w1, split_sizes, bias=b1, out_dtype=torch.float32)
     a = activation.forward(h)
     if probs is not None:
         a = a * probs.float()[:, None]

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
+from gmlp.fp8_blockwise.tensor import (
+    BlockShape,
+    FP8BlockwiseTensor,
+    require_block_shape,
+)
 
 __all__ = ["grouped_gemm_blockwise_ref", "grouped_wgrad_blockwise_ref"]
 
@@ -34,10 +38,11 @@ def _sizes(split_sizes: torch.Tensor, tokens: int) -> list[int]:
     return sizes
 
 
-def grouped_gemm_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor,
+def grouped_gemm_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
+                               bias: torch.Tensor | None = None,
                                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """(T, N): each expert's tokens of ``a`` (rowwise, (T, K)) times its weight ``b`` (128 x 128
-    tiles, (E, N, K)) transposed, summed in fp64 and rounded to ``out_dtype``."""
+    tiles, (E, N, K)) transposed, plus ``bias`` (E, N), summed in fp64 and rounded to ``out_dtype``."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     tokens, k = a.source_shape
@@ -48,6 +53,8 @@ def grouped_gemm_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     row = 0
     for g, m in enumerate(_sizes(split_sizes, tokens)):
         out[row:row + m] = a_values[row:row + m] @ b_values[g].t()
+        if bias is not None:
+            out[row:row + m] += bias[g].double()
         row += m
     return out.to(out_dtype)
 

@@ -11,7 +11,11 @@ import torch
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.problem import validate_blockwise_args, validate_weight_args
 from gmlp.fp8_blockwise.spec import BLOCK, quantize_blocks
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
+from gmlp.fp8_blockwise.tensor import (
+    BlockShape,
+    FP8BlockwiseQuantized,
+    FP8BlockwiseTensor,
+)
 from gmlp.mxfp8.problem import check_split_values
 from gmlp.mxfp8.scale_layout import ceil_div
 from gmlp.mxfp8.spec import ElementFormat

@@ -19,10 +19,11 @@ def grouped_gemm_blockwise_kernel(
     a_scale_ptr,  # (K/128, A_SCALE_STRIDE) fp32, MN-major
     b_ptr,  # B_g (N, K) fp8 per expert, 128 x 128 tiles: element (g, n, k) at g*B_STRIDE_E + n*B_STRIDE_N + k
     b_scale_ptr,  # (E, N/128, K/128) fp32, contiguous
+    bias_ptr,  # (E, N) (HAS_BIAS)
     row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
     out_ptr,  # (T, N) bf16
     NUM_ROWS, N, K, A_SCALE_STRIDE, B_STRIDE_E, B_STRIDE_N,
-    NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr,  # divides 128: an output tile's columns share one weight tile row
     N_FASTEST: tl.constexpr,
 ):
@@ -44,6 +45,8 @@ def grouped_gemm_blockwise_kernel(
     for kb in range(0, k_blocks):
         a_tile, a_scale = load_token_block(a_ptr, a_scale_ptr, rows, row_mask, kb, K, A_SCALE_STRIDE)
         acc = promoted_dot(acc, a_tile, a_scale, b_expert, b_rows, kb, tl.load(b_scales + kb))
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + group * N + n).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], acc.to(tl.bfloat16), mask=row_mask[:, None])
 
 

@@ -10,7 +10,11 @@ from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC1Output
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.spec import BLOCK
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
+from gmlp.fp8_blockwise.tensor import (
+    BlockShape,
+    FP8BlockwiseTensor,
+    require_block_shape,
+)
 from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.triton_ref._blockwise_fc1_kernel import fc1_blockwise_kernel

@@ -11,7 +11,11 @@ from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.spec import BLOCK
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
+from gmlp.fp8_blockwise.tensor import (
+    BlockShape,
+    FP8BlockwiseTensor,
+    require_block_shape,
+)
 from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
 from gmlp.mxfp8.spec import ElementFormat, enum_member
 from gmlp.triton_ref._blockwise_fc2_dgrad_kernel import fc2_dgrad_blockwise_kernel

@@ -1,6 +1,6 @@
-"""Triton launchers of the FP8 blockwise quantize: token operands (1 x 128 and/or 128 x 1,
-grouped by expert, one pass) and weights (128 x 128 tiles). Twins of
-``gmlp.fp8_blockwise.reference``, bit for bit."""
+"""Triton launcher of the FP8 blockwise quantize of token operands (1 x 128 and/or 128 x 1,
+grouped by expert, one pass). Twin of ``gmlp.fp8_blockwise.reference.quantize_fp8_blockwise_ref``,
+bit for bit."""
 
 from __future__ import annotations
 
@@ -10,15 +10,24 @@ import torch
 import triton
 
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.problem import validate_blockwise_args, validate_weight_args
+from gmlp.fp8_blockwise.problem import validate_blockwise_args
 from gmlp.fp8_blockwise.spec import BLOCK
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
-from gmlp.mxfp8.routing import DeviceGroups, given_or_device_groups, launch_offsets, poison_scales_if_invalid
+from gmlp.fp8_blockwise.tensor import (
+    BlockShape,
+    FP8BlockwiseQuantized,
+    FP8BlockwiseTensor,
+)
+from gmlp.mxfp8.routing import (
+    DeviceGroups,
+    given_or_device_groups,
+    launch_offsets,
+    poison_scales_if_invalid,
+)
 from gmlp.mxfp8.spec import ElementFormat
-from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel, quantize_weight_tiles_kernel
+from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel
 from gmlp.triton_ref.quantize import search_steps
 
-__all__ = ["BlockwiseQuantizeConfig", "quantize_fp8_blockwise", "quantize_weights_fp8_blockwise"]
+__all__ = ["BlockwiseQuantizeConfig", "quantize_fp8_blockwise", "format_constants"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,9 @@ def _scale_buffer(shape: tuple[int, int], used_cols: int, device: torch.device) 
     return buffer
 
 
-def _format_constants(element_format: ElementFormat, dtype: torch.dtype, power_of_two: bool) -> dict:
+def format_constants(element_format: ElementFormat, dtype: torch.dtype, power_of_two: bool) -> dict:
+    """The blockwise kernels' format constexprs: fp8 maximum, the source dtype's largest value
+    (the scale of a block whose quotient overflows), power-of-two scales."""
     return dict(FMAX=element_format.max_normal, INPUT_MAX=torch.finfo(dtype).max, POWER_OF_TWO=power_of_two)
 
 
@@ -75,7 +86,7 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
             row_data if rowwise else placeholder, row_scales if rowwise else placeholder,
             col_data if columnwise else placeholder, col_scales if columnwise else placeholder,
             rows, cols, row_scales.shape[1] if rowwise else 0, col_scales.shape[1] if columnwise else 0,
-            **_format_constants(element_format, x.dtype, power_of_two),
+            **format_constants(element_format, x.dtype, power_of_two),
             ROWWISE=rowwise, COLUMNWISE=columnwise, GROUPED=split_sizes is not None,
             NUM_GROUPS=problem.num_experts, SEARCH_STEPS=search_steps(problem.num_experts),
             BLOCKS_PER_PROGRAM=config.blocks_per_program, num_warps=config.num_warps,
@@ -89,17 +100,3 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
         poison_scales_if_invalid(scales, groups, poison=float("nan"))
         tensors.append(FP8BlockwiseTensor(data, scales, shape, element_format, power_of_two, split_sizes))
     return FP8BlockwiseQuantized(*tensors)
-
-
-def quantize_weights_fp8_blockwise(w: torch.Tensor, *, element_format: ElementFormat | str = ElementFormat.E4M3,
-                                   power_of_two: bool = True) -> FP8BlockwiseTensor:
-    """Quantize a weight (N, K) or a stack (E, N, K) in 128 x 128 tiles; the contract of
-    ``quantize_weights_fp8_blockwise_ref``."""
-    element_format = validate_weight_args(w, element_format=element_format, power_of_two=power_of_two)
-    data = torch.empty(w.shape, dtype=element_format.torch_dtype, device=w.device)
-    scale_inv = torch.empty(layout.weight_scale_shape(tuple(w.shape)), dtype=torch.float32, device=w.device)
-    rows, cols = w.numel() // max(w.shape[-1], 1), w.shape[-1]
-    if w.numel():
-        quantize_weight_tiles_kernel[(rows // BLOCK, cols // BLOCK)](
-            w, data, scale_inv, cols, **_format_constants(element_format, w.dtype, power_of_two), num_warps=8)
-    return FP8BlockwiseTensor(data, scale_inv, BlockShape.TILE, element_format, power_of_two)

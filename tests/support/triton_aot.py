@@ -47,7 +47,7 @@ BLOCKWISE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_pt
 BLOCKWISE_WEIGHT_SIGNATURE = {"w_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "NUM_COLS": "i32"}
 BF16_MAX = 3.3895313892515355e38
 BLOCKWISE_GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
-                            "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32",
+                            "bias_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32",
                             "N": "i32", "K": "i32", "A_SCALE_STRIDE": "i32", "B_STRIDE_E": "i32", "B_STRIDE_N": "i32"}
 BLOCKWISE_WGRAD_SIGNATURE = {"a_ptr": "*{grad}", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
                              "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_ROWS": "i32",
@@ -113,7 +113,7 @@ def configs() -> dict[str, tuple]:
     out["blockwise_weights_sm90"] = ("blockwise_weights", BLOCKWISE_WEIGHT_SIGNATURE, dict(
         FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True), 90, 8)
     out["blockwise_gemm_e4m3_sm90"] = ("blockwise_gemm", BLOCKWISE_GEMM_SIGNATURE, dict(
-        NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=128, N_FASTEST=False), 90, 8)
+        HAS_BIAS=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=128, N_FASTEST=False), 90, 8)
     out["blockwise_fc1_sm90"] = ("blockwise_fc1", BLOCKWISE_FC1_SIGNATURE, dict(
         GATED=True, HAS_BIAS=True, HAS_PROBS=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0, FMAX=448.0,
         INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 8)

@@ -69,11 +69,13 @@ def test_grouped_gemm_within_the_derived_bound(splits, power_of_two, transposed)
         q_w = q_w.transpose()
     q_x = quantize_fp8_blockwise_ref(x, power_of_two=power_of_two).rowwise
     split_sizes = torch.tensor(splits)
-    want = grouped_gemm_blockwise_ref(q_x, q_w, split_sizes, out_dtype=torch.float64)
+    bias = None if transposed else torch.randn(experts, n, generator=generator).bfloat16()  # FC2's b2
+    want = grouped_gemm_blockwise_ref(q_x, q_w, split_sizes, bias=bias, out_dtype=torch.float64)
     magnitude = grouped_gemm_blockwise_ref(_absolute(q_x), _absolute(q_w), split_sizes, out_dtype=torch.float64)
     device = kernel_device()
     for block_n in (128, 64):
-        got = gemm(_to(q_x, device), _to(q_w, device), split_sizes.to(device), block_n=block_n)
+        got = gemm(_to(q_x, device), _to(q_w, device), split_sizes.to(device), block_n=block_n,
+                   bias=None if bias is None else bias.to(device))
         assert got.dtype == torch.bfloat16
         _assert_within_bound(got, want, magnitude, k, 2.0**-8)
 
@@ -81,7 +83,7 @@ def test_grouped_gemm_within_the_derived_bound(splits, power_of_two, transposed)
 @pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_grouped_wgrad_within_the_derived_bound(splits, grad_format):
-    wgrad = triton_op("blockwise_gemm", "grouped_wgrad_fp8_blockwise")
+    wgrad = triton_op("blockwise_wgrad", "grouped_wgrad_fp8_blockwise")
     tokens, m, n = sum(splits), 384, 256
     split_sizes = torch.tensor(splits)
     dy = quantize_fp8_blockwise_ref(_operands(tokens, m, seed=2), rowwise=False, columnwise=True,

@@ -92,7 +92,7 @@ def test_invalid_split_sizes_poison_every_scale(quantize):
 @pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
 @pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
 def test_weight_tiles_match_the_spec(element_format, power_of_two):
-    quantize_weights = triton_op("blockwise_quantize", "quantize_weights_fp8_blockwise")
+    quantize_weights = triton_op("blockwise_weights", "quantize_weights_fp8_blockwise")
     w = _edge_values(512, 256).reshape(2, 256, 256)
     for dtype in (torch.bfloat16, torch.float32):
         want = quantize_weights_fp8_blockwise_ref(w.to(dtype), element_format=element_format,
