@@ -19,6 +19,7 @@ The packages, from the ground up (each imports only those below it):
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.dispatch.paths import FallbackError, FallbackWarning
 from gmlp.dispatch.quantize import plan_quantize, quantize_mxfp8
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.layer.module import GroupedMLP
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.reference import quantize_mxfp8_ref
@@ -28,6 +29,7 @@ from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, QuantAxis
 __all__ = [
     "GroupedMLP",
     "MXFP8Recipe",
+    "FP8BlockwiseRecipe",
     "Activation",
     "ActivationKind",
     "ElementFormat",

@@ -36,12 +36,20 @@ class LayerProblem:
     sm100_quantize_problems: dict[str, QuantizeProblem]  # site name -> its call in the SM100 composition
     tokens: int  # T's bound: the plan's token class (gmlp.dispatch.plan_cache.token_class)
     gate_up: GateUpLayout = GateUpLayout.HALVES  # how W1's gate and up are stored (HALVES for srelu)
+    blockwise: bool = False  # the FP8 blockwise recipe (``mxfp8`` is then False)
+
+    def blockwise_shape_reason(self) -> Reason | None:
+        """Why the FP8 blockwise kernels cannot take these sizes (H and F multiples of 128), or None."""
+        if self.hidden % 128 or self.ffn % 128:
+            return Reason(ReasonKind.SHAPE, f"the FP8 blockwise recipe's 128-element blocks need H and F multiples of "
+                                            f"128, got H={self.hidden}, F={self.ffn}")
+        return None
 
     def bf16_operands_reason(self, kernels: str) -> Reason | None:
         """Why GEMM kernels on bf16 operands (Triton's, SM90's: ``kernels`` names them) cannot take
         the layer's parameters, or None."""
         dtype = self.param_dtype
-        if dtype != torch.bfloat16 and not (self.mxfp8 and dtype == torch.float32):
+        if dtype != torch.bfloat16 and not ((self.mxfp8 or self.blockwise) and dtype == torch.float32):
             mode = "MXFP8" if self.mxfp8 else "bf16 (recipe=None)"
             return Reason(ReasonKind.RECIPE, f"{mode} with {dtype} parameters: the {kernels} GEMMs take bf16 operands, "
                                              "which are the parameters themselves without a recipe, or their "

@@ -9,10 +9,11 @@ twins accumulate in fp64 and round once), and each element gets a bound derived 
 - an epilogue's elementwise function moves that by at most its slope: ``L = 2 (|g| + 1)(|u| + 1)``
   bounds the partial derivatives of every gated activation here (and of srelu with u = 0),
   times |probs|;
-- rounding to bf16 can then land one step (2**-7 of the value) apart; a quantized element one
-  step of its format (2**-m of the value, or one subnormal quantum of its block, ``scale *
-  2**(emin - m)``), or, where the two block scales differ (by one power of two at most), the
-  value itself.
+- rounding to bf16 can then land one step (2**-7 of the value) apart; a quantized element (MXFP8
+  or FP8 blockwise) one step of its format (2**-m of the value, or one subnormal quantum of its
+  block, ``scale * 2**(emin - m)``), or, where the two block scales differ, the value itself;
+- an FP8 blockwise GEMM on a GPU adds its tensor cores' own accumulation error inside each
+  128-block (``gmlp.debug.crosscheck._blockwise_delta``).
 
 An element outside its bound is a mismatch; ``tolerance=(rtol, atol)`` replaces the derived
 bound with ``atol + rtol * |want|``.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gmlp.contract.activations import Activation
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
 from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
 __all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope"]
@@ -96,17 +98,26 @@ def _same_bits(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return got.contiguous().view(width) == want.contiguous().view(width)
 
 
+QUANTIZED = (MXFP8Tensor, FP8BlockwiseTensor)  # one quantized orientation: element_scales(), dequantize()
+
+
+def _source_data(tensor: MXFP8Tensor | FP8BlockwiseTensor) -> torch.Tensor:
+    """A quantization's fp8 elements in its source's orientation (a columnwise one's transposed back)."""
+    transposed = (tensor.axis is QuantAxis.COLUMNWISE if isinstance(tensor, MXFP8Tensor)
+                  else tensor.block_shape is BlockShape.COLUMNWISE)
+    return tensor.data.t() if transposed else tensor.data
+
+
 def bitwise(comparison: Comparison, name: str, got, want) -> None:
-    """Bit-for-bit comparison of a tensor or an MXFP8 quantization (data and scale bytes)."""
-    if isinstance(want, (MXFP8Quantized, MXFP8Values)):
+    """Bit-for-bit comparison of a tensor or a quantization (MXFP8 or FP8 blockwise: data and scales)."""
+    if isinstance(want, (MXFP8Quantized, MXFP8Values, FP8BlockwiseQuantized)):
         for axis in ("rowwise", "columnwise"):
             if getattr(want, axis) is not None:
                 bitwise(comparison, f"{name}.{axis}", getattr(got, axis), getattr(want, axis))
         return
-    if isinstance(want, MXFP8Tensor):
+    if isinstance(want, QUANTIZED):
         # reported in the source's orientation: an element differs if its byte or its block's scale does
-        got_data = got.data if got.axis is QuantAxis.ROWWISE else got.data.t()
-        want_data = want.data if want.axis is QuantAxis.ROWWISE else want.data.t()
+        got_data, want_data = _source_data(got), _source_data(want)
         got_scales, want_scales = got.element_scales(), want.element_scales()
         bad = ~_same_bits(got_data, want_data) | ~_same_bits(got_scales, want_scales)
         comparison.add(name, bad.cpu(), got.dequantize().cpu(), want.dequantize().cpu(), None,
@@ -117,9 +128,9 @@ def bitwise(comparison: Comparison, name: str, got, want) -> None:
 
 def within_bound(comparison: Comparison, name: str, got, want, delta: torch.Tensor,
                  tolerance: tuple[float, float] | None = None) -> None:
-    """Compare one output, bf16 / fp32 or MXFP8, whose exact value is within ``delta`` of the
-    reference's before its final rounding (see the module docstring)."""
-    if isinstance(want, MXFP8Tensor):
+    """Compare one output, bf16 / fp32 or quantized (MXFP8, FP8 blockwise), whose exact value is
+    within ``delta`` of the reference's before its final rounding (see the module docstring)."""
+    if isinstance(want, QUANTIZED):
         got_values, want_values = got.dequantize(), want.dequantize()
         got_scales, want_scales = got.element_scales(), want.element_scales()
         fmt = want.element_format

@@ -15,7 +15,9 @@ from gmlp.dispatch.caller import warn_at_caller
 from gmlp.dispatch.paths import Path
 from gmlp.dispatch.plan import LayerPlan, implementation
 from gmlp.dispatch.providers.adapters import operand_values
-from gmlp.dispatch.sites import SITES, Op
+from gmlp.dispatch.sites import BLOCKWISE_OPS, Op, site_names
+from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref, grouped_wgrad_blockwise_ref
+from gmlp.fp8_blockwise.tensor import absolute
 from gmlp.mxfp8.routing import device_groups
 
 __all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck", "report", "say_uncompared"]
@@ -41,24 +43,27 @@ class CrossCheckSettings:
     def __post_init__(self) -> None:
         if self.action not in ("warn", "raise"):
             raise ValueError(f"action must be 'warn' or 'raise', got {self.action!r}")
-        known = set(SITES) | {op.value for op in Op}
+        known = site_names() | {op.value for op in Op}
         if self.ops is not None and not set(self.ops) <= known:
             unknown = ", ".join(sorted(repr(name) for name in set(self.ops) - known))
-            raise ValueError(f"ops: unknown names {unknown}; valid are the site names {sorted(SITES)} and the op "
-                             f"names {sorted(op.value for op in Op)}")
+            raise ValueError(f"ops: unknown names {unknown}; valid are the site names {sorted(site_names())} and the "
+                             f"op names {sorted(op.value for op in Op)}")
 
-    def covers(self, site: str) -> bool:
-        """Whether a layer site (by its name or its op's) is checked."""
-        return self.ops is None or site in self.ops or SITES[site].op.value in self.ops
+    def covers(self, site: str, op: Op) -> bool:
+        """Whether a layer site (by its name or its op's, ``op``) is checked."""
+        return self.ops is None or site in self.ops or op.value in self.ops
 
     def covers_op(self, op: str) -> bool:
         """Whether a standalone op (``gmlp.quantize_mxfp8``) is checked."""
         return self.ops is None or op in self.ops
 
 
-def _compare(site: str, got, want, args: tuple, kwargs: dict, tolerance) -> Comparison:
+def _compare(op: Op, got, want, args: tuple, kwargs: dict, tolerance) -> Comparison:
     """The comparison rule of the site's op (``gmlp.debug.compare``'s module docstring)."""
-    op, comparison = SITES[site].op, Comparison()
+    comparison = Comparison()
+    if op in BLOCKWISE_OPS:
+        _compare_blockwise(comparison, op, got, want, args, kwargs, tolerance)
+        return comparison
     if op in (Op.QUANTIZE, Op.DEQUANTIZE, Op.QUANTIZE_DEQUANTIZE):
         bitwise(comparison, "out", got, want)
     elif op is Op.SEGMENT_SUM:
@@ -105,15 +110,20 @@ def _probs_factor(kwargs: dict, rows: int, device) -> torch.Tensor:
 def _compare_fc1(comparison: Comparison, got, want, args, kwargs, tolerance) -> None:
     x, w1, split_sizes = args[:3]
     x = operand_values(x)  # a decoding kernel's MXFP8 x
-    activation = kwargs["activation"]
     delta_h = gemm_delta(grouped_gemm_ref(x.abs(), _abs(w1), split_sizes, out_dtype=torch.float32), x.shape[1] + 2)
+    _compare_fc1_outputs(comparison, got, want, delta_h, kwargs, tolerance)
+
+
+def _compare_fc1_outputs(comparison: Comparison, got, want, delta_h: torch.Tensor, kwargs, tolerance) -> None:
+    """FC1's outputs, h being within ``delta_h`` of the reference's: c, then a through the activation."""
+    activation = kwargs["activation"]
     within_bound(comparison, "c", got.c, want.c, delta_h, tolerance)
     if activation.gated:
         delta_gate, delta_up = delta_h.chunk(2, dim=1)
         delta_pre = delta_gate + delta_up
     else:
         delta_pre = delta_h
-    delta_a = activation_slope(want.c, activation) * delta_pre * _probs_factor(kwargs, x.shape[0], x.device)
+    delta_a = activation_slope(want.c, activation) * delta_pre * _probs_factor(kwargs, want.c.shape[0], want.c.device)
     for name in ("a", "a_rowwise", "a_columnwise"):
         if getattr(want, name) is not None:
             within_bound(comparison, name, getattr(got, name), getattr(want, name), delta_a, tolerance)
@@ -122,11 +132,18 @@ def _compare_fc1(comparison: Comparison, got, want, args, kwargs, tolerance) -> 
 def _compare_fc2_dgrad(comparison: Comparison, got, want, args, kwargs, tolerance) -> None:
     dy, w2t, c, split_sizes = args[:4]
     dy = operand_values(dy)  # a decoding kernel's MXFP8 dy
-    activation = kwargs["activation"]
-    tokens, ffn = dy.shape[0], w2t.shape[1]
     abs_da = grouped_gemm_ref(dy.abs(), w2t.abs(), split_sizes, out_dtype=torch.float32)
-    delta_da = gemm_delta(abs_da, dy.shape[1] + 2)
-    probs = _probs_factor(kwargs, tokens, dy.device)
+    _compare_fc2_dgrad_outputs(comparison, got, want, abs_da, gemm_delta(abs_da, dy.shape[1] + 2), c, split_sizes,
+                               kwargs, tolerance)
+
+
+def _compare_fc2_dgrad_outputs(comparison: Comparison, got, want, abs_da: torch.Tensor, delta_da: torch.Tensor,
+                               c: torch.Tensor, split_sizes: torch.Tensor, kwargs, tolerance) -> None:
+    """FC2 dgrad's outputs, da being within ``delta_da`` of the reference's (|da| <= ``abs_da``):
+    dh through the activation's derivative, dprobs and db1 as sums of them."""
+    activation = kwargs["activation"]
+    tokens, ffn = abs_da.shape
+    probs = _probs_factor(kwargs, tokens, abs_da.device)
     slope = activation_slope(c, activation)
     delta_half = slope * delta_da * probs  # each half of dh: its partial derivative times da's error
     delta_dh = torch.cat([delta_half, delta_half], dim=1) if activation.gated else delta_half
@@ -142,6 +159,40 @@ def _compare_fc2_dgrad(comparison: Comparison, got, want, args, kwargs, toleranc
         per_row = delta_dh + gemm_delta(torch.cat([abs_dh, abs_dh], dim=1) if activation.gated else abs_dh, tokens)
         delta = segment_sum_ref(per_row, device_groups(split_sizes, tokens).row_start)
         within_bound(comparison, "db1", got.db1, want.db1, delta, tolerance)
+
+
+def _blockwise_delta(abs_products: torch.Tensor, terms: int, on_gpu: bool) -> torch.Tensor:
+    """Bound on an FP8 blockwise GEMM's summation error against the fp64 oracle: fp32 sums over
+    ``terms`` (``gemm_delta``), plus on a GPU each 128-block's fp8 ``wgmma`` chain at the tensor
+    cores' reduced accumulation precision (about 14 bits, DeepSeek-V3 section 3.3.2: at most
+    2**-13 of the block's sum of |products| in each of its four k=32 steps)."""
+    return gemm_delta(abs_products, terms) + (4 * 2.0**-13 * abs_products if on_gpu else 0.0)
+
+
+def _compare_blockwise(comparison: Comparison, op: Op, got, want, args, kwargs, tolerance) -> None:
+    """The FP8 blockwise ops: the quantizes bit for bit (the spec); the GEMMs within the bound of
+    their summation order, from the GEMMs of |elements| and |scales|."""
+    if op in (Op.BLOCKWISE_QUANTIZE, Op.BLOCKWISE_WEIGHTS):
+        bitwise(comparison, "out", got, want)
+        return
+    a, b, split_sizes = args[:3]
+    on_gpu = a.data.is_cuda
+    if op is Op.BLOCKWISE_WGRAD:
+        abs_products = grouped_wgrad_blockwise_ref(absolute(a), absolute(b), split_sizes)
+        within_bound(comparison, "out", got, want, _blockwise_delta(abs_products, a.source_shape[0] + 2, on_gpu),
+                     tolerance)
+        return
+    if op is Op.BLOCKWISE_FC2_DGRAD:
+        b, c, split_sizes = args[1:4]
+    terms = a.source_shape[1] + 2
+    abs_products = grouped_gemm_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float32)
+    delta = _blockwise_delta(abs_products, terms, on_gpu)
+    if op is Op.BLOCKWISE_GEMM:
+        within_bound(comparison, "out", got, want, delta, tolerance)
+    elif op is Op.BLOCKWISE_FC1:
+        _compare_fc1_outputs(comparison, got, want, delta, kwargs, tolerance)
+    else:
+        _compare_fc2_dgrad_outputs(comparison, got, want, abs_products, delta, c, split_sizes, kwargs, tolerance)
 
 
 _said_uncompared: set[str] = set()
@@ -182,23 +233,24 @@ class CrossCheck:
         # the covered sites with no path below theirs, said in one warning (once per process)
         last = {}
         for site, reference in plan.references.items():
-            if reference is None and settings.covers(site):
-                last.setdefault(plan.path(site), []).append(f"{site} ({SITES[site].op.value})")
+            if reference is None and settings.covers(site, plan.site(site).op):
+                last.setdefault(plan.path(site), []).append(f"{site} ({plan.site(site).op.value})")
         for path, sites in last.items():
             say_uncompared(f"the layer's {', '.join(sites)}", path)
 
     def __call__(self, site: str, got, args: tuple, kwargs: dict, before: torch.Tensor | None) -> None:
-        if not self.settings.covers(site):
+        op = self.plan.site(site).op
+        if not self.settings.covers(site, op):
             return
         chosen, reference = self.plan.path(site), self.plan.references[site]
         if reference is None:  # said when the call started
             return
         if before is not None:  # an accumulating output: the reference starts from the same values
             kwargs = {**kwargs, "out": before}
-        want = implementation(SITES[site], reference, self.plan.capability)(*args, **kwargs)
-        comparison = _compare(site, got, want, args, kwargs, self.settings.tolerance)
+        want = implementation(self.plan.site(site), reference, self.plan.capability)(*args, **kwargs)
+        comparison = _compare(op, got, want, args, kwargs, self.settings.tolerance)
         if comparison.mismatches:
-            report(f"{site} ({SITES[site].op.value}) on {chosen.value} differs from {reference.value}", comparison,
+            report(f"{site} ({op.value}) on {chosen.value} differs from {reference.value}", comparison,
                    self.settings.action, self._expert)
 
     def _expert(self, index: tuple[int, ...], shape: tuple[int, ...]) -> int | None:

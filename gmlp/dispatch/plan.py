@@ -20,7 +20,7 @@ from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import launch_options
 from gmlp.cutedsl.sm90 import support as sm90_support
 from gmlp.dispatch.paths import Decision, Path, choose_path, forced_path, next_path_down, provider, system_reason
-from gmlp.dispatch.sites import GEMM_OPS, SITES, Op, Site
+from gmlp.dispatch.sites import BLOCKWISE_SITES, GEMM_OPS, SITES, Op, Site
 
 __all__ = ["LayerPlan", "plan_layer", "implementation"]
 
@@ -49,9 +49,14 @@ class LayerPlan:
     capability: tuple[int, int] | None = None  # the device's (None: not a GPU), which picks each path's provider
     # site -> how its SM90 kernel launches (its knobs and where they come from), for the sites on the SM90 kernels
     launch_notes: dict[str, str] = dataclasses.field(default_factory=dict)
+    blockwise: bool = False  # the FP8 blockwise recipe's step sequence (``BLOCKWISE_SITES``)
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path
+
+    def site(self, name: str) -> Site:
+        """The site ``name`` of this plan's step sequence (its op differs between recipes)."""
+        return (BLOCKWISE_SITES if self.blockwise else SITES)[name]
 
     def explain(self) -> str:
         """Each op (where it runs in the layer, which op, which path), then why faster paths were
@@ -60,6 +65,8 @@ class LayerPlan:
         op_width = max(len(decision.op) for decision in self.decisions.values())
         lines = ["the layer's GEMMs run as one Blackwell (SM100) composition of cuDNN frontend's fused kernels, "
                  "MXFP8 operands as they are; each op and its path:" if self.sm100 else
+                 "each op of the layer (the FP8 blockwise recipe) and the path it runs on (the fastest that can: "
+                 "cutedsl, triton, torch):" if self.blockwise else
                  "each op of the layer and the path it runs on (the fastest that can: cutedsl, triton, torch):"]
         skipped: dict[tuple[Path, str], list[str]] = {}  # (path, reason) -> the ops that skipped it for it
         for name, decision in self.decisions.items():
@@ -87,7 +94,7 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
     sm100 = _sm100_runs(problem, device, capability)
     quantize_problems = problem.sm100_quantize_problems if sm100 else problem.quantize_problems
     decisions, references = {}, {}
-    for name, site in SITES.items():
+    for name, site in (BLOCKWISE_SITES if problem.blockwise else SITES).items():
         if (site.mxfp8_only and not problem.mxfp8) or (site.bias_only and not problem.bias):
             continue
         if site.sm100 is not None and site.sm100 != sm100:
@@ -113,9 +120,9 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | No
     if capability is not None and capability[0] == 9:
         launch_notes = {name: _sm90_launch(name, problem, name in decoding_sites)
                         for name, decision in decisions.items()
-                        if decision.path is Path.CUTEDSL and SITES[name].op in GEMM_OPS}
+                        if decision.path is Path.CUTEDSL and not problem.blockwise and SITES[name].op in GEMM_OPS}
     return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites, capability=capability,
-                     launch_notes=launch_notes)
+                     launch_notes=launch_notes, blockwise=problem.blockwise)
 
 
 def _sm90_launch(name: str, problem: LayerProblem, decoded: bool) -> str:

@@ -26,6 +26,7 @@ from gmlp.contract.gate_up import GateUpLayout
 from gmlp.contract.problem import LayerProblem
 from gmlp.dispatch.plan import LayerPlan, plan_layer
 from gmlp.mxfp8.problem import QuantizeProblem
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 
@@ -43,7 +44,7 @@ class LayerConfig:
     """The settings of one layer call that are not tensors."""
 
     activation: Activation
-    recipe: MXFP8Recipe | None
+    recipe: MXFP8Recipe | FP8BlockwiseRecipe | None
     bias: bool
     strict: bool | None
     weight_cache: str | None  # None, "update" or "reuse" (GroupedMLP.forward)
@@ -56,11 +57,27 @@ class LayerConfig:
         act, recipe = self.activation, self.recipe
         return json.dumps({
             "activation": {"kind": act.kind.value, "limit": act.limit, "alpha": act.alpha, "offset": act.offset},
-            "recipe": None if recipe is None else {"scale_mode": recipe.scale_mode.value,
-                                                   "grad_format": recipe.grad_format.value},
+            "recipe": _encode_recipe(recipe),
             "bias": self.bias, "strict": self.strict, "weight_cache": self.weight_cache,
             "accumulate_main_grad": self.accumulate_main_grad, "gate_up": self.gate_up.value,
         })
+
+
+def _encode_recipe(recipe: MXFP8Recipe | FP8BlockwiseRecipe | None) -> dict | None:
+    if recipe is None:
+        return None
+    if isinstance(recipe, FP8BlockwiseRecipe):
+        return {"kind": "fp8_blockwise", "grad_format": recipe.grad_format.value,
+                "power_of_two_scales": recipe.power_of_two_scales}
+    return {"kind": "mxfp8", "scale_mode": recipe.scale_mode.value, "grad_format": recipe.grad_format.value}
+
+
+def _decode_recipe(fields: dict | None) -> MXFP8Recipe | FP8BlockwiseRecipe | None:
+    if fields is None:
+        return None
+    if fields["kind"] == "fp8_blockwise":
+        return FP8BlockwiseRecipe(ElementFormat(fields["grad_format"]), fields["power_of_two_scales"])
+    return MXFP8Recipe(ScaleMode(fields["scale_mode"]), ElementFormat(fields["grad_format"]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -69,8 +86,7 @@ def decode_config(text: str) -> LayerConfig:
     fields = json.loads(text)
     act, recipe = fields.pop("activation"), fields.pop("recipe")
     activation = Activation(ActivationKind(act.pop("kind")), **act)
-    if recipe is not None:
-        recipe = MXFP8Recipe(ScaleMode(recipe["scale_mode"]), ElementFormat(recipe["grad_format"]))
+    recipe = _decode_recipe(recipe)
     if fields["weight_cache"] not in WEIGHT_CACHE_MODES:
         raise ValueError(f"weight_cache must be one of {WEIGHT_CACHE_MODES}, got {fields['weight_cache']!r}")
     return LayerConfig(activation=activation, recipe=recipe, gate_up=GateUpLayout(fields.pop("gate_up")), **fields)
@@ -85,17 +101,20 @@ def layer_problem(config: LayerConfig, tokens: int, experts: int, hidden: int, f
                   x_dtype: torch.dtype, device: torch.device) -> LayerProblem:
     """What the plan of a call with ``tokens`` rows depends on (``gmlp.contract.problem.LayerProblem``)."""
     recipe = config.recipe
+    blockwise = isinstance(recipe, FP8BlockwiseRecipe)
     e5m2_grads = recipe is not None and recipe.grad_format is ElementFormat.E5M2
-    floor_scales = recipe is not None and recipe.scale_mode is ScaleMode.FLOOR
+    floor_scales = isinstance(recipe, MXFP8Recipe) and recipe.scale_mode is ScaleMode.FLOOR
+    mxfp8 = isinstance(recipe, MXFP8Recipe)
     fc1_outputs = (2 if config.activation.gated else 1) * ffn
     gate_up = config.gate_up if config.activation.gated else GateUpLayout.HALVES  # srelu: W1 is one matrix
     shapes = (tokens, experts, hidden, ffn, fc1_outputs, param_dtype, x_dtype, device, gate_up)
-    return LayerProblem(param_dtype=param_dtype, mxfp8=recipe is not None, bias=config.bias,
+    mxfp8_recipe = recipe if mxfp8 else None  # the MXFP8 quantize calls (the blockwise ops take the LayerProblem)
+    return LayerProblem(param_dtype=param_dtype, mxfp8=mxfp8, bias=config.bias,
                         activation=config.activation.name, e5m2_grads=e5m2_grads,
-                        quantize_problems=_quantize_problems(recipe, *shapes, sm100=False), experts=experts,
+                        quantize_problems=_quantize_problems(mxfp8_recipe, *shapes, sm100=False), experts=experts,
                         hidden=hidden, ffn=ffn, floor_scales=floor_scales,
-                        sm100_quantize_problems=_quantize_problems(recipe, *shapes, sm100=True), tokens=tokens,
-                        gate_up=gate_up)
+                        sm100_quantize_problems=_quantize_problems(mxfp8_recipe, *shapes, sm100=True), tokens=tokens,
+                        gate_up=gate_up, blockwise=blockwise)
 
 
 def _quantize_problems(recipe: MXFP8Recipe | None, tokens: int, experts: int, hidden: int, ffn: int,

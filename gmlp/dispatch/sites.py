@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Op", "Site", "SITES", "GEMM_OPS"]
+__all__ = ["Op", "Site", "SITES", "BLOCKWISE_SITES", "GEMM_OPS", "BLOCKWISE_OPS", "site_names"]
 
 
 class Op(enum.Enum):
@@ -28,6 +28,13 @@ class Op(enum.Enum):
     FC2_DGRAD = "fc2_dgrad"  # FC2 dgrad + activation backward + dprobs, dh in bf16 or quantized
     WGRAD = "grouped_wgrad"  # weight gradients, a ragged contraction over each expert's tokens
     SEGMENT_SUM = "segment_sum"  # per-expert row sums (b2's gradient)
+    # the FP8 blockwise recipe's ops (gmlp.fp8_blockwise): fp8 operands, scales promoted every 128 of K
+    BLOCKWISE_QUANTIZE = "quantize_fp8_blockwise"  # a token operand, 1 x 128 and 128 x 1 in one pass
+    BLOCKWISE_WEIGHTS = "quantize_weights_fp8_blockwise"  # a weight stack, 128 x 128 tiles
+    BLOCKWISE_FC1 = "fc1_forward_blockwise"  # FC1 + activation + probs, Q(a) both ways
+    BLOCKWISE_GEMM = "grouped_gemm_fp8_blockwise"  # FC2 forward, FC1 dgrad
+    BLOCKWISE_FC2_DGRAD = "fc2_dgrad_blockwise"  # FC2 dgrad + activation backward + dprobs, Q(dh) both ways
+    BLOCKWISE_WGRAD = "grouped_wgrad_fp8_blockwise"  # weight gradients, 128 x 1 blocks of both operands
 
     @property
     def module(self) -> str:
@@ -82,4 +89,27 @@ SITES = {site.name: site for site in (
     Site("bias grad", Op.SEGMENT_SUM, bias_only=True),
 )}
 
+# the FP8 blockwise recipe's step sequence (gmlp.layer.blockwise_steps): the weights quantized once
+# in the forward (the dgrads read their exact transposes), x and dy both ways in one pass each
+BLOCKWISE_SITES = {site.name: site for site in (
+    Site("quantize w1", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
+    Site("quantize x", Op.BLOCKWISE_QUANTIZE),
+    Site("fc1", Op.BLOCKWISE_FC1),
+    Site("quantize w2", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
+    Site("fc2", Op.BLOCKWISE_GEMM),
+    Site("quantize dy", Op.BLOCKWISE_QUANTIZE),
+    Site("fc2 dgrad", Op.BLOCKWISE_FC2_DGRAD),
+    Site("fc1 dgrad", Op.BLOCKWISE_GEMM),
+    Site("fc1 wgrad", Op.BLOCKWISE_WGRAD),
+    Site("fc2 wgrad", Op.BLOCKWISE_WGRAD),
+    Site("bias grad", Op.SEGMENT_SUM, bias_only=True),
+)}
+
 GEMM_OPS = (Op.FC1, Op.GROUPED_GEMM, Op.FC2_DGRAD, Op.WGRAD)
+BLOCKWISE_OPS = (Op.BLOCKWISE_QUANTIZE, Op.BLOCKWISE_WEIGHTS, Op.BLOCKWISE_FC1, Op.BLOCKWISE_GEMM,
+                 Op.BLOCKWISE_FC2_DGRAD, Op.BLOCKWISE_WGRAD)
+
+
+def site_names() -> set[str]:
+    """Every site name of either step sequence (what ``gmlp.debug.cross_check(ops=...)`` accepts)."""
+    return set(SITES) | set(BLOCKWISE_SITES)

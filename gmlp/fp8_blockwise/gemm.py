@@ -59,10 +59,12 @@ def grouped_gemm_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     return out.to(out_dtype)
 
 
-def grouped_wgrad_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor,
+def grouped_wgrad_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
+                                out: torch.Tensor | None = None,
                                 out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(E, M, N): dW_g = A_g^T @ B_g over expert g's tokens, A (T, M) and B (T, N) given as their
-    columnwise (128 x 1) quantizations, summed in fp64 and rounded to ``out_dtype``."""
+    columnwise (128 x 1) quantizations, summed in fp64 and rounded to ``out_dtype``, or to fp32
+    and added to ``out`` (main_grad)."""
     require_block_shape(a, "a", BlockShape.COLUMNWISE)
     require_block_shape(b, "b", BlockShape.COLUMNWISE)
     tokens = a.source_shape[0]
@@ -70,9 +72,9 @@ def grouped_wgrad_blockwise_ref(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
         raise ValueError(f"a and b must have the same tokens, got {tokens} and {b.source_shape[0]}")
     a_values, b_values = a.dequantize().double(), b.dequantize().double()
     sizes = _sizes(split_sizes, tokens)
-    out = torch.empty(len(sizes), a_values.shape[1], b_values.shape[1], dtype=torch.float64, device=a.data.device)
+    result = torch.empty(len(sizes), a_values.shape[1], b_values.shape[1], dtype=torch.float64, device=a.data.device)
     row = 0
     for g, m in enumerate(sizes):
-        out[g] = a_values[row:row + m].t() @ b_values[row:row + m]
+        result[g] = a_values[row:row + m].t() @ b_values[row:row + m]
         row += m
-    return out.to(out_dtype)
+    return out.add_(result.float()) if out is not None else result.to(out_dtype)

@@ -11,7 +11,7 @@ from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.mxfp8.scale_layout import ceil_div
 from gmlp.mxfp8.spec import ElementFormat
 
-__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized", "require_block_shape"]
+__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized", "require_block_shape", "absolute"]
 
 
 class BlockShape(enum.Enum):
@@ -99,3 +99,11 @@ def require_block_shape(value, name: str, block_shape: BlockShape) -> None:
     """Raise TypeError unless argument ``name`` is an ``FP8BlockwiseTensor`` of ``block_shape`` blocks."""
     if not isinstance(value, FP8BlockwiseTensor) or value.block_shape is not block_shape:
         raise TypeError(f"{name} must be an FP8BlockwiseTensor with {block_shape.value} blocks, got {value!r}")
+
+
+def absolute(q: FP8BlockwiseTensor) -> FP8BlockwiseTensor:
+    """The same blocks with |elements| and |scales| (NaN scales stay NaN): a GEMM of such operands
+    is the sum of |products| that bounds a summation's rounding error."""
+    magnitudes = q.data.view(torch.uint8) & 0x7F  # the sign bit cleared: |q| in both fp8 formats
+    return FP8BlockwiseTensor(magnitudes.view(q.data.dtype), q.scale_inv.abs(), q.block_shape, q.element_format,
+                              q.power_of_two, q.split_sizes)

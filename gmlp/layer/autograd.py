@@ -36,6 +36,7 @@ from gmlp.cutedsl.sm100.layer import sm100_backward, sm100_forward
 from gmlp.debug import active_settings as active_cross_check
 from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
 from gmlp.dispatch.plan_cache import LayerConfig, cached_plan, decode_config
+from gmlp.layer.blockwise_steps import blockwise_backward, blockwise_forward, fake_blockwise_saved
 from gmlp.layer.state import Spec, flatten, unflatten
 from gmlp.layer.steps import OpRunner, fake_layer_saved, grouped_mlp_backward, grouped_mlp_forward
 from gmlp.mxfp8.buffers import empty_quantize
@@ -152,7 +153,10 @@ def _forward_steps(layer: LayerConfig, plan, x: Tensor, split_sizes: Tensor, pro
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
     run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
     args = (run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation, layer.recipe)
-    y, saved = sm100_forward(*args) if plan.sm100 else grouped_mlp_forward(*args, groups=groups)
+    if plan.sm100:
+        y, saved = sm100_forward(*args)
+    else:
+        y, saved = (blockwise_forward if plan.blockwise else grouped_mlp_forward)(*args, groups=groups)
     return y, saved, run.kept_weights
 
 
@@ -176,6 +180,8 @@ def _forward_fake(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config):
     if plan.sm100:  # the composition itself, its quantizes and kernels only allocating their outputs
         y, saved = sm100_forward(allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
                                  layer.recipe, launch=_no_launch)
+    elif plan.blockwise:
+        saved = fake_blockwise_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.recipe)
     else:
         saved = fake_layer_saved(x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation,
                                  layer.recipe)
@@ -221,7 +227,7 @@ def _backward_steps(dy: Tensor, inputs: list[Tensor | None], saved, layer: Layer
         w1_into = {GateUpLayout.HALVES: main_grads[0], GateUpLayout.SEPARATE: (main_grads[0], main_grads[1]),
                    GateUpLayout.INTERLEAVED: None}[layer.gate_up]
         into = (w1_into, main_grads[3])
-    backward = sm100_backward if plan.sm100 else grouped_mlp_backward
+    backward = sm100_backward if plan.sm100 else blockwise_backward if plan.blockwise else grouped_mlp_backward
     grads = backward(run, dy.contiguous(), saved, layer.activation, layer.recipe, weight_dtype, into)
     out = [grads.dx.to(x.dtype)]
     if probs is not None:

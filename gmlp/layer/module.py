@@ -30,6 +30,7 @@ from gmlp.dispatch.plan_cache import (
 )
 from gmlp.dispatch.plan import LayerPlan, plan_layer
 from gmlp.layer import autograd
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.mxfp8.recipe import MXFP8Recipe
 
 __all__ = ["GroupedMLP"]
@@ -44,8 +45,17 @@ MXFP8_PARAM_DTYPES = (torch.bfloat16, torch.float32)  # what the quantize kernel
 
 def _check_mxfp8_dtype(dtype: torch.dtype) -> None:
     if dtype not in MXFP8_PARAM_DTYPES:
-        raise TypeError(f"an MXFP8 recipe takes bfloat16 or float32 parameters (the quantize reads them), got {dtype}; "
-                        "recipe=None runs unquantized in any floating dtype")
+        raise TypeError(f"a quantized recipe (MXFP8, FP8 blockwise) takes bfloat16 or float32 parameters (the quantize "
+                        f"reads them), got {dtype}; recipe=None runs unquantized in any floating dtype")
+
+
+def _recipe_name(recipe: MXFP8Recipe | FP8BlockwiseRecipe | None) -> str:
+    if recipe is None:
+        return "bf16"
+    if isinstance(recipe, FP8BlockwiseRecipe):
+        scales = "power-of-two" if recipe.power_of_two_scales else "fp32"
+        return f"fp8 blockwise {scales} scales, grads {recipe.grad_format.value}"
+    return f"mxfp8 {recipe.scale_mode.value}, grads {recipe.grad_format.value}"
 
 
 def _refuse_under_compile(message: str) -> NoReturn:
@@ -77,7 +87,8 @@ class GroupedMLP(nn.Module):
         activation: "swiglu", "geglu", "qgeglu", "srelu", or an ``Activation`` (qgeglu's
             limit / alpha / offset).
         bias: add per-expert biases b1 (E, 2F | F) and b2 (E, H).
-        recipe: ``MXFP8Recipe`` (scale mode, gradient element format), with bfloat16 or float32
+        recipe: ``MXFP8Recipe`` (scale mode, gradient element format) or ``FP8BlockwiseRecipe``
+            (128-element blocks: H and F multiples of 128), with bfloat16 or float32
             parameters; None runs unquantized in the parameters' dtype (bf16 on the Triton
             kernels; other dtypes on the torch path, float64 included, e.g. for gradcheck).
         strict: raise instead of falling back to a slower path (default: GMLP_STRICT).
@@ -98,7 +109,7 @@ class GroupedMLP(nn.Module):
         ffn_hidden_size: int,
         activation: str | Activation = "swiglu",
         bias: bool = False,
-        recipe: MXFP8Recipe | None = _DEFAULT_RECIPE,
+        recipe: MXFP8Recipe | FP8BlockwiseRecipe | None = _DEFAULT_RECIPE,
         strict: bool | None = None,
         accumulate_main_grad: bool = False,
         device: torch.device | str | None = None,
@@ -110,12 +121,15 @@ class GroupedMLP(nn.Module):
                 raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
             if value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if recipe is not None and not isinstance(recipe, MXFP8Recipe):
-            raise TypeError(f"recipe must be a gmlp.MXFP8Recipe or None, got {recipe!r}")
+        if recipe is not None and not isinstance(recipe, (MXFP8Recipe, FP8BlockwiseRecipe)):
+            raise TypeError(f"recipe must be a gmlp.MXFP8Recipe, a gmlp.FP8BlockwiseRecipe or None, got {recipe!r}")
         if recipe is not None:
             _check_mxfp8_dtype(dtype)
-        if recipe is not None and (hidden_size % 32 or ffn_hidden_size % 32):
+        if isinstance(recipe, MXFP8Recipe) and (hidden_size % 32 or ffn_hidden_size % 32):
             raise ValueError(f"MXFP8 needs hidden_size and ffn_hidden_size multiples of 32, got {hidden_size=}, {ffn_hidden_size=}")
+        if isinstance(recipe, FP8BlockwiseRecipe) and (hidden_size % 128 or ffn_hidden_size % 128):
+            raise ValueError(f"the FP8 blockwise recipe (128-element blocks) needs hidden_size and ffn_hidden_size "
+                             f"multiples of 128, got {hidden_size=}, {ffn_hidden_size=}")
         self.activation = activation_from(activation)
         self.num_experts, self.hidden_size, self.ffn_hidden_size = num_experts, hidden_size, ffn_hidden_size
         self.recipe, self.strict, self.accumulate_main_grad = recipe, strict, accumulate_main_grad
@@ -138,7 +152,7 @@ class GroupedMLP(nn.Module):
                     bias.zero_()
 
     def extra_repr(self) -> str:
-        recipe = "bf16" if self.recipe is None else f"mxfp8 {self.recipe.scale_mode.value}, grads {self.recipe.grad_format.value}"
+        recipe = _recipe_name(self.recipe)
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
                 f"activation={self.activation.name}, bias={self.b1 is not None}, {recipe}")
 
@@ -216,6 +230,9 @@ class GroupedMLP(nn.Module):
         if weight_cache is not None and torch.compiler.is_compiling():
             _refuse_under_compile("gmlp: weight_cache under torch.compile: the kept quantized weights live on the "
                                   "module, outside the graph; call the layer eagerly with weight_cache")
+        if weight_cache is not None and isinstance(self.recipe, FP8BlockwiseRecipe):
+            raise ValueError(f"weight_cache={weight_cache!r} with the FP8 blockwise recipe: not implemented yet (its "
+                             "forward quantizes the weights once and the backward reuses them); use weight_cache=None")
         if weight_cache is not None and x.is_meta:
             raise ValueError(f"weight_cache={weight_cache!r} with meta tensors: they hold no weights to quantize and keep")
         config = self._encoded_config(weight_cache)

@@ -36,7 +36,6 @@ from gmlp.contract.gate_up import GateUp
 from gmlp.contract.outputs import MLPGrads
 from gmlp.contract.weight_reuse import quantized_weight
 from gmlp.dispatch.plan import LayerPlan, implementation
-from gmlp.dispatch.sites import SITES
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -44,7 +43,7 @@ from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
 __all__ = ["OpRunner", "LayerSaved", "fake_layer_saved", "grouped_mlp_forward",
-           "grouped_mlp_backward"]
+           "grouped_mlp_backward", "release"]
 
 CrossCheckHook = Callable[..., None]  # (site name, chosen output, args, kwargs, inputs before the call)
 # a weight site's output: a quantization (the SM100 composition's) or values (the step sequence's),
@@ -72,7 +71,7 @@ class OpRunner:
         return self.kept_weights is not None or bool(self.reused_weights)
 
     def __call__(self, site: str, *args, **kwargs):
-        run = implementation(SITES[site], self.plan.path(site), self.plan.capability)
+        run = implementation(self.plan.site(site), self.plan.path(site), self.plan.capability)
         if self.check is None:
             return _naming_site(site, run, args, kwargs)
         # an accumulating output (main_grad; a pair of them for W1's gate and up) is copied
@@ -99,7 +98,7 @@ def _naming_site(site: str, run: Callable, args: tuple, kwargs: dict):
 @dataclass
 class LayerSaved:
     """What the forward keeps for the backward. The backward takes each saved activation out of it
-    (``_release``, None after) for its last reader, so that what the backward no longer needs is
+    (``release``, None after) for its last reader, so that what the backward no longer needs is
     freed as it goes (the eager autograd Function lets go of its own references first)."""
 
     x_col: torch.Tensor | MXFP8Tensor  # (T, H) bf16, or Q_col(x)
@@ -261,9 +260,10 @@ def grouped_mlp_forward(
     return y, saved
 
 
-def _release(saved: LayerSaved, name: str):
-    """``saved.<name>``, taken out of ``saved``: the caller is its last reader, and it is freed once
-    that op is done with it (a quantized tensor as soon as it is dequantized)."""
+def release(saved, name: str):
+    """``saved.<name>``, taken out of ``saved`` (a ``LayerSaved`` or ``BlockwiseSaved``): the caller
+    is its last reader, and it is freed once that op is done with it (a quantized tensor as soon as
+    it is dequantized)."""
     value = getattr(saved, name)
     setattr(saved, name, None)
     return value
@@ -274,7 +274,7 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
                          weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
     """Gradients for dy (T, H); the arguments of ``gmlp.contract.reference.grouped_mlp_backward_ref`` after
     the runner. ``saved``'s activations (c, a's and x's) are released after their last reader
-    (``_release``)."""
+    (``release``)."""
     split_sizes, groups = saved.split_sizes, saved.groups
     # W1's gate and up stored apart: their gradients apart, each dW1_g's gate rows and up rows
     apart = {"split_rows": saved.c.shape[1] // 2} if isinstance(saved.w1, GateUp) else {}
@@ -289,7 +289,7 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     # operands made for one GEMM are passed as temporaries, and each saved or quantized tensor is
     # dropped after its last reader (the peak is at the weight gradients, allocated last)
     dgrad = run("fc2 dgrad", dy_values("qdq dy", "rowwise"),
-                _transposed_weight(run, "qdq w2^T", saved.w2, saved.w2t, recipe), _release(saved, "c"), split_sizes,
+                _transposed_weight(run, "qdq w2^T", saved.w2, saved.w2t, recipe), release(saved, "c"), split_sizes,
                 activation=activation, recipe=recipe, probs=saved.probs, bias_grad=saved.has_b1, groups=groups)
     dprobs, db1 = dgrad.dprobs, dgrad.db1
     dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
@@ -302,11 +302,11 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     # copies are what the GEMM reads), before its output is allocated. FC1's first: dh (and its
     # quantized forms) dies with it, so the step's peak, at the second weight gradient, holds
     # neither dh nor FC1 wgrad's operands (the larger pair: T x (2F + H) against FC2's T x (H + F))
-    operands = _wgrad_operands(run, "fc1 wgrad", dh_col, _release(saved, "x_col"), groups)
+    operands = _wgrad_operands(run, "fc1 wgrad", dh_col, release(saved, "x_col"), groups)
     del dh_col
     dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
     del operands
-    operands = _wgrad_operands(run, "fc2 wgrad", dy_values("qdq dy^T", "columnwise"), _release(saved, "a_col"), groups)
+    operands = _wgrad_operands(run, "fc2 wgrad", dy_values("qdq dy^T", "columnwise"), release(saved, "a_col"), groups)
     dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
     del operands
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None

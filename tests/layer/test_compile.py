@@ -127,9 +127,9 @@ def test_cross_check_runs_inside_a_compiled_call(recipe, monkeypatch):
     comparisons = []
     real = gmlp.debug.crosscheck._compare
 
-    def counting(site, *args, **kwargs):
-        comparisons.append(site)
-        return real(site, *args, **kwargs)
+    def counting(op, *args, **kwargs):
+        comparisons.append(op.value)
+        return real(op, *args, **kwargs)
 
     monkeypatch.setattr(gmlp.debug.crosscheck, "_compare", counting)
     with warnings.catch_warnings():

@@ -20,7 +20,7 @@ from gmlp.contract.blockwise_reference import fc1_forward_blockwise_ref
 from gmlp.debug.compare import activation_slope
 from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
 from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
-from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor, absolute
 from tests.support.backends import kernel_device, triton_op
 
 SPLITS = [0, 1, 127, 128, 129, 0]
@@ -36,10 +36,6 @@ def _to(q: FP8BlockwiseTensor, device) -> FP8BlockwiseTensor:
     return FP8BlockwiseTensor(q.data.to(device), q.scale_inv.to(device), q.block_shape, q.element_format,
                               q.power_of_two, None if q.split_sizes is None else q.split_sizes.to(device))
 
-
-def _absolute(q: FP8BlockwiseTensor) -> FP8BlockwiseTensor:
-    return FP8BlockwiseTensor(q.data.float().abs().to(q.data.dtype), q.scale_inv.abs(), q.block_shape,
-                              q.element_format, q.power_of_two, q.split_sizes)
 
 
 def _run(fc1, x, w1, splits, activation, ffn, bias, probs):
@@ -86,7 +82,7 @@ def test_within_the_derived_bound(fc1, activation):
     q_x, q_w = quantize_fp8_blockwise_ref(x).rowwise, quantize_weights_fp8_blockwise_ref(w1)
     got, want = _run(fc1, q_x, q_w, SPLITS, activation, ffn, bias, probs)
     gpu = kernel_device().type == "cuda"
-    magnitude = grouped_gemm_blockwise_ref(_absolute(q_x), _absolute(q_w), torch.tensor(SPLITS),
+    magnitude = grouped_gemm_blockwise_ref(absolute(q_x), absolute(q_w), torch.tensor(SPLITS),
                                            out_dtype=torch.float64).float()
     delta_h = magnitude * (hidden * 2.0**-24 + (4 * 2.0**-13 if gpu else 0.0))  # test_blockwise_gemm's bound
     c_error = (got.c.cpu().float() - want.c.float()).abs()

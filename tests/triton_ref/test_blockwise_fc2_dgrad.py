@@ -19,7 +19,7 @@ from gmlp.contract.blockwise_reference import fc2_dgrad_blockwise_ref
 from gmlp.debug.compare import activation_slope
 from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
 from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
-from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor, absolute
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.backends import kernel_device, triton_op
 
@@ -35,10 +35,6 @@ def _to(q: FP8BlockwiseTensor, device) -> FP8BlockwiseTensor:
     return FP8BlockwiseTensor(q.data.to(device), q.scale_inv.to(device), q.block_shape, q.element_format,
                               q.power_of_two, None if q.split_sizes is None else q.split_sizes.to(device))
 
-
-def _absolute(q: FP8BlockwiseTensor) -> FP8BlockwiseTensor:
-    return FP8BlockwiseTensor(q.data.float().abs().to(q.data.dtype), q.scale_inv.abs(), q.block_shape,
-                              q.element_format, q.power_of_two, q.split_sizes)
 
 
 def _run(fc2_dgrad, dy, w2t, c, probs, activation, grad_format):
@@ -86,7 +82,7 @@ def test_within_the_derived_bound(fc2_dgrad, activation):
     got, want = _run(fc2_dgrad, q_dy, q_w2t, c, probs, activation, "e4m3")
     gpu = kernel_device().type == "cuda"
     split_sizes = torch.tensor(SPLITS)
-    magnitude = grouped_gemm_blockwise_ref(_absolute(q_dy), _absolute(q_w2t), split_sizes, out_dtype=torch.float64)
+    magnitude = grouped_gemm_blockwise_ref(absolute(q_dy), absolute(q_w2t), split_sizes, out_dtype=torch.float64)
     delta_da = (magnitude * (hidden * 2.0**-24 + (4 * 2.0**-13 if gpu else 0.0))).float()
     da_abs = magnitude.float()  # |da| <= the sum of |products|
     act = activation.forward(c.float()).abs()

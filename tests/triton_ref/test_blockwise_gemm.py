@@ -9,7 +9,7 @@ import torch
 
 from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref, grouped_wgrad_blockwise_ref
 from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
-from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor, absolute
 from tests.support.backends import kernel_device, triton_op
 
 SPLITS = {"edges": [0, 1, 127, 128, 129, 0], "one-expert": [200], "all-on-one": [0, 0, 256]}
@@ -34,11 +34,6 @@ def _assert_within_bound(got: torch.Tensor, want: torch.Tensor, magnitude: torch
     assert not excess.any(), f"{int(excess.sum())} of {excess.numel()} elements beyond the bound, first at " \
                              f"{excess.nonzero()[:3].tolist()}: {error[excess][:3].tolist()} > {bound[excess][:3].tolist()}"
 
-
-def _absolute(q: FP8BlockwiseTensor) -> FP8BlockwiseTensor:
-    """The same blocks with |elements| and |scales|: its GEMM is the sum of |products|."""
-    return FP8BlockwiseTensor(q.data.float().abs().to(q.data.dtype), q.scale_inv.abs(), q.block_shape,
-                              q.element_format, q.power_of_two, q.split_sizes)
 
 
 def _operands(tokens: int, features: int, seed: int) -> torch.Tensor:
@@ -71,7 +66,7 @@ def test_grouped_gemm_within_the_derived_bound(splits, power_of_two, transposed)
     split_sizes = torch.tensor(splits)
     bias = None if transposed else torch.randn(experts, n, generator=generator).bfloat16()  # FC2's b2
     want = grouped_gemm_blockwise_ref(q_x, q_w, split_sizes, bias=bias, out_dtype=torch.float64)
-    magnitude = grouped_gemm_blockwise_ref(_absolute(q_x), _absolute(q_w), split_sizes, out_dtype=torch.float64)
+    magnitude = grouped_gemm_blockwise_ref(absolute(q_x), absolute(q_w), split_sizes, out_dtype=torch.float64)
     device = kernel_device()
     for block_n in (128, 64):
         got = gemm(_to(q_x, device), _to(q_w, device), split_sizes.to(device), block_n=block_n,
@@ -91,7 +86,7 @@ def test_grouped_wgrad_within_the_derived_bound(splits, grad_format):
     x = quantize_fp8_blockwise_ref(_operands(tokens, n, seed=3), rowwise=False, columnwise=True,
                                    split_sizes=split_sizes).columnwise
     want = grouped_wgrad_blockwise_ref(dy, x, split_sizes, out_dtype=torch.float64)
-    magnitude = grouped_wgrad_blockwise_ref(_absolute(dy), _absolute(x), split_sizes, out_dtype=torch.float64)
+    magnitude = grouped_wgrad_blockwise_ref(absolute(dy), absolute(x), split_sizes, out_dtype=torch.float64)
     device = kernel_device()
     longest = max(splits)
     got = wgrad(_to(dy, device), _to(x, device), split_sizes.to(device))

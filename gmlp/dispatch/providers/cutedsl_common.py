@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.dispatch.sites import Op
+from gmlp.dispatch.sites import BLOCKWISE_OPS, Op
 
 __all__ = ["system", "supports", "no_kernel_reason", "load_quantize"]
 
@@ -38,6 +38,9 @@ def no_kernel_reason(op: Op) -> Reason | None:
     if op is Op.QUANTIZE_DEQUANTIZE:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL quantize-dequantize in gmlp: the Triton kernel runs at a device "
                                          "copy's speed rowwise")
+    if op in BLOCKWISE_OPS:
+        return Reason(ReasonKind.RECIPE, "gmlp has no CuTeDSL kernels of the FP8 blockwise recipe yet (its SM90 fp8 "
+                                         "wgmma GEMMs with promotion are the next step); its Triton kernels run it")
     if op is Op.SEGMENT_SUM:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
                                          "no biases)")

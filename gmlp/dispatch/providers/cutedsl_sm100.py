@@ -23,6 +23,9 @@ def composition_reason(problem: LayerProblem) -> Reason | None:
     """Why the layer's GEMMs cannot run as the SM100 composition (``gmlp.cutedsl.sm100.layer``) on
     an SM100 GPU whose packages import, or None. Its steps share padded layouts, so the GEMM
     sites take it together or not at all: every reason here applies to all of them."""
+    if problem.blockwise:
+        return Reason(ReasonKind.RECIPE, "the FP8 blockwise recipe: gmlp's SM100 path maps the MXFP8 recipe onto cuDNN "
+                                         "frontend's block-scaled kernels; the blockwise recipe runs on Triton")
     if not problem.mxfp8:
         return Reason(ReasonKind.RECIPE, "bf16 (recipe=None): gmlp's SM100 path maps the MXFP8 recipe onto cuDNN "
                                          "frontend's block-scaled kernels; a bf16 layer runs on Triton")

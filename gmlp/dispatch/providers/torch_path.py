@@ -1,5 +1,6 @@
 """The torch path's provider: the spec and the oracle (``gmlp.mxfp8.reference``,
-``gmlp.contract.reference``), on any device, for every problem the layer validates."""
+``gmlp.contract.reference``; for the FP8 blockwise recipe ``gmlp.fp8_blockwise`` and
+``gmlp.contract.blockwise_reference``), on any device, for every problem the layer validates."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ def _supports(op: Op, problem, site: str | None) -> Reason | None:
 
 
 def _load(site: Site) -> Callable:
-    from gmlp.contract import reference
+    from gmlp.contract import blockwise_reference, reference
+    from gmlp.fp8_blockwise import gemm
+    from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
     from gmlp.mxfp8.reference import quantize_dequantize_mxfp8_ref, quantize_mxfp8_ref
 
     launch_only = without("groups", "tiling")
+    blockwise_launch_only = without("groups", "config", "num_warps", "block_m", "block_n")
     return {
         Op.QUANTIZE: without("groups")(quantize_mxfp8_ref),
         Op.DEQUANTIZE: dequantize_ref,
@@ -35,6 +39,12 @@ def _load(site: Site) -> Callable:
         Op.FC2_DGRAD: dequantizing_a(launch_only(reference.fc2_dgrad_ref), dequantize_ref),
         Op.WGRAD: dequantizing_a(launch_only(reference.grouped_wgrad_ref), dequantize_ref, 2),
         Op.SEGMENT_SUM: reference.segment_sum_ref,
+        Op.BLOCKWISE_QUANTIZE: blockwise_launch_only(quantize_fp8_blockwise_ref),
+        Op.BLOCKWISE_WEIGHTS: quantize_weights_fp8_blockwise_ref,
+        Op.BLOCKWISE_FC1: blockwise_launch_only(blockwise_reference.fc1_forward_blockwise_ref),
+        Op.BLOCKWISE_GEMM: blockwise_launch_only(gemm.grouped_gemm_blockwise_ref),
+        Op.BLOCKWISE_FC2_DGRAD: blockwise_launch_only(blockwise_reference.fc2_dgrad_blockwise_ref),
+        Op.BLOCKWISE_WGRAD: blockwise_launch_only(gemm.grouped_wgrad_blockwise_ref),
     }[site.op]
 
 

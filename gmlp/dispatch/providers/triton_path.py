@@ -10,7 +10,7 @@ from typing import Callable
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.dispatch.providers import Provider
 from gmlp.dispatch.providers.adapters import dequantizing_a
-from gmlp.dispatch.sites import GEMM_OPS, Op, Site
+from gmlp.dispatch.sites import BLOCKWISE_OPS, GEMM_OPS, Op, Site
 from gmlp.system.versions import package_version, too_old
 
 __all__ = ["PROVIDER"]
@@ -38,7 +38,8 @@ def _system(device_type: str, capability: tuple[int, int] | None, interpret: boo
 
 def _supports(op: Op, problem, site: str | None) -> Reason | None:
     """The quantize's own rule; for the GEMMs, bf16 operands and the launchers' shape rules
-    (``gmlp.triton_ref.shapes``, which the launchers raise with); the other ops take any sizes."""
+    (``gmlp.triton_ref.shapes``, which the launchers raise with); the FP8 blockwise ops, sizes in
+    128-element blocks; the other ops take any sizes."""
     if op is Op.QUANTIZE:
         from gmlp.triton_ref.quantize import problem_support
 
@@ -47,6 +48,8 @@ def _supports(op: Op, problem, site: str | None) -> Reason | None:
         from gmlp.triton_ref.quantize_dequantize import problem_support
 
         return problem_support(problem)
+    if op in BLOCKWISE_OPS:
+        return problem.blockwise_shape_reason()
     if op not in GEMM_OPS:
         return None
     from gmlp.triton_ref.shapes import fc1_shape_reason, fc2_dgrad_shape_reason

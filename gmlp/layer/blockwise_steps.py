@@ -1,0 +1,119 @@
+"""The grouped MLP's forward and backward under the FP8 blockwise recipe, as a sequence of ops,
+each on the path its plan chose (``gmlp.layer.steps.OpRunner``; sites ``BLOCKWISE_SITES``).
+
+The dataflow of docs/design.md with every GEMM on fp8 operands, the scales promoted every 128 of
+K (``gmlp.fp8_blockwise``), and no host sync on the kernel paths:
+
+forward:  W1 in 128 x 128 tiles -> x both ways (1 x 128 for FC1, 128 x 1 kept for FC1 wgrad) ->
+          ``fc1`` (c, Q_row(a), Q_col(a)) -> W2 in tiles -> ``fc2`` (+ b2) -> y
+backward: dy both ways (gradient format) -> ``fc2 dgrad`` against W2's transposed tiles
+          (dprobs, Q_row(dh), Q_col(dh), db1) -> ``fc1 dgrad`` against W1's transposed tiles -> dx;
+          ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``fc2 wgrad`` dW2 = Q_col(dy)^T Q_col(a);
+          ``bias grad`` for b2
+
+The backward keeps fp8 only: Q_col(x), Q_col(a), c (bf16, as every recipe) and the weights'
+forward tiles, whose transposes (a copy of the fp8 data and scales, bit for bit the quantization
+of W^T) the dgrads read. Each saved tensor is released after its last reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gmlp.contract.activations import Activation
+from gmlp.contract.outputs import MLPGrads
+from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor
+from gmlp.layer.steps import OpRunner, release
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ElementFormat
+
+__all__ = ["BlockwiseSaved", "blockwise_forward", "blockwise_backward", "fake_blockwise_saved"]
+
+
+@dataclass
+class BlockwiseSaved:
+    """What the blockwise forward keeps for the backward (each taken out by its last reader)."""
+
+    x_col: FP8BlockwiseTensor  # Q_col(x), 128 x 1 blocks
+    c: torch.Tensor  # (T, 2F | F) bf16
+    a_col: FP8BlockwiseTensor  # Q_col(a)
+    probs: torch.Tensor | None
+    w1: FP8BlockwiseTensor  # W1's 128 x 128 tiles, (E, 2F | F, H)
+    w2: FP8BlockwiseTensor  # W2's, (E, H, F)
+    split_sizes: torch.Tensor
+    groups: DeviceGroups
+    has_b1: bool
+    has_b2: bool
+
+
+def blockwise_forward(run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None,
+                      w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+                      activation: Activation, recipe: FP8BlockwiseRecipe,
+                      groups: DeviceGroups | None = None) -> tuple[torch.Tensor, BlockwiseSaved]:
+    """y (T, H) bf16 and the saved state (W1 as one (E, 2F | F, H) tensor, [gate; up] halves)."""
+    ffn, pow2 = w2.shape[2], recipe.power_of_two_scales
+    groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
+    w1q = run("quantize w1", w1, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    xq = run("quantize x", x, rowwise=True, columnwise=True, split_sizes=split_sizes,
+             element_format=ElementFormat.E4M3, power_of_two=pow2, groups=groups)
+    fc1 = run("fc1", xq.rowwise, w1q, split_sizes, ffn_hidden_size=ffn, activation=activation, b1=b1, probs=probs,
+              power_of_two=pow2, groups=groups)
+    x_col = xq.columnwise
+    del xq  # Q_row(x): FC1's only
+    w2q = run("quantize w2", w2, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    y = run("fc2", fc1.a_rowwise, w2q, split_sizes, bias=b2, groups=groups)
+    saved = BlockwiseSaved(x_col=x_col, c=fc1.c, a_col=fc1.a_columnwise, probs=probs, w1=w1q, w2=w2q,
+                           split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
+    return y, saved
+
+
+def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, activation: Activation,
+                       recipe: FP8BlockwiseRecipe, weight_grad_dtype: torch.dtype = torch.float32,
+                       weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
+    """Gradients for dy (T, H); ``weight_grad_out``: the fp32 (dW1, dW2) to add into (main_grad)."""
+    split_sizes, groups, pow2 = saved.split_sizes, saved.groups, recipe.power_of_two_scales
+    dyq = run("quantize dy", dy, rowwise=True, columnwise=True, split_sizes=split_sizes,
+              element_format=recipe.grad_format, power_of_two=pow2, groups=groups)
+    dgrad = run("fc2 dgrad", dyq.rowwise, release(saved, "w2").transpose(), release(saved, "c"), split_sizes,
+                activation=activation, grad_format=recipe.grad_format, probs=saved.probs, bias_grad=saved.has_b1,
+                power_of_two=pow2, groups=groups)
+    dy_col, dprobs, db1, dh_col = dyq.columnwise, dgrad.dprobs, dgrad.db1, dgrad.dh_columnwise
+    dx = run("fc1 dgrad", dgrad.dh_rowwise, release(saved, "w1").transpose(), split_sizes, groups=groups)
+    del dyq, dgrad
+    dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)
+    dw1 = run("fc1 wgrad", dh_col, release(saved, "x_col"), split_sizes, out=dw1_out, out_dtype=weight_grad_dtype,
+              groups=groups)
+    del dh_col
+    dw2 = run("fc2 wgrad", dy_col, release(saved, "a_col"), split_sizes, out=dw2_out, out_dtype=weight_grad_dtype,
+              groups=groups)
+    db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None
+    return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)
+
+
+def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
+                         b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+                         recipe: FP8BlockwiseRecipe) -> BlockwiseSaved:
+    """What ``blockwise_forward`` saves, as new empty tensors of the same shapes, dtypes and strides
+    (every buffer is sized from host-known bounds): the state of a traced forward."""
+    tokens, experts, hidden, ffn = x.shape[0], w2.shape[0], w2.shape[1], w2.shape[2]
+    fp8, pow2 = ElementFormat.E4M3, recipe.power_of_two_scales
+    groups = DeviceGroups(*(split_sizes.new_empty(experts + 1, dtype=torch.int32) for _ in range(3)),
+                          split_sizes.new_empty((), dtype=torch.bool), checked=True)
+
+    def q_col(cols: int) -> FP8BlockwiseTensor:  # Q_col of a (T, cols) token operand
+        return FP8BlockwiseTensor(x.new_empty(cols, tokens, dtype=fp8.torch_dtype),
+                                  x.new_empty(layout.columnwise_scale_shape(tokens, cols, experts), dtype=torch.float32),
+                                  BlockShape.COLUMNWISE, fp8, pow2, split_sizes)
+
+    def tiles(w: torch.Tensor) -> FP8BlockwiseTensor:
+        return FP8BlockwiseTensor(w.new_empty(w.shape, dtype=fp8.torch_dtype),
+                                  w.new_empty(layout.weight_scale_shape(tuple(w.shape)), dtype=torch.float32),
+                                  BlockShape.TILE, fp8, pow2)
+
+    return BlockwiseSaved(x_col=q_col(hidden), c=x.new_empty(tokens, w1.shape[1], dtype=torch.bfloat16),
+                          a_col=q_col(ffn), probs=probs, w1=tiles(w1), w2=tiles(w2), split_sizes=split_sizes,
+                          groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
