@@ -1,0 +1,119 @@
+"""GroupedMLP with the FP8 blockwise recipe (gmlp.FP8BlockwiseRecipe): forward and backward on
+the Triton kernels (interpreted on the CPU) with every op cross-checked against the torch path,
+close to the unquantized layer, its plan and the reasons it gives, torch.compile without graph
+breaks, main_grad accumulation, and the argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+import gmlp
+from gmlp.contract.reasons import ReasonKind
+from gmlp.debug import cross_check
+from gmlp.dispatch.paths import Path
+from gmlp.dispatch.providers import cutedsl_common
+from gmlp.dispatch.providers.cutedsl_sm100 import composition_reason
+from gmlp.dispatch.sites import BLOCKWISE_SITES, Op
+from tests.support.backends import kernel_device
+
+EXPERTS, HIDDEN, FFN = 4, 256, 128
+SPLITS = [0, 129, 43, 128]  # an empty expert, one past a 128-token block, one exactly a block
+
+
+def _module(recipe=None, **kwargs) -> gmlp.GroupedMLP:
+    torch.manual_seed(0)
+    return gmlp.GroupedMLP(EXPERTS, HIDDEN, FFN, recipe=recipe or gmlp.FP8BlockwiseRecipe(), device=kernel_device(),
+                           **kwargs)
+
+
+def _step(mlp: gmlp.GroupedMLP, dtype=torch.bfloat16, splits=SPLITS, call=None):
+    """y and the gradients of x, probs and every parameter, for fixed inputs and dy, through
+    ``call`` (a compiled ``mlp``; the module itself by default)."""
+    generator = torch.Generator().manual_seed(1)
+    tokens, device = sum(splits), kernel_device()
+    x = torch.randn(tokens, HIDDEN, generator=generator).to(device, dtype).requires_grad_()
+    probs = torch.rand(tokens, generator=generator).to(device).requires_grad_()
+    dy = torch.randn(tokens, HIDDEN, generator=generator).to(device, dtype)
+    mlp.zero_grad(set_to_none=True)
+    y = (mlp if call is None else call)(x, torch.tensor(splits, device=device), probs)
+    y.backward(dy)
+    grads = {name: p.grad for name, p in mlp.named_parameters()}
+    return {"y": y.detach(), "x": x.grad, "probs": probs.grad, **grads}
+
+
+@pytest.mark.parametrize("recipe", [gmlp.FP8BlockwiseRecipe(), gmlp.FP8BlockwiseRecipe("e5m2", False)],
+                         ids=["e4m3-pow2", "e5m2-fp32-scales"])
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+def test_every_op_agrees_with_the_torch_path_and_the_layer_with_the_unquantized_one(recipe, activation):
+    """Each op's kernel against its torch twin (the cross-check raises on any element beyond its
+    bound, the quantizes compared bit for bit), and the whole step within fp8's error of the
+    unquantized fp64 layer (cosine similarity; E4M3 keeps 3 mantissa bits)."""
+    mlp = _module(recipe, activation=activation, bias=True)
+    if mlp.plan(torch.zeros(1, HIDDEN, device=kernel_device(), dtype=torch.bfloat16)).path("fc1") is Path.TORCH:
+        pytest.skip("fc1 runs on torch here: nothing to cross-check it with")
+    with cross_check(action="raise"):
+        got = _step(mlp)
+    reference = gmlp.GroupedMLP(EXPERTS, HIDDEN, FFN, activation=activation, bias=True, recipe=None,
+                                dtype=torch.float64, device=kernel_device())
+    reference.load_state_dict({name: value.double() for name, value in mlp.state_dict().items()})
+    want = _step(reference, torch.float64)
+    for name, value in got.items():
+        similarity = torch.nn.functional.cosine_similarity(value.double().flatten(), want[name].flatten(), dim=0)
+        assert similarity > 0.99, (name, float(similarity))
+
+
+def test_the_plan_names_the_blockwise_ops_and_why_cutedsl_does_not_run_them():
+    mlp = _module()
+    plan = mlp.plan(torch.zeros(8, HIDDEN, device=kernel_device(), dtype=torch.bfloat16))
+    assert plan.blockwise and set(plan.decisions) == {name for name, site in BLOCKWISE_SITES.items()
+                                                     if not site.bias_only}
+    assert plan.site("fc1").op is Op.BLOCKWISE_FC1 and plan.site("fc2").op is Op.BLOCKWISE_GEMM
+    text = mlp.explain(torch.zeros(8, HIDDEN, device=kernel_device(), dtype=torch.bfloat16))
+    assert "the FP8 blockwise recipe" in text and "fc1_forward_blockwise" in text
+    assert "fp8 blockwise power-of-two scales, grads e4m3" in repr(mlp)
+    reason = cutedsl_common.no_kernel_reason(Op.BLOCKWISE_GEMM)  # what an SM90 / SM100 GPU says
+    assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernels of the FP8 blockwise recipe" in reason.message
+    problem = mlp._layer_problem(torch.zeros(8, HIDDEN, dtype=torch.bfloat16))
+    assert "blockwise recipe runs on Triton" in composition_reason(problem).message
+
+
+def test_compiled_fullgraph_equals_eager():
+    mlp = _module()
+    want = _step(mlp)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(mlp)(torch.zeros(300, HIDDEN, dtype=torch.bfloat16, device=kernel_device()),
+                                             torch.tensor(SPLITS, device=kernel_device()))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager", dynamic=True)
+    got = _step(mlp, call=compiled)
+    torch._dynamo.reset()
+    for name, value in got.items():
+        assert torch.equal(value, want[name]), name
+
+
+def test_main_grad_accumulation():
+    mlp = _module(accumulate_main_grad=True)
+    for param in mlp.parameters():
+        param.main_grad = torch.ones(param.shape, dtype=torch.float32, device=param.device)
+    _step(mlp)
+    plain = _step(_module())
+    for name, param in mlp.named_parameters():
+        assert param.grad is None
+        torch.testing.assert_close(param.main_grad - 1, plain[name].float(), rtol=2**-7, atol=1e-6)
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match="multiples of 128, got hidden_size=192"):
+        gmlp.GroupedMLP(2, 192, 128, recipe=gmlp.FP8BlockwiseRecipe())
+    with pytest.raises(TypeError, match="bfloat16 or float32 parameters"):
+        gmlp.GroupedMLP(2, 128, 128, recipe=gmlp.FP8BlockwiseRecipe(), dtype=torch.float16)
+    with pytest.raises(ValueError, match="grad_format must be one of"):
+        gmlp.FP8BlockwiseRecipe(grad_format="e3m4")
+    with pytest.raises(TypeError, match="power_of_two_scales must be a bool"):
+        gmlp.FP8BlockwiseRecipe(power_of_two_scales=1)
+    mlp = _module()
+    x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device=kernel_device())
+    with pytest.raises(ValueError, match="weight_cache='update' with the FP8 blockwise recipe"):
+        mlp(x, torch.tensor([4, 0, 0, 0], device=kernel_device()), weight_cache="update")
