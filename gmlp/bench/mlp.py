@@ -15,7 +15,8 @@ gradients, as after ``optimizer.zero_grad()`` (set to None): no side pays an acc
 an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h200-*``).
 ``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
 weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
-``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
+``gmlp-fp8-blockwise`` is the layer with the FP8 blockwise recipe (``--sides``; H and F multiples of
+128). ``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
 torchtitan keeps them (read in place: ``gmlp.contract.gate_up``). ``sonicmoe-bf16`` is SonicMoE on
 the same rows (``gmlp.bench.sonicmoe``; ``--sides``, in a process of its own).
 
@@ -49,6 +50,7 @@ from gmlp.bench.common import (
 )
 from gmlp.contract.gate_up import GateUpLayout
 from gmlp.dispatch.plan_cache import LayerConfig
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.layer import autograd
 from gmlp.layer.module import GroupedMLP
 from gmlp.mxfp8.recipe import MXFP8Recipe
@@ -64,9 +66,10 @@ COMPILED_ACT = "torch-bf16-compiled-act"
 W1_APART = "gmlp-bf16-w1-apart"  # gmlp bf16 with W1's gate and up as two tensors (torchtitan's layout)
 BASELINES = {"eager": EAGER_ACT, "compiled_act": COMPILED_ACT}  # JSON ratio key suffix -> baseline
 MXFP8_REUSED = "gmlp-mxfp8-reused-weights"
+BLOCKWISE = "gmlp-fp8-blockwise"  # the FP8 blockwise recipe (gmlp.FP8BlockwiseRecipe), asked for with --sides
 # the sides besides the baselines; SonicMoE (``gmlp.bench.sonicmoe``) needs a process of its own
 DEFAULT_SIDES = ("gmlp-mxfp8", "gmlp-bf16", W1_APART, MXFP8_REUSED)
-SIDES = (*DEFAULT_SIDES, sonicmoe.SIDE)
+SIDES = (*DEFAULT_SIDES, BLOCKWISE, sonicmoe.SIDE)
 
 ActivationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (T, 2F), probs (T,)) -> (T, F)
 Run = tuple[Callable[[], torch.Tensor], list[torch.Tensor]]  # a side's forward and the leaves it takes gradients of
@@ -115,10 +118,14 @@ def make_layers(experts: int, hidden: int, ffn: int, device: torch.device
                 ) -> tuple[dict[str, GroupedMLP], tuple[torch.Tensor, torch.Tensor]]:
     """gmlp's layers by name (MXFP8, bf16), and the torch baselines' (w1, w2): every side with the
     bf16 layer's weights (copies, leaves of their own)."""
-    layers = {name: GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
-              for name, recipe in (("gmlp-mxfp8", MXFP8Recipe()), ("gmlp-bf16", None))}
+    recipes = (("gmlp-mxfp8", MXFP8Recipe()), ("gmlp-bf16", None))
+    if hidden % 128 == 0 and ffn % 128 == 0:  # the blockwise recipe's 128-element blocks
+        recipes += ((BLOCKWISE, FP8BlockwiseRecipe()),)
+    layers = {name: GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device) for name, recipe in recipes}
     bf16 = layers["gmlp-bf16"]
-    layers["gmlp-mxfp8"].load_state_dict(bf16.state_dict())
+    for name, layer in layers.items():
+        if layer is not bf16:
+            layer.load_state_dict(bf16.state_dict())
     return layers, (bf16.w1.detach().clone().requires_grad_(), bf16.w2.detach().clone().requires_grad_())
 
 
@@ -128,6 +135,9 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
     """The ``sides`` of one routing by name (the torch baselines always): gmlp's layers, the bf16
     layer with W1 apart, the MXFP8 layer with the weights it quantizes here
     (``weight_cache="update"``) reused, SonicMoE. All take x and probs."""
+    if BLOCKWISE in sides and BLOCKWISE not in layers:
+        raise ValueError(f"--sides {BLOCKWISE}: the FP8 blockwise recipe needs H and F multiples of 128, got "
+                         f"H={x.shape[1]}, F={layers['gmlp-bf16'].ffn_hidden_size}")
     w1, w2 = torch_weights
     offsets = expert_offsets(split_sizes)
     runs = {name: (lambda activation=activation: baseline_layer(x, probs, w1, w2, offsets, activation),
