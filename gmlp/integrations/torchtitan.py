@@ -3,6 +3,7 @@
 One flag switches a torchtitan MoE model's experts to gmlp::
 
     --override.imports gmlp.integrations.torchtitan.gmlp_experts                    # MXFP8
+    --override.imports 'gmlp.integrations.torchtitan.gmlp_experts={"recipe": "fp8_blockwise"}'
     --override.imports 'gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'
 
 ``gmlp_experts`` is a torchtitan override (``torchtitan.config.override``) of
@@ -36,29 +37,39 @@ from gmlp.dispatch.paths import FallbackError, FallbackWarning
 from gmlp.dispatch.plan_cache import LayerConfig, decode_config, layer_problem, token_class
 from gmlp.dispatch.plan import plan_layer
 from gmlp.layer import autograd
-from gmlp.layer.module import MXFP8_PARAM_DTYPES
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
+from gmlp.layer.module import MXFP8_PARAM_DTYPES, recipe_name
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 
 __all__ = ["GmlpGroupedExperts", "gmlp_experts", "recipe_from_name"]
 
-RECIPE_NAMES = ("mxfp8", "bf16")
+RECIPE_NAMES = ("mxfp8", "fp8_blockwise", "bf16")
 
 
-def recipe_from_name(recipe: str, scale_mode: str = "rceil", grad_format: str = "e4m3") -> MXFP8Recipe | None:
-    """The gmlp recipe a config names: "mxfp8" (with its scale mode and gradient format) or "bf16" (None)."""
+def recipe_from_name(recipe: str, scale_mode: str = "rceil", grad_format: str = "e4m3"
+                     ) -> MXFP8Recipe | FP8BlockwiseRecipe | None:
+    """The gmlp recipe a config names: "mxfp8" (with its scale mode and gradient format),
+    "fp8_blockwise" (with its gradient format; power-of-two scales) or "bf16" (None)."""
     modes, formats = [m.value for m in ScaleMode], [f.value for f in ElementFormat]
     for name, value, accepted in (("recipe", recipe, RECIPE_NAMES), ("scale_mode", scale_mode, modes),
                                   ("grad_format", grad_format, formats)):
         if value not in accepted:
             raise ValueError(f"gmlp experts: {name} must be one of {accepted}, got {value!r}")
+    if recipe == "fp8_blockwise":
+        if scale_mode != "rceil":
+            raise ValueError(f"gmlp experts: scale_mode={scale_mode!r} is an MXFP8 setting; the fp8_blockwise recipe "
+                             "takes fp32 (power-of-two) scales")
+        return FP8BlockwiseRecipe(ElementFormat(grad_format))
     return None if recipe == "bf16" else MXFP8Recipe(ScaleMode(scale_mode), ElementFormat(grad_format))
 
 
-def _check_sizes(recipe: MXFP8Recipe | None, dim: int, hidden_dim: int) -> None:
-    if recipe is not None and (dim % 32 or hidden_dim % 32):
-        raise ValueError(f"gmlp experts with MXFP8 need dim and hidden_dim multiples of 32 (one scale per 32 "
-                         f"elements), got dim={dim}, hidden_dim={hidden_dim}; recipe='bf16' takes any size")
+def _check_sizes(recipe: MXFP8Recipe | FP8BlockwiseRecipe | None, dim: int, hidden_dim: int) -> None:
+    block = 128 if isinstance(recipe, FP8BlockwiseRecipe) else 32
+    if recipe is not None and (dim % block or hidden_dim % block):
+        raise ValueError(f"gmlp experts with {'fp8_blockwise' if block == 128 else 'MXFP8'} need dim and hidden_dim "
+                         f"multiples of {block} (one scale per {block} elements), got dim={dim}, "
+                         f"hidden_dim={hidden_dim}; recipe='bf16' takes any size")
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -79,9 +90,9 @@ class GmlpGroupedExperts(GroupedExperts):
 
     @dataclass(kw_only=True, slots=True)
     class Config(GroupedExperts.Config):
-        recipe: str = "mxfp8"  # "mxfp8" or "bf16"
+        recipe: str = "mxfp8"  # "mxfp8", "fp8_blockwise" or "bf16"
         scale_mode: str = "rceil"  # MXFP8 scale rounding (gmlp.ScaleMode)
-        grad_format: str = "e4m3"  # MXFP8 gradient element format (gmlp.ElementFormat)
+        grad_format: str = "e4m3"  # the gradients' element format (gmlp.ElementFormat)
         strict: bool | None = None  # raise instead of falling back to a slower path (None: GMLP_STRICT)
 
     def __init__(self, config: Config):
@@ -103,7 +114,7 @@ class GmlpGroupedExperts(GroupedExperts):
         if self.recipe is None:
             return tuple(w.bfloat16() for w in weights)
         if weights[0].dtype not in MXFP8_PARAM_DTYPES:
-            raise TypeError(f"gmlp experts with MXFP8 quantize the weights from bfloat16 or float32, got "
+            raise TypeError(f"gmlp experts with a quantized recipe quantize the weights from bfloat16 or float32, got "
                             f"{weights[0].dtype}; use recipe='bf16' for other dtypes")
         return weights
 
@@ -125,11 +136,10 @@ class GmlpGroupedExperts(GroupedExperts):
         return f"{type(self).__name__} ({self.extra_repr()}) on {device}:\n{plan_layer(problem, device, strict=False).explain()}"
 
     def extra_repr(self) -> str:
-        recipe = "bf16" if self.recipe is None else f"mxfp8 {self.recipe.scale_mode.value}, grads {self.recipe.grad_format.value}"
-        return f"num_experts={self.num_experts}, dim={self.dim}, hidden_dim={self.hidden_dim}, {recipe}"
+        return f"num_experts={self.num_experts}, dim={self.dim}, hidden_dim={self.hidden_dim}, {recipe_name(self.recipe)}"
 
 
-@override(target=GroupedExperts.Config, description="gmlp experts: fused MXFP8 / bf16 grouped SwiGLU MLP")
+@override(target=GroupedExperts.Config, description="gmlp experts: fused MXFP8 / FP8 blockwise / bf16 grouped SwiGLU MLP")
 def gmlp_experts(cfg: GroupedExperts.Config, *, recipe: str = "mxfp8", scale_mode: str = "rceil",
                  grad_format: str = "e4m3", strict: bool | None = None) -> GroupedExperts.Config:
     """torchtitan's override factory: a stock ``GroupedExperts.Config`` becomes gmlp's (its fields,

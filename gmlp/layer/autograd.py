@@ -181,7 +181,7 @@ def _forward_fake(x, split_sizes, probs, w1, w3, b1, w2, b2, reused, config):
         y, saved = sm100_forward(allocating_quantize, x, split_sizes, probs, w1, b1, w2, b2, layer.activation,
                                  layer.recipe, launch=_no_launch)
     elif plan.blockwise:
-        saved = fake_blockwise_saved(x, split_sizes, probs, w1, b1, w2, b2, layer.recipe)
+        saved = fake_blockwise_saved(x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.recipe)
     else:
         saved = fake_layer_saved(x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation,
                                  layer.recipe)

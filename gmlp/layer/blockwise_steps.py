@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from gmlp.contract.activations import Activation
+from gmlp.contract.gate_up import GateUp
 from gmlp.contract.outputs import MLPGrads
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
@@ -48,16 +49,41 @@ class BlockwiseSaved:
     groups: DeviceGroups
     has_b1: bool
     has_b2: bool
+    w1_apart: bool = False  # W1's gate and up stored apart: dW1 returned as the pair of their gradients
+
+
+def _w1_tiles(run: OpRunner, w1: torch.Tensor | GateUp, pow2: bool) -> FP8BlockwiseTensor:
+    """W1's 128 x 128 tiles as one (E, 2F | F, H) tensor, [gate; up] halves. W1's gate and up stored
+    apart (a ``GateUp``) are quantized apart and their tiles stacked: F is a multiple of 128, so
+    no tile holds both, and the stack is bit for bit the halves' quantization (an interleaved
+    layout's strided views are copied to be read)."""
+    if not isinstance(w1, GateUp):
+        return run("quantize w1", w1, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    gate, up = (run("quantize w1", part.contiguous(), element_format=ElementFormat.E4M3, power_of_two=pow2)
+                for part in (w1.gate, w1.up))
+    return FP8BlockwiseTensor(torch.cat([gate.data, up.data], 1), torch.cat([gate.scale_inv, up.scale_inv], 1),
+                              BlockShape.TILE, gate.element_format, pow2)
+
+
+def _add_dw1(dw1: torch.Tensor, into: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None, apart: bool):
+    """dW1 as the layer returns it: (gate, up) halves for W1 stored apart, or added into a pair of
+    main_grads (the kernel adds into one (E, 2F, H) tensor only)."""
+    if isinstance(into, tuple):
+        for target, half in zip(into, dw1.chunk(2, dim=1)):
+            target.add_(half)
+        return into
+    return tuple(dw1.chunk(2, dim=1)) if apart else dw1
 
 
 def blockwise_forward(run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None,
-                      w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+                      w1: torch.Tensor | GateUp, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
                       activation: Activation, recipe: FP8BlockwiseRecipe,
                       groups: DeviceGroups | None = None) -> tuple[torch.Tensor, BlockwiseSaved]:
-    """y (T, H) bf16 and the saved state (W1 as one (E, 2F | F, H) tensor, [gate; up] halves)."""
+    """y (T, H) bf16 and the saved state; W1 one (E, 2F | F, H) tensor, or its gate and up (a
+    ``GateUp``, ``gmlp.contract.gate_up``)."""
     ffn, pow2 = w2.shape[2], recipe.power_of_two_scales
     groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
-    w1q = run("quantize w1", w1, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    w1q = _w1_tiles(run, w1, pow2)
     xq = run("quantize x", x, rowwise=True, columnwise=True, split_sizes=split_sizes,
              element_format=ElementFormat.E4M3, power_of_two=pow2, groups=groups)
     fc1 = run("fc1", xq.rowwise, w1q, split_sizes, ffn_hidden_size=ffn, activation=activation, b1=b1, probs=probs,
@@ -67,14 +93,16 @@ def blockwise_forward(run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor,
     w2q = run("quantize w2", w2, element_format=ElementFormat.E4M3, power_of_two=pow2)
     y = run("fc2", fc1.a_rowwise, w2q, split_sizes, bias=b2, groups=groups)
     saved = BlockwiseSaved(x_col=x_col, c=fc1.c, a_col=fc1.a_columnwise, probs=probs, w1=w1q, w2=w2q,
-                           split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
+                           split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None,
+                           w1_apart=isinstance(w1, GateUp))
     return y, saved
 
 
 def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, activation: Activation,
                        recipe: FP8BlockwiseRecipe, weight_grad_dtype: torch.dtype = torch.float32,
                        weight_grad_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> MLPGrads:
-    """Gradients for dy (T, H); ``weight_grad_out``: the fp32 (dW1, dW2) to add into (main_grad)."""
+    """Gradients for dy (T, H); ``weight_grad_out``: the fp32 (dW1, dW2) to add into (main_grad;
+    dW1 a pair for W1's gate and up stored apart)."""
     split_sizes, groups, pow2 = saved.split_sizes, saved.groups, recipe.power_of_two_scales
     dyq = run("quantize dy", dy, rowwise=True, columnwise=True, split_sizes=split_sizes,
               element_format=recipe.grad_format, power_of_two=pow2, groups=groups)
@@ -85,8 +113,10 @@ def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, a
     dx = run("fc1 dgrad", dgrad.dh_rowwise, release(saved, "w1").transpose(), split_sizes, groups=groups)
     del dyq, dgrad
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)
-    dw1 = run("fc1 wgrad", dh_col, release(saved, "x_col"), split_sizes, out=dw1_out, out_dtype=weight_grad_dtype,
-              groups=groups)
+    dw1 = run("fc1 wgrad", dh_col, release(saved, "x_col"), split_sizes,
+              out=None if isinstance(dw1_out, tuple) else dw1_out,
+              out_dtype=torch.float32 if isinstance(dw1_out, tuple) else weight_grad_dtype, groups=groups)
+    dw1 = _add_dw1(dw1, dw1_out, saved.w1_apart)
     del dh_col
     dw2 = run("fc2 wgrad", dy_col, release(saved, "a_col"), split_sizes, out=dw2_out, out_dtype=weight_grad_dtype,
               groups=groups)
@@ -94,7 +124,8 @@ def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, a
     return MLPGrads(dx=dx, dprobs=dprobs, dw1=dw1, db1=db1, dw2=dw2, db2=db2)
 
 
-def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None, w1: torch.Tensor,
+def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None,
+                         w1: torch.Tensor | GateUp,
                          b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
                          recipe: FP8BlockwiseRecipe) -> BlockwiseSaved:
     """What ``blockwise_forward`` saves, as new empty tensors of the same shapes, dtypes and strides
@@ -114,6 +145,9 @@ def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torc
                                   w.new_empty(layout.weight_scale_shape(tuple(w.shape)), dtype=torch.float32),
                                   BlockShape.TILE, fp8, pow2)
 
-    return BlockwiseSaved(x_col=q_col(hidden), c=x.new_empty(tokens, w1.shape[1], dtype=torch.bfloat16),
-                          a_col=q_col(ffn), probs=probs, w1=tiles(w1), w2=tiles(w2), split_sizes=split_sizes,
-                          groups=groups, has_b1=b1 is not None, has_b2=b2 is not None)
+    apart = isinstance(w1, GateUp)
+    w1_shape = (experts, 2 * ffn, hidden) if apart else tuple(w1.shape)
+    return BlockwiseSaved(x_col=q_col(hidden), c=x.new_empty(tokens, w1_shape[1], dtype=torch.bfloat16),
+                          a_col=q_col(ffn), probs=probs, w1=tiles(w2.new_empty(w1_shape)), w2=tiles(w2),
+                          split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None,
+                          w1_apart=apart)

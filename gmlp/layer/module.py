@@ -33,7 +33,7 @@ from gmlp.layer import autograd
 from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.mxfp8.recipe import MXFP8Recipe
 
-__all__ = ["GroupedMLP"]
+__all__ = ["GroupedMLP", "recipe_name"]
 
 _DEFAULT_RECIPE = MXFP8Recipe()
 
@@ -49,7 +49,8 @@ def _check_mxfp8_dtype(dtype: torch.dtype) -> None:
                         f"reads them), got {dtype}; recipe=None runs unquantized in any floating dtype")
 
 
-def _recipe_name(recipe: MXFP8Recipe | FP8BlockwiseRecipe | None) -> str:
+def recipe_name(recipe: MXFP8Recipe | FP8BlockwiseRecipe | None) -> str:
+    """A recipe as the layers' reprs name it."""
     if recipe is None:
         return "bf16"
     if isinstance(recipe, FP8BlockwiseRecipe):
@@ -152,7 +153,7 @@ class GroupedMLP(nn.Module):
                     bias.zero_()
 
     def extra_repr(self) -> str:
-        recipe = _recipe_name(self.recipe)
+        recipe = recipe_name(self.recipe)
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
                 f"activation={self.activation.name}, bias={self.b1 is not None}, {recipe}")
 

@@ -27,7 +27,7 @@ def test_the_trainer_flag_is_checked_on_a_cpu(check, capsys):
 
 
 @pytest.mark.parametrize("settings,said", [
-    ('{"recipe": "bf16x"}', "recipe must be one of ('mxfp8', 'bf16'), got 'bf16x'"),
+    ('{"recipe": "bf16x"}', "recipe must be one of ('mxfp8', 'fp8_blockwise', 'bf16'), got 'bf16x'"),
     ('{"scale": "floor"}', "unexpected keyword argument 'scale'"),
 ], ids=["misspelled-value", "misspelled-name"])
 def test_a_misspelled_setting_is_reported_with_gmlps_sentence(check, settings, said):
