@@ -24,11 +24,13 @@ its orientation).
 
 from __future__ import annotations
 
+import torch
+
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.mxfp8.scale_layout import ceil_div, max_row_tiles
 
 __all__ = ["SCALE_ALIGN", "padded", "rowwise_scale_shape", "columnwise_blocks", "columnwise_scale_shape",
-           "weight_scale_shape"]
+           "weight_scale_shape", "scale_buffer"]
 
 SCALE_ALIGN = 4
 """fp32 scales a buffer row is padded to a multiple of (16 bytes)."""
@@ -58,3 +60,13 @@ def weight_scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Scales of a weight (..., N, K): (..., N/128, K/128)."""
     *lead, rows, cols = shape
     return (*lead, rows // BLOCK, cols // BLOCK)
+
+
+def scale_buffer(shape: tuple[int, int], used_cols: int, device: torch.device) -> torch.Tensor:
+    """An fp32 scale buffer (rows, padded columns) for a kernel that writes its first ``used_cols``
+    columns: the padding set to 1.0 here (one launch, only where there is padding), the rest left
+    to the kernel."""
+    buffer = torch.empty(shape, dtype=torch.float32, device=device)
+    if shape[1] > used_cols:
+        buffer[:, used_cols:] = 1.0
+    return buffer

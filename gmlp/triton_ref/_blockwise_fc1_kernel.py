@@ -38,9 +38,11 @@ def fc1_blockwise_kernel(
     tile, n_tile, n_tiles = output_tile(N_FASTEST)
     first_row, end_row, _, _, group = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True,
                                                  NUM_ROWS)
-    if end_row <= first_row:
-        return  # a tile past the last expert (its Q_col(a) scales are the buffer's 1.0)
     lanes = tl.arange(0, BLOCK)
+    if end_row <= first_row:  # a tile past the last expert: its Q_col(a) blocks are unused, 1.0
+        tl.store(a_col_scale_ptr + (n_tile * BLOCK + lanes).to(tl.int64) * A_COL_SCALE_STRIDE + tile,
+                 tl.full((BLOCK,), 1.0, tl.float32))
+        return
     rows = first_row + lanes
     row_mask = rows < end_row
     n = n_tile * BLOCK + lanes  # activation columns f; the up rows of W1 are F + f

@@ -41,8 +41,12 @@ def fc2_dgrad_blockwise_kernel(
     tile, n_tile, n_tiles = output_tile(N_FASTEST)
     first_row, end_row, _, _, group = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True,
                                                  NUM_ROWS)
-    if end_row <= first_row:
-        return  # a tile past the last expert (its Q_col(dh) scales are the buffer's 1.0)
+    if end_row <= first_row:  # a tile past the last expert: its Q_col(dh) blocks are unused, 1.0
+        ones = tl.full((BLOCK,), 1.0, tl.float32)
+        for half in tl.static_range(2 if GATED else 1):  # the gate's columns, then the up's
+            cols = half * FFN + n_tile * BLOCK + tl.arange(0, BLOCK)
+            tl.store(dh_col_scale_ptr + cols.to(tl.int64) * DH_COL_SCALE_STRIDE + tile, ones)
+        return
     rows = first_row + tl.arange(0, BLOCK)
     row_mask = rows < end_row
     n = n_tile * BLOCK + tl.arange(0, BLOCK)  # columns f of da

@@ -48,10 +48,9 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     fp8 = ElementFormat.E4M3.torch_dtype
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
     a = torch.empty(tokens, ffn, dtype=fp8, device=device)
-    a_scales = torch.ones(layout.rowwise_scale_shape(tokens, ffn), dtype=torch.float32, device=device)
+    a_scales = layout.scale_buffer(layout.rowwise_scale_shape(tokens, ffn), tokens, device)
     a_col = torch.empty(ffn, tokens, dtype=fp8, device=device)
-    # a tile past the last expert writes nothing: its blocks keep the layout's 1.0
-    a_col_scales = torch.ones(layout.columnwise_scale_shape(tokens, ffn, experts), dtype=torch.float32, device=device)
+    a_col_scales = layout.scale_buffer(layout.columnwise_scale_shape(tokens, ffn, experts), num_tiles, device)
     if num_tiles > 0 and ffn > 0:
         fc1_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             x.data, x.scale_inv, w1.data, w1.scale_inv, b1 if b1 is not None else c, probs if probs is not None else c,

@@ -52,9 +52,9 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     dprobs_partial = torch.zeros(tokens, ffn // BLOCK, dtype=torch.float32, device=device)
     dh_tile_sums = torch.zeros(num_tiles if bias_grad else 1, n1, dtype=torch.float32, device=device)
     dh = torch.empty(tokens, n1, dtype=fp8, device=device)
-    dh_scales = torch.ones(layout.rowwise_scale_shape(tokens, n1), dtype=torch.float32, device=device)
+    dh_scales = layout.scale_buffer(layout.rowwise_scale_shape(tokens, n1), tokens, device)
     dh_col = torch.empty(n1, tokens, dtype=fp8, device=device)
-    dh_col_scales = torch.ones(layout.columnwise_scale_shape(tokens, n1, experts), dtype=torch.float32, device=device)
+    dh_col_scales = layout.scale_buffer(layout.columnwise_scale_shape(tokens, n1, experts), num_tiles, device)
     if num_tiles > 0 and ffn > 0:
         fc2_dgrad_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             dy.data, dy.scale_inv, w2t.data, w2t.scale_inv, c, probs if probs is not None else c,

@@ -42,15 +42,6 @@ class BlockwiseQuantizeConfig:
             raise ValueError(f"invalid blockwise quantize config: {self}; every field must be >= 1")
 
 
-def _scale_buffer(shape: tuple[int, int], used_cols: int, device: torch.device) -> torch.Tensor:
-    """fp32 scales (rows, padded columns): the kernel writes the first ``used_cols`` columns, the
-    padding holds 1.0 (``gmlp.fp8_blockwise.layout``)."""
-    buffer = torch.empty(shape, dtype=torch.float32, device=device)
-    if shape[1] > used_cols:
-        buffer[:, used_cols:] = 1.0
-    return buffer
-
-
 def format_constants(element_format: ElementFormat, dtype: torch.dtype, power_of_two: bool) -> dict:
     """The blockwise kernels' format constexprs: fp8 maximum, the source dtype's largest value
     (the scale of a block whose quotient overflows), power-of-two scales."""
@@ -74,10 +65,10 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
     row_data = row_scales = col_data = col_scales = None
     if rowwise:
         row_data = torch.empty(rows, cols, dtype=fp8, device=device)
-        row_scales = _scale_buffer(layout.rowwise_scale_shape(rows, cols), rows, device)
+        row_scales = layout.scale_buffer(layout.rowwise_scale_shape(rows, cols), rows, device)
     if columnwise:
         col_data = torch.empty(cols, rows, dtype=fp8, device=device)
-        col_scales = _scale_buffer(layout.columnwise_scale_shape(rows, cols, problem.num_experts), num_tiles, device)
+        col_scales = layout.scale_buffer(layout.columnwise_scale_shape(rows, cols, problem.num_experts), num_tiles, device)
     if num_tiles > 0 and cols > 0:
         grid = (num_tiles, triton.cdiv(cols // BLOCK, config.blocks_per_program))
         placeholder = x  # the pointers of an orientation not written
