@@ -70,6 +70,7 @@ FP32_MAX = 3.4028234663852886e38
 
 def configs() -> dict[str, tuple]:
     """name -> (kernel name, signature, constexprs, capability, num_warps)."""
+    from gmlp.triton_ref.blockwise_quantize import BlockwiseQuantizeConfig
     from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG as config
 
     out = {}
@@ -109,7 +110,8 @@ def configs() -> dict[str, tuple]:
             constexprs = dict(FMAX=fmax, INPUT_MAX=BF16_MAX, POWER_OF_TWO=power_of_two, ROWWISE=True, COLUMNWISE=True,
                               GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCKS_PER_PROGRAM=2)
             scales = "pow2" if power_of_two else "fp32"
-            out[f"blockwise_quantize_{fp8}_{scales}_sm90"] = ("blockwise_quantize", signature, constexprs, 90, 8)
+            out[f"blockwise_quantize_{fp8}_{scales}_sm90"] = ("blockwise_quantize", signature, constexprs, 90,
+                                                              BlockwiseQuantizeConfig().num_warps)
     out["blockwise_weights_sm90"] = ("blockwise_weights", BLOCKWISE_WEIGHT_SIGNATURE, dict(
         FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True), 90, 8)
     out["blockwise_gemm_e4m3_sm90"] = ("blockwise_gemm", BLOCKWISE_GEMM_SIGNATURE, dict(
