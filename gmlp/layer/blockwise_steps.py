@@ -25,6 +25,7 @@ import torch
 from gmlp.contract.activations import Activation
 from gmlp.contract.gate_up import GateUp
 from gmlp.contract.outputs import MLPGrads
+from gmlp.contract.weight_reuse import quantized_weight
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor
@@ -52,15 +53,19 @@ class BlockwiseSaved:
     w1_apart: bool = False  # W1's gate and up stored apart: dW1 returned as the pair of their gradients
 
 
-def _w1_tiles(run: OpRunner, w1: torch.Tensor | GateUp, pow2: bool) -> FP8BlockwiseTensor:
-    """W1's 128 x 128 tiles as one (E, 2F | F, H) tensor, [gate; up] halves. W1's gate and up stored
-    apart (a ``GateUp``) are quantized apart and their tiles stacked: F is a multiple of 128, so
-    no tile holds both, and the stack is bit for bit the halves' quantization (an interleaved
-    layout's strided views are copied to be read)."""
-    if not isinstance(w1, GateUp):
-        return run("quantize w1", w1, element_format=ElementFormat.E4M3, power_of_two=pow2)
-    gate, up = (run("quantize w1", part.contiguous(), element_format=ElementFormat.E4M3, power_of_two=pow2)
-                for part in (w1.gate, w1.up))
+def _weight_tiles(run: OpRunner, site: str, w: torch.Tensor | GateUp, pow2: bool) -> FP8BlockwiseTensor:
+    """A weight's 128 x 128 tiles, or an earlier forward's (``quantized_weight``: GroupedMLP's
+    ``weight_cache``). W1's gate and up stored apart (a ``GateUp``) are quantized apart and their
+    tiles stacked into one (E, 2F, H) tensor, [gate; up] halves: F is a multiple of 128, so no tile
+    holds both, and the stack is bit for bit the halves' quantization (an interleaved layout's
+    strided views are copied to be read)."""
+    def stacks():
+        return tuple(part.contiguous() for part in (w.gate, w.up)) if isinstance(w, GateUp) else w
+
+    tiles = quantized_weight(run, site, stacks, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    if not isinstance(tiles, tuple):
+        return tiles
+    gate, up = tiles
     return FP8BlockwiseTensor(torch.cat([gate.data, up.data], 1), torch.cat([gate.scale_inv, up.scale_inv], 1),
                               BlockShape.TILE, gate.element_format, pow2)
 
@@ -83,14 +88,14 @@ def blockwise_forward(run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor,
     ``GateUp``, ``gmlp.contract.gate_up``)."""
     ffn, pow2 = w2.shape[2], recipe.power_of_two_scales
     groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
-    w1q = _w1_tiles(run, w1, pow2)
+    w1q = _weight_tiles(run, "quantize w1", w1, pow2)
     xq = run("quantize x", x, rowwise=True, columnwise=True, split_sizes=split_sizes,
              element_format=ElementFormat.E4M3, power_of_two=pow2, groups=groups)
     fc1 = run("fc1", xq.rowwise, w1q, split_sizes, ffn_hidden_size=ffn, activation=activation, b1=b1, probs=probs,
               power_of_two=pow2, groups=groups)
     x_col = xq.columnwise
     del xq  # Q_row(x): FC1's only
-    w2q = run("quantize w2", w2, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    w2q = _weight_tiles(run, "quantize w2", w2, pow2)
     y = run("fc2", fc1.a_rowwise, w2q, split_sizes, bias=b2, groups=groups)
     saved = BlockwiseSaved(x_col=x_col, c=fc1.c, a_col=fc1.a_columnwise, probs=probs, w1=w1q, w2=w2q,
                            split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None,

@@ -211,7 +211,7 @@ class GroupedMLP(nn.Module):
                 weight_cache: str | None = None) -> torch.Tensor:
         """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation.
 
-        ``weight_cache`` (MXFP8 only), for micro-batches that share their weights: None quantizes
+        ``weight_cache`` (the quantized recipes), for micro-batches that share their weights: None quantizes
         the weights in this forward; "update" does too and keeps the quantized weights (on the
         SM100 path W1 gate/up interleaved as well) for later forwards, for example the first
         micro-batch of a gradient-accumulation step; "reuse" takes the ones the last "update"
@@ -231,9 +231,6 @@ class GroupedMLP(nn.Module):
         if weight_cache is not None and torch.compiler.is_compiling():
             _refuse_under_compile("gmlp: weight_cache under torch.compile: the kept quantized weights live on the "
                                   "module, outside the graph; call the layer eagerly with weight_cache")
-        if weight_cache is not None and isinstance(self.recipe, FP8BlockwiseRecipe):
-            raise ValueError(f"weight_cache={weight_cache!r} with the FP8 blockwise recipe: not implemented yet (its "
-                             "forward quantizes the weights once and the backward reuses them); use weight_cache=None")
         if weight_cache is not None and x.is_meta:
             raise ValueError(f"weight_cache={weight_cache!r} with meta tensors: they hold no weights to quantize and keep")
         config = self._encoded_config(weight_cache)

@@ -113,10 +113,29 @@ def test_argument_errors():
         gmlp.FP8BlockwiseRecipe(grad_format="e3m4")
     with pytest.raises(TypeError, match="power_of_two_scales must be a bool"):
         gmlp.FP8BlockwiseRecipe(power_of_two_scales=1)
-    mlp = _module()
-    x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device=kernel_device())
-    with pytest.raises(ValueError, match="weight_cache='update' with the FP8 blockwise recipe"):
-        mlp(x, torch.tensor([4, 0, 0, 0], device=kernel_device()), weight_cache="update")
+
+
+def test_weight_cache_reuses_the_first_micro_batchs_tiles():
+    """weight_cache="update" keeps the weights' tiles, "reuse" takes them: the same bits as a step
+    that quantizes them again; a weight changed in place since is refused."""
+    mlp = _module(bias=True)
+    plain = _step(mlp)
+    device = kernel_device()
+    x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device=device)
+    mlp(x, torch.tensor([4, 0, 0, 0], device=device), weight_cache="update")
+    kept = mlp._kept_weights.tensors  # the two weights' fp8 tiles and fp32 scales
+    assert sorted(str(t.dtype) for t in kept) == ["torch.float32"] * 2 + ["torch.float8_e4m3fn"] * 2
+
+    def reused(x, split_sizes, probs):
+        return mlp(x, split_sizes, probs, weight_cache="reuse")
+
+    got = _step(mlp, call=reused)
+    for name, value in got.items():
+        assert torch.equal(value, plain[name]), name
+    with torch.no_grad():
+        mlp.w2.add_(1.0)
+    with pytest.raises(ValueError, match="w2 was changed in place"):
+        mlp(x, torch.tensor([4, 0, 0, 0], device=device), weight_cache="reuse")
 
 
 def test_deterministic():
