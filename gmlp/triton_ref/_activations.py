@@ -62,3 +62,25 @@ def glu_backward(gate, up, grad, KIND: tl.constexpr, LIMIT: tl.constexpr, ALPHA:
 def srelu_backward(h, grad):
     """d relu(h)**2 applied to grad, fp32."""
     return grad * 2.0 * tl.maximum(h, 0.0)
+
+
+@triton.jit
+def dprobs_and_activation_backward(gate, up, da, valid, rows, row_mask, probs_ptr, dprobs_partial_ptr, n_tiles, n_tile,
+                                   GATED: tl.constexpr, HAS_PROBS: tl.constexpr, KIND: tl.constexpr,
+                                   LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr):
+    """FC2 dgrad's epilogue math on a tile of da and the saved pre-activation (gate, up; ``up`` is
+    ``gate`` for srelu): with HAS_PROBS, this tile's share of ``dprobs = sum_f da * act(c)`` (the
+    ``valid`` elements, one partial sum per program column) stored, and da scaled by probs; then
+    (d gate, d up) of the activation applied to da (d up is d gate for srelu)."""
+    if HAS_PROBS:
+        if GATED:
+            act = glu_forward(gate, up, KIND, LIMIT, ALPHA, OFFSET)
+        else:
+            act = srelu_forward(gate)
+        partial = tl.sum(tl.where(valid, da * act, 0.0), axis=1)
+        tl.store(dprobs_partial_ptr + rows.to(tl.int64) * n_tiles + n_tile, partial, mask=row_mask)
+        da *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    if GATED:
+        return glu_backward(gate, up, da, KIND, LIMIT, ALPHA, OFFSET)
+    d_gate = srelu_backward(gate, da)
+    return d_gate, d_gate

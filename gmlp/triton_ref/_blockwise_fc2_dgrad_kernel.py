@@ -13,7 +13,7 @@ tile's column sums of the fp32 dh.
 import triton
 import triton.language as tl
 
-from gmlp.triton_ref._activations import glu_backward, glu_forward, srelu_backward, srelu_forward
+from gmlp.triton_ref._activations import dprobs_and_activation_backward
 from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways
 from gmlp.triton_ref._blockwise_tiles import load_token_block, promoted_dot
 from gmlp.triton_ref._grouping import group_tile, output_tile
@@ -64,20 +64,10 @@ def fc2_dgrad_blockwise_kernel(
     # epilogue: dprobs partial sums, dh quantized both ways, its column sums
     c_rows = c_ptr + rows[:, None].to(tl.int64) * N1
     gate = tl.load(c_rows + n[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
-    if GATED:
-        up = tl.load(c_rows + FFN + n[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
-    if HAS_PROBS:
-        if GATED:
-            act = glu_forward(gate, up, ACTIVATION, LIMIT, ALPHA, OFFSET)
-        else:
-            act = srelu_forward(gate)
-        partial = tl.sum(tl.where(row_mask[:, None], da * act, 0.0), axis=1)
-        tl.store(dprobs_partial_ptr + rows.to(tl.int64) * n_tiles + n_tile, partial, mask=row_mask)
-        da *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    if GATED:
-        d_gate, d_up = glu_backward(gate, up, da, ACTIVATION, LIMIT, ALPHA, OFFSET)
-    else:
-        d_gate = srelu_backward(gate, da)
+    up = tl.load(c_rows + FFN + n[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32) if GATED else gate
+    d_gate, d_up = dprobs_and_activation_backward(gate, up, da, row_mask[:, None], rows, row_mask, probs_ptr,
+                                                  dprobs_partial_ptr, n_tiles, n_tile, GATED, HAS_PROBS, ACTIVATION,
+                                                  LIMIT, ALPHA, OFFSET)
     d_gate = tl.where(row_mask[:, None], d_gate, 0.0)  # rows past the expert's end stay out of its blocks
     store_blockwise_both_ways(d_gate, rows, row_mask, n_tile, tile, dh_ptr, dh_scale_ptr, DH_SCALE_STRIDE, dh_col_ptr,
                               dh_col_scale_ptr, DH_COL_SCALE_STRIDE, NUM_ROWS, N1, FMAX, INPUT_MAX, POWER_OF_TWO,

@@ -12,7 +12,7 @@ format from the same registers; with BIAS_GRAD, also the tile's column sums of t
 import triton
 import triton.language as tl
 
-from gmlp.triton_ref._activations import glu_backward, glu_forward, srelu_backward, srelu_forward
+from gmlp.triton_ref._activations import dprobs_and_activation_backward
 from gmlp.triton_ref._epilogue import store_quantized_both_ways
 from gmlp.triton_ref._grouping import group_tile, output_tile
 from gmlp.triton_ref._tiles import load_tile
@@ -62,20 +62,9 @@ def fc2_dgrad_kernel(
     # epilogue: dprobs partial sums, dh
     c_rows = c_ptr + rows[:, None].to(tl.int64) * N1
     gate = tl.load(c_rows + n[None, :], mask=mask, other=0.0).to(tl.float32)
-    if GATED:
-        up = tl.load(c_rows + FFN + n[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_PROBS:
-        if GATED:
-            act = glu_forward(gate, up, ACTIVATION, LIMIT, ALPHA, OFFSET)
-        else:
-            act = srelu_forward(gate)
-        partial = tl.sum(tl.where(mask, da * act, 0.0), axis=1)
-        tl.store(dprobs_partial_ptr + rows.to(tl.int64) * n_tiles + n_tile, partial, mask=row_mask)
-        da *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    if GATED:
-        d_gate, d_up = glu_backward(gate, up, da, ACTIVATION, LIMIT, ALPHA, OFFSET)
-    else:
-        d_gate = srelu_backward(gate, da)
+    up = tl.load(c_rows + FFN + n[None, :], mask=mask, other=0.0).to(tl.float32) if GATED else gate
+    d_gate, d_up = dprobs_and_activation_backward(gate, up, da, mask, rows, row_mask, probs_ptr, dprobs_partial_ptr,
+                                                  n_tiles, n_tile, GATED, HAS_PROBS, ACTIVATION, LIMIT, ALPHA, OFFSET)
 
     if BIAS_GRAD:
         # per-tile column sums of the fp32 dh; the launcher adds each expert's tiles in order

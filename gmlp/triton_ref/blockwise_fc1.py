@@ -9,6 +9,7 @@ from gmlp.contract.activations import Activation
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC1Output
 from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.buffers import both_ways_buffers
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.fp8_blockwise.tensor import (
     BlockShape,
@@ -45,12 +46,8 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     device = x.data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = layout.columnwise_blocks(tokens, experts)
-    fp8 = ElementFormat.E4M3.torch_dtype
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
-    a = torch.empty(tokens, ffn, dtype=fp8, device=device)
-    a_scales = layout.scale_buffer(layout.rowwise_scale_shape(tokens, ffn), tokens, device)
-    a_col = torch.empty(ffn, tokens, dtype=fp8, device=device)
-    a_col_scales = layout.scale_buffer(layout.columnwise_scale_shape(tokens, ffn, experts), num_tiles, device)
+    a, a_scales, a_col, a_col_scales = both_ways_buffers(tokens, ffn, experts, ElementFormat.E4M3, device)
     if num_tiles > 0 and ffn > 0:
         fc1_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             x.data, x.scale_inv, w1.data, w1.scale_inv, b1 if b1 is not None else c, probs if probs is not None else c,

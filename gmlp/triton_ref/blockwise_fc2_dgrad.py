@@ -10,6 +10,7 @@ from gmlp.contract.activations import Activation
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.buffers import both_ways_buffers
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.fp8_blockwise.tensor import (
     BlockShape,
@@ -48,13 +49,9 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     device = dy.data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = layout.columnwise_blocks(tokens, experts)
-    fp8 = grad_format.torch_dtype
     dprobs_partial = torch.zeros(tokens, ffn // BLOCK, dtype=torch.float32, device=device)
     dh_tile_sums = torch.zeros(num_tiles if bias_grad else 1, n1, dtype=torch.float32, device=device)
-    dh = torch.empty(tokens, n1, dtype=fp8, device=device)
-    dh_scales = layout.scale_buffer(layout.rowwise_scale_shape(tokens, n1), tokens, device)
-    dh_col = torch.empty(n1, tokens, dtype=fp8, device=device)
-    dh_col_scales = layout.scale_buffer(layout.columnwise_scale_shape(tokens, n1, experts), num_tiles, device)
+    dh, dh_scales, dh_col, dh_col_scales = both_ways_buffers(tokens, n1, experts, grad_format, device)
     if num_tiles > 0 and ffn > 0:
         fc2_dgrad_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             dy.data, dy.scale_inv, w2t.data, w2t.scale_inv, c, probs if probs is not None else c,

@@ -10,6 +10,7 @@ import torch
 import triton
 
 from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.buffers import both_ways_buffers
 from gmlp.fp8_blockwise.problem import validate_blockwise_args
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.fp8_blockwise.tensor import (
@@ -63,14 +64,8 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
     groups = given_or_device_groups(split_sizes, rows, groups)
     row_start, tile_start, _ = launch_offsets(groups, device)
     num_tiles = layout.columnwise_blocks(rows, problem.num_experts)
-    fp8 = element_format.torch_dtype
-    row_data = row_scales = col_data = col_scales = None
-    if rowwise:
-        row_data = torch.empty(rows, cols, dtype=fp8, device=device)
-        row_scales = layout.scale_buffer(layout.rowwise_scale_shape(rows, cols), rows, device)
-    if columnwise:
-        col_data = torch.empty(cols, rows, dtype=fp8, device=device)
-        col_scales = layout.scale_buffer(layout.columnwise_scale_shape(rows, cols, problem.num_experts), num_tiles, device)
+    row_data, row_scales, col_data, col_scales = both_ways_buffers(rows, cols, problem.num_experts, element_format,
+                                                                   device, rowwise=rowwise, columnwise=columnwise)
     if num_tiles > 0 and cols > 0:
         grid = (num_tiles, triton.cdiv(cols // BLOCK, config.blocks_per_program))
         placeholder = x  # the pointers of an orientation not written

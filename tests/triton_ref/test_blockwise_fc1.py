@@ -19,9 +19,13 @@ from gmlp.contract.activations import activation_from
 from gmlp.contract.blockwise_reference import fc1_forward_blockwise_ref
 from gmlp.debug.compare import activation_slope
 from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
-from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
-from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor, absolute
+from gmlp.fp8_blockwise.reference import (
+    quantize_fp8_blockwise_ref,
+    quantize_weights_fp8_blockwise_ref,
+)
+from gmlp.fp8_blockwise.tensor import absolute
 from tests.support.backends import kernel_device, triton_op
+from tests.support.blockwise import on_device
 
 SPLITS = [0, 1, 127, 128, 129, 0]
 E4M3_SMALLEST_STEP = 2.0**-9
@@ -32,10 +36,6 @@ def fc1():
     return triton_op("blockwise_fc1", "fc1_forward_blockwise")
 
 
-def _to(q: FP8BlockwiseTensor, device) -> FP8BlockwiseTensor:
-    return FP8BlockwiseTensor(q.data.to(device), q.scale_inv.to(device), q.block_shape, q.element_format,
-                              q.power_of_two, None if q.split_sizes is None else q.split_sizes.to(device))
-
 
 
 def _run(fc1, x, w1, splits, activation, ffn, bias, probs):
@@ -43,7 +43,7 @@ def _run(fc1, x, w1, splits, activation, ffn, bias, probs):
     split_sizes = torch.tensor(splits)
     kwargs = dict(ffn_hidden_size=ffn, activation=activation)
     want = fc1_forward_blockwise_ref(x, w1, split_sizes, b1=bias, probs=probs, **kwargs)
-    got = fc1(_to(x, device), _to(w1, device), split_sizes.to(device),
+    got = fc1(on_device(x, device), on_device(w1, device), split_sizes.to(device),
               b1=None if bias is None else bias.to(device), probs=None if probs is None else probs.to(device), **kwargs)
     return got, want
 

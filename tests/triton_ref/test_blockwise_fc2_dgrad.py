@@ -18,10 +18,14 @@ from gmlp.contract.activations import activation_from
 from gmlp.contract.blockwise_reference import fc2_dgrad_blockwise_ref
 from gmlp.debug.compare import activation_slope
 from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
-from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
-from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor, absolute
+from gmlp.fp8_blockwise.reference import (
+    quantize_fp8_blockwise_ref,
+    quantize_weights_fp8_blockwise_ref,
+)
+from gmlp.fp8_blockwise.tensor import absolute
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.backends import kernel_device, triton_op
+from tests.support.blockwise import on_device
 
 SPLITS = [0, 1, 127, 128, 129, 0]
 
@@ -31,10 +35,6 @@ def fc2_dgrad():
     return triton_op("blockwise_fc2_dgrad", "fc2_dgrad_blockwise")
 
 
-def _to(q: FP8BlockwiseTensor, device) -> FP8BlockwiseTensor:
-    return FP8BlockwiseTensor(q.data.to(device), q.scale_inv.to(device), q.block_shape, q.element_format,
-                              q.power_of_two, None if q.split_sizes is None else q.split_sizes.to(device))
-
 
 
 def _run(fc2_dgrad, dy, w2t, c, probs, activation, grad_format):
@@ -42,7 +42,7 @@ def _run(fc2_dgrad, dy, w2t, c, probs, activation, grad_format):
     split_sizes = torch.tensor(SPLITS)
     kwargs = dict(activation=activation, grad_format=grad_format, bias_grad=True)
     want = fc2_dgrad_blockwise_ref(dy, w2t, c, split_sizes, probs=probs, **kwargs)
-    got = fc2_dgrad(_to(dy, device), _to(w2t, device), c.to(device), split_sizes.to(device),
+    got = fc2_dgrad(on_device(dy, device), on_device(w2t, device), c.to(device), split_sizes.to(device),
                     probs=None if probs is None else probs.to(device), **kwargs)
     return got, want
 

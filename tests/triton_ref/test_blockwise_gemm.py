@@ -7,10 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref, grouped_wgrad_blockwise_ref
-from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
-from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor, absolute
+from gmlp.fp8_blockwise.gemm import (
+    grouped_gemm_blockwise_ref,
+    grouped_wgrad_blockwise_ref,
+)
+from gmlp.fp8_blockwise.reference import (
+    quantize_fp8_blockwise_ref,
+    quantize_weights_fp8_blockwise_ref,
+)
+from gmlp.fp8_blockwise.tensor import absolute
 from tests.support.backends import kernel_device, triton_op
+from tests.support.blockwise import on_device
 
 SPLITS = {"edges": [0, 1, 127, 128, 129, 0], "one-expert": [200], "all-on-one": [0, 0, 256]}
 
@@ -42,10 +49,6 @@ def _operands(tokens: int, features: int, seed: int) -> torch.Tensor:
     return (torch.randn(tokens, features, generator=generator) * scale).bfloat16()
 
 
-def _to(q: FP8BlockwiseTensor, device) -> FP8BlockwiseTensor:
-    return FP8BlockwiseTensor(q.data.to(device), q.scale_inv.to(device), q.block_shape, q.element_format,
-                              q.power_of_two, None if q.split_sizes is None else q.split_sizes.to(device))
-
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["forward", "dgrad"])
 @pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
@@ -69,7 +72,7 @@ def test_grouped_gemm_within_the_derived_bound(splits, power_of_two, transposed)
     magnitude = grouped_gemm_blockwise_ref(absolute(q_x), absolute(q_w), split_sizes, out_dtype=torch.float64)
     device = kernel_device()
     for block_n in (128, 64):
-        got = gemm(_to(q_x, device), _to(q_w, device), split_sizes.to(device), block_n=block_n,
+        got = gemm(on_device(q_x, device), on_device(q_w, device), split_sizes.to(device), block_n=block_n,
                    bias=None if bias is None else bias.to(device))
         assert got.dtype == torch.bfloat16
         _assert_within_bound(got, want, magnitude, k, 2.0**-8)
@@ -89,13 +92,13 @@ def test_grouped_wgrad_within_the_derived_bound(splits, grad_format):
     magnitude = grouped_wgrad_blockwise_ref(absolute(dy), absolute(x), split_sizes, out_dtype=torch.float64)
     device = kernel_device()
     longest = max(splits)
-    got = wgrad(_to(dy, device), _to(x, device), split_sizes.to(device))
+    got = wgrad(on_device(dy, device), on_device(x, device), split_sizes.to(device))
     assert got.dtype == torch.float32
     _assert_within_bound(got, want, magnitude, longest, 2.0**-24)
     if tokens:
         assert torch.equal(got[torch.tensor(splits) == 0].cpu(), torch.zeros_like(got[torch.tensor(splits) == 0].cpu()))
     main_grad = torch.ones(len(splits), m, n, device=device)
-    wgrad(_to(dy, device), _to(x, device), split_sizes.to(device), out=main_grad)
+    wgrad(on_device(dy, device), on_device(x, device), split_sizes.to(device), out=main_grad)
     _assert_within_bound(main_grad.double() - 1, want, magnitude + 1, longest, 2.0**-23)
 
 

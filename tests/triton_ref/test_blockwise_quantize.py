@@ -9,7 +9,10 @@ import math
 import pytest
 import torch
 
-from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
+from gmlp.fp8_blockwise.reference import (
+    quantize_fp8_blockwise_ref,
+    quantize_weights_fp8_blockwise_ref,
+)
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.backends import kernel_device, triton_op
 
