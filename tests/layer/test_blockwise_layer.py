@@ -5,17 +5,22 @@ breaks, main_grad accumulation, and the argument errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch._dynamo
 
 import gmlp
+import gmlp.layer.steps
+from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.contract.reasons import ReasonKind
-from gmlp.debug import cross_check
+from gmlp.debug import CrossCheckError, cross_check
 from gmlp.dispatch.paths import Path
 from gmlp.dispatch.providers import cutedsl_common
 from gmlp.dispatch.providers.cutedsl_sm100 import composition_reason
 from gmlp.dispatch.sites import BLOCKWISE_SITES, Op
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseQuantized, FP8BlockwiseTensor
 from tests.support.backends import kernel_device
 
 EXPERTS, HIDDEN, FFN = 4, 256, 128
@@ -180,3 +185,53 @@ def test_a_cuda_graph_replays_over_changing_routing():
         for name, got, want in zip(("y", "dx", "dw1", "dw2"), captured,
                                    (eager_y, eager_x.grad, eager.w1.grad, eager.w2.grad)):
             assert torch.equal(got, want), (routing, name)
+
+
+def _planted(output, where: list):
+    """``output`` with one element made wrong (the top exponent bit of an fp8 element flipped, or a
+    value negated and moved); ``where`` receives the element's index in the source's orientation."""
+    if isinstance(output, FP8BlockwiseQuantized):
+        return dataclasses.replace(output, rowwise=_planted(output.rowwise, where))
+    if isinstance(output, (FC1Output, FC2DgradOutput)):
+        name = "c" if isinstance(output, FC1Output) else "dh_rowwise"
+        return dataclasses.replace(output, **{name: _planted(getattr(output, name), where)})
+    if isinstance(output, FP8BlockwiseTensor):  # rowwise or tiles: the data is in the source's orientation
+        data = output.data.clone()
+        index = tuple(s // 2 for s in data.shape)
+        data.view(torch.uint8)[index] ^= 0x40
+        where.append(index)
+        return dataclasses.replace(output, data=data)
+    output = output.clone()
+    index = tuple(s // 2 for s in output.shape)
+    output[index] = -2 * output[index] - 1
+    where.append(index)
+    return output
+
+
+@pytest.mark.parametrize("site", list(BLOCKWISE_SITES))
+def test_one_planted_element_is_caught_and_located(monkeypatch, site):
+    """One wrong element in the output of a site's chosen path (Triton) is reported against the
+    torch path, with its index: every blockwise site's comparison has teeth."""
+    mlp = _module(bias=True)
+    plan = mlp.plan(torch.zeros(1, HIDDEN, device=kernel_device(), dtype=torch.bfloat16))
+    chosen, reference = plan.path(site), plan.references[site]
+    if reference is None:
+        pytest.skip(f"{site} runs on {chosen.value}, the last path here: nothing to compare it with")
+    where: list = []
+    real = gmlp.layer.steps.implementation
+
+    def implementation(site_, path, capability=None):
+        run = real(site_, path, capability)
+        if site_.name != site or path is not chosen:
+            return run
+        return lambda *args, **kwargs: _planted(run(*args, **kwargs), where)
+
+    monkeypatch.setattr(gmlp.layer.steps, "implementation", implementation)
+    with cross_check(action="raise"), pytest.raises(CrossCheckError) as error:
+        _step(mlp)
+    message = str(error.value)
+    assert f"cross-check: {site} ({BLOCKWISE_SITES[site].op.value}) on {chosen.value} differs from " \
+           f"{reference.value}" in message
+    assert " 1 of " in message, message  # exactly the planted element
+    axes = ("expert", "row", "column") if len(where[0]) == 3 else ("row", "column")
+    assert ", ".join(f"{axis} {value}" for axis, value in zip(axes, where[0])) in message, message
