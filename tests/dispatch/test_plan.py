@@ -436,3 +436,29 @@ def test_w1_stored_apart_runs_every_site_on_the_cutedsl_gemms(monkeypatch, layou
         assert w1_values.num_rows == 4 * 128  # gate and up quantized apart: E * F rows
         assert w1_values.row_stride == (256 if layout is GateUpLayout.INTERLEAVED else 128)
     assert "interleaves W1's (E, 2F, H) halves" in str(composition_reason(problem))
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0)], ids=["sm90", "sm100"])
+def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, capability):
+    """On Hopper and Blackwell (simulated) every site of the FP8 blockwise recipe takes Triton,
+    each with CuTeDSL's reason (no blockwise kernels yet, or the system's where cutlass-dsl does
+    not import here); strict mode refuses at the first site, and a forced CuTeDSL backend says why."""
+    from gmlp.dispatch.sites import BLOCKWISE_SITES
+
+    device = _gpu(monkeypatch, capability)
+    plan = _plan(device, recipe=gmlp.FP8BlockwiseRecipe())
+    assert plan.blockwise and not plan.sm100
+    assert set(plan.decisions) == {name for name, site in BLOCKWISE_SITES.items() if not site.bias_only}
+    cutedsl_imports = gmlp.cutedsl.import_error() is None
+    for site, decision in plan.decisions.items():
+        assert decision.path is Path.TRITON, site
+        reason = dict(decision.skipped)[Path.CUTEDSL]
+        if cutedsl_imports:
+            assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernels of the FP8 blockwise recipe" in str(reason)
+    with pytest.raises(FallbackError, match=r"strict mode: quantize_weights_fp8_blockwise \(swiglu\) at quantize w1 "
+                                             r"took the triton path"):
+        plan_layer(_problem(recipe=gmlp.FP8BlockwiseRecipe()), device, strict=True)
+    monkeypatch.setenv("GMLP_BACKEND", "cutedsl")
+    with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_weights_fp8_blockwise \(swiglu\) at "
+                                             r"quantize w1 cannot run on cutedsl"):
+        _plan(device, recipe=gmlp.FP8BlockwiseRecipe())
