@@ -235,3 +235,27 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site):
     assert " 1 of " in message, message  # exactly the planted element
     axes = ("expert", "row", "column") if len(where[0]) == 3 else ("row", "column")
     assert ", ".join(f"{axis} {value}" for axis, value in zip(axes, where[0])) in message, message
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_empty_batches_fp32_parameters_and_meta_tensors(dtype):
+    """An idle rank's empty batch runs forward and backward (zero weight gradients); fp32
+    parameters are quantized from fp32 (outputs and gradients in fp32); meta tensors give meta
+    outputs of the right shapes through the ops' fake implementations."""
+    mlp = gmlp.GroupedMLP(3, 128, 128, recipe=gmlp.FP8BlockwiseRecipe(), bias=True, dtype=dtype, device=kernel_device())
+    x = torch.zeros(0, 128, dtype=dtype, device=kernel_device(), requires_grad=True)
+    with cross_check(action="raise"):
+        y = mlp(x, torch.zeros(3, dtype=torch.int64, device=kernel_device()))
+        y.sum().backward()
+    assert y.shape == (0, 128) and not mlp.w1.grad.any() and not mlp.b2.grad.any()
+    mlp.zero_grad(set_to_none=True)
+    x = torch.randn(50, 128, dtype=dtype, device=kernel_device(), requires_grad=True)
+    with cross_check(action="raise"):
+        y = mlp(x, torch.tensor([20, 0, 30], device=kernel_device()))
+        y.float().sum().backward()
+    assert y.dtype == x.grad.dtype == mlp.w1.grad.dtype == dtype
+    meta = gmlp.GroupedMLP(3, 128, 128, recipe=gmlp.FP8BlockwiseRecipe(), dtype=dtype, device="meta")
+    x = torch.zeros(50, 128, dtype=dtype, device="meta", requires_grad=True)
+    y = meta(x, torch.tensor([20, 0, 30], device="meta"))
+    y.sum().backward()
+    assert y.is_meta and y.shape == (50, 128) and x.grad.shape == (50, 128) and meta.w1.grad.shape == (3, 256, 128)
