@@ -117,6 +117,7 @@ __all__ = [
     "compile_grouped_gemm",
     "problem_support",
     "grouped_gemm",
+    "store_bf16_pairs",
     "SUPPORTED_ARCHS",
     "MAX_EXPERTS",
 ]
@@ -340,26 +341,34 @@ class GroupedGemmSm90:
     @cute.jit
     def store_tile(self, acc: cute.Tensor, out: cute.Tensor, thr_mma, tCcD: cute.Tensor, mD: cute.Tensor,
                    mBias: cute.Tensor | None, g: Int32, n_tile: Int32, first_row: Int32, end_row: Int32):
-        """Epilogue: the tile's D at (first_row, n_tile * BN); only rows < end_row (this expert's)
-        and columns < N are written. Accumulators j = 2i, 2i+1 of a thread are columns c, c+1 of
-        one row (c even; N % 8 == 0, so both or neither are < N): one 32-bit store of the bf16 pair
-        through the Int32 views of out and D."""
-        n = mD.shape[1]
-        col0 = n_tile * self.tile_n
-        limits = (end_row - first_row, n - col0)
-        gD = cute.local_tile(cute.domain_offset((first_row, col0), mD), (TILE_M, self.tile_n), (0, 0))
-        tCgD_pairs = cute.recast_tensor(thr_mma.partition_C(gD), Int32)
-        out_pairs = cute.recast_tensor(out, Int32)
-        for i in cutlass.range_constexpr(cute.size(out_pairs)):
-            if cute.elem_less(tCcD[2 * i], limits):
-                low, high = acc[2 * i], acc[2 * i + 1]
-                if const_expr(self.has_bias):
-                    col = col0 + tCcD[2 * i][1]
-                    low = low + mBias[g, col].to(Float32)
-                    high = high + mBias[g, col + 1].to(Float32)
-                out[2 * i] = low.to(BFloat16)
-                out[2 * i + 1] = high.to(BFloat16)
-                tCgD_pairs[i] = out_pairs[i]
+        """Epilogue: ``store_bf16_pairs`` of the tile."""
+        store_bf16_pairs(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row, self.tile_n)
+
+
+@cute.jit
+def store_bf16_pairs(acc: cute.Tensor, out: cute.Tensor, thr_mma, tCcD: cute.Tensor, mD: cute.Tensor,
+                     mBias: cute.Tensor | None, g: Int32, n_tile: Int32, first_row: Int32, end_row: Int32,
+                     tile_n: cutlass.Constexpr):
+    """A tile's D at (first_row, n_tile * tile_n), plus expert g's bias row if there is one; only
+    rows < end_row (this expert's) and columns < N are written. Accumulators j = 2i, 2i+1 of a
+    thread are columns c, c+1 of one row (c even; N % 8 == 0, so both or neither are < N): one
+    32-bit store of the bf16 pair through the Int32 views of out and D."""
+    n = mD.shape[1]
+    col0 = n_tile * tile_n
+    limits = (end_row - first_row, n - col0)
+    gD = cute.local_tile(cute.domain_offset((first_row, col0), mD), (TILE_M, tile_n), (0, 0))
+    tCgD_pairs = cute.recast_tensor(thr_mma.partition_C(gD), Int32)
+    out_pairs = cute.recast_tensor(out, Int32)
+    for i in cutlass.range_constexpr(cute.size(out_pairs)):
+        if cute.elem_less(tCcD[2 * i], limits):
+            low, high = acc[2 * i], acc[2 * i + 1]
+            if const_expr(mBias is not None):
+                col = col0 + tCcD[2 * i][1]
+                low = low + mBias[g, col].to(Float32)
+                high = high + mBias[g, col + 1].to(Float32)
+            out[2 * i] = low.to(BFloat16)
+            out[2 * i + 1] = high.to(BFloat16)
+            tCgD_pairs[i] = out_pairs[i]
 
 
 # ---------------------------------------------------------------------------------------------

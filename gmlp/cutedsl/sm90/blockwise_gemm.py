@@ -1,0 +1,303 @@
+"""CuTeDSL sm_90a grouped GEMM of the FP8 blockwise recipe ``D[rows of g] = A[rows of g] @ B_g^T
+(+ bias_g)``, the scales promoted every 128 of K (FC2 forward, FC1 dgrad).
+
+Twin of ``gmlp.triton_ref.blockwise_gemm`` (same operands: A a rowwise ``FP8BlockwiseTensor`` (T, K)
+E4M3 with MN-major scales (K/128, pad4(T)); B (E, N, K) E4M3 in 128 x 128 tiles with scales (E,
+N/128, K/128); same promotion ``acc += (sa * sb) * P``, the result up to the summation order).
+Built on the CPU (compiled for sm_90a, its PTX checked); **not yet run on a GPU**, and no layer
+site takes it yet (``docs/sm90-blockwise-plan.md``).
+
+Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barriers):
+
+- Tiles: BM = 128 rows (an expert-aligned tile), BN = 128 columns (one weight tile row: one B
+  scale per k-tile), BK = 128 fp8 elements: one 128-byte swizzle row and one scale block.
+- Warp-specialized: warp 0 the TMA producer (A's and B's fp8 k-tiles into ``stages`` slots); two
+  consumer warpgroups, each 64 rows of the tile (m64n128k32 fp8 ``wgmma``, both operands K-major).
+- The promotion (DeepGEMM's 1D2D form): per k-tile, four k=32 ``wgmma`` into a fresh fp32
+  fragment ``partial``, ``wait_group(0)``, the slot released, then ``acc += (sa * sb) * partial``
+  in registers: a thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row,
+  4j+2, 4j+3 the row 8 below), so it reads two A scales and the tile's B scale a k-tile. 64 + 64
+  fp32 registers a thread for acc and partial.
+- Epilogue: bf16 pairs (+ the bias row) from the registers, predicated at the expert's end
+  (``grouped_gemm.store_bf16_pairs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
+from cutlass.cute.runtime import make_fake_tensor
+
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90._compile import (
+    CompiledKernel,
+    compile_ahead,
+    config_compiler,
+    fake_matrix,
+    fake_stream,
+    fake_vector,
+    sym_stride,
+)
+from gmlp.cutedsl.sm90._launch import (
+    check_optional,
+    check_problem,
+    check_tma_bases,
+    run,
+)
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN,
+    THREADS_PER_WARPGROUP,
+    StagedConfig,
+    consumer_states,
+    cta_roles,
+    launch,
+    mainloop_fields,
+    make_mainloop_pipeline,
+    produce_k_tiles,
+    register_split,
+    shared_storage,
+    slot_tensors,
+)
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90.grouped_gemm import store_bf16_pairs
+from gmlp.fp8_blockwise.tensor import (
+    BlockShape,
+    FP8BlockwiseTensor,
+    require_block_shape,
+)
+from gmlp.mxfp8 import scale_layout
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ElementFormat
+
+__all__ = ["BlockwiseGemmConfig", "BlockwiseGemmSm90", "compile_blockwise_gemm", "problem_support",
+           "grouped_gemm_fp8_blockwise"]
+
+_NAME = "blockwise GEMM"
+TILE_N = 128  # one weight tile row: one B scale per k-tile
+TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
+MMA_WARPGROUPS = 2  # each 64 rows of the tile
+
+
+@dataclass(frozen=True)
+class BlockwiseGemmConfig(StagedConfig):
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    bias: bool = False  # FC2's b2 (bf16 (E, N)) added before the rounding
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+    tile_n = TILE_N  # for StagedConfig's messages
+
+    def __post_init__(self):
+        self.check_stages()
+
+    def stage_bytes(self) -> int:
+        """One slot: an A and a B k-tile of fp8 bytes."""
+        return (TILE_M + TILE_N) * TILE_K
+
+
+class BlockwiseGemmSm90:
+    """The jit code (``__call__`` the host side, ``kernel`` the device side; see the module docstring)."""
+
+    def __init__(self, config: BlockwiseGemmConfig):
+        self.config = config
+        self.stages = config.num_stages()
+        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads)
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (T, K) fp8 E4M3, row-major (Q_row's data)
+        mAScale: cute.Tensor,  # (K/128, pad4(T)) fp32, MN-major (Q_row's scale_inv)
+        mB: cute.Tensor,  # (E, N, K) fp8 E4M3, K-major (the weight's tiles)
+        mBScale: cute.Tensor,  # (E, N/128, K/128) fp32 (the tiles' scale_inv)
+        mBias: cute.Tensor | None,  # (E, N) bf16
+        mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
+        mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mD: cute.Tensor,  # (T, N) bf16, row-major
+        num_ctas: Int32,
+        stream,
+    ):
+        mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))  # L = experts
+        a_layout, b_layout = utils.LayoutEnum.from_tensor(mA), utils.LayoutEnum.from_tensor(mB_nke)
+        tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            Float8E4M3FN, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+            (MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
+        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
+            (TILE_M, TILE_K))
+        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
+            (TILE_N, TILE_K))
+        self.shared_storage = shared_storage(mainloop_fields(self.stages, a_smem_layout, b_smem_layout,
+                                                             Float8E4M3FN, Float8E4M3FN))
+        launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mBias, mRowStart, mTileStart, mD,
+                           tiled_mma, a_smem_layout, b_smem_layout),
+               num_ctas, self.threads, stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,  # TMA coordinates of A (T, K)
+        mAScale: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
+        mBScale: cute.Tensor,
+        mBias: cute.Tensor | None,
+        mRowStart: cute.Tensor,
+        mTileStart: cute.Tensor,
+        mD: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,
+        b_smem_layout: cute.ComposedLayout,
+    ):
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=Float8E4M3FN,
+                                           b_dtype=Float8E4M3FN)
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
+                                          stage_bytes)
+        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], TILE_N)
+        k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(self.registers[0])
+        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
+            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+                tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+            item = bidx
+            while item < items.count:
+                g, _, n_tile, first_row, _ = items.tile(item)
+                gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
+                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
+                                        ((tma_atom_b, tBgB[(None, n_tile, None, g)], tBsB),))
+                item += grid
+            mainloop.producer_tail(state)
+
+        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(self.registers[1])
+            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
+            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+            partial = cute.make_rmem_tensor(tCcD.shape, Float32)
+            out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
+            read_state, _ = consumer_states(self.stages)
+            k_blocks = cute.size(tCrA, mode=[2])
+            # the thread's two accumulator rows (m64 layout: elements 4j, 4j+1 and 4j+2, 4j+3)
+            rows = (tCcD[0][0], tCcD[2][0])
+            item = bidx
+            while item < items.count:
+                g, _, n_tile, first_row, end_row = items.tile(item)
+                acc.fill(0.0)
+                for k_tile in range(k_tiles):
+                    # the k-tile's scales, read before its slot is released (A's rows past the
+                    # expert's end get 0: they are never stored)
+                    b_scale = mBScale[g, n_tile, k_tile]
+                    upper = Float32(0.0)
+                    lower = Float32(0.0)
+                    if first_row + rows[0] < end_row:
+                        upper = mAScale[k_tile, first_row + rows[0]] * b_scale
+                    if first_row + rows[1] < end_row:
+                        lower = mAScale[k_tile, first_row + rows[1]] * b_scale
+                    mainloop.consumer_wait(read_state)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read_state.index)
+                        cute.gemm(tiled_mma, partial, tCrA[slot], tCrB[slot], partial)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(read_state)
+                    read_state.advance()
+                    # promote: acc += (sa * sb) * partial
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        acc[i] = acc[i] + (upper if (i % 4) < 2 else lower) * partial[i]
+                store_bf16_pairs(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row, TILE_N)
+                item += grid
+
+
+def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments: T, N, K, E runtime values; K and N multiples
+    of 128 (the recipe's blocks), the scale rows' strides multiples of 4 (16 bytes)."""
+    rows, n, k = cute.sym_int(), cute.sym_int(divisibility=TILE_N), cute.sym_int(divisibility=TILE_K)
+    starts, experts = cute.sym_int(), cute.sym_int()
+    n_blocks, k_blocks, padded_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=4)
+    a = fake_matrix(Float8E4M3FN, rows, k, divisibility=16)
+    a_scale = make_fake_tensor(Float32, (k_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    b = make_fake_tensor(Float8E4M3FN, (experts, n, k), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
+    b_scale = make_fake_tensor(Float32, (experts, n_blocks, k_blocks), stride=(sym_stride(1), sym_stride(1), 1),
+                               assumed_align=4)
+    bias = fake_matrix(BFloat16, experts, n, divisibility=1, align=4) if config.bias else None
+    return (a, a_scale, b, b_scale, bias, fake_vector(Int32, starts), fake_vector(Int32, starts),
+            fake_matrix(BFloat16, rows, n), Int32(1), fake_stream())
+
+
+_compile = config_compiler(BlockwiseGemmSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
+
+
+def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> Reason | None:
+    """None if the kernel runs a (T, N, K, E) problem, else why not."""
+    reason = _schedule.expert_count_reason(num_experts)
+    if reason is not None:
+        return reason
+    if k <= 0 or k % TILE_K or n % TILE_N:
+        return Reason(ReasonKind.SHAPE, f"K={k} and N={n} must be positive multiples of 128 (the recipe's blocks)")
+    if max(num_rows, n, k) >= 2**31:
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, N={n}, K={k} too large for 32-bit tile coordinates")
+    return None
+
+
+def compile_blockwise_gemm(arch: str = "sm_90a", config: BlockwiseGemmConfig = BlockwiseGemmConfig(), *,
+                           shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
+    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin."""
+    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
+
+
+def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
+                               bias: torch.Tensor | None = None,
+                               groups: DeviceGroups | None = None) -> torch.Tensor:
+    """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3, (T, K)) times its tile-quantized
+    weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16; no host sync.
+    The contract of ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``."""
+    require_block_shape(a, "a", BlockShape.ROWWISE)
+    require_block_shape(b, "b", BlockShape.TILE)
+    for name, value in (("a", a), ("b", b)):
+        if value.element_format is not ElementFormat.E4M3:
+            raise ValueError(f"{name} must be E4M3 (the kernel's fp8 wgmma reads E4M3 operands), got "
+                             f"{value.element_format.value}")
+    (tokens, k), experts = a.source_shape, split_sizes.numel()
+    if b.data.dim() != 3 or b.data.shape[0] != experts or b.data.shape[2] != k or not b.data.is_contiguous():
+        raise ValueError(f"b must be a contiguous (E={experts}, N, K={k}), got {tuple(b.data.shape)}")
+    n = b.data.shape[1]
+    check_problem(_NAME, problem_support(tokens, n, k, experts))
+    check_tma_bases(a=a.data, b=b.data)
+    check_optional("bias", bias, (experts, n))
+    if bias is not None and bias.dtype != torch.bfloat16:
+        raise TypeError(f"bias must be bf16, got {bias.dtype}")
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
+    out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, TILE_N), a.data.device)
+    run(_compile, BlockwiseGemmConfig(bias=bias is not None), a.data.device, num_ctas, a.data, a.scale_inv, b.data,
+        b.scale_inv, bias, groups.row_start, groups.tile_start, out)
+    return out

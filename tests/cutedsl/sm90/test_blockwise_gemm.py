@@ -1,0 +1,95 @@
+"""The CuTeDSL sm_90a grouped GEMM of the FP8 blockwise recipe (gmlp.cutedsl.sm90.blockwise_gemm),
+compiled without a GPU, with checks on its PTX and the cubin's resources, its problem rules, and
+(marker ``gpu``, H100/H200 only) run against the Triton twin within their two summation orders'
+bound. Not yet run on a GPU (2026-12-05)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gmlp.cutedsl import import_error
+from tests.support.ptx import check_register_split, kernel_resources, sass
+from tests.support.sm90 import on_sm90
+
+_IMPORT_ERROR = import_error()
+pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
+def test_compiles_to_fp8_wgmma_with_no_spills(bias):
+    from gmlp.cutedsl.sm90.blockwise_gemm import (
+        BlockwiseGemmConfig,
+        compile_blockwise_gemm,
+    )
+
+    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(bias=bias))
+    ptx = compiled.ptx
+    assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx  # a producer and two consumer warpgroups
+    # fp8 wgmma, both operands K-major from shared memory, fp32 accumulators; four k32 steps a k-tile
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3 \{[^}]*\}, %rd\d+, %rd\d+, "
+                        r"%?\w+, 1,\s*1;", ptx)
+    assert len(wgmmas) == 4, len(wgmmas)
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)  # the promotion waits for the k-tile's sums
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert "ld.local" not in ptx and "st.local" not in ptx and ".ftz" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert "QGMMA.64x128x32" in code  # Hopper's fp8 warpgroup MMA
+        assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+
+
+def test_problem_rules():
+    from gmlp.cutedsl.sm90.blockwise_gemm import problem_support
+
+    assert problem_support(16384, 7168, 2048, 32) is None  # DeepSeek-V3's FC2
+    assert "multiples of 128" in problem_support(100, 7168, 2000, 32).message
+    assert problem_support(0, 128, 128, 1) is None  # an empty batch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]], ids=["edges", "one", "mixed"])
+def test_matches_the_triton_twin_within_the_bound(splits):
+    """Against the Triton kernel on the same operands: both promote every 128 of K in the same
+    order, so they differ only by their fp8 wgmma chains' and fp32 sums' rounding (twice the
+    bound of ``crosscheck._blockwise_delta``)."""
+    from gmlp.cutedsl.sm90.blockwise_gemm import (
+        grouped_gemm_fp8_blockwise as cutedsl_gemm,
+    )
+    from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref
+    from gmlp.fp8_blockwise.tensor import absolute
+    from gmlp.triton_ref.blockwise_gemm import grouped_gemm_fp8_blockwise
+    from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+    from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+
+    torch.manual_seed(0)
+    experts, tokens, k, n = len(splits), sum(splits), 512, 384
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = quantize_fp8_blockwise(torch.randn(tokens, k, device="cuda").bfloat16()).rowwise
+    b = quantize_weights_fp8_blockwise(torch.randn(experts, n, k, device="cuda").bfloat16())
+    bias = torch.randn(experts, n, device="cuda").bfloat16()
+    want = grouped_gemm_fp8_blockwise(a, b, split_sizes, bias=bias)
+    got = cutedsl_gemm(a, b, split_sizes, bias=bias)
+    magnitude = grouped_gemm_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float64).float()
+    bound = 2 * (k * 2.0**-24 + 4 * 2.0**-13) * magnitude + 2.0**-7 * want.float().abs()
+    assert ((got.float() - want.float()).abs() <= bound).all()
+
+
+def test_launcher_argument_errors():
+    from gmlp.cutedsl.sm90.blockwise_gemm import grouped_gemm_fp8_blockwise
+    from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
+
+    x = quantize_fp8_blockwise_ref(torch.randn(8, 256).bfloat16(), columnwise=True, element_format="e5m2")
+    w = quantize_weights_fp8_blockwise_ref(torch.randn(2, 128, 256).bfloat16())
+    with pytest.raises(TypeError, match="a must be an FP8BlockwiseTensor with 1x128 blocks"):
+        grouped_gemm_fp8_blockwise(x.columnwise, w, torch.tensor([4, 4]))
+    with pytest.raises(ValueError, match="a must be E4M3"):
+        grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]))
