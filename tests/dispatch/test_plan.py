@@ -28,6 +28,7 @@ from gmlp.dispatch import paths
 from gmlp.dispatch.paths import FallbackError, FallbackWarning, Path
 from gmlp.dispatch.plan_cache import layer_problem
 from gmlp.dispatch.plan import plan_layer
+from gmlp.dispatch.sites import Op
 from gmlp.dispatch.providers.cutedsl_sm100 import composition_reason
 from gmlp.triton_ref.fc1 import fc1_forward
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
@@ -441,8 +442,10 @@ def test_w1_stored_apart_runs_every_site_on_the_cutedsl_gemms(monkeypatch, layou
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)], ids=["sm90", "sm100"])
 def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, capability):
     """On Hopper and Blackwell (simulated) every site of the FP8 blockwise recipe takes Triton,
-    each with CuTeDSL's reason (no blockwise kernels yet, or the system's where cutlass-dsl does
-    not import here); strict mode refuses at the first site, and a forced CuTeDSL backend says why."""
+    each with CuTeDSL's reason (no blockwise kernel of the op; on SM90 the grouped GEMM's not yet
+    run on a GPU; on SM100 the recipe; or the system's where cutlass-dsl does not import here);
+    strict mode refuses at the first site, and a forced CuTeDSL backend says why."""
+    from gmlp.cutedsl.sm90.support import BLOCKWISE_GEMM_UNRUN
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
     device = _gpu(monkeypatch, capability)
@@ -453,8 +456,14 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
     for site, decision in plan.decisions.items():
         assert decision.path is Path.TRITON, site
         reason = dict(decision.skipped)[Path.CUTEDSL]
-        if cutedsl_imports:
-            assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernels of the FP8 blockwise recipe" in str(reason)
+        if not cutedsl_imports:
+            continue
+        if BLOCKWISE_SITES[site].op is not Op.BLOCKWISE_GEMM:
+            assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernel of the FP8 blockwise recipe's" in str(reason)
+        elif capability == (9, 0):
+            assert reason == BLOCKWISE_GEMM_UNRUN, (site, reason)
+        else:
+            assert "FP8 blockwise recipe" in str(reason), (site, reason)
     with pytest.raises(FallbackError, match=r"strict mode: quantize_weights_fp8_blockwise \(swiglu\) at quantize w1 "
                                              r"took the triton path"):
         plan_layer(_problem(recipe=gmlp.FP8BlockwiseRecipe()), device, strict=True)
@@ -462,3 +471,19 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
     with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_weights_fp8_blockwise \(swiglu\) at "
                                              r"quantize w1 cannot run on cutedsl"):
         _plan(device, recipe=gmlp.FP8BlockwiseRecipe())
+
+
+@pytest.mark.skipif(gmlp.cutedsl.import_error() is not None, reason="cutlass-dsl does not import here")
+@pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
+def test_blockwise_grouped_gemm_sites_take_cutedsl_on_hopper_once_run(monkeypatch, grad_format):
+    """With the grouped GEMM's not-yet-run reason lifted, FC2 and FC1 dgrad (E5M2 dh included)
+    take the SM90 kernel and the other sites stay on Triton."""
+    from gmlp.cutedsl.sm90 import support
+    from gmlp.dispatch.sites import BLOCKWISE_SITES
+
+    monkeypatch.setattr(support, "BLOCKWISE_GEMM_UNRUN", None)
+    device = _gpu(monkeypatch, (9, 0))
+    plan = _plan(device, recipe=gmlp.FP8BlockwiseRecipe(grad_format=grad_format))
+    taken = {site for site, decision in plan.decisions.items() if decision.path is Path.CUTEDSL}
+    assert taken == {name for name, site in BLOCKWISE_SITES.items() if site.op is Op.BLOCKWISE_GEMM}
+    assert taken == {"fc2", "fc1 dgrad"}

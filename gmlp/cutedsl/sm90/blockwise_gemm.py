@@ -4,8 +4,9 @@
 Twin of ``gmlp.triton_ref.blockwise_gemm`` (same operands: A a rowwise ``FP8BlockwiseTensor`` (T, K)
 E4M3 with MN-major scales (K/128, pad4(T)); B (E, N, K) E4M3 in 128 x 128 tiles with scales (E,
 N/128, K/128); same promotion ``acc += (sa * sb) * P``, the result up to the summation order).
-Built on the CPU (compiled for sm_90a, its PTX checked); **not yet run on a GPU**, and no layer
-site takes it yet (``docs/sm90-blockwise-plan.md``).
+A is E4M3, or E5M2 (FC1 dgrad's dh under ``grad_format=E5M2``: fp8 ``wgmma`` mixes the two
+formats); B is E4M3. Built on the CPU (compiled for sm_90a, its PTX checked); the layer's FC2 and
+FC1 dgrad sites take it once its GPU test passes (``support.BLOCKWISE_GEMM_UNRUN``).
 
 Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barriers):
 
@@ -32,7 +33,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
@@ -91,6 +92,7 @@ class BlockwiseGemmConfig(StagedConfig):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     bias: bool = False  # FC2's b2 (bf16 (E, N)) added before the rounding
+    a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     tile_n = TILE_N  # for StagedConfig's messages
 
@@ -108,15 +110,16 @@ class BlockwiseGemmSm90:
     def __init__(self, config: BlockwiseGemmConfig):
         self.config = config
         self.stages = config.num_stages()
+        self.a_dtype = Float8E5M2 if config.a_format is ElementFormat.E5M2 else Float8E4M3FN
         self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)
 
     @cute.jit
     def __call__(
         self,
-        mA: cute.Tensor,  # (T, K) fp8 E4M3, row-major (Q_row's data)
+        mA: cute.Tensor,  # (T, K) uint8: fp8 bytes (config.a_format), row-major (Q_row's data)
         mAScale: cute.Tensor,  # (K/128, pad4(T)) fp32, MN-major (Q_row's scale_inv)
-        mB: cute.Tensor,  # (E, N, K) fp8 E4M3, K-major (the weight's tiles)
+        mB: cute.Tensor,  # (E, N, K) uint8: E4M3 bytes, K-major (the weight's tiles)
         mBScale: cute.Tensor,  # (E, N/128, K/128) fp32 (the tiles' scale_inv)
         mBias: cute.Tensor | None,  # (E, N) bf16
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
@@ -125,13 +128,17 @@ class BlockwiseGemmSm90:
         num_ctas: Int32,
         stream,
     ):
+        # the fp8 operands arrive as bytes (torch's fp8 dtypes are not exchanged with the host
+        # runtime alike on every version) and are read as their formats
+        mA = cute.recast_tensor(mA, self.a_dtype)
+        mB = cute.recast_tensor(mB, Float8E4M3FN)
         mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))  # L = experts
         a_layout, b_layout = utils.LayoutEnum.from_tensor(mA), utils.LayoutEnum.from_tensor(mB_nke)
         tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            Float8E4M3FN, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+            self.a_dtype, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
             (MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
-        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
+        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, self.a_dtype, self.stages)
         b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
         tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
@@ -140,7 +147,7 @@ class BlockwiseGemmSm90:
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
             (TILE_N, TILE_K))
         self.shared_storage = shared_storage(mainloop_fields(self.stages, a_smem_layout, b_smem_layout,
-                                                             Float8E4M3FN, Float8E4M3FN))
+                                                             self.a_dtype, Float8E4M3FN))
         launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mBias, mRowStart, mTileStart, mD,
                            tiled_mma, a_smem_layout, b_smem_layout),
                num_ctas, self.threads, stream)
@@ -164,7 +171,7 @@ class BlockwiseGemmSm90:
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=Float8E4M3FN,
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype,
                                            b_dtype=Float8E4M3FN)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
                                           stage_bytes)
@@ -243,9 +250,9 @@ def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
     rows, n, k = cute.sym_int(), cute.sym_int(divisibility=TILE_N), cute.sym_int(divisibility=TILE_K)
     starts, experts = cute.sym_int(), cute.sym_int()
     n_blocks, k_blocks, padded_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=4)
-    a = fake_matrix(Float8E4M3FN, rows, k, divisibility=16)
+    a = fake_matrix(Uint8, rows, k, divisibility=16)
     a_scale = make_fake_tensor(Float32, (k_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    b = make_fake_tensor(Float8E4M3FN, (experts, n, k), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
+    b = make_fake_tensor(Uint8, (experts, n, k), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
     b_scale = make_fake_tensor(Float32, (experts, n_blocks, k_blocks), stride=(sym_stride(1), sym_stride(1), 1),
                                assumed_align=4)
     bias = fake_matrix(BFloat16, experts, n, divisibility=1, align=4) if config.bias else None
@@ -277,15 +284,13 @@ def compile_blockwise_gemm(arch: str = "sm_90a", config: BlockwiseGemmConfig = B
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                bias: torch.Tensor | None = None,
                                groups: DeviceGroups | None = None) -> torch.Tensor:
-    """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3, (T, K)) times its tile-quantized
-    weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16; no host sync.
-    The contract of ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``."""
+    """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
+    tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16;
+    no host sync. The contract of ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
-    for name, value in (("a", a), ("b", b)):
-        if value.element_format is not ElementFormat.E4M3:
-            raise ValueError(f"{name} must be E4M3 (the kernel's fp8 wgmma reads E4M3 operands), got "
-                             f"{value.element_format.value}")
+    if b.element_format is not ElementFormat.E4M3:
+        raise ValueError(f"b must be E4M3 (the recipe's weights), got {b.element_format.value}")
     (tokens, k), experts = a.source_shape, split_sizes.numel()
     if b.data.dim() != 3 or b.data.shape[0] != experts or b.data.shape[2] != k or not b.data.is_contiguous():
         raise ValueError(f"b must be a contiguous (E={experts}, N, K={k}), got {tuple(b.data.shape)}")
@@ -298,6 +303,7 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, TILE_N), a.data.device)
-    run(_compile, BlockwiseGemmConfig(bias=bias is not None), a.data.device, num_ctas, a.data, a.scale_inv, b.data,
+    config = BlockwiseGemmConfig(bias=bias is not None, a_format=a.element_format)
+    run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8), a.scale_inv, b.data.view(torch.uint8),
         b.scale_inv, bias, groups.row_start, groups.tile_start, out)
     return out

@@ -18,19 +18,21 @@ _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
-def test_compiles_to_fp8_wgmma_with_no_spills(bias):
+@pytest.mark.parametrize(("bias", "a_format"), [(False, "e4m3"), (True, "e4m3"), (False, "e5m2")],
+                         ids=["plain", "bias", "e5m2-a"])
+def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format):
     from gmlp.cutedsl.sm90.blockwise_gemm import (
         BlockwiseGemmConfig,
         compile_blockwise_gemm,
     )
+    from gmlp.mxfp8.spec import ElementFormat
 
-    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(bias=bias))
+    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(bias=bias, a_format=ElementFormat(a_format)))
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx  # a producer and two consumer warpgroups
     # fp8 wgmma, both operands K-major from shared memory, fp32 accumulators; four k32 steps a k-tile
-    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3 \{[^}]*\}, %rd\d+, %rd\d+, "
-                        r"%?\w+, 1,\s*1;", ptx)
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.{a_format}\.e4m3 \{{[^}}]*\}}, %rd\d+, "
+                        r"%rd\d+, %?\w+, 1,\s*1;", ptx)
     assert len(wgmmas) == 4, len(wgmmas)
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)  # the promotion waits for the k-tile's sums
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
@@ -91,5 +93,8 @@ def test_launcher_argument_errors():
     w = quantize_weights_fp8_blockwise_ref(torch.randn(2, 128, 256).bfloat16())
     with pytest.raises(TypeError, match="a must be an FP8BlockwiseTensor with 1x128 blocks"):
         grouped_gemm_fp8_blockwise(x.columnwise, w, torch.tensor([4, 4]))
-    with pytest.raises(ValueError, match="a must be E4M3"):
-        grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]))
+    w_e5m2 = quantize_weights_fp8_blockwise_ref(torch.randn(2, 128, 256).bfloat16(), element_format="e5m2")
+    with pytest.raises(ValueError, match="b must be E4M3 \\(the recipe's weights\\), got e5m2"):
+        grouped_gemm_fp8_blockwise(x.rowwise, w_e5m2, torch.tensor([4, 4]))
+    with pytest.raises(ValueError, match="a and b must be 16-byte aligned CUDA tensors, got a on cpu"):
+        grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]))  # an E5M2 a (dh) is taken
