@@ -15,6 +15,10 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
   the SM90 kernel decoding them itself (``gmlp.cutedsl.sm90._decode``); the token-row GEMMs read
   the weight dequantized beforehand (once per step in the layer, not timed here), FC1 and FC2
   dgrad write their quantized outputs;
+- ``fp8-blockwise`` and ``cutedsl-fp8-blockwise``: the FP8 blockwise recipe's kernels
+  (``gmlp.fp8_blockwise``) on its quantized operands (1 x 128 token rows, 128 x 1 per-expert
+  columns for the weight gradients, 128 x 128 weight tiles; FC1 and FC2 dgrad with their fused
+  epilogues), Triton's and the SM90 CuTeDSL grouped GEMM's (FC2, FC1 dgrad);
 - ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
   beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
   (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
@@ -45,6 +49,12 @@ from gmlp.cutedsl.sm90 import launch_options
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.triton_ref.dequantize import dequantize_mxfp8
 from gmlp.triton_ref.fc1 import fc1_forward
+from gmlp.triton_ref.blockwise_fc1 import fc1_forward_blockwise
+from gmlp.triton_ref.blockwise_fc2_dgrad import fc2_dgrad_blockwise
+from gmlp.triton_ref.blockwise_gemm import grouped_gemm_fp8_blockwise
+from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+from gmlp.triton_ref.blockwise_wgrad import grouped_wgrad_fp8_blockwise
 from gmlp.triton_ref.fc2_dgrad import fc2_dgrad
 from gmlp.triton_ref.grouped_gemm import grouped_gemm
 from gmlp.triton_ref.quantize import quantize_mxfp8
@@ -90,6 +100,13 @@ def _operands(experts: int, tokens: int, hidden: int, ffn: int, device: torch.de
         w = t[name]
         q = quantize_mxfp8(w.reshape(-1, w.shape[-1]), rowwise=True, columnwise=True, swizzle=False)
         t[f"{name}_row"], t[f"{name}_col"] = q.rowwise, q.columnwise
+    # the FP8 blockwise recipe's: token operands both ways (E4M3 gradients), weights in tiles
+    for name in ("x", "a", "dy", "dh"):
+        q = quantize_fp8_blockwise(t[name], rowwise=True, columnwise=True, split_sizes=split_sizes)
+        t[f"{name}_bw_row"], t[f"{name}_bw_col"] = q.rowwise, q.columnwise
+    for name in ("w1", "w2"):
+        t[f"{name}_bw"] = quantize_weights_fp8_blockwise(t[name])
+        t[f"{name}t_bw"] = t[f"{name}_bw"].transpose()
     return t
 
 
@@ -129,6 +146,7 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
            "cutedsl-decode": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
                t[f"{a}_col"], t[f"{b}_col"], splits, out_dtype=torch.bfloat16, **c)},
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
+        **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits)},
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
         configs=sm90_configs("grouped_wgrad"), decode_configs=[dict(tile_n=128)])
 
@@ -147,6 +165,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
         x, w1_deq, splits, ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, **c)
     sm90_fc2_dgrad = lambda dy, **c: _sm90("fc2_dgrad").fc2_dgrad(  # noqa: E731
         dy, w2t_deq, t["c"], splits, activation=SWIGLU, recipe=recipe, **c)
+    sm90_blockwise = lambda *args: _sm90("blockwise_gemm").grouped_gemm_fp8_blockwise(*args)  # noqa: E731
     return {
         "fc1": dict(
             baseline=lambda: torch._grouped_mm(t["x"], t["w1"].transpose(1, 2), offs=offsets),
@@ -158,7 +177,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             cutedsl=lambda c: lambda: _sm90("fc1").fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn,
                                                              activation=SWIGLU, recipe=None, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc1(deq(t["x_row"]), **c),
-               "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c)},
+               "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c),
+               "fp8-blockwise": lambda c: lambda: fc1_forward_blockwise(t["x_bw_row"], t["w1_bw"], splits,
+                                                                        ffn_hidden_size=ffn, activation=SWIGLU)},
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
             configs=sm90_configs("fc1_forward")),
@@ -168,7 +189,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["a"], t["w2"], splits, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["a_row"]), w2_deq, splits, **c),
-               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["a_row"], w2_deq, splits, **c)},
+               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["a_row"], w2_deq, splits, **c),
+               "fp8-blockwise": lambda c: lambda: grouped_gemm_fp8_blockwise(t["a_bw_row"], t["w2_bw"], splits),
+               "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["a_bw_row"], t["w2_bw"], splits)},
             quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
@@ -180,7 +203,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                                  splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["dh_row"]), w1t_deq, splits, **c),
-               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["dh_row"], w1t_deq, splits, **c)},
+               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["dh_row"], w1t_deq, splits, **c),
+               "fp8-blockwise": lambda c: lambda: grouped_gemm_fp8_blockwise(t["dh_bw_row"], t["w1t_bw"], splits),
+               "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["dh_bw_row"], t["w1t_bw"], splits)},
             quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
@@ -195,7 +220,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             cutedsl=lambda c: lambda: _sm90("fc2_dgrad").fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits,
                                                            activation=SWIGLU, recipe=None, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc2_dgrad(deq(t["dy_row"]), **c),
-               "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c)},
+               "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c),
+               "fp8-blockwise": lambda c: lambda: fc2_dgrad_blockwise(t["dy_bw_row"], t["w2t_bw"], t["c"], splits,
+                                                                      activation=SWIGLU)},
             flops=2 * t["dy"].shape[0] * hidden * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
             configs=sm90_configs("fc2_dgrad")),
@@ -221,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
                              "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; cutedsl-dequant / cutedsl-decode: "
                              "MXFP8 activation operands dequantized first / decoded in the SM90 kernel; "
-                             "quack: QuACK's varlen GEMM")
+                             "fp8-blockwise / cutedsl-fp8-blockwise: the FP8 blockwise recipe's Triton / SM90 "
+                             "CuTeDSL kernels on its quantized operands; quack: QuACK's varlen GEMM")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -241,7 +269,9 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"  {variant:>8}: not a variant of {gemm_name}", flush=True)
                     continue
                 # the layer's tiling first; the CuTeDSL kernels' default configuration first
-                if variant.startswith("cutedsl"):
+                if variant.endswith("fp8-blockwise"):
+                    tilings = [dict()]  # one configuration each
+                elif variant.startswith("cutedsl"):
                     tilings = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
                 elif variant == "quack":
                     tilings = QUACK_CONFIGS
