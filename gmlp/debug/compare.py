@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gmlp.contract.activations import Activation
+from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
 from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
@@ -102,10 +103,20 @@ QUANTIZED = (MXFP8Tensor, FP8BlockwiseTensor)  # one quantized orientation: elem
 
 
 def _source_data(tensor: MXFP8Tensor | FP8BlockwiseTensor) -> torch.Tensor:
-    """A quantization's fp8 elements in its source's orientation (a columnwise one's transposed back)."""
-    transposed = (tensor.axis is QuantAxis.COLUMNWISE if isinstance(tensor, MXFP8Tensor)
-                  else tensor.block_shape is BlockShape.COLUMNWISE)
-    return tensor.data.t() if transposed else tensor.data
+    """A quantization's fp8 elements in its source's orientation (a columnwise one's transposed
+    back; an FP8 blockwise one's block padding left out)."""
+    if isinstance(tensor, FP8BlockwiseTensor):
+        return tensor.token_data() if tensor.block_shape is BlockShape.COLUMNWISE else tensor.data
+    return tensor.data.t() if tensor.axis is QuantAxis.COLUMNWISE else tensor.data
+
+
+def _padding(comparison: Comparison, name: str, got: FP8BlockwiseTensor, want: FP8BlockwiseTensor) -> None:
+    """The bytes of an FP8 blockwise columnwise tensor outside its tokens (the layout's zeros),
+    bit for bit, in the data's own (K, 128 n_blocks) orientation."""
+    bad = ~_same_bits(got.data, want.data)
+    token_columns = layout.columnwise_token_columns(want.expert_sizes(), want.data.device)
+    bad[:, token_columns] = False
+    comparison.add(f"{name} (block padding)", bad.cpu(), got.data.float().cpu(), want.data.float().cpu(), None)
 
 
 def bitwise(comparison: Comparison, name: str, got, want) -> None:
@@ -122,6 +133,8 @@ def bitwise(comparison: Comparison, name: str, got, want) -> None:
         bad = ~_same_bits(got_data, want_data) | ~_same_bits(got_scales, want_scales)
         comparison.add(name, bad.cpu(), got.dequantize().cpu(), want.dequantize().cpu(), None,
                        (got_scales.cpu(), want_scales.cpu()))
+        if isinstance(want, FP8BlockwiseTensor) and want.block_shape is BlockShape.COLUMNWISE:
+            _padding(comparison, name, got, want)
         return
     comparison.add(name, (~_same_bits(got, want)).cpu(), got.cpu(), want.cpu(), None)
 

@@ -8,13 +8,17 @@ Token-side operands, an (T, K) source whose rows are grouped by expert (m_g rows
   k-block's scales for a tile of tokens as one contiguous run, and is padded to a multiple of 4
   so that every row starts 16-byte aligned (a TMA stride). The padding holds 1.0 and is never
   read.
-- columnwise (128 x 1 blocks along the tokens, for the weight gradients): data transposed,
-  (K, T) fp8, K-major along the tokens; scales (K, n_blocks) inside (K, pad4(n_blocks)): expert
-  g's blocks start at its first token and never cross experts, ``ceil(m_g / 128)`` of them from
-  column ``block_start[g] = sum_{h<g} ceil(m_h / 128)`` (the 128-row tiles of
-  ``gmlp.mxfp8.routing.DeviceGroups.tile_start``); a trailing partial block takes its amax over
-  its tokens only (the rows past the expert's end count as 0). ``n_blocks = (T + 127 E) // 128``
-  bounds every split without a host sync; columns past the last expert's blocks hold 1.0.
+- columnwise (128 x 1 blocks along the tokens, for the weight gradients): data transposed and
+  block-aligned, (K, 128 n_blocks) fp8, K-major along the tokens; scales (K, n_blocks) inside
+  (K, pad4(n_blocks)). Expert g's blocks start at its first token and never cross experts,
+  ``ceil(m_g / 128)`` of them from block ``block_start[g] = sum_{h<g} ceil(m_h / 128)`` (the
+  128-row tiles of ``gmlp.mxfp8.routing.DeviceGroups.tile_start``): its token i sits in data
+  column ``128 block_start[g] + i``, so data block j is scale column j. A trailing partial
+  block takes its amax over its tokens only and is padded with zeros, as are the blocks past
+  the last expert's (scale 1.0). ``n_blocks = (T + 127 E) // 128`` bounds every split without a
+  host sync. Why padded: a GEMM's 128-token k-tile is then one scale block and one 16-byte
+  aligned TMA box (an fp8 box starting at an expert's first token faults when it is not a
+  multiple of 16), and the padding's zeros add nothing to a weight gradient.
 
 Weights, a stack (E, N, K) (or one (N, K) matrix), 128 x 128 tiles: data (E, N, K) fp8, scales
 (E, N/128, K/128). The transposed weight (E, K, N) for the dgrad GEMM is the transposed data and
@@ -29,8 +33,8 @@ import torch
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.mxfp8.scale_layout import ceil_div, max_row_tiles
 
-__all__ = ["SCALE_ALIGN", "padded", "rowwise_scale_shape", "columnwise_blocks", "columnwise_scale_shape",
-           "weight_scale_shape", "scale_buffer"]
+__all__ = ["SCALE_ALIGN", "padded", "rowwise_scale_shape", "columnwise_blocks", "columnwise_data_shape",
+           "columnwise_scale_shape", "columnwise_token_columns", "weight_scale_shape", "scale_buffer"]
 
 SCALE_ALIGN = 4
 """fp32 scales a buffer row is padded to a multiple of (16 bytes)."""
@@ -49,6 +53,21 @@ def rowwise_scale_shape(num_rows: int, num_cols: int) -> tuple[int, int]:
 def columnwise_blocks(num_rows: int, num_experts: int) -> int:
     """n_blocks: the 128-token blocks of any split of ``num_rows`` tokens into ``num_experts``."""
     return max_row_tiles(num_rows, num_experts)
+
+
+def columnwise_data_shape(num_rows: int, num_cols: int, num_experts: int) -> tuple[int, int]:
+    """Shape of the columnwise data of a (T, K) source: (K, 128 n_blocks), each expert's tokens
+    from the start of its first block."""
+    return num_cols, BLOCK * columnwise_blocks(num_rows, num_experts)
+
+
+def columnwise_token_columns(sizes: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """(T,) int64: the data column of each token of experts with ``sizes`` tokens (host values)."""
+    columns, block = [], 0
+    for m in sizes:
+        columns.append(torch.arange(m, device=device) + BLOCK * block)
+        block += ceil_div(m, BLOCK)
+    return torch.cat(columns) if columns else torch.zeros(0, dtype=torch.int64, device=device)
 
 
 def columnwise_scale_shape(num_rows: int, num_cols: int, num_experts: int) -> tuple[int, int]:

@@ -34,7 +34,8 @@ def _rowwise(x: torch.Tensor, element_format: ElementFormat, power_of_two: bool)
 def _columnwise(x: torch.Tensor, sizes: list[int], element_format: ElementFormat,
                 power_of_two: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
-    data = torch.empty(cols, rows, dtype=element_format.torch_dtype, device=x.device)
+    data = torch.zeros(layout.columnwise_data_shape(rows, cols, len(sizes)), dtype=element_format.torch_dtype,
+                       device=x.device)
     buffer = torch.ones(layout.columnwise_scale_shape(rows, cols, len(sizes)), dtype=torch.float32, device=x.device)
     row, block = 0, 0
     for m in sizes:
@@ -42,7 +43,7 @@ def _columnwise(x: torch.Tensor, sizes: list[int], element_format: ElementFormat
         padded = x.new_zeros(cols, blocks * BLOCK)  # the tokens past the expert's end count as 0
         padded[:, :m] = x[row:row + m].t()
         expert_data, expert_scales = quantize_blocks(padded.view(cols, blocks, BLOCK), element_format, power_of_two)
-        data[:, row:row + m] = expert_data.view(cols, blocks * BLOCK)[:, :m]
+        data[:, block * BLOCK:(block + blocks) * BLOCK] = expert_data.view(cols, blocks * BLOCK)
         buffer[:, block:block + blocks] = expert_scales
         row, block = row + m, block + blocks
     return data, buffer
@@ -67,7 +68,7 @@ def quantize_fp8_blockwise_ref(x: torch.Tensor, *, rowwise: bool = True, columnw
                                         element_format, power_of_two, split_sizes)
     if columnwise:
         col_result = FP8BlockwiseTensor(*_columnwise(x, sizes, element_format, power_of_two), BlockShape.COLUMNWISE,
-                                        element_format, power_of_two, split_sizes)
+                                        element_format, power_of_two, split_sizes, problem.num_rows)
     return FP8BlockwiseQuantized(row_result, col_result)
 
 

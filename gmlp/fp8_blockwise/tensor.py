@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.spec import BLOCK
-from gmlp.mxfp8.scale_layout import ceil_div
 from gmlp.mxfp8.spec import ElementFormat
 
 __all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized", "require_block_shape", "absolute"]
@@ -20,8 +20,8 @@ class BlockShape(enum.Enum):
     ROWWISE = "1x128"
     """128 consecutive values of a row (along K): data (T, K), scales (K/128, pad4(T))."""
     COLUMNWISE = "128x1"
-    """128 consecutive tokens of one expert in a column: data transposed (K, T), scales
-    (K, pad4(n_blocks))."""
+    """128 consecutive tokens of one expert in a column: data transposed and block-aligned
+    (K, 128 n_blocks), each expert from the start of a block; scales (K, pad4(n_blocks))."""
     TILE = "128x128"
     """A 128 x 128 tile of a weight (..., N, K): data (..., N, K), scales (..., N/128, K/128)."""
 
@@ -30,7 +30,8 @@ class BlockShape(enum.Enum):
 class FP8BlockwiseTensor:
     """One quantized orientation of a source tensor: fp8 ``data`` and fp32 ``scale_inv`` (the
     padded buffers of ``gmlp.fp8_blockwise.layout``). ``split_sizes`` (E,) int on the data's
-    device when a token operand's rows are grouped by expert; None otherwise."""
+    device when a token operand's rows are grouped by expert; None otherwise. ``num_rows``: T of a
+    columnwise tensor (its data's block-aligned width does not tell it); None for the others."""
 
     data: torch.Tensor
     scale_inv: torch.Tensor
@@ -38,14 +39,23 @@ class FP8BlockwiseTensor:
     element_format: ElementFormat
     power_of_two: bool
     split_sizes: torch.Tensor | None = None
+    num_rows: int | None = None
+
+    def __post_init__(self):
+        if (self.block_shape is BlockShape.COLUMNWISE) != (self.num_rows is not None):
+            raise ValueError(f"num_rows is T of a columnwise tensor and None for the others, got {self.num_rows} "
+                             f"with {self.block_shape.value} blocks")
 
     @property
     def source_shape(self) -> tuple[int, ...]:
         """Shape of the tensor that was quantized ((T, K) for token operands)."""
         if self.block_shape is BlockShape.COLUMNWISE:
-            cols, rows = self.data.shape
-            return rows, cols
+            return self.num_rows, self.data.shape[0]
         return tuple(self.data.shape)
+
+    def expert_sizes(self) -> list[int]:
+        """Each expert's token count (host values: syncs with the device)."""
+        return [self.num_rows] if self.split_sizes is None else [int(m) for m in self.split_sizes.tolist()]
 
     def element_scales(self) -> torch.Tensor:
         """fp32 ``scale_inv`` of each element's block, in the source's shape (syncs with the
@@ -55,19 +65,22 @@ class FP8BlockwiseTensor:
         rows, cols = self.source_shape
         if self.block_shape is BlockShape.ROWWISE:
             return self.scale_inv[:, :rows].t().repeat_interleave(BLOCK, dim=1)
-        out = torch.empty(cols, rows, dtype=torch.float32, device=self.data.device)
-        sizes = [rows] if self.split_sizes is None else [int(m) for m in self.split_sizes.tolist()]
-        row, block = 0, 0
-        for m in sizes:  # each expert's 128-token blocks start at its first token
-            blocks = ceil_div(m, BLOCK)
-            out[:, row:row + m] = self.scale_inv[:, block:block + blocks].repeat_interleave(BLOCK, dim=1)[:, :m]
-            row, block = row + m, block + blocks
-        return out.t()
+        columns = layout.columnwise_token_columns(self.expert_sizes(), self.data.device)
+        return self.scale_inv.index_select(1, columns // BLOCK).t()
 
     def dequantize(self) -> torch.Tensor:
         """fp32 values ``q * scale_inv`` in the source's shape."""
-        data = self.data.t() if self.block_shape is BlockShape.COLUMNWISE else self.data
-        return data.float() * self.element_scales()
+        if self.block_shape is BlockShape.COLUMNWISE:
+            return self.token_data().float() * self.element_scales()
+        return self.data.float() * self.element_scales()
+
+    def token_data(self) -> torch.Tensor:
+        """A columnwise tensor's fp8 values in the source's shape (T, K), the padding left out
+        (syncs with the device to read the split sizes)."""
+        if self.block_shape is not BlockShape.COLUMNWISE:
+            raise ValueError(f"token_data is a columnwise tensor's, got {self.block_shape.value} blocks")
+        columns = layout.columnwise_token_columns(self.expert_sizes(), self.data.device)
+        return self.data.index_select(1, columns).t()
 
     def transpose(self) -> FP8BlockwiseTensor:
         """A weight's transpose (..., K, N): its data and scales transposed (128 x 128 tiles only)."""
@@ -106,4 +119,4 @@ def absolute(q: FP8BlockwiseTensor) -> FP8BlockwiseTensor:
     is the sum of |products| that bounds a summation's rounding error."""
     magnitudes = q.data.view(torch.uint8) & 0x7F  # the sign bit cleared: |q| in both fp8 formats
     return FP8BlockwiseTensor(magnitudes.view(q.data.dtype), q.scale_inv.abs(), q.block_shape, q.element_format,
-                              q.power_of_two, q.split_sizes)
+                              q.power_of_two, q.split_sizes, q.num_rows)

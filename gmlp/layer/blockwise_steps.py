@@ -141,9 +141,10 @@ def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torc
                           split_sizes.new_empty((), dtype=torch.bool), checked=True)
 
     def q_col(cols: int) -> FP8BlockwiseTensor:  # Q_col of a (T, cols) token operand
-        return FP8BlockwiseTensor(x.new_empty(cols, tokens, dtype=fp8.torch_dtype),
+        return FP8BlockwiseTensor(x.new_empty(layout.columnwise_data_shape(tokens, cols, experts),
+                                              dtype=fp8.torch_dtype),
                                   x.new_empty(layout.columnwise_scale_shape(tokens, cols, experts), dtype=torch.float32),
-                                  BlockShape.COLUMNWISE, fp8, pow2, split_sizes)
+                                  BlockShape.COLUMNWISE, fp8, pow2, split_sizes, tokens)
 
     def tiles(w: torch.Tensor) -> FP8BlockwiseTensor:
         return FP8BlockwiseTensor(w.new_empty(w.shape, dtype=fp8.torch_dtype),

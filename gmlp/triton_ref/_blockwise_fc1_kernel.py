@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from gmlp.triton_ref._activations import glu_forward, srelu_forward
-from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways
+from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways, store_unused_column_block
 from gmlp.triton_ref._blockwise_tiles import load_token_block, promoted_dot
 from gmlp.triton_ref._grouping import group_tile, output_tile
 
@@ -26,8 +26,9 @@ def fc1_blockwise_kernel(
     row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
     c_ptr,  # (T, N1) bf16
     a_ptr, a_scale_ptr,  # Q_row(a): (T, F) fp8, scales (F/128, A_SCALE_STRIDE)
-    a_col_ptr, a_col_scale_ptr,  # Q_col(a): (F, T) fp8, scales (F, A_COL_SCALE_STRIDE)
-    NUM_ROWS, HIDDEN, FFN, X_SCALE_STRIDE, A_SCALE_STRIDE, A_COL_SCALE_STRIDE, W_STRIDE_E, W_STRIDE_N,
+    a_col_ptr, a_col_scale_ptr,  # Q_col(a): (F, A_COL_DATA_STRIDE) fp8 (block-aligned), scales (F, A_COL_SCALE_STRIDE)
+    NUM_ROWS, HIDDEN, FFN, X_SCALE_STRIDE, A_SCALE_STRIDE, A_COL_SCALE_STRIDE, A_COL_DATA_STRIDE, W_STRIDE_E,
+    W_STRIDE_N,
     GATED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_PROBS: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
     FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
@@ -39,9 +40,8 @@ def fc1_blockwise_kernel(
     first_row, end_row, _, _, group = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True,
                                                  NUM_ROWS)
     lanes = tl.arange(0, BLOCK)
-    if end_row <= first_row:  # a tile past the last expert: its Q_col(a) blocks are unused, 1.0
-        tl.store(a_col_scale_ptr + (n_tile * BLOCK + lanes).to(tl.int64) * A_COL_SCALE_STRIDE + tile,
-                 tl.full((BLOCK,), 1.0, tl.float32))
+    if end_row <= first_row:  # a tile past the last expert: its Q_col(a) blocks are unused (zeros, 1.0)
+        store_unused_column_block(n_tile, tile, a_col_ptr, a_col_scale_ptr, A_COL_SCALE_STRIDE, A_COL_DATA_STRIDE)
         return
     rows = first_row + lanes
     row_mask = rows < end_row
@@ -78,5 +78,5 @@ def fc1_blockwise_kernel(
         act *= tl.load(probs_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
     act = tl.where(row_mask[:, None], act, 0.0)  # rows past the expert's end stay out of its blocks
     store_blockwise_both_ways(act, rows, row_mask, n_tile, tile, a_ptr, a_scale_ptr, A_SCALE_STRIDE, a_col_ptr,
-                              a_col_scale_ptr, A_COL_SCALE_STRIDE, NUM_ROWS, FFN, FMAX, INPUT_MAX, POWER_OF_TWO,
+                              a_col_scale_ptr, A_COL_SCALE_STRIDE, A_COL_DATA_STRIDE, FFN, FMAX, INPUT_MAX, POWER_OF_TWO,
                               True, True)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from gmlp.triton_ref._activations import dprobs_and_activation_backward
-from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways
+from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways, store_unused_column_block
 from gmlp.triton_ref._blockwise_tiles import load_token_block, promoted_dot
 from gmlp.triton_ref._grouping import group_tile, output_tile
 
@@ -29,8 +29,9 @@ def fc2_dgrad_blockwise_kernel(
     dprobs_partial_ptr,  # (T, F/128) fp32
     dh_tile_sums_ptr,  # (max tiles, N1) fp32 column sums of dh per 128-row tile (BIAS_GRAD)
     dh_ptr, dh_scale_ptr,  # Q_row(dh): (T, N1) fp8, scales (N1/128, DH_SCALE_STRIDE)
-    dh_col_ptr, dh_col_scale_ptr,  # Q_col(dh): (N1, T) fp8, scales (N1, DH_COL_SCALE_STRIDE)
-    NUM_ROWS, HIDDEN, FFN, DY_SCALE_STRIDE, DH_SCALE_STRIDE, DH_COL_SCALE_STRIDE, W_STRIDE_E, W_STRIDE_N,
+    dh_col_ptr, dh_col_scale_ptr,  # Q_col(dh): (N1, DH_COL_DATA_STRIDE) fp8 (block-aligned), scales (N1, DH_COL_SCALE_STRIDE)
+    NUM_ROWS, HIDDEN, FFN, DY_SCALE_STRIDE, DH_SCALE_STRIDE, DH_COL_SCALE_STRIDE, DH_COL_DATA_STRIDE, W_STRIDE_E,
+    W_STRIDE_N,
     GATED: tl.constexpr, HAS_PROBS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr, OFFSET: tl.constexpr,
     FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
@@ -41,11 +42,10 @@ def fc2_dgrad_blockwise_kernel(
     tile, n_tile, n_tiles = output_tile(N_FASTEST)
     first_row, end_row, _, _, group = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, True,
                                                  NUM_ROWS)
-    if end_row <= first_row:  # a tile past the last expert: its Q_col(dh) blocks are unused, 1.0
-        ones = tl.full((BLOCK,), 1.0, tl.float32)
+    if end_row <= first_row:  # a tile past the last expert: its Q_col(dh) blocks are unused (zeros, 1.0)
         for half in tl.static_range(2 if GATED else 1):  # the gate's columns, then the up's
-            cols = half * FFN + n_tile * BLOCK + tl.arange(0, BLOCK)
-            tl.store(dh_col_scale_ptr + cols.to(tl.int64) * DH_COL_SCALE_STRIDE + tile, ones)
+            store_unused_column_block(half * (FFN // BLOCK) + n_tile, tile, dh_col_ptr, dh_col_scale_ptr,
+                                      DH_COL_SCALE_STRIDE, DH_COL_DATA_STRIDE)
         return
     rows = first_row + tl.arange(0, BLOCK)
     row_mask = rows < end_row
@@ -70,7 +70,7 @@ def fc2_dgrad_blockwise_kernel(
                                                   LIMIT, ALPHA, OFFSET)
     d_gate = tl.where(row_mask[:, None], d_gate, 0.0)  # rows past the expert's end stay out of its blocks
     store_blockwise_both_ways(d_gate, rows, row_mask, n_tile, tile, dh_ptr, dh_scale_ptr, DH_SCALE_STRIDE, dh_col_ptr,
-                              dh_col_scale_ptr, DH_COL_SCALE_STRIDE, NUM_ROWS, N1, FMAX, INPUT_MAX, POWER_OF_TWO,
+                              dh_col_scale_ptr, DH_COL_SCALE_STRIDE, DH_COL_DATA_STRIDE, N1, FMAX, INPUT_MAX, POWER_OF_TWO,
                               True, True)
     if BIAS_GRAD:  # per-tile column sums of the fp32 dh; the launcher adds each expert's tiles in order
         sums_row = dh_tile_sums_ptr + tile.to(tl.int64) * N1
@@ -78,7 +78,7 @@ def fc2_dgrad_blockwise_kernel(
     if GATED:
         d_up = tl.where(row_mask[:, None], d_up, 0.0)
         store_blockwise_both_ways(d_up, rows, row_mask, FFN // BLOCK + n_tile, tile, dh_ptr, dh_scale_ptr,
-                                  DH_SCALE_STRIDE, dh_col_ptr, dh_col_scale_ptr, DH_COL_SCALE_STRIDE, NUM_ROWS, N1,
+                                  DH_SCALE_STRIDE, dh_col_ptr, dh_col_scale_ptr, DH_COL_SCALE_STRIDE, DH_COL_DATA_STRIDE, N1,
                                   FMAX, INPUT_MAX, POWER_OF_TWO, True, True)
         if BIAS_GRAD:
             tl.store(sums_row + FFN + n, tl.sum(d_up, axis=0))

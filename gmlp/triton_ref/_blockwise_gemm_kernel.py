@@ -51,21 +51,22 @@ def grouped_gemm_blockwise_kernel(
 
 
 @triton.jit
-def _features_by_tokens(data_ptr, features, feature_mask, tokens, token_mask, NUM_ROWS):
-    """The (features, tokens) tile of columnwise data (features, T), K-major along the tokens."""
-    mask = feature_mask[:, None] & token_mask[None, :]
-    return tl.load(data_ptr + features[:, None].to(tl.int64) * NUM_ROWS + tokens[None, :], mask=mask, other=0.0)
+def _features_by_tokens(data_ptr, features, feature_mask, columns, DATA_STRIDE):
+    """The (features, 128 tokens) tile of a columnwise block of data (features, DATA_STRIDE),
+    K-major along the tokens (the padding past an expert's end holds zeros)."""
+    return tl.load(data_ptr + features[:, None].to(tl.int64) * DATA_STRIDE + columns[None, :],
+                   mask=feature_mask[:, None], other=0.0)
 
 
 @triton.jit
 def wgrad_blockwise_kernel(
-    a_ptr,  # (M, T) fp8, columnwise (128 x 1 blocks from each expert's first token)
-    a_scale_ptr,  # (M, A_SCALE_STRIDE) fp32: expert g's blocks from column tile_start[g]
-    b_ptr,  # (N, T) fp8, columnwise
+    a_ptr,  # (M, DATA_STRIDE) fp8, columnwise: expert g's 128-token blocks from block tile_start[g]
+    a_scale_ptr,  # (M, A_SCALE_STRIDE) fp32: one a block
+    b_ptr,  # (N, DATA_STRIDE) fp8, columnwise
     b_scale_ptr,  # (N, B_SCALE_STRIDE) fp32
-    row_start_ptr, tile_start_ptr,  # (E+1,) int32 device prefix sums (gmlp.mxfp8.routing)
+    tile_start_ptr,  # (E+1,) int32 device prefix sums of ceil(m_g / 128) (gmlp.mxfp8.routing)
     out_ptr,  # (E, M, N) fp32 | bf16, or fp32 added to (ACCUMULATE)
-    NUM_ROWS, M, N, A_SCALE_STRIDE, B_SCALE_STRIDE,
+    DATA_STRIDE, M, N, A_SCALE_STRIDE, B_SCALE_STRIDE,
     ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     group, m_tile, n_tile = tl.program_id(2), tl.program_id(1), tl.program_id(0)  # n fastest: programs share A
@@ -73,16 +74,13 @@ def wgrad_blockwise_kernel(
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = m < M
     n_mask = n < N
-    first_token = tl.load(row_start_ptr + group)
-    end_token = tl.load(row_start_ptr + group + 1)
     first_block = tl.load(tile_start_ptr + group)
     blocks = tl.load(tile_start_ptr + group + 1) - first_block
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for block in range(0, blocks):
-        tokens = first_token + block * 128 + tl.arange(0, 128)
-        token_mask = tokens < end_token
-        a_tile = _features_by_tokens(a_ptr, m, m_mask, tokens, token_mask, NUM_ROWS)
-        b_tile = _features_by_tokens(b_ptr, n, n_mask, tokens, token_mask, NUM_ROWS)
+        columns = (first_block + block) * 128 + tl.arange(0, 128)
+        a_tile = _features_by_tokens(a_ptr, m, m_mask, columns, DATA_STRIDE)
+        b_tile = _features_by_tokens(b_ptr, n, n_mask, columns, DATA_STRIDE)
         partial = tl.dot(a_tile, tl.trans(b_tile))
         a_scale = tl.load(a_scale_ptr + m.to(tl.int64) * A_SCALE_STRIDE + first_block + block, mask=m_mask, other=0.0)
         b_scale = tl.load(b_scale_ptr + n.to(tl.int64) * B_SCALE_STRIDE + first_block + block, mask=n_mask, other=0.0)

@@ -25,9 +25,9 @@ def quantize_fp8_blockwise_kernel(
     tile_start_ptr,  # (E+1,) int32 prefix sums of ceil(m_g/128) (GROUPED)
     row_data_ptr,  # (T, K) fp8
     row_scale_ptr,  # (K/128, ROW_SCALE_STRIDE) fp32, MN-major
-    col_data_ptr,  # (K, T) fp8, transposed
+    col_data_ptr,  # (K, COL_DATA_STRIDE) fp8, transposed, each expert's tokens from a block's start
     col_scale_ptr,  # (K, COL_SCALE_STRIDE) fp32
-    NUM_ROWS, NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE,
+    NUM_ROWS, NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE, COL_DATA_STRIDE,
     FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
     GROUPED: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
@@ -45,7 +45,7 @@ def quantize_fp8_blockwise_kernel(
         cols = block * 128 + lanes
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None], other=0.0)
         store_blockwise_both_ways(x.to(tl.float32), rows, row_mask, block, tile, row_data_ptr, row_scale_ptr,
-                                  ROW_SCALE_STRIDE, col_data_ptr, col_scale_ptr, COL_SCALE_STRIDE, NUM_ROWS, NUM_COLS,
+                                  ROW_SCALE_STRIDE, col_data_ptr, col_scale_ptr, COL_SCALE_STRIDE, COL_DATA_STRIDE, NUM_COLS,
                                   FMAX, INPUT_MAX, POWER_OF_TWO, ROWWISE, COLUMNWISE)
 
 

@@ -52,7 +52,7 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
         fc1_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             x.data, x.scale_inv, w1.data, w1.scale_inv, b1 if b1 is not None else c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, c, a, a_scales, a_col, a_col_scales,
-            tokens, hidden, ffn, x.scale_inv.stride(0), a_scales.stride(0), a_col_scales.stride(0),
+            tokens, hidden, ffn, x.scale_inv.stride(0), a_scales.stride(0), a_col_scales.stride(0), a_col.stride(0),
             w1.data.stride(0), w1.data.stride(1),
             GATED=activation.gated, HAS_BIAS=b1 is not None, HAS_PROBS=probs is not None,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
@@ -64,5 +64,5 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
         poison_scales_if_invalid(scales, groups, poison=float("nan"))
     quantized = (FP8BlockwiseTensor(a, a_scales, BlockShape.ROWWISE, ElementFormat.E4M3, power_of_two, split_sizes),
                  FP8BlockwiseTensor(a_col, a_col_scales, BlockShape.COLUMNWISE, ElementFormat.E4M3, power_of_two,
-                                    split_sizes))
+                                    split_sizes, tokens))
     return FC1Output(c=c, a=None, a_rowwise=quantized[0], a_columnwise=quantized[1])

@@ -56,7 +56,7 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
         fc2_dgrad_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             dy.data, dy.scale_inv, w2t.data, w2t.scale_inv, c, probs if probs is not None else c,
             groups.row_start, groups.tile_start, dprobs_partial, dh_tile_sums, dh, dh_scales, dh_col, dh_col_scales,
-            tokens, hidden, ffn, dy.scale_inv.stride(0), dh_scales.stride(0), dh_col_scales.stride(0),
+            tokens, hidden, ffn, dy.scale_inv.stride(0), dh_scales.stride(0), dh_col_scales.stride(0), dh_col.stride(0),
             w2t.data.stride(0), w2t.data.stride(1),
             GATED=activation.gated, HAS_PROBS=probs is not None, BIAS_GRAD=bias_grad,
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
@@ -71,4 +71,5 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     recipe = (grad_format, power_of_two, split_sizes)
     return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1,
                           dh_rowwise=FP8BlockwiseTensor(dh, dh_scales, BlockShape.ROWWISE, *recipe),
-                          dh_columnwise=FP8BlockwiseTensor(dh_col, dh_col_scales, BlockShape.COLUMNWISE, *recipe))
+                          dh_columnwise=FP8BlockwiseTensor(dh_col, dh_col_scales, BlockShape.COLUMNWISE, *recipe,
+                                                           num_rows=tokens))

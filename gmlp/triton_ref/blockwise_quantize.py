@@ -74,6 +74,7 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
             row_data if rowwise else placeholder, row_scales if rowwise else placeholder,
             col_data if columnwise else placeholder, col_scales if columnwise else placeholder,
             rows, cols, row_scales.shape[1] if rowwise else 0, col_scales.shape[1] if columnwise else 0,
+            col_data.shape[1] if columnwise else 0,
             **format_constants(element_format, x.dtype, power_of_two),
             ROWWISE=rowwise, COLUMNWISE=columnwise, GROUPED=split_sizes is not None,
             NUM_GROUPS=problem.num_experts, SEARCH_STEPS=search_steps(problem.num_experts),
@@ -86,5 +87,6 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
             tensors.append(None)
             continue
         poison_scales_if_invalid(scales, groups, poison=float("nan"))
-        tensors.append(FP8BlockwiseTensor(data, scales, shape, element_format, power_of_two, split_sizes))
+        tensors.append(FP8BlockwiseTensor(data, scales, shape, element_format, power_of_two, split_sizes,
+                                          rows if shape is BlockShape.COLUMNWISE else None))
     return FP8BlockwiseQuantized(*tensors)

@@ -27,8 +27,9 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     require_block_shape(a, "a", BlockShape.COLUMNWISE)
     require_block_shape(b, "b", BlockShape.COLUMNWISE)
     tokens, m = a.source_shape
-    if b.source_shape[0] != tokens:
-        raise ValueError(f"a and b must have the same tokens, got {tokens} and {b.source_shape[0]}")
+    if b.source_shape[0] != tokens or b.data.shape[1] != a.data.shape[1] or a.data.stride() != b.data.stride():
+        raise ValueError(f"a and b must have the same tokens, got {tokens} and {b.source_shape[0]} (data "
+                         f"{tuple(a.data.shape)} and {tuple(b.data.shape)})")
     n, experts = b.source_shape[1], split_sizes.numel()
     if out is not None and (out.shape != (experts, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}), got {out.dtype} {tuple(out.shape)}")
@@ -36,8 +37,8 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     result = out if out is not None else torch.empty(experts, m, n, dtype=out_dtype, device=a.data.device)
     if result.numel():
         wgrad_blockwise_kernel[(scale_layout.ceil_div(n, block_n), scale_layout.ceil_div(m, block_m), experts)](
-            a.data, a.scale_inv, b.data, b.scale_inv, groups.row_start, groups.tile_start, result,
-            tokens, m, n, a.scale_inv.stride(0), b.scale_inv.stride(0),
+            a.data, a.scale_inv, b.data, b.scale_inv, groups.tile_start, result,
+            a.data.stride(0), m, n, a.scale_inv.stride(0), b.scale_inv.stride(0),
             ACCUMULATE=out is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
         )
     return result

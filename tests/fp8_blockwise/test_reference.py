@@ -44,12 +44,18 @@ def test_rowwise_blocks_and_their_scale_positions(power_of_two):
 
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_columnwise_blocks_start_at_each_experts_first_token(splits):
+    """Each expert's 128-token blocks from its first token, each in its own 128 data columns
+    (data block j is scale column j), the tokens past the expert's end and the blocks past the
+    last expert's zeros (scale 1.0)."""
     tokens = sum(splits)
     x = _source(tokens, 128, seed=1)
     q = quantize_fp8_blockwise_ref(x, rowwise=False, columnwise=True,
                                    split_sizes=torch.tensor(splits)).columnwise
     n_blocks = (tokens + 127 * len(splits)) // 128
-    assert q.data.shape == (128, tokens) and q.scale_inv.shape == (128, layout.padded(n_blocks))
+    assert q.data.shape == (128, 128 * n_blocks) and q.scale_inv.shape == (128, layout.padded(n_blocks))
+    assert q.source_shape == (tokens, 128) and q.num_rows == tokens
+    token_data = q.token_data()  # the tokens' bytes in the source's shape (T, K)
+    assert token_data.shape == (tokens, 128)
     row, block = 0, 0
     for m in splits:
         for b in range(-(-m // BLOCK)):
@@ -57,10 +63,14 @@ def test_columnwise_blocks_start_at_each_experts_first_token(splits):
             values = torch.zeros(128, BLOCK, dtype=torch.bfloat16)  # past the expert's end: zeros
             values[:, :end - first] = x[first:end].t()
             data, scale_inv = quantize_blocks(values, ElementFormat.E4M3, True)
-            assert torch.equal(q.data[:, first:end].view(torch.uint8), data[:, :end - first].view(torch.uint8))
+            columns = slice((block + b) * BLOCK, (block + b + 1) * BLOCK)
+            assert torch.equal(q.data[:, columns].view(torch.uint8), data.view(torch.uint8))
+            assert not q.data[:, columns][:, end - first:].view(torch.uint8).any()  # the padding's zeros
+            assert torch.equal(token_data[first:end].view(torch.uint8), data[:, :end - first].t().view(torch.uint8))
             assert torch.equal(q.scale_inv[:, block + b], scale_inv)
         row, block = row + m, block - (-m // BLOCK)
     assert torch.equal(q.scale_inv[:, block:], torch.ones_like(q.scale_inv[:, block:]))
+    assert not q.data[:, block * BLOCK:].view(torch.uint8).any()
 
 
 def test_an_experts_quantization_does_not_depend_on_its_neighbours():
@@ -72,7 +82,7 @@ def test_an_experts_quantization_does_not_depend_on_its_neighbours():
     x[256:] *= 100
     q = quantize_fp8_blockwise_ref(x, rowwise=False, columnwise=True, split_sizes=torch.tensor(splits)).columnwise
     alone = quantize_fp8_blockwise_ref(x[129:256].contiguous(), rowwise=False, columnwise=True).columnwise
-    assert torch.equal(q.data[:, 129:256].view(torch.uint8), alone.data.view(torch.uint8))
+    assert torch.equal(q.data[:, 256:384].view(torch.uint8), alone.data.view(torch.uint8))
     assert torch.equal(q.scale_inv[:, 2], alone.scale_inv[:, 0])  # expert 0 has blocks 0, 1
 
 
