@@ -13,7 +13,7 @@ twins accumulate in fp64 and round once), and each element gets a bound derived 
   or FP8 blockwise) one step of its format (2**-m of the value, or one subnormal quantum of its
   block, ``scale * 2**(emin - m)``), or, where the two block scales differ, the value itself;
 - an FP8 blockwise GEMM on a GPU adds its tensor cores' own accumulation error inside each
-  128-block (``gmlp.debug.crosscheck._blockwise_delta``).
+  128-block (``FP8_WGMMA_BLOCK_ERROR`` of the block's sum of |products|).
 
 An element outside its bound is a mismatch; ``tolerance=(rtol, atol)`` replaces the derived
 bound with ``atol + rtol * |want|``.
@@ -30,9 +30,16 @@ from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
 from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
-__all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope"]
+__all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope",
+           "FP8_WGMMA_BLOCK_ERROR"]
 
 FP32_UNIT = 2.0**-24
+# Hopper's fp8 wgmma accumulates a k=32 step's 32 products into its fp32 accumulator at about 14
+# bits (DeepSeek-V3, section 3.3.2): the 33 addends aligned to the largest one's exponent and cut
+# at 13 fraction bits, each losing less than 2**-13 of the largest |addend| <= the block's sum of
+# |products| so far. A 128-block's four steps then err by at most 4 * 33 * 2**-13 of its sum of
+# |products| (the H200 measured up to about 5.4 * 2**-13, above the 4 * 2**-13 first assumed).
+FP8_WGMMA_BLOCK_ERROR = 4 * 33 * 2.0**-13
 BF16_STEP = 2.0**-7
 REPORTED = 5  # elements listed per mismatching output
 

@@ -10,7 +10,14 @@ import torch
 
 from gmlp.contract.gate_up import GateUp
 from gmlp.contract.reference import grouped_gemm_ref, grouped_wgrad_ref, segment_sum_ref
-from gmlp.debug.compare import Comparison, activation_slope, bitwise, gemm_delta, within_bound
+from gmlp.debug.compare import (
+    FP8_WGMMA_BLOCK_ERROR,
+    Comparison,
+    activation_slope,
+    bitwise,
+    gemm_delta,
+    within_bound,
+)
 from gmlp.dispatch.caller import warn_at_caller
 from gmlp.dispatch.paths import Path
 from gmlp.dispatch.plan import LayerPlan, implementation
@@ -164,9 +171,8 @@ def _compare_fc2_dgrad_outputs(comparison: Comparison, got, want, abs_da: torch.
 def _blockwise_delta(abs_products: torch.Tensor, terms: int, on_gpu: bool) -> torch.Tensor:
     """Bound on an FP8 blockwise GEMM's summation error against the fp64 oracle: fp32 sums over
     ``terms`` (``gemm_delta``), plus on a GPU each 128-block's fp8 ``wgmma`` chain at the tensor
-    cores' reduced accumulation precision (about 14 bits, DeepSeek-V3 section 3.3.2: at most
-    2**-13 of the block's sum of |products| in each of its four k=32 steps)."""
-    return gemm_delta(abs_products, terms) + (4 * 2.0**-13 * abs_products if on_gpu else 0.0)
+    cores' reduced accumulation precision (``compare.FP8_WGMMA_BLOCK_ERROR``)."""
+    return gemm_delta(abs_products, terms) + (FP8_WGMMA_BLOCK_ERROR * abs_products if on_gpu else 0.0)
 
 
 def _compare_blockwise(comparison: Comparison, op: Op, got, want, args, kwargs, tolerance) -> None:

@@ -25,7 +25,7 @@ from gmlp.fp8_blockwise.reference import (
 )
 from gmlp.fp8_blockwise.tensor import absolute
 from tests.support.backends import kernel_device, triton_op
-from tests.support.blockwise import on_device
+from tests.support.blockwise import on_device, summation_error
 
 SPLITS = [0, 1, 127, 128, 129, 0]
 E4M3_SMALLEST_STEP = 2.0**-9
@@ -84,7 +84,7 @@ def test_within_the_derived_bound(fc1, activation):
     gpu = kernel_device().type == "cuda"
     magnitude = grouped_gemm_blockwise_ref(absolute(q_x), absolute(q_w), torch.tensor(SPLITS),
                                            out_dtype=torch.float64).float()
-    delta_h = magnitude * (hidden * 2.0**-24 + (4 * 2.0**-13 if gpu else 0.0))  # test_blockwise_gemm's bound
+    delta_h = magnitude * summation_error(hidden, gpu)  # test_blockwise_gemm's bound
     c_error = (got.c.cpu().float() - want.c.float()).abs()
     assert (c_error <= 2.0**-8 * want.c.float().abs() * 2 + delta_h * 1.01).all()
     # first order: |d act| <= slope * (|d gate| + |d up|), the slope bounded over the interval h lies in

@@ -25,7 +25,7 @@ from gmlp.fp8_blockwise.reference import (
 from gmlp.fp8_blockwise.tensor import absolute
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.backends import kernel_device, triton_op
-from tests.support.blockwise import on_device
+from tests.support.blockwise import on_device, summation_error
 
 SPLITS = [0, 1, 127, 128, 129, 0]
 
@@ -83,7 +83,7 @@ def test_within_the_derived_bound(fc2_dgrad, activation):
     gpu = kernel_device().type == "cuda"
     split_sizes = torch.tensor(SPLITS)
     magnitude = grouped_gemm_blockwise_ref(absolute(q_dy), absolute(q_w2t), split_sizes, out_dtype=torch.float64)
-    delta_da = (magnitude * (hidden * 2.0**-24 + (4 * 2.0**-13 if gpu else 0.0))).float()
+    delta_da = (magnitude * summation_error(hidden, gpu)).float()
     da_abs = magnitude.float()  # |da| <= the sum of |products|
     act = activation.forward(c.float()).abs()
     # dprobs: da's error times |act|, plus the fp32 sum's over F terms

@@ -17,7 +17,7 @@ from gmlp.fp8_blockwise.reference import (
 )
 from gmlp.fp8_blockwise.tensor import absolute
 from tests.support.backends import kernel_device, triton_op
-from tests.support.blockwise import on_device
+from tests.support.blockwise import on_device, summation_error
 
 SPLITS = {"edges": [0, 1, 127, 128, 129, 0], "one-expert": [200], "all-on-one": [0, 0, 256]}
 
@@ -25,10 +25,9 @@ SPLITS = {"edges": [0, 1, 127, 128, 129, 0], "one-expert": [200], "all-on-one": 
 def _summation_error(k: int) -> float:
     """Relative bound (to the sum of |products|) of a kernel's summation error over k values: fp32
     sums (k * 2**-24, the interpreter's numpy and the promoted accumulator), plus, on the GPU, each
-    128-block's fp8 ``wgmma`` chain of four k=32 steps at Hopper's reduced accumulation precision
-    (about 14 bits, DeepSeek-V3 section 3.3.2: at most 2**-13 of the block's sum a step)."""
-    on_gpu = kernel_device().type == "cuda"
-    return k * 2.0**-24 + (4 * 2.0**-13 if on_gpu else 0.0)
+    128-block's fp8 ``wgmma`` chain at Hopper's reduced accumulation precision
+    (``gmlp.debug.compare.FP8_WGMMA_BLOCK_ERROR``)."""
+    return summation_error(k, kernel_device().type == "cuda")
 
 
 def _assert_within_bound(got: torch.Tensor, want: torch.Tensor, magnitude: torch.Tensor, k: int, out_rounding: float):

@@ -84,6 +84,7 @@ __all__ = ["BlockwiseGemmConfig", "BlockwiseGemmSm90", "compile_blockwise_gemm",
 _NAME = "blockwise GEMM"
 TILE_N = 128  # one weight tile row: one B scale per k-tile
 TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
+_BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}  # torch -> cutlass dtype of a bias
 MMA_WARPGROUPS = 2  # each 64 rows of the tile
 
 
@@ -91,12 +92,14 @@ MMA_WARPGROUPS = 2  # each 64 rows of the tile
 class BlockwiseGemmConfig(StagedConfig):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
-    bias: bool = False  # FC2's b2 (bf16 (E, N)) added before the rounding
+    bias_dtype: torch.dtype | None = None  # FC2's b2 (E, N), bf16 or fp32, added before the rounding; None: none
     a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     tile_n = TILE_N  # for StagedConfig's messages
 
     def __post_init__(self):
+        if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
+            raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -121,7 +124,7 @@ class BlockwiseGemmSm90:
         mAScale: cute.Tensor,  # (K/128, pad4(T)) fp32, MN-major (Q_row's scale_inv)
         mB: cute.Tensor,  # (E, N, K) uint8: E4M3 bytes, K-major (the weight's tiles)
         mBScale: cute.Tensor,  # (E, N/128, K/128) fp32 (the tiles' scale_inv)
-        mBias: cute.Tensor | None,  # (E, N) bf16
+        mBias: cute.Tensor | None,  # (E, N) bf16 or fp32
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
         mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
         mD: cute.Tensor,  # (T, N) bf16, row-major
@@ -255,7 +258,9 @@ def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
     b = make_fake_tensor(Uint8, (experts, n, k), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
     b_scale = make_fake_tensor(Float32, (experts, n_blocks, k_blocks), stride=(sym_stride(1), sym_stride(1), 1),
                                assumed_align=4)
-    bias = fake_matrix(BFloat16, experts, n, divisibility=1, align=4) if config.bias else None
+    bias = None
+    if config.bias_dtype is not None:
+        bias = fake_matrix(_BIAS_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
     return (a, a_scale, b, b_scale, bias, fake_vector(Int32, starts), fake_vector(Int32, starts),
             fake_matrix(BFloat16, rows, n), Int32(1), fake_stream())
 
@@ -285,8 +290,8 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
                                bias: torch.Tensor | None = None,
                                groups: DeviceGroups | None = None) -> torch.Tensor:
     """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
-    tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16;
-    no host sync. The contract of ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``."""
+    tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16
+    or fp32 (added in fp32 before the rounding); no host sync. The contract of ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     if b.element_format is not ElementFormat.E4M3:
@@ -298,12 +303,12 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     check_problem(_NAME, problem_support(tokens, n, k, experts))
     check_tma_bases(a=a.data, b=b.data)
     check_optional("bias", bias, (experts, n))
-    if bias is not None and bias.dtype != torch.bfloat16:
-        raise TypeError(f"bias must be bf16, got {bias.dtype}")
+    if bias is not None and bias.dtype not in _BIAS_DTYPES:
+        raise TypeError(f"bias must be one of {tuple(_BIAS_DTYPES)}, got {bias.dtype}")
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, TILE_N), a.data.device)
-    config = BlockwiseGemmConfig(bias=bias is not None, a_format=a.element_format)
+    config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8), a.scale_inv, b.data.view(torch.uint8),
         b.scale_inv, bias, groups.row_start, groups.tile_start, out)
     return out

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from tests.support.blockwise import summation_error
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 
@@ -18,8 +19,8 @@ _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 
-@pytest.mark.parametrize(("bias", "a_format"), [(False, "e4m3"), (True, "e4m3"), (False, "e5m2")],
-                         ids=["plain", "bias", "e5m2-a"])
+@pytest.mark.parametrize(("bias", "a_format"), [(None, "e4m3"), (torch.bfloat16, "e4m3"), (torch.float32, "e4m3"),
+                                                (None, "e5m2")], ids=["plain", "bias", "fp32-bias", "e5m2-a"])
 def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format):
     from gmlp.cutedsl.sm90.blockwise_gemm import (
         BlockwiseGemmConfig,
@@ -27,7 +28,7 @@ def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format):
     )
     from gmlp.mxfp8.spec import ElementFormat
 
-    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(bias=bias, a_format=ElementFormat(a_format)))
+    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(bias_dtype=bias, a_format=ElementFormat(a_format)))
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx  # a producer and two consumer warpgroups
     # fp8 wgmma, both operands K-major from shared memory, fp32 accumulators; four k32 steps a k-tile
@@ -58,8 +59,10 @@ def test_problem_rules():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize(("bias_dtype", "a_format"), [(torch.bfloat16, "e4m3"), (torch.float32, "e4m3"),
+                                                      (None, "e5m2")], ids=["bf16-bias", "fp32-bias", "e5m2-a"])
 @pytest.mark.parametrize("splits", [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]], ids=["edges", "one", "mixed"])
-def test_matches_the_triton_twin_within_the_bound(splits):
+def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format):
     """Against the Triton kernel on the same operands: both promote every 128 of K in the same
     order, so they differ only by their fp8 wgmma chains' and fp32 sums' rounding (twice the
     bound of ``crosscheck._blockwise_delta``)."""
@@ -75,13 +78,13 @@ def test_matches_the_triton_twin_within_the_bound(splits):
     torch.manual_seed(0)
     experts, tokens, k, n = len(splits), sum(splits), 512, 384
     split_sizes = torch.tensor(splits, device="cuda")
-    a = quantize_fp8_blockwise(torch.randn(tokens, k, device="cuda").bfloat16()).rowwise
+    a = quantize_fp8_blockwise(torch.randn(tokens, k, device="cuda").bfloat16(), element_format=a_format).rowwise
     b = quantize_weights_fp8_blockwise(torch.randn(experts, n, k, device="cuda").bfloat16())
-    bias = torch.randn(experts, n, device="cuda").bfloat16()
+    bias = None if bias_dtype is None else torch.randn(experts, n, device="cuda").to(bias_dtype)
     want = grouped_gemm_fp8_blockwise(a, b, split_sizes, bias=bias)
     got = cutedsl_gemm(a, b, split_sizes, bias=bias)
     magnitude = grouped_gemm_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float64).float()
-    bound = 2 * (k * 2.0**-24 + 4 * 2.0**-13) * magnitude + 2.0**-7 * want.float().abs()
+    bound = 2 * summation_error(k, True) * magnitude + 2.0**-7 * want.float().abs()
     assert ((got.float() - want.float()).abs() <= bound).all()
 
 
