@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from gmlp.debug.compare import gemm_delta
 from tests.support.cases import parametrize_quick
 from tests.support.ptx import kernel_resources
 from tests.support.sm90 import (
@@ -513,7 +514,11 @@ def _decoded_wgrad_fault() -> str | None:
 def test_decoded_wgrad_matches_the_dequantized_operands_bitwise(splits, m, n, formats, out):
     """Q_col(dy) and Q_col(a) as they are against the same kernel (BN = 128) on their Triton-
     dequantized values: the decoder's zeros past each expert's end stand for the bf16 kernel's
-    zero fill (T a multiple of 16 in every case)."""
+    zero fill (T a multiple of 16 in every case). Bit for bit where every expert starts at a
+    multiple of 16 tokens; elsewhere the decoded k-tiles start up to 15 tokens earlier, so a
+    token's k=16 wgmma step differs and the two sum the same exact products in another order:
+    within twice the fp32 order bound (``gemm_delta``) and each output's rounding (the H200,
+    2026-12-05: 17 of 16 x 64 x 96 elements differed at routing many-tiny, none past the bound)."""
     from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
     from gmlp.mxfp8.routing import device_groups
     from gmlp.mxfp8.spec import ElementFormat
@@ -542,4 +547,16 @@ def test_decoded_wgrad_matches_the_dequantized_operands_bitwise(splits, m, n, fo
         got = grouped_wgrad(a, b, split_sizes, **kwargs)
         want = grouped_wgrad(dequantize_mxfp8(a, groups), dequantize_mxfp8(b, groups), split_sizes, ragged_tma=False,
                              **kwargs)
-    assert_same_bits(got, want, "dW")
+    starts = [sum(splits[:g]) for g, m in enumerate(splits) if m]
+    if all(start % 16 == 0 for start in starts):
+        assert_same_bits(got, want, "dW")
+        return
+    a_values, b_values = dequantize_mxfp8(a, groups).double().abs(), dequantize_mxfp8(b, groups).double().abs()
+    bound = torch.zeros(len(splits), m, n, dtype=torch.float64, device="cuda")
+    for g, size in enumerate(splits):
+        first = sum(splits[:g])
+        bound[g] = 2 * gemm_delta(a_values[first:first + size].t() @ b_values[first:first + size], size + 15)
+    rounding = 2.0**-8 if out == "bf16" else 2.0**-24  # each output's rounding to its dtype
+    bound += rounding * (got.double().abs() + want.double().abs())
+    excess = (got.double() - want.double()).abs() > bound
+    assert not excess.any(), f"dW: {int(excess.sum())} elements past the order bound, first at {excess.nonzero()[:3]}"
