@@ -445,7 +445,7 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
     each with CuTeDSL's reason (no blockwise kernel of the op; on SM90 the grouped GEMM's not yet
     run on a GPU; on SM100 the recipe; or the system's where cutlass-dsl does not import here);
     strict mode refuses at the first site, and a forced CuTeDSL backend says why."""
-    from gmlp.cutedsl.sm90.support import BLOCKWISE_GEMM_UNRUN
+    from gmlp.cutedsl.sm90.support import NOT_YET_RUN
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
     device = _gpu(monkeypatch, capability)
@@ -458,10 +458,11 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
         reason = dict(decision.skipped)[Path.CUTEDSL]
         if not cutedsl_imports:
             continue
-        if BLOCKWISE_SITES[site].op is not Op.BLOCKWISE_GEMM:
+        op = BLOCKWISE_SITES[site].op
+        if op not in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD):
             assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernel of the FP8 blockwise recipe's" in str(reason)
         elif capability == (9, 0):
-            assert reason == BLOCKWISE_GEMM_UNRUN, (site, reason)
+            assert reason == NOT_YET_RUN[op.value], (site, reason)
         else:
             assert "FP8 blockwise recipe" in str(reason), (site, reason)
     with pytest.raises(FallbackError, match=r"strict mode: quantize_weights_fp8_blockwise \(swiglu\) at quantize w1 "
@@ -475,15 +476,15 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
 
 @pytest.mark.skipif(gmlp.cutedsl.import_error() is not None, reason="cutlass-dsl does not import here")
 @pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
-def test_blockwise_grouped_gemm_sites_take_cutedsl_on_hopper_once_run(monkeypatch, grad_format):
-    """With the grouped GEMM's not-yet-run reason lifted, FC2 and FC1 dgrad (E5M2 dh included)
-    take the SM90 kernel and the other sites stay on Triton."""
+def test_blockwise_gemm_sites_take_cutedsl_on_hopper_once_run(monkeypatch, grad_format):
+    """With the not-yet-run reasons lifted, FC2 and FC1 dgrad (E5M2 dh included) and the weight
+    gradients take the SM90 kernels and the other sites stay on Triton."""
     from gmlp.cutedsl.sm90 import support
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
-    monkeypatch.setattr(support, "BLOCKWISE_GEMM_UNRUN", None)
+    monkeypatch.setattr(support, "NOT_YET_RUN", {})
     device = _gpu(monkeypatch, (9, 0))
     plan = _plan(device, recipe=gmlp.FP8BlockwiseRecipe(grad_format=grad_format))
     taken = {site for site, decision in plan.decisions.items() if decision.path is Path.CUTEDSL}
-    assert taken == {name for name, site in BLOCKWISE_SITES.items() if site.op is Op.BLOCKWISE_GEMM}
-    assert taken == {"fc2", "fc1 dgrad"}
+    assert taken == {name for name, site in BLOCKWISE_SITES.items() if site.op in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD)}
+    assert taken == {"fc2", "fc1 dgrad", "fc1 wgrad", "fc2 wgrad"}

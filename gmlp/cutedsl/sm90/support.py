@@ -22,7 +22,7 @@ from gmlp.system.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "BLOCKWISE_GEMM_UNRUN", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
+__all__ = ["KERNEL_MODULES", "NOT_YET_RUN", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
            "import_error", "launcher", "site_gemm", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
@@ -32,13 +32,19 @@ KERNEL_MODULES = {
     "fc2_dgrad": ("fc2_dgrad", "fc2_dgrad"),
     "grouped_wgrad": ("wgrad", "grouped_wgrad"),
     "grouped_gemm_fp8_blockwise": ("blockwise_gemm", "grouped_gemm_fp8_blockwise"),
+    "grouped_wgrad_fp8_blockwise": ("blockwise_wgrad", "grouped_wgrad_fp8_blockwise"),
 }
 
-# Why the FP8 blockwise recipe's grouped GEMM (FC2, FC1 dgrad) is not dispatched (None once its GPU
-# test has passed on the H200): compiled for sm_90a with fp8 wgmma in its PTX, never run on a GPU.
-BLOCKWISE_GEMM_UNRUN: Reason | None = Reason(
-    ReasonKind.SYSTEM, "the FP8 blockwise recipe's SM90 grouped GEMM (blockwise_gemm.py) is compiled but has not "
-                       "run on a GPU yet; its Triton twin runs FC2 and FC1 dgrad")
+# The FP8 blockwise recipe's SM90 kernels that are compiled but not yet verified on a GPU, op name ->
+# why they are not dispatched (an entry goes once the kernel's GPU test has passed on the H200).
+NOT_YET_RUN: dict[str, Reason] = {
+    "grouped_gemm_fp8_blockwise": Reason(
+        ReasonKind.SYSTEM, "the FP8 blockwise recipe's SM90 grouped GEMM (blockwise_gemm.py) is compiled but has not "
+                           "run on a GPU yet; its Triton twin runs FC2 and FC1 dgrad"),
+    "grouped_wgrad_fp8_blockwise": Reason(
+        ReasonKind.SYSTEM, "the FP8 blockwise recipe's SM90 weight gradient (blockwise_wgrad.py) is compiled but has "
+                           "not run on a GPU yet; its Triton twin runs FC1 and FC2 wgrad"),
+}
 
 
 # GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 operands as they are and
@@ -132,8 +138,8 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
         return error
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
-    if op == "grouped_gemm_fp8_blockwise" and BLOCKWISE_GEMM_UNRUN is not None:
-        return BLOCKWISE_GEMM_UNRUN
+    if op in NOT_YET_RUN:
+        return NOT_YET_RUN[op]
     gated = problem.activation != "srelu"
     tokens, n, k, experts = site_gemm(site, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
     module = _module(op)

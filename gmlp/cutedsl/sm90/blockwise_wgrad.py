@@ -1,0 +1,335 @@
+"""CuTeDSL sm_90a grouped weight gradient of the FP8 blockwise recipe ``dW_g = A_g^T @ B_g`` over
+each expert's tokens, the two operands' 128 x 1 scales promoted every 128 tokens (FC2 wgrad: A =
+Q_col(dy), B = Q_col(a); FC1 wgrad: A = Q_col(dh), B = Q_col(x)).
+
+Twin of ``gmlp.triton_ref.blockwise_wgrad`` (same operands: columnwise ``FP8BlockwiseTensor``s,
+data (features, 128 n_blocks) with expert g's tokens from block ``tile_start[g]``, the padding
+zeros, scales (features, pad4(n_blocks)); same promotion ``acc += (sa[m] * sb[n]) * P``, the result
+up to the summation order). Built on the CPU (compiled for sm_90a, its PTX checked); the layer's
+weight-gradient sites take it once its GPU test passes (``support.NOT_YET_RUN``).
+
+Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers):
+
+- Work items: output tiles (expert g, m-tile, n-tile) of 128 x 128, item ``(g * m_tiles +
+  m_tile) * n_tiles + n_tile`` (n fastest: CTAs running together share expert g's A panel); a
+  persistent grid walks them. Expert g's k-tiles are its 128-token blocks, data columns
+  ``128 (tile_start[g] + k)``: each is one scale block and a 16-byte aligned TMA box of both
+  operands (K-major fp8, 128 bytes a row: one 128-byte swizzle row); the padding's zeros make
+  the last one exact, and an empty expert's tile is zeros (or adds nothing to main_grad).
+- Warp-specialized: warp 0 the TMA producer; two consumer warpgroups, each 64 rows of the tile
+  (m64n128k32 fp8 ``wgmma``, both operands K-major).
+- The promotion: per k-tile, four k=32 ``wgmma`` into a fresh fp32 fragment ``partial``; while
+  they run, the thread loads its scales of the block: its two rows' of A (m64 layout: elements
+  4j, 4j+1 one row, 4j+2, 4j+3 the row 8 below) and its 32 columns' of B (elements 4j + h and
+  4j + 2 + h are column 8j + 2 (lane % 4) + h); then ``wait_group(0)``, the slot released, and
+  ``acc += sa[row] * sb[col] * partial`` in registers (64 + 64 + 34 registers a thread).
+- Epilogue from the registers (``RegisterPaths.store_tile``): fp32 or bf16 pairs, or the fp32
+  pairs of ``out`` loaded, added and stored (main_grad).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8
+from cutlass.cute.runtime import make_fake_tensor
+
+from gmlp.contract.operands import describe
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.cutedsl.sm90._compile import (
+    CompiledKernel,
+    compile_ahead,
+    config_compiler,
+    fake_matrix,
+    fake_stream,
+    fake_vector,
+    sym_stride,
+)
+from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN,
+    THREADS_PER_WARPGROUP,
+    StagedConfig,
+    consumer_states,
+    cta_roles,
+    launch,
+    mainloop_fields,
+    make_mainloop_pipeline,
+    produce_k_tiles,
+    register_split,
+    shared_storage,
+    slot_tensors,
+)
+from gmlp.cutedsl.sm90._schedule import sm_count
+from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
+from gmlp.mxfp8.spec import ElementFormat
+
+__all__ = ["BlockwiseWgradConfig", "BlockwiseWgradSm90", "compile_blockwise_wgrad", "problem_support",
+           "grouped_wgrad_fp8_blockwise"]
+
+_NAME = "blockwise wgrad"
+TILE = 128  # BM = BN = BK: output rows and columns (features), and one scale block of tokens
+MMA_WARPGROUPS = 2  # each 64 rows of the tile
+_OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}  # torch -> cutlass dtype of the result
+_ADD_CHUNK = 16  # out pairs loaded together by the accumulating epilogue (32 spilled 104 bytes; 16 none)
+_FP8 = {ElementFormat.E4M3: Float8E4M3FN, ElementFormat.E5M2: Float8E5M2}
+
+
+@dataclass(frozen=True)
+class BlockwiseWgradConfig(StagedConfig):
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    out_dtype: torch.dtype = torch.float32  # of a new result (fp32 with accumulate)
+    accumulate: bool = False  # add into an fp32 out (main_grad) instead of storing
+    a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (dy, dh: the gradient format)
+    b_format: ElementFormat = ElementFormat.E4M3  # B's (a, x: E4M3; dh's E5M2 never meets an E5M2 B)
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+    tile_n = TILE  # for StagedConfig's messages
+
+    def __post_init__(self):
+        if self.out_dtype not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
+        if self.accumulate and self.out_dtype != torch.float32:
+            raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
+        self.check_stages()
+
+    def stage_bytes(self) -> int:
+        """One slot: an A and a B k-tile of fp8 bytes."""
+        return 2 * TILE * TILE
+
+
+class BlockwiseWgradSm90(RegisterPaths):
+    """The jit code (``__call__`` the host side, ``kernel`` the device side; see the module docstring)."""
+
+    def __init__(self, config: BlockwiseWgradConfig):
+        self.config = config
+        self.stages = config.num_stages()
+        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads)
+        self.a_dtype, self.b_dtype = _FP8[config.a_format], _FP8[config.b_format]
+        # RegisterPaths' fields (its epilogue)
+        self.tile_shape_mnk = (TILE, TILE, TILE)
+        self.tile_n = TILE
+        self.out_dtype = _OUT_DTYPES[config.out_dtype]
+        self.accumulate = config.accumulate
+        self.add_chunk = _ADD_CHUNK
+        self.consumer_threads = MMA_WARPGROUPS * THREADS_PER_WARPGROUP
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (M, W) uint8: Q_col(A)'s fp8 bytes, K-major along the block-aligned tokens
+        mAScale: cute.Tensor,  # (M, pad4(n_blocks)) fp32
+        mB: cute.Tensor,  # (N, W) uint8: Q_col(B)'s fp8 bytes
+        mBScale: cute.Tensor,  # (N, pad4(n_blocks)) fp32
+        mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128), expert g's first block
+        mOut: cute.Tensor,  # (E, M, N) fp32 / bf16, row-major
+        num_ctas: Int32,
+        stream,
+    ):
+        # the fp8 operands arrive as bytes (as the other SM90 kernels take them) and are read as their formats
+        mA = cute.recast_tensor(mA, self.a_dtype)
+        mB = cute.recast_tensor(mB, self.b_dtype)
+        a_layout, b_layout = utils.LayoutEnum.from_tensor(mA), utils.LayoutEnum.from_tensor(mB)
+        tile_shape_mnk = (TILE, TILE, TILE)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype, self.b_dtype, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+            (MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE))
+        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, self.a_dtype, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, self.b_dtype, self.stages)
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE, TILE))
+        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB, cute.slice_(b_smem_layout, (None, None, 0)), (TILE, TILE))
+        self.shared_storage = shared_storage(mainloop_fields(self.stages, a_smem_layout, b_smem_layout,
+                                                             self.a_dtype, self.b_dtype))
+        launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mTileStart, mOut, tiled_mma,
+                           a_smem_layout, b_smem_layout),
+               num_ctas, self.threads, stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,  # TMA coordinates of A (M, W)
+        mAScale: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,  # TMA coordinates of B (N, W)
+        mBScale: cute.Tensor,
+        mTileStart: cute.Tensor,
+        mOut: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,
+        b_smem_layout: cute.ComposedLayout,
+    ):
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype,
+                                           b_dtype=self.b_dtype)
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
+                                          stage_bytes)
+        num_experts, m, n = mOut.shape
+        m_tiles = (m + TILE - 1) // TILE
+        n_tiles = (n + TILE - 1) // TILE
+        tiles_per_expert = m_tiles * n_tiles
+        num_items = num_experts * tiles_per_expert
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(self.registers[0])
+        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            item = bidx
+            while item < num_items:
+                g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
+                first_column = mTileStart[g] * TILE  # the expert's first block of tokens
+                k_tiles = mTileStart[g + 1] - mTileStart[g]
+                gA = cute.local_tile(cute.domain_offset((0, first_column), mA), (TILE, TILE), (m_tile, None))
+                gB = cute.local_tile(cute.domain_offset((0, first_column), mB), (TILE, TILE), (n_tile, None))
+                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+                    tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, ((tma_atom_b, tBgB, tBsB),))
+                item += grid
+            mainloop.producer_tail(state)
+
+        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(self.registers[1])
+            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
+            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE, TILE)))
+            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+            partial = cute.make_rmem_tensor(tCcD.shape, Float32)
+            pairs = cute.size(acc) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
+            column_scales = cute.make_rmem_tensor((2 * pairs,), Float32)
+            read_state, _ = consumer_states(self.stages)
+            k_blocks = cute.size(tCrA, mode=[2])
+            rows = (tCcD[0][0], tCcD[2][0])  # the thread's two accumulator rows
+            item = bidx
+            while item < num_items:
+                g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
+                first_block = mTileStart[g]
+                k_tiles = mTileStart[g + 1] - first_block
+                row0, col0 = m_tile * TILE, n_tile * TILE
+                acc.fill(0.0)
+                for k_tile in range(k_tiles):
+                    block = first_block + k_tile
+                    mainloop.consumer_wait(read_state)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read_state.index)
+                        cute.gemm(tiled_mma, partial, tCrA[slot], tCrB[slot], partial)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    # the block's scales, loaded while the wgmmas run (M and N are multiples of 128:
+                    # every row and column of the tile exists)
+                    upper = mAScale[row0 + rows[0], block]
+                    lower = mAScale[row0 + rows[1], block]
+                    for j in cutlass.range_constexpr(pairs):
+                        for h in cutlass.range_constexpr(2):
+                            column_scales[2 * j + h] = mBScale[col0 + tCcD[4 * j + h][1], block]
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    mainloop.consumer_release(read_state)
+                    read_state.advance()
+                    # promote: acc += sa[row] * sb[col] * partial
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        row_scale = upper if (i % 4) < 2 else lower
+                        acc[i] = acc[i] + (row_scale * column_scales[2 * (i // 4) + i % 2]) * partial[i]
+                self.store_tile(acc, thr_mma, tCcD, mOut, g, m_tile, n_tile, k_tiles)
+                item += grid
+
+
+@cute.jit
+def _item_tile(item: Int32, tiles_per_expert: Int32, n_tiles: Int32):
+    """(expert, m-tile, n-tile) of work item ``item`` (n fastest)."""
+    g = item // tiles_per_expert
+    rest = item - g * tiles_per_expert
+    m_tile = rest // n_tiles
+    return g, m_tile, rest - m_tile * n_tiles
+
+
+def _fake_arguments(config: BlockwiseWgradConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments: M, N multiples of 128, W of 128 (whole
+    blocks), the scale rows' strides multiples of 4 (16 bytes); E a runtime value."""
+    m, n, width = (cute.sym_int(divisibility=TILE) for _ in range(3))
+    blocks, experts, starts = cute.sym_int(divisibility=4), cute.sym_int(), cute.sym_int()
+    a, b = fake_matrix(Uint8, m, width, divisibility=16), fake_matrix(Uint8, n, width, divisibility=16)
+    a_scale = make_fake_tensor(Float32, (m, blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    b_scale = make_fake_tensor(Float32, (n, blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(sym_stride(), sym_stride(), 1),
+                           assumed_align=ALIGN)
+    return a, a_scale, b, b_scale, fake_vector(Int32, starts), out, Int32(1), fake_stream()
+
+
+_compile = config_compiler(BlockwiseWgradSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
+
+
+def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> Reason | None:
+    """None if the kernel runs a (T, M, N, E) problem, else why not."""
+    if num_experts < 1:
+        return Reason(ReasonKind.SHAPE, f"E={num_experts}: needs at least one expert")
+    if m <= 0 or n <= 0 or m % TILE or n % TILE:
+        return Reason(ReasonKind.SHAPE, f"M={m} and N={n} must be positive multiples of {TILE} (the recipe's blocks)")
+    if num_rows + TILE * num_experts >= 2**31 or num_experts * m * n >= 2**31:
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, M={m}, N={n}, E={num_experts} too large for 32-bit "
+                                        "coordinates")
+    return None
+
+
+def compile_blockwise_wgrad(arch: str = "sm_90a", config: BlockwiseWgradConfig = BlockwiseWgradConfig(), *,
+                            shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
+    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin."""
+    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
+
+
+def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
+                                out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+                                groups: DeviceGroups | None = None) -> torch.Tensor:
+    """(E, M, N): dW_g = A_g^T @ B_g over expert g's tokens, A (T, M) and B (T, N) given as their
+    columnwise quantizations (contiguous); stored as ``out_dtype``, or added to the fp32 ``out``
+    (main_grad). No host sync. The contract of
+    ``gmlp.triton_ref.blockwise_wgrad.grouped_wgrad_fp8_blockwise``."""
+    require_block_shape(a, "a", BlockShape.COLUMNWISE)
+    require_block_shape(b, "b", BlockShape.COLUMNWISE)
+    (tokens, m), (b_tokens, n), experts = a.source_shape, b.source_shape, split_sizes.numel()
+    if b_tokens != tokens or a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(f"a and b must have the same tokens, got {tokens} and {b_tokens} (data "
+                         f"{tuple(a.data.shape)} and {tuple(b.data.shape)})")
+    for name, value in (("a", a), ("b", b)):
+        if not (value.data.is_contiguous() and value.scale_inv.is_contiguous()):
+            raise ValueError(f"{name}'s data and scales must be contiguous (TMA rows), got strides "
+                             f"{value.data.stride()} and {value.scale_inv.stride()}")
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (experts, m, n)
+                            or out.dtype != torch.float32 or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {out_dtype}")
+    check_problem(_NAME, problem_support(tokens, m, n, experts))
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(experts, m, n, dtype=out_dtype, device=a.data.device)
+        if tokens == 0:
+            return out.zero_()
+    if tokens == 0:
+        return out  # nothing to add
+    check_tma_bases(a=a.data, b=b.data)
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
+    config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
+                                  b_format=b.element_format)
+    items = experts * (m // TILE) * (n // TILE)
+    run(_compile, config, a.data.device, min(items, sm_count(a.data.device.index)), a.data.view(torch.uint8),
+        a.scale_inv, b.data.view(torch.uint8), b.scale_inv, groups.tile_start, out)
+    return out
