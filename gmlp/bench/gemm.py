@@ -18,7 +18,8 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
 - ``fp8-blockwise`` and ``cutedsl-fp8-blockwise``: the FP8 blockwise recipe's kernels
   (``gmlp.fp8_blockwise``) on its quantized operands (1 x 128 token rows, 128 x 1 per-expert
   columns for the weight gradients, 128 x 128 weight tiles; FC1 and FC2 dgrad with their fused
-  epilogues), Triton's and the SM90 CuTeDSL grouped GEMM's (FC2, FC1 dgrad);
+  epilogues), Triton's and the SM90 CuTeDSL kernels' (the grouped GEMM: FC2, FC1 dgrad; the
+  weight gradients);
 - ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
   beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
   (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
@@ -146,7 +147,9 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
            "cutedsl-decode": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
                t[f"{a}_col"], t[f"{b}_col"], splits, out_dtype=torch.bfloat16, **c)},
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
-        **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits)},
+        **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits),
+           "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_wgrad").grouped_wgrad_fp8_blockwise(
+               t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits)},
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
         configs=sm90_configs("grouped_wgrad"), decode_configs=[dict(tile_n=128)])
 
