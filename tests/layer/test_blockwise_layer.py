@@ -238,6 +238,34 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site):
     assert ", ".join(f"{axis} {value}" for axis, value in zip(axes, where[0])) in message, message
 
 
+def test_a_planted_byte_in_the_columnwise_padding_is_caught(monkeypatch):
+    """Q_col(a)'s block padding must hold zeros (a weight gradient reads it as it is): one byte
+    there in FC1's chosen path is reported as a mismatch of the padding."""
+    mlp = _module()
+    plan = mlp.plan(torch.zeros(1, HIDDEN, device=kernel_device(), dtype=torch.bfloat16))
+    if plan.references["fc1"] is None:
+        pytest.skip("fc1 runs on torch here: nothing to compare it with")
+    real = gmlp.layer.steps.implementation
+    padding_column = SPLITS[1]  # expert 1 (the first with tokens: 129) fills blocks 0 and 1's first column
+    assert SPLITS[0] == 0 and SPLITS[1] % 128
+
+    def planted(output):
+        data = output.a_columnwise.data.clone()
+        data.view(torch.uint8)[0, padding_column] = 0x38  # 1.0 in E4M3, past expert 1's tokens
+        return dataclasses.replace(output, a_columnwise=dataclasses.replace(output.a_columnwise, data=data))
+
+    def implementation(site_, path, capability=None):
+        run = real(site_, path, capability)
+        if site_.name != "fc1" or path is not plan.path("fc1"):
+            return run
+        return lambda *args, **kwargs: planted(run(*args, **kwargs))
+
+    monkeypatch.setattr(gmlp.layer.steps, "implementation", implementation)
+    with cross_check(action="raise"), pytest.raises(CrossCheckError) as error:
+        _step(mlp)
+    assert "block padding" in str(error.value) and " 1 of " in str(error.value), str(error.value)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_empty_batches_fp32_parameters_and_meta_tensors(dtype):
     """An idle rank's empty batch runs forward and backward (zero weight gradients); fp32
