@@ -43,28 +43,28 @@ DEQUANTIZE_COL_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "row_sta
                             "NUM_COL_BLOCKS": "i32"}
 BLOCKWISE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "row_data_ptr": "*{fp8}",
                        "row_scale_ptr": "*fp32", "col_data_ptr": "*{fp8}", "col_scale_ptr": "*fp32", "NUM_ROWS": "i32",
-                       "NUM_COLS": "i32", "ROW_SCALE_STRIDE": "i32", "COL_SCALE_STRIDE": "i32"}
+                       "NUM_COLS": "i32", "ROW_SCALE_STRIDE": "i32", "COL_SCALE_STRIDE": "i32", "COL_DATA_STRIDE": "i32"}
 BLOCKWISE_WEIGHT_SIGNATURE = {"w_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "NUM_COLS": "i32"}
 BF16_MAX = 3.3895313892515355e38
 BLOCKWISE_GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
                             "bias_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32",
                             "N": "i32", "K": "i32", "A_SCALE_STRIDE": "i32", "B_STRIDE_E": "i32", "B_STRIDE_N": "i32"}
 BLOCKWISE_WGRAD_SIGNATURE = {"a_ptr": "*{grad}", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
-                             "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*fp32", "NUM_ROWS": "i32",
+                             "tile_start_ptr": "*i32", "out_ptr": "*fp32", "DATA_STRIDE": "i32",
                              "M": "i32", "N": "i32", "A_SCALE_STRIDE": "i32", "B_SCALE_STRIDE": "i32"}
 BLOCKWISE_FC1_SIGNATURE = {"x_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
                            "b1_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
                            "c_ptr": "*bf16", "a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "a_col_ptr": "*fp8e4nv",
                            "a_col_scale_ptr": "*fp32", "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32",
                            "X_SCALE_STRIDE": "i32", "A_SCALE_STRIDE": "i32", "A_COL_SCALE_STRIDE": "i32",
-                           "W_STRIDE_E": "i32", "W_STRIDE_N": "i32"}
+                           "A_COL_DATA_STRIDE": "i32", "W_STRIDE_E": "i32", "W_STRIDE_N": "i32"}
 BLOCKWISE_DGRAD_SIGNATURE = {"dy_ptr": "*fp8e4nv", "dy_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
                              "c_ptr": "*bf16", "probs_ptr": "*fp32", "row_start_ptr": "*i32", "tile_start_ptr": "*i32",
                              "dprobs_partial_ptr": "*fp32", "dh_tile_sums_ptr": "*fp32", "dh_ptr": "*fp8e4nv",
                              "dh_scale_ptr": "*fp32", "dh_col_ptr": "*fp8e4nv", "dh_col_scale_ptr": "*fp32",
                              "NUM_ROWS": "i32", "HIDDEN": "i32", "FFN": "i32", "DY_SCALE_STRIDE": "i32",
-                             "DH_SCALE_STRIDE": "i32", "DH_COL_SCALE_STRIDE": "i32", "W_STRIDE_E": "i32",
-                             "W_STRIDE_N": "i32"}
+                             "DH_SCALE_STRIDE": "i32", "DH_COL_SCALE_STRIDE": "i32", "DH_COL_DATA_STRIDE": "i32",
+                             "W_STRIDE_E": "i32", "W_STRIDE_N": "i32"}
 FP32_MAX = 3.4028234663852886e38
 
 
