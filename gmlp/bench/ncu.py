@@ -61,7 +61,13 @@ def _child(shape: str, gemms: list[str], variants: list[str], config: dict) -> N
         gemm = table[name]
         calls.append((f"{name}|torch", gemm["baseline"]))
         for variant in variants:
-            configs = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
+            if variant not in gemm:
+                print(f"{name}: no {variant} variant, not profiled", file=sys.stderr)
+                continue
+            if variant.endswith("fp8-blockwise"):
+                configs = [dict()]  # one configuration each, as in bench gemm
+            else:
+                configs = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
             calls.append((f"{name}|{variant}", gemm[variant]({**configs[0], **config})))  # the default, + --config
     for _, call in calls:
         call(), call()
@@ -129,6 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default="cutedsl", help="bench gemm's variants beside torch, e.g. cutedsl-decode")
     parser.add_argument("--config", default="{}", type=json.loads,
                         help='JSON of launcher options over each kernel\'s default, e.g. \'{"store": "tma"}\'')
+    parser.add_argument("--kernels", default=None,
+                        help="profile only kernels whose demangled name matches this regex (ncu --kernel-name), e.g. "
+                             "'cutlass|gemm|blockwise|dequantize': torch's small kernels around the GEMMs cost 18 "
+                             "replays each")
     parser.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     parser.add_argument("--import", dest="report", default=None,
                         help="read this .ncu-rep (an earlier run's) instead of profiling")
@@ -146,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     report = pathlib.Path(args.report) if args.report else results.path.with_suffix(".ncu-rep")
     if not args.report:
         command = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--nvtx", "--target-processes",
-                   "all", *(f"--section={s}" for s in SECTIONS), "--metrics", ",".join(EXTRA_METRICS),
+                   "all", *(["--kernel-name-base", "demangled", "--kernel-name", f"regex:{args.kernels}"]
+                            if args.kernels else []),
+                   *(f"--section={s}" for s in SECTIONS), "--metrics", ",".join(EXTRA_METRICS),
                    "--force-overwrite", "-o", str(report.with_suffix("")),  # ncu appends .ncu-rep
                    sys.executable, "-m", "gmlp.bench", "ncu", "--child", "--shape", args.shape,
                    "--gemms", args.gemms, "--variants", args.variants, "--config", json.dumps(args.config)]

@@ -165,13 +165,12 @@ def _wgrad_operands(run: OpRunner, site: str, a: torch.Tensor | MXFP8Tensor, b: 
                     groups: DeviceGroups) -> tuple:
     """The two operands of the weight gradient at ``site``: the columnwise MXFP8 tensors as they
     are where the site's kernel decodes them (``LayerPlan.decoding_sites``) and can at this T (the
-    SM90 kernel's ``decoded_wgrad_reason``: T a multiple of 16; not while ``DECODED_WGRAD_FAULT``
-    holds), else their bf16 values."""
+    SM90 kernel's ``decoded_wgrad_reason``: T a multiple of 16), else their bf16 values."""
     plan = getattr(run, "plan", None)
     if plan is not None and site in plan.decoding_sites:
-        from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
+        from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
 
-        if DECODED_WGRAD_FAULT is None and decoded_wgrad_reason(a, b) is None:
+        if decoded_wgrad_reason(a, b) is None:
             return a, b
     return _bf16(run, a, groups), _bf16(run, b, groups)
 

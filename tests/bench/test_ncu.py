@@ -42,3 +42,22 @@ def test_markdown_has_a_row_per_gemm_and_side():
 def test_a_missing_ncu_is_named(capsys):
     with pytest.raises(SystemExit, match="--ncu: 'no-such-ncu' is not an executable"):
         ncu.main(["--ncu", "no-such-ncu"])
+
+
+def test_kernels_filters_by_demangled_name(monkeypatch, tmp_path):
+    """``--kernels`` becomes ncu's demangled-name regex; without it every kernel is profiled."""
+    commands = []
+
+    def stop(command, **kwargs):
+        commands.append(command)
+        raise SystemExit("stopped before profiling")
+
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(ncu.subprocess, "run", stop)
+    for argv in (["--kernels", "cutlass|gemm"], []):
+        with pytest.raises(SystemExit, match="stopped before profiling"):
+            ncu.main([*argv, "--out", str(tmp_path)])
+    filtered, everything = commands
+    at = filtered.index("--kernel-name")
+    assert filtered[at - 2:at + 2] == ["--kernel-name-base", "demangled", "--kernel-name", "regex:cutlass|gemm"]
+    assert "--kernel-name" not in everything

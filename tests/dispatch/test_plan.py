@@ -440,12 +440,12 @@ def test_w1_stored_apart_runs_every_site_on_the_cutedsl_gemms(monkeypatch, layou
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)], ids=["sm90", "sm100"])
-def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, capability):
-    """On Hopper and Blackwell (simulated) every site of the FP8 blockwise recipe takes Triton,
-    each with CuTeDSL's reason (no blockwise kernel of the op; on SM90 the grouped GEMM's not yet
-    run on a GPU; on SM100 the recipe; or the system's where cutlass-dsl does not import here);
-    strict mode refuses at the first site, and a forced CuTeDSL backend says why."""
-    from gmlp.cutedsl.sm90.support import NOT_YET_RUN
+def test_blockwise_recipe_sites_without_a_cutedsl_kernel_say_why(monkeypatch, capability):
+    """On Hopper and Blackwell (simulated) the FP8 blockwise recipe's sites take Triton, each with
+    CuTeDSL's reason (no blockwise kernel of the op; on SM100 the recipe; or the system's where
+    cutlass-dsl does not import here), except on SM90 the GEMM sites with an SM90 kernel (FC2, FC1
+    dgrad, the weight gradients); strict mode refuses at the first Triton site, and a forced
+    CuTeDSL backend says why."""
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
     device = _gpu(monkeypatch, capability)
@@ -454,15 +454,16 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
     assert set(plan.decisions) == {name for name, site in BLOCKWISE_SITES.items() if not site.bias_only}
     cutedsl_imports = gmlp.cutedsl.import_error() is None
     for site, decision in plan.decisions.items():
+        op = BLOCKWISE_SITES[site].op
+        if cutedsl_imports and capability == (9, 0) and op in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD):
+            assert decision.path is Path.CUTEDSL, site
+            continue
         assert decision.path is Path.TRITON, site
         reason = dict(decision.skipped)[Path.CUTEDSL]
         if not cutedsl_imports:
             continue
-        op = BLOCKWISE_SITES[site].op
         if op not in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD):
             assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernel of the FP8 blockwise recipe's" in str(reason)
-        elif capability == (9, 0):
-            assert reason == NOT_YET_RUN[op.value], (site, reason)
         else:
             assert "FP8 blockwise recipe" in str(reason), (site, reason)
     with pytest.raises(FallbackError, match=r"strict mode: quantize_weights_fp8_blockwise \(swiglu\) at quantize w1 "
@@ -476,13 +477,11 @@ def test_blockwise_recipe_runs_on_triton_and_says_why_not_cutedsl(monkeypatch, c
 
 @pytest.mark.skipif(gmlp.cutedsl.import_error() is not None, reason="cutlass-dsl does not import here")
 @pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
-def test_blockwise_gemm_sites_take_cutedsl_on_hopper_once_run(monkeypatch, grad_format):
-    """With the not-yet-run reasons lifted, FC2 and FC1 dgrad (E5M2 dh included) and the weight
-    gradients take the SM90 kernels and the other sites stay on Triton."""
-    from gmlp.cutedsl.sm90 import support
+def test_blockwise_gemm_sites_take_cutedsl_on_hopper(monkeypatch, grad_format):
+    """FC2 and FC1 dgrad (E5M2 dh included) and the weight gradients take the SM90 kernels and the
+    other sites stay on Triton."""
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
-    monkeypatch.setattr(support, "NOT_YET_RUN", {})
     device = _gpu(monkeypatch, (9, 0))
     plan = _plan(device, recipe=gmlp.FP8BlockwiseRecipe(grad_format=grad_format))
     taken = {site for site, decision in plan.decisions.items() if decision.path is Path.CUTEDSL}

@@ -155,7 +155,6 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     sites on the MXFP8 A (its bounds from the dequantized values) and passes."""
     import dataclasses
 
-    from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT
     from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
     from gmlp.layer.steps import OpRunner, grouped_mlp_backward, grouped_mlp_forward
 
@@ -187,16 +186,12 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     want_y, want = step(OpRunner(plan))
     check = CrossCheck(decoded, CrossCheckSettings(action="raise"), split_sizes)
     got_y, got = step(Recording(decoded, check))
-    # the weight gradients decode only while their kernel's decoded variant is not refused
-    # (gmlp.cutedsl.sm90.support.DECODED_WGRAD_FAULT): their Q_col operands are dequantized then
-    wgrad_decoded = DECODED_WGRAD_FAULT is None
     for site in sites:
-        decoding = wgrad_decoded or "wgrad" not in site
-        assert ((site, "MXFP8Tensor") in seen) is decoding, site
+        assert (site, "MXFP8Tensor") in seen, site
     # 6 dequantized operands (x, a forward; dh, then a, dh, x columnwise for the weight gradients;
     # the weights' and dy's values come from quantize-dequantize passes), less the five the GEMMs
-    # decode: Q_col(a) of FC2 wgrad is left (and FC1 wgrad's two where it does not decode)
-    assert [s for s, _ in seen].count("dequantize") == (1 if wgrad_decoded else 3)
+    # decode: Q_col(a) of FC2 wgrad is left
+    assert [s for s, _ in seen].count("dequantize") == 1
     assert torch.equal(got_y, want_y)
     for name in ("dx", "dprobs", "dw1", "db1", "dw2", "db2"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name

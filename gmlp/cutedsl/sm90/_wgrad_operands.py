@@ -12,7 +12,7 @@ from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases
 from gmlp.cutedsl.sm90._pipeline import ALIGN, ELEMENT_ALIGN
 from gmlp.cutedsl.sm90._tma import BIG
-from gmlp.cutedsl.sm90.support import DECODED_WGRAD_FAULT, decoded_wgrad_reason
+from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.mxfp8.tensor import MXFP8Tensor
 
@@ -55,7 +55,7 @@ def wgrad_operands(name: str, a, b, experts: int, out: torch.Tensor | None, out_
     """``grouped_wgrad``'s arguments checked (raising with what was expected and what was given)
     and unpacked for the kernel."""
     if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
-        reason = DECODED_WGRAD_FAULT or decoded_wgrad_reason(a, b)
+        reason = decoded_wgrad_reason(a, b)
         if reason is not None:
             raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason.message}")
         (m, tokens), (n, _) = a.data.shape, b.data.shape

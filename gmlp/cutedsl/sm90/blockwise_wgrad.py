@@ -5,8 +5,8 @@ Q_col(dy), B = Q_col(a); FC1 wgrad: A = Q_col(dh), B = Q_col(x)).
 Twin of ``gmlp.triton_ref.blockwise_wgrad`` (same operands: columnwise ``FP8BlockwiseTensor``s,
 data (features, 128 n_blocks) with expert g's tokens from block ``tile_start[g]``, the padding
 zeros, scales (features, pad4(n_blocks)); same promotion ``acc += (sa[m] * sb[n]) * P``, the result
-up to the summation order). Built on the CPU (compiled for sm_90a, its PTX checked); the layer's
-weight-gradient sites take it once its GPU test passes (``support.NOT_YET_RUN``).
+up to the summation order). Compiled for sm_90a on the CPU (its PTX checked), run against the
+Triton twin on the H100; the layer's weight-gradient sites take it on 9.x.
 
 Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers):
 

@@ -22,7 +22,7 @@ from gmlp.system.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "NOT_YET_RUN", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "DECODED_WGRAD_FAULT", "decoded_wgrad_reason",
+__all__ = ["KERNEL_MODULES", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason",
            "import_error", "launcher", "site_gemm", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
@@ -34,18 +34,6 @@ KERNEL_MODULES = {
     "grouped_gemm_fp8_blockwise": ("blockwise_gemm", "grouped_gemm_fp8_blockwise"),
     "grouped_wgrad_fp8_blockwise": ("blockwise_wgrad", "grouped_wgrad_fp8_blockwise"),
 }
-
-# The FP8 blockwise recipe's SM90 kernels that are compiled but not yet verified on a GPU, op name ->
-# why they are not dispatched (an entry goes once the kernel's GPU test has passed on the H200).
-NOT_YET_RUN: dict[str, Reason] = {
-    "grouped_gemm_fp8_blockwise": Reason(
-        ReasonKind.SYSTEM, "the FP8 blockwise recipe's SM90 grouped GEMM (blockwise_gemm.py) is compiled but has not "
-                           "run on a GPU yet; its Triton twin runs FC2 and FC1 dgrad"),
-    "grouped_wgrad_fp8_blockwise": Reason(
-        ReasonKind.SYSTEM, "the FP8 blockwise recipe's SM90 weight gradient (blockwise_wgrad.py) is compiled but has "
-                           "not run on a GPU yet; its Triton twin runs FC1 and FC2 wgrad"),
-}
-
 
 # GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 operands as they are and
 # decodes them (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16
@@ -60,25 +48,9 @@ DECODING_SITES: tuple[str, ...] = ()
 
 DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
 
-# Why the weight gradient's decoded variant is refused (None once it runs every routing): on the
-# H200 (2026-12-04, one process a case) it was bit for bit the dequantized operands' kernel where
-# every expert starts at a multiple of 16 tokens (routings of 16-, 32- and 128-token multiples) and
-# faulted with an illegal instruction at its first TMA load of the fp8 tiles (UTMALDG.2D) where one
-# starts elsewhere (starts 1, 8, 37): the plain 2-D box started at the expert's token, and its inner
-# start was then not 16-byte aligned in the fp8 rows. The boxes now start at the multiple of 16
-# tokens at or below the expert's first token, the decoder skipping the columns before it
-# (compiled for sm_90a, not yet run on the H200). The layer cannot know the starts without a host
-# sync, so it dequantizes those operands until the GPU test passes on every routing.
-DECODED_WGRAD_FAULT: Reason | None = Reason(
-    ReasonKind.SYSTEM, "the sm90 weight gradient's decoded variant faulted on the H200 where an expert starts at a "
-                       "token that is not a multiple of 16, and its fix (TMA boxes shifted to 16-token boundaries) "
-                       "has not run on the H200 yet: its operands are dequantized to bf16 instead")
-
-
 def decoded_wgrad_reason(a, b) -> Reason | None:
     """None if ``a`` and ``b`` are MXFP8 operands the kernel decodes (columnwise quantizations,
-    compact grouped scales, contiguous, T a multiple of 16), else why not. The decoded variant
-    runs only while ``DECODED_WGRAD_FAULT`` is None as well."""
+    compact grouped scales, contiguous, T a multiple of 16), else why not."""
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, MXFP8Tensor) or value.axis is not QuantAxis.COLUMNWISE or value.swizzled:
             return Reason(ReasonKind.SHAPE, f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}")
@@ -138,8 +110,6 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
         return error
     if op not in KERNEL_MODULES:
         raise ValueError(f"{op} has no SM90 kernel")
-    if op in NOT_YET_RUN:
-        return NOT_YET_RUN[op]
     gated = problem.activation != "srelu"
     tokens, n, k, experts = site_gemm(site, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
     module = _module(op)

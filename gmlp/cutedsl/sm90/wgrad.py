@@ -559,8 +559,8 @@ def grouped_wgrad(
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
     multiples of 8 and 16-byte aligned bases (TMA). ``a`` and ``b`` may both be columnwise
     ``MXFP8Tensor``s (``support.decoded_wgrad_reason``): decoded in the kernel, the same result bit for
-    bit as on their Triton-dequantized bf16 values (at tile_n 128); refused while
-    ``support.DECODED_WGRAD_FAULT`` says why it cannot run. With ``split_rows`` (bf16 operands;
+    bit as on their Triton-dequantized bf16 values where every expert starts at a multiple of 16
+    tokens, else within the fp32 order bound (the k-tiles regroup tokens). With ``split_rows`` (bf16 operands;
     ``out`` then a pair), each dW_g's first ``split_rows`` rows and the rest are two (E, ., N)
     tensors (dW1's gate and up, the gradients of two weights: ``gmlp.contract.gate_up``): two
     launches, one per part of A's columns (the same sums, bit for bit, as one launch's rows)."""
