@@ -1,6 +1,6 @@
 """Where a layer step's device time goes: the kernels of one forward + backward, by the profiler.
 
-For each shape and mode (MXFP8, bf16), runs the ``GroupedMLP`` step a few times under
+For each shape and mode (``--modes``: MXFP8, bf16, the FP8 blockwise recipe), runs the ``GroupedMLP`` step a few times under
 ``torch.profiler`` and sums each kernel's device time per step, grouped by kernel name (the
 Triton kernels carry their Python names; the rest are torch's). Shows what bounds a mode: how
 much of the step the GEMMs take and how much quantizing and dequantizing. Results as JSON.
@@ -15,11 +15,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gmlp.bench.common import add_out_argument, environment, write_results
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.bench.mlp import SHAPES, add_shapes_argument, layer_tensors, split_sizes_for, training_step
 from gmlp.layer.module import GroupedMLP
 from gmlp.mxfp8.recipe import MXFP8Recipe
 
 STEPS = 5
+MODES = {"mxfp8": MXFP8Recipe, "bf16": lambda: None, "fp8-blockwise": FP8BlockwiseRecipe}  # mode -> recipe
 
 
 def _kernel_times(step, steps: int) -> dict[str, float]:
@@ -42,16 +44,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench profile", description=__doc__)
     add_shapes_argument(parser, "deepseek-v3-rank")
     parser.add_argument("--routing", default="balanced")
+    parser.add_argument("--modes", default="mxfp8,bf16", help=f"comma-separated, of {list(MODES)}")
     add_out_argument(parser)
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        parser.error(f"--modes: {unknown} not among {list(MODES)}")
     device = torch.device("cuda")
     rows = []
     for shape_name in args.shapes.split(","):
         experts, tokens, hidden, ffn = SHAPES[shape_name]
         x, dy = layer_tensors(tokens, hidden, device)
         split_sizes = split_sizes_for(args.routing, experts, tokens, device)
-        for mode, recipe in (("mxfp8", MXFP8Recipe()), ("bf16", None)):
-            layer = GroupedMLP(experts, hidden, ffn, recipe=recipe, device=device)
+        for mode in modes:
+            layer = GroupedMLP(experts, hidden, ffn, recipe=MODES[mode](), device=device)
             kernels = _kernel_times(lambda: training_step(lambda: layer(x, split_sizes), [x, *layer.parameters()], dy), STEPS)
             total = sum(kernels.values())
             print(f"{shape_name} {args.routing} {mode}: {total:.3f} ms of kernels per step", flush=True)

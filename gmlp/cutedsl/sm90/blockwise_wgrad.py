@@ -18,11 +18,19 @@ Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers
   the last one exact, and an empty expert's tile is zeros (or adds nothing to main_grad).
 - Warp-specialized: warp 0 the TMA producer; two consumer warpgroups, each 64 rows of the tile
   (m64n128k32 fp8 ``wgmma``, both operands K-major).
+- The scales travel with the data: each slot also holds, by TMA on the same full barrier, a
+  (128 rows, 4 blocks) fp32 box of A's and of B's scales, the 16-byte aligned group of four
+  blocks holding the k-tile's (a scale row is ``pad4(n_blocks)`` floats; a box started at the
+  block itself would start off a 16-byte boundary). Loaded by each thread from global memory
+  instead (34 scattered loads a k-tile), they throttled the load/store unit (ncu on the H100:
+  tensor pipe 16 %, ``lg_throttle`` the second stall).
 - The promotion: per k-tile, four k=32 ``wgmma`` into a fresh fp32 fragment ``partial``; while
-  they run, the thread loads its scales of the block: its two rows' of A (m64 layout: elements
-  4j, 4j+1 one row, 4j+2, 4j+3 the row 8 below) and its 32 columns' of B (elements 4j + h and
-  4j + 2 + h are column 8j + 2 (lane % 4) + h); then ``wait_group(0)``, the slot released, and
-  ``acc += sa[row] * sb[col] * partial`` in registers (64 + 64 + 34 registers a thread).
+  they run, the thread reads its scales of the block from the slot: its two rows' of A (m64
+  layout: elements 4j, 4j+1 one row, 4j+2, 4j+3 the row 8 below) and its 32 columns' of B
+  (elements 4j + h and 4j + 2 + h are column 8j + 2 (lane % 4) + h); then ``wait_group(0)``, the
+  slot released, and ``acc += sa[row] * sb[col] * partial`` in registers (64 + 64 + 34
+  registers a thread). The two consumer warpgroups wait and release on their own, so one's
+  promotion runs while the other's ``wgmma``s do.
 - Epilogue from the registers (``RegisterPaths.store_tile``): fp32 or bf16 pairs, or the fp32
   pairs of ``out`` loaded, added and stored (main_grad).
 """
@@ -61,10 +69,10 @@ from gmlp.cutedsl.sm90._pipeline import (
     launch,
     mainloop_fields,
     make_mainloop_pipeline,
-    produce_k_tiles,
     register_split,
     shared_storage,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import sm_count
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
@@ -77,6 +85,7 @@ __all__ = ["BlockwiseWgradConfig", "BlockwiseWgradSm90", "compile_blockwise_wgra
 
 _NAME = "blockwise wgrad"
 TILE = 128  # BM = BN = BK: output rows and columns (features), and one scale block of tokens
+SCALE_BOX = 4  # blocks of a scale box: 16 bytes of fp32, TMA's smallest inner extent and its alignment
 MMA_WARPGROUPS = 2  # each 64 rows of the tile
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}  # torch -> cutlass dtype of the result
 _ADD_CHUNK = 16  # out pairs loaded together by the accumulating epilogue (32 spilled 104 bytes; 16 none)
@@ -102,8 +111,8 @@ class BlockwiseWgradConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """One slot: an A and a B k-tile of fp8 bytes."""
-        return 2 * TILE * TILE
+        """One slot: an A and a B k-tile of fp8 bytes and their (128, 4) fp32 scale boxes."""
+        return 2 * TILE * TILE + 2 * TILE * SCALE_BOX * 4
 
 
 class BlockwiseWgradSm90(RegisterPaths):
@@ -149,10 +158,19 @@ class BlockwiseWgradSm90(RegisterPaths):
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE, TILE))
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB, cute.slice_(b_smem_layout, (None, None, 0)), (TILE, TILE))
-        self.shared_storage = shared_storage(mainloop_fields(self.stages, a_smem_layout, b_smem_layout,
-                                                             self.a_dtype, self.b_dtype))
-        launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mTileStart, mOut, tiled_mma,
-                           a_smem_layout, b_smem_layout),
+        # a slot's scale box: (feature, block % 4), the 4 blocks of a row contiguous as in global memory
+        scale_smem_layout = cute.make_layout((TILE, SCALE_BOX, self.stages), stride=(SCALE_BOX, 1, TILE * SCALE_BOX))
+        scale_box = cute.slice_(scale_smem_layout, (None, None, 0))
+        tma_atom_sa, tma_sa = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mAScale, scale_box, (TILE, SCALE_BOX))
+        tma_atom_sb, tma_sb = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mBScale, scale_box, (TILE, SCALE_BOX))
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.a_dtype, self.b_dtype)
+        fields["sAScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
+        fields["sBScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
+        self.shared_storage = shared_storage(fields)
+        launch(self.kernel(tma_atom_a, tma_a, tma_atom_sa, tma_sa, tma_atom_b, tma_b, tma_atom_sb, tma_sb,
+                           mTileStart, mOut, tiled_mma, a_smem_layout, b_smem_layout, scale_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -160,22 +178,28 @@ class BlockwiseWgradSm90(RegisterPaths):
         self,
         tma_atom_a: cute.CopyAtom,
         mA: cute.Tensor,  # TMA coordinates of A (M, W)
-        mAScale: cute.Tensor,
+        tma_atom_sa: cute.CopyAtom,
+        mAScale: cute.Tensor,  # TMA coordinates of A's scales (M, pad4(n_blocks))
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B (N, W)
-        mBScale: cute.Tensor,
+        tma_atom_sb: cute.CopyAtom,
+        mBScale: cute.Tensor,  # TMA coordinates of B's scales (N, pad4(n_blocks))
         mTileStart: cute.Tensor,
         mOut: cute.Tensor,
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,
         b_smem_layout: cute.ComposedLayout,
+        scale_smem_layout: cute.Layout,
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b, tma_atom_sa, tma_atom_sb))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype,
-                                           b_dtype=self.b_dtype)
+        sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype,
+                                          b_dtype=self.b_dtype)
+        sAScale = storage.sAScale.get_tensor(scale_smem_layout)
+        sBScale = storage.sBScale.get_tensor(scale_smem_layout)
+        scale_bytes = 2 * cute.size_in_bytes(Float32, cute.slice_(scale_smem_layout, (None, None, 0)))
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
-                                          stage_bytes)
+                                          tile_bytes + scale_bytes)
         num_experts, m, n = mOut.shape
         m_tiles = (m + TILE - 1) // TILE
         n_tiles = (n + TILE - 1) // TILE
@@ -184,20 +208,27 @@ class BlockwiseWgradSm90(RegisterPaths):
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
+        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items, with their scales
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             item = bidx
             while item < num_items:
                 g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
-                first_column = mTileStart[g] * TILE  # the expert's first block of tokens
-                k_tiles = mTileStart[g + 1] - mTileStart[g]
-                gA = cute.local_tile(cute.domain_offset((0, first_column), mA), (TILE, TILE), (m_tile, None))
-                gB = cute.local_tile(cute.domain_offset((0, first_column), mB), (TILE, TILE), (n_tile, None))
-                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-                tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                    tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, ((tma_atom_b, tBgB, tBsB),))
+                first_block = mTileStart[g]  # the expert's first block of tokens
+                k_tiles = mTileStart[g + 1] - first_block
+                tAsA, tAgA = _tma_tiles(tma_atom_a, cute.domain_offset((0, first_block * TILE), mA), sA, m_tile, TILE)
+                tBsB, tBgB = _tma_tiles(tma_atom_b, cute.domain_offset((0, first_block * TILE), mB), sB, n_tile, TILE)
+                tSAsSA, tSAgSA = _tma_tiles(tma_atom_sa, mAScale, sAScale, m_tile, SCALE_BOX)
+                tSBsSB, tSBgSB = _tma_tiles(tma_atom_sb, mBScale, sBScale, n_tile, SCALE_BOX)
+                for k_tile in range(k_tiles):
+                    mainloop.producer_acquire(state)
+                    barrier = mainloop.producer_get_barrier(state)
+                    box = (first_block + k_tile) // SCALE_BOX
+                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_sa, tSAgSA[(None, box)], tSAsSA[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_sb, tSBgSB[(None, box)], tSBsSB[(None, state.index)], tma_bar_ptr=barrier)
+                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
+                    state.advance()
                 item += grid
             mainloop.producer_tail(state)
 
@@ -222,7 +253,6 @@ class BlockwiseWgradSm90(RegisterPaths):
                 g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
                 first_block = mTileStart[g]
                 k_tiles = mTileStart[g + 1] - first_block
-                row0, col0 = m_tile * TILE, n_tile * TILE
                 acc.fill(0.0)
                 for k_tile in range(k_tiles):
                     block = first_block + k_tile
@@ -234,13 +264,13 @@ class BlockwiseWgradSm90(RegisterPaths):
                         cute.gemm(tiled_mma, partial, tCrA[slot], tCrB[slot], partial)
                         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                     cute.nvgpu.warpgroup.commit_group()
-                    # the block's scales, loaded while the wgmmas run (M and N are multiples of 128:
-                    # every row and column of the tile exists)
-                    upper = mAScale[row0 + rows[0], block]
-                    lower = mAScale[row0 + rows[1], block]
+                    # the block's scales, read from the slot while the wgmmas run
+                    in_box = block % SCALE_BOX
+                    upper = sAScale[rows[0], in_box, read_state.index]
+                    lower = sAScale[rows[1], in_box, read_state.index]
                     for j in cutlass.range_constexpr(pairs):
                         for h in cutlass.range_constexpr(2):
-                            column_scales[2 * j + h] = mBScale[col0 + tCcD[4 * j + h][1], block]
+                            column_scales[2 * j + h] = sBScale[tCcD[4 * j + h][1], in_box, read_state.index]
                     cute.nvgpu.warpgroup.wait_group(0)
                     mainloop.consumer_release(read_state)
                     read_state.advance()
@@ -250,6 +280,14 @@ class BlockwiseWgradSm90(RegisterPaths):
                         acc[i] = acc[i] + (row_scale * column_scales[2 * (i // 4) + i % 2]) * partial[i]
                 self.store_tile(acc, thr_mma, tCcD, mOut, g, m_tile, n_tile, k_tiles)
                 item += grid
+
+
+def _tma_tiles(tma_atom: cute.CopyAtom, source: cute.Tensor, staged: cute.Tensor, row_tile: Int32, columns: int):
+    """(smem, gmem) TMA partitions of the (128, ``columns``) boxes of ``source`` in row tile
+    ``row_tile``: ((TMA), stages) and ((TMA), column tiles)."""
+    tiles = cute.local_tile(source, (TILE, columns), (row_tile, None))
+    return cute.nvgpu.cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(staged, 0, 2),
+                                            cute.group_modes(tiles, 0, 2))
 
 
 @cute.jit
@@ -325,7 +363,7 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
             return out.zero_()
     if tokens == 0:
         return out  # nothing to add
-    check_tma_bases(a=a.data, b=b.data)
+    check_tma_bases(a=a.data, b=b.data, a_scales=a.scale_inv, b_scales=b.scale_inv)
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
                                   b_format=b.element_format)

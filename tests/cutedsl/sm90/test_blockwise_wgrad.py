@@ -76,7 +76,7 @@ def test_launcher_argument_errors():
         grouped_wgrad_fp8_blockwise(a.columnwise, b, splits)
     with pytest.raises(ValueError, match=r"out must be a contiguous fp32 \(2, 256, 256\) tensor"):
         grouped_wgrad_fp8_blockwise(a.columnwise, a.columnwise, splits, out=torch.zeros(2, 256, 256).bfloat16())
-    with pytest.raises(ValueError, match="a and b must be 16-byte aligned CUDA tensors, got a on cpu"):
+    with pytest.raises(ValueError, match="a, b, a_scales and b_scales must be 16-byte aligned CUDA tensors, got a on cpu"):
         grouped_wgrad_fp8_blockwise(a.columnwise, a.columnwise, splits)
     assert not grouped_wgrad_fp8_blockwise(  # no tokens: zeros, nothing launched
         *(quantize_fp8_blockwise_ref(torch.zeros(0, 128).bfloat16(), columnwise=True,
