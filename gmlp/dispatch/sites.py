@@ -89,8 +89,9 @@ SITES = {site.name: site for site in (
     Site("bias grad", Op.SEGMENT_SUM, bias_only=True),
 )}
 
-# the FP8 blockwise recipe's step sequence (gmlp.layer.blockwise_steps): the weights quantized once
-# in the forward (the dgrads read their exact transposes), x and dy both ways in one pass each
+# the FP8 blockwise recipe's step sequence (gmlp.layer.blockwise_steps): the weights' tiles quantized
+# in the forward and their transposes (the dgrads' operands) again from W in the backward, so that
+# nothing of a weight is saved; x and dy both ways in one pass each
 BLOCKWISE_SITES = {site.name: site for site in (
     Site("quantize w1", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
     Site("quantize x", Op.BLOCKWISE_QUANTIZE),
@@ -98,7 +99,9 @@ BLOCKWISE_SITES = {site.name: site for site in (
     Site("quantize w2", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
     Site("fc2", Op.BLOCKWISE_GEMM),
     Site("quantize dy", Op.BLOCKWISE_QUANTIZE),
+    Site("quantize w2^T", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
     Site("fc2 dgrad", Op.BLOCKWISE_FC2_DGRAD),
+    Site("quantize w1^T", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
     Site("fc1 dgrad", Op.BLOCKWISE_GEMM),
     Site("fc1 wgrad", Op.BLOCKWISE_WGRAD),
     Site("fc2 wgrad", Op.BLOCKWISE_WGRAD),

@@ -73,8 +73,12 @@ def quantize_fp8_blockwise_ref(x: torch.Tensor, *, rowwise: bool = True, columnw
 
 
 def quantize_weights_fp8_blockwise_ref(w: torch.Tensor, *, element_format: ElementFormat | str = ElementFormat.E4M3,
-                                       power_of_two: bool = True) -> FP8BlockwiseTensor:
-    """Quantize a weight (N, K) or a stack (E, N, K) in 128 x 128 tiles by the spec."""
+                                       power_of_two: bool = True, transposed: bool = False) -> FP8BlockwiseTensor:
+    """Quantize a weight (N, K) or a stack (E, N, K) in 128 x 128 tiles by the spec; with
+    ``transposed``, its transpose (..., K, N): the transposed tiles, bit for bit (a tile's amax is
+    its transpose's)."""
+    if transposed:
+        return quantize_weights_fp8_blockwise_ref(w, element_format=element_format, power_of_two=power_of_two).transpose()
     element_format = validate_weight_args(w, element_format=element_format, power_of_two=power_of_two)
     *lead, rows, cols = w.shape
     # (..., N/128, 128, K/128, 128) -> (..., N/128, K/128, 128 * 128): one tile a row

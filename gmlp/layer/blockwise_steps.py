@@ -6,14 +6,16 @@ K (``gmlp.fp8_blockwise``), and no host sync on the kernel paths:
 
 forward:  W1 in 128 x 128 tiles -> x both ways (1 x 128 for FC1, 128 x 1 kept for FC1 wgrad) ->
           ``fc1`` (c, Q_row(a), Q_col(a)) -> W2 in tiles -> ``fc2`` (+ b2) -> y
-backward: dy both ways (gradient format) -> ``fc2 dgrad`` against W2's transposed tiles
-          (dprobs, Q_row(dh), Q_col(dh), db1) -> ``fc1 dgrad`` against W1's transposed tiles -> dx;
+backward: dy both ways (gradient format) -> W2^T's tiles -> ``fc2 dgrad`` (dprobs, Q_row(dh),
+          Q_col(dh), db1) -> W1^T's tiles -> ``fc1 dgrad`` -> dx;
           ``fc1 wgrad`` dW1 = Q_col(dh)^T Q_col(x); ``fc2 wgrad`` dW2 = Q_col(dy)^T Q_col(a);
           ``bias grad`` for b2
 
-The backward keeps fp8 only: Q_col(x), Q_col(a), c (bf16, as every recipe) and the weights'
-forward tiles, whose transposes (a copy of the fp8 data and scales, bit for bit the quantization
-of W^T) the dgrads read. Each saved tensor is released after its last reader.
+The backward keeps fp8 only: Q_col(x), Q_col(a) and c (bf16, as every recipe); nothing of the
+weights but the weights: the dgrads' W^T tiles are quantized from W in the backward, written
+transposed (bit for bit the forward's tiles transposed: a tile's amax is its transpose's), one
+pass over W instead of keeping its fp8 tiles from the forward to the backward and copying them
+transposed. Each saved tensor is released after its last reader.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class BlockwiseSaved:
     c: torch.Tensor  # (T, 2F | F) bf16
     a_col: FP8BlockwiseTensor  # Q_col(a)
     probs: torch.Tensor | None
-    w1: FP8BlockwiseTensor  # W1's 128 x 128 tiles, (E, 2F | F, H)
-    w2: FP8BlockwiseTensor  # W2's, (E, H, F)
+    w1: torch.Tensor | GateUp  # W1 (E, 2F | F, H) as the layer was given it (the dgrad's tiles are made from it)
+    w2: torch.Tensor  # W2 (E, H, F)
     split_sizes: torch.Tensor
     groups: DeviceGroups
     has_b1: bool
@@ -53,20 +55,24 @@ class BlockwiseSaved:
     w1_apart: bool = False  # W1's gate and up stored apart: dW1 returned as the pair of their gradients
 
 
-def _weight_tiles(run: OpRunner, site: str, w: torch.Tensor | GateUp, pow2: bool) -> FP8BlockwiseTensor:
+def _weight_tiles(run: OpRunner, site: str, w: torch.Tensor | GateUp, pow2: bool,
+                  transposed: bool = False) -> FP8BlockwiseTensor:
     """A weight's 128 x 128 tiles, or an earlier forward's (``quantized_weight``: GroupedMLP's
-    ``weight_cache``). W1's gate and up stored apart (a ``GateUp``) are quantized apart and their
-    tiles stacked into one (E, 2F, H) tensor, [gate; up] halves: F is a multiple of 128, so no tile
-    holds both, and the stack is bit for bit the halves' quantization (an interleaved layout's
-    strided views are copied to be read)."""
+    ``weight_cache``); ``transposed``: W^T's (..., K, N), made in the backward and not kept. W1's
+    gate and up stored apart (a ``GateUp``) are quantized apart and their tiles stacked into one
+    (E, 2F, H) tensor, [gate; up] halves (transposed: (E, H, 2F), [gate^T, up^T]): F is a multiple
+    of 128, so no tile holds both, and the stack is bit for bit the halves' quantization (an
+    interleaved layout's strided views are copied to be read)."""
     def stacks():
         return tuple(part.contiguous() for part in (w.gate, w.up)) if isinstance(w, GateUp) else w
 
-    tiles = quantized_weight(run, site, stacks, element_format=ElementFormat.E4M3, power_of_two=pow2)
+    tiles = quantized_weight(run, site, stacks, cache=not transposed, element_format=ElementFormat.E4M3,
+                             power_of_two=pow2, transposed=transposed)
     if not isinstance(tiles, tuple):
         return tiles
     gate, up = tiles
-    return FP8BlockwiseTensor(torch.cat([gate.data, up.data], 1), torch.cat([gate.scale_inv, up.scale_inv], 1),
+    dim = 2 if transposed else 1  # N: the rows of W_g, the columns of W_g^T
+    return FP8BlockwiseTensor(torch.cat([gate.data, up.data], dim), torch.cat([gate.scale_inv, up.scale_inv], dim),
                               BlockShape.TILE, gate.element_format, pow2)
 
 
@@ -94,10 +100,10 @@ def blockwise_forward(run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor,
     fc1 = run("fc1", xq.rowwise, w1q, split_sizes, ffn_hidden_size=ffn, activation=activation, b1=b1, probs=probs,
               power_of_two=pow2, groups=groups)
     x_col = xq.columnwise
-    del xq  # Q_row(x): FC1's only
+    del xq, w1q  # Q_row(x) and W1's tiles: FC1's only
     w2q = _weight_tiles(run, "quantize w2", w2, pow2)
     y = run("fc2", fc1.a_rowwise, w2q, split_sizes, bias=b2, groups=groups)
-    saved = BlockwiseSaved(x_col=x_col, c=fc1.c, a_col=fc1.a_columnwise, probs=probs, w1=w1q, w2=w2q,
+    saved = BlockwiseSaved(x_col=x_col, c=fc1.c, a_col=fc1.a_columnwise, probs=probs, w1=w1, w2=w2,
                            split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None,
                            w1_apart=isinstance(w1, GateUp))
     return y, saved
@@ -111,12 +117,15 @@ def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, a
     split_sizes, groups, pow2 = saved.split_sizes, saved.groups, recipe.power_of_two_scales
     dyq = run("quantize dy", dy, rowwise=True, columnwise=True, split_sizes=split_sizes,
               element_format=recipe.grad_format, power_of_two=pow2, groups=groups)
-    dgrad = run("fc2 dgrad", dyq.rowwise, release(saved, "w2").transpose(), release(saved, "c"), split_sizes,
+    w2t = _weight_tiles(run, "quantize w2^T", release(saved, "w2"), pow2, transposed=True)
+    dgrad = run("fc2 dgrad", dyq.rowwise, w2t, release(saved, "c"), split_sizes,
                 activation=activation, grad_format=recipe.grad_format, probs=saved.probs, bias_grad=saved.has_b1,
                 power_of_two=pow2, groups=groups)
     dy_col, dprobs, db1, dh_col = dyq.columnwise, dgrad.dprobs, dgrad.db1, dgrad.dh_columnwise
-    dx = run("fc1 dgrad", dgrad.dh_rowwise, release(saved, "w1").transpose(), split_sizes, groups=groups)
-    del dyq, dgrad
+    del w2t
+    w1t = _weight_tiles(run, "quantize w1^T", release(saved, "w1"), pow2, transposed=True)
+    dx = run("fc1 dgrad", dgrad.dh_rowwise, w1t, split_sizes, groups=groups)
+    del dyq, dgrad, w1t
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)
     dw1 = run("fc1 wgrad", dh_col, release(saved, "x_col"), split_sizes,
               out=None if isinstance(dw1_out, tuple) else dw1_out,
@@ -134,7 +143,8 @@ def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torc
                          b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
                          recipe: FP8BlockwiseRecipe) -> BlockwiseSaved:
     """What ``blockwise_forward`` saves, as new empty tensors of the same shapes, dtypes and strides
-    (every buffer is sized from host-known bounds): the state of a traced forward."""
+    (every buffer is sized from host-known bounds; the weights are the inputs themselves): the
+    state of a traced forward."""
     tokens, experts, hidden, ffn = x.shape[0], w2.shape[0], w2.shape[1], w2.shape[2]
     fp8, pow2 = ElementFormat.E4M3, recipe.power_of_two_scales
     groups = DeviceGroups(*(split_sizes.new_empty(experts + 1, dtype=torch.int32) for _ in range(3)),
@@ -146,14 +156,9 @@ def fake_blockwise_saved(x: torch.Tensor, split_sizes: torch.Tensor, probs: torc
                                   x.new_empty(layout.columnwise_scale_shape(tokens, cols, experts), dtype=torch.float32),
                                   BlockShape.COLUMNWISE, fp8, pow2, split_sizes, tokens)
 
-    def tiles(w: torch.Tensor) -> FP8BlockwiseTensor:
-        return FP8BlockwiseTensor(w.new_empty(w.shape, dtype=fp8.torch_dtype),
-                                  w.new_empty(layout.weight_scale_shape(tuple(w.shape)), dtype=torch.float32),
-                                  BlockShape.TILE, fp8, pow2)
-
     apart = isinstance(w1, GateUp)
-    w1_shape = (experts, 2 * ffn, hidden) if apart else tuple(w1.shape)
-    return BlockwiseSaved(x_col=q_col(hidden), c=x.new_empty(tokens, w1_shape[1], dtype=torch.bfloat16),
-                          a_col=q_col(ffn), probs=probs, w1=tiles(w2.new_empty(w1_shape)), w2=tiles(w2),
+    w1_rows = 2 * ffn if apart else w1.shape[1]
+    return BlockwiseSaved(x_col=q_col(hidden), c=x.new_empty(tokens, w1_rows, dtype=torch.bfloat16),
+                          a_col=q_col(ffn), probs=probs, w1=w1, w2=w2,
                           split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None,
                           w1_apart=apart)

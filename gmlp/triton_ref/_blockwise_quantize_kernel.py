@@ -52,10 +52,11 @@ def quantize_fp8_blockwise_kernel(
 @triton.jit
 def quantize_weight_tiles_kernel(
     w_ptr,  # (R, K) bf16 | fp32, contiguous: a stack (E, N, K) as (E * N, K), N a multiple of 128
-    data_ptr,  # (R, K) fp8
-    scale_ptr,  # (R/128, K/128) fp32
-    NUM_COLS,
-    FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+    data_ptr,  # (R, K) fp8, or TRANSPOSED each expert's (K, N): (E, K, N)
+    scale_ptr,  # (R/128, K/128) fp32, or TRANSPOSED (E, K/128, N/128)
+    NUM_COLS,  # K
+    EXPERT_ROWS,  # N: the rows of one expert's weight (TRANSPOSED's row-tile -> expert)
+    FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):
     tile_row, block = tl.program_id(0), tl.program_id(1)
     lanes = tl.arange(0, 128)
@@ -63,5 +64,15 @@ def quantize_weight_tiles_kernel(
     x = tl.load(w_ptr + offsets).to(tl.float32)
     amax = tl.max(block_amax(tl.abs(x), 1), 0)  # per row, then over the tile's rows
     s, scale_inv = blockwise_scale(amax, FMAX, INPUT_MAX, POWER_OF_TWO)
-    tl.store(data_ptr + offsets, (x * s).to(data_ptr.dtype.element_ty))
-    tl.store(scale_ptr + tile_row * (NUM_COLS // 128) + block, scale_inv)
+    q = (x * s).to(data_ptr.dtype.element_ty)
+    if TRANSPOSED:  # the tile's transpose at (k-tile, n-tile) of W_g^T: bit for bit the quantized W^T
+        row_tiles = EXPERT_ROWS // 128
+        expert, n_tile = tile_row // row_tiles, tile_row % row_tiles
+        expert_base = expert.to(tl.int64) * NUM_COLS * EXPERT_ROWS
+        t_offsets = (expert_base + (block * 128 + lanes)[:, None].to(tl.int64) * EXPERT_ROWS
+                     + (n_tile * 128 + lanes)[None, :])
+        tl.store(data_ptr + t_offsets, tl.trans(q))
+        tl.store(scale_ptr + (expert * (NUM_COLS // 128) + block) * row_tiles + n_tile, scale_inv)
+    else:
+        tl.store(data_ptr + offsets, q)
+        tl.store(scale_ptr + tile_row * (NUM_COLS // 128) + block, scale_inv)

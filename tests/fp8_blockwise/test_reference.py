@@ -112,6 +112,9 @@ def test_weight_tiles_and_the_exact_transpose(power_of_two):
     assert torch.equal(q.transpose().data.view(torch.uint8), transposed.data.view(torch.uint8))
     assert torch.equal(q.transpose().scale_inv, transposed.scale_inv)
     assert torch.equal(q.transpose().dequantize(), q.dequantize().transpose(1, 2))
+    direct = quantize_weights_fp8_blockwise_ref(w, power_of_two=power_of_two, transposed=True)
+    assert torch.equal(direct.data.view(torch.uint8), transposed.data.view(torch.uint8))
+    assert torch.equal(direct.scale_inv, transposed.scale_inv)
 
 
 def test_argument_errors_name_the_argument():

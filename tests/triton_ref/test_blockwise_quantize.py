@@ -92,15 +92,19 @@ def test_invalid_split_sizes_poison_every_scale(quantize):
     assert got.rowwise.scale_inv.isnan().all() and got.columnwise.scale_inv.isnan().all()
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["tiles", "transposed"])
 @pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
 @pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
-def test_weight_tiles_match_the_spec(element_format, power_of_two):
+def test_weight_tiles_match_the_spec(element_format, power_of_two, transposed):
+    """Bit for bit the spec's tiles; transposed, the spec's tiles transposed (an (E, N, K) stack
+    of N != K, so that a transposed index into the wrong expert or tile shows)."""
     quantize_weights = triton_op("blockwise_weights", "quantize_weights_fp8_blockwise")
-    w = _edge_values(512, 256).reshape(2, 256, 256)
+    w = _edge_values(768, 256).reshape(2, 384, 256)
     for dtype in (torch.bfloat16, torch.float32):
         want = quantize_weights_fp8_blockwise_ref(w.to(dtype), element_format=element_format,
-                                                  power_of_two=power_of_two)
+                                                  power_of_two=power_of_two, transposed=transposed)
         got = quantize_weights(w.to(dtype).to(kernel_device()), element_format=element_format,
-                               power_of_two=power_of_two)
+                               power_of_two=power_of_two, transposed=transposed)
+        assert got.data.shape == want.data.shape == ((2, 256, 384) if transposed else (2, 384, 256))
         assert torch.equal(got.data.view(torch.uint8).cpu(), want.data.view(torch.uint8))
         assert torch.equal(got.scale_inv.view(torch.int32).cpu(), want.scale_inv.view(torch.int32))
