@@ -120,6 +120,9 @@ def sm90_configs(op: str) -> list[dict]:
 SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM decoding A: no ping-pong
 
 
+# the FP8 blockwise Triton kernels with fused epilogues (FC1, FC2 dgrad): the launcher's default
+# (8 warps, 3 stages) first, then the warps and software-pipeline depths tried against it
+BLOCKWISE_EPILOGUE_CONFIGS = [dict(), dict(num_stages=2), dict(num_stages=4), dict(num_warps=16), dict(num_warps=4)]
 QUACK_CONFIGS = [dict(tuned=False)]  # QuACK's default configuration (its autotuner: tuned=True)
 
 
@@ -182,7 +185,8 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc1(deq(t["x_row"]), **c),
                "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c),
                "fp8-blockwise": lambda c: lambda: fc1_forward_blockwise(t["x_bw_row"], t["w1_bw"], splits,
-                                                                        ffn_hidden_size=ffn, activation=SWIGLU)},
+                                                                        ffn_hidden_size=ffn, activation=SWIGLU, **c)},
+            blockwise_configs=BLOCKWISE_EPILOGUE_CONFIGS,
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
             configs=sm90_configs("fc1_forward")),
@@ -225,7 +229,8 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc2_dgrad(deq(t["dy_row"]), **c),
                "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c),
                "fp8-blockwise": lambda c: lambda: fc2_dgrad_blockwise(t["dy_bw_row"], t["w2t_bw"], t["c"], splits,
-                                                                      activation=SWIGLU)},
+                                                                      activation=SWIGLU, **c)},
+            blockwise_configs=BLOCKWISE_EPILOGUE_CONFIGS,
             flops=2 * t["dy"].shape[0] * hidden * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
             configs=sm90_configs("fc2_dgrad")),
@@ -272,8 +277,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"  {variant:>8}: not a variant of {gemm_name}", flush=True)
                     continue
                 # the layer's tiling first; the CuTeDSL kernels' default configuration first
-                if variant.endswith("fp8-blockwise"):
-                    tilings = [dict()]  # one configuration each
+                if variant == "fp8-blockwise":  # the launcher's default first
+                    tilings = gemm.get("blockwise_configs", [dict()])
+                elif variant == "cutedsl-fp8-blockwise":
+                    tilings = [dict()]  # one configuration
                 elif variant.startswith("cutedsl"):
                     tilings = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
                 elif variant == "quack":

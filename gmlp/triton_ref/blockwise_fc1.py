@@ -28,7 +28,7 @@ __all__ = ["fc1_forward_blockwise"]
 def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                           ffn_hidden_size: int, activation: Activation, b1: torch.Tensor | None = None,
                           probs: torch.Tensor | None = None, power_of_two: bool = True,
-                          groups: DeviceGroups | None = None, num_warps: int = 8) -> FC1Output:
+                          groups: DeviceGroups | None = None, num_warps: int = 8, num_stages: int = 3) -> FC1Output:
     """FC1 of every expert on Q_row(x) (T, H) and W1 (E, 2F | F, H) in 128 x 128 tiles ([gate; up]
     halves), with c = bf16(h) and a = act(h) * probs written as Q_row(a) and Q_col(a) (E4M3,
     ``power_of_two`` scales); no host sync."""
@@ -58,7 +58,7 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset, FMAX=ElementFormat.E4M3.max_normal, INPUT_MAX=torch.finfo(torch.float32).max,
             POWER_OF_TWO=power_of_two, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), N_FASTEST=False,
-            num_warps=num_warps,
+            num_warps=num_warps, num_stages=num_stages,
         )
     for scales in (a_scales, a_col_scales):
         poison_scales_if_invalid(scales, groups, poison=float("nan"))

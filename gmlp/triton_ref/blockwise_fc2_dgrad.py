@@ -30,7 +30,7 @@ __all__ = ["fc2_dgrad_blockwise"]
 def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor, split_sizes: torch.Tensor,
                         *, activation: Activation, grad_format: ElementFormat | str = ElementFormat.E4M3,
                         probs: torch.Tensor | None = None, bias_grad: bool = False, power_of_two: bool = True,
-                        groups: DeviceGroups | None = None, num_warps: int = 8) -> FC2DgradOutput:
+                        groups: DeviceGroups | None = None, num_warps: int = 8, num_stages: int = 3) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow on Q_row(dy) (T, H) and W2^T (E, F, H) in 128 x 128 tiles, with
     the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh) and Q_col(dh) in
     ``grad_format``, db1 with ``bias_grad``; no host sync."""
@@ -62,7 +62,7 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
             ACTIVATION=ACTIVATION_CODES[activation.kind], LIMIT=activation.limit, ALPHA=activation.alpha,
             OFFSET=activation.offset, FMAX=grad_format.max_normal, INPUT_MAX=torch.finfo(torch.float32).max,
             POWER_OF_TWO=power_of_two, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), N_FASTEST=False,
-            num_warps=num_warps,
+            num_warps=num_warps, num_stages=num_stages,
         )
     for scales in (dh_scales, dh_col_scales):
         poison_scales_if_invalid(scales, groups, poison=float("nan"))
