@@ -30,7 +30,7 @@ __all__ = ["fc2_dgrad_blockwise"]
 def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor, split_sizes: torch.Tensor,
                         *, activation: Activation, grad_format: ElementFormat | str = ElementFormat.E4M3,
                         probs: torch.Tensor | None = None, bias_grad: bool = False, power_of_two: bool = True,
-                        groups: DeviceGroups | None = None, num_warps: int = 8, num_stages: int = 3) -> FC2DgradOutput:
+                        groups: DeviceGroups | None = None, num_warps: int = 16, num_stages: int = 3) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow on Q_row(dy) (T, H) and W2^T (E, F, H) in 128 x 128 tiles, with
     the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh) and Q_col(dh) in
     ``grad_format``, db1 with ``bias_grad``; no host sync."""

@@ -124,7 +124,7 @@ def configs() -> dict[str, tuple]:
         INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 8)
     out["blockwise_fc2_dgrad_sm90"] = ("blockwise_fc2_dgrad", BLOCKWISE_DGRAD_SIGNATURE, dict(
         GATED=True, HAS_PROBS=True, BIAS_GRAD=True, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, OFFSET=1.0, FMAX=448.0,
-        INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 8)
+        INPUT_MAX=FP32_MAX, POWER_OF_TWO=True, NUM_GROUPS=8, SEARCH_STEPS=3, N_FASTEST=False), 90, 16)
     for grad in ("fp8e4nv", "fp8e5"):  # E4M3 or E5M2 gradients times E4M3 activations
         signature = {k: v.format(grad=grad) for k, v in BLOCKWISE_WGRAD_SIGNATURE.items()}
         out[f"blockwise_wgrad_{'e4m3' if grad == 'fp8e4nv' else 'e5m2'}_sm90"] = ("blockwise_wgrad", signature, dict(
