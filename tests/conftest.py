@@ -3,7 +3,9 @@ notebook runs marked ``slow``."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 
 import pytest
 import torch
@@ -11,6 +13,15 @@ import torch
 # On a machine without a GPU the Triton kernels run in Triton's interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A ``triton.jit`` function takes the interpreter setting of the moment its module is imported:
+# every kernel module is imported now, so that none is first imported inside a test that pretends
+# a GPU with TRITON_INTERPRET=0 (the dispatch tests), which would leave compiled-mode kernels for
+# the interpreted tests after it in the same worker ("0 active drivers").
+import gmlp.triton_ref  # noqa: E402  (after the setting above)
+
+for _module in pkgutil.iter_modules(gmlp.triton_ref.__path__):
+    importlib.import_module(f"gmlp.triton_ref.{_module.name}")
 
 # Under pytest-xdist the workers share the cores: each takes its share of intra-op threads (and
 # hands it on to the processes it starts), instead of every worker using them all (on 2 cores,

@@ -20,7 +20,6 @@ import torch
 
 import gmlp
 import gmlp.cutedsl
-import gmlp.triton_ref.quantize  # noqa: F401  (imported under conftest's TRITON_INTERPRET: see tests/dispatch/test_plan.py)
 from gmlp.contract.gate_up import GateUpLayout
 from gmlp.cutedsl.sm100 import cudnn_kernels
 from gmlp.cutedsl.sm90 import support as sm90_support

@@ -14,11 +14,6 @@ import torch
 
 import gmlp
 import gmlp.cutedsl
-
-# Imported now, under conftest's TRITON_INTERPRET setting: the tests below pretend a GPU with
-# TRITON_INTERPRET=0, and a Triton module first imported then would build compiled-mode kernels
-# that the interpreted tests after them cannot run.
-import gmlp.triton_ref.quantize  # noqa: F401
 from gmlp.contract.activations import activation_from
 from gmlp.contract.gate_up import GateUpLayout
 from gmlp.contract.problem import LayerProblem
