@@ -70,7 +70,9 @@ class LayerPlan:
                  "each op of the layer and the path it runs on (the fastest that can: cutedsl, triton, torch):"]
         skipped: dict[tuple[Path, str], list[str]] = {}  # (path, reason) -> the ops that skipped it for it
         for name, decision in self.decisions.items():
-            decoded = ", MXFP8 operands decoded in the kernel" if name in self.decoding_sites else ""
+            decoded = "" if name not in self.decoding_sites else (
+                ", MXFP8 operands decoded in the kernel where T is a multiple of 16 (else dequantized)"
+                if "wgrad" in name else ", MXFP8 operands decoded in the kernel")
             launch = f", {self.launch_notes[name]}" if name in self.launch_notes else ""
             lines.append(f"  {name:<{width}}  {decision.op:<{op_width}} -> {decision.path.value}{decoded}{launch}")
             for path, reason in decision.skipped:

@@ -169,6 +169,8 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
     sites = ("fc1", "fc2", "fc1 dgrad", "fc1 wgrad")  # the decodable ones: dy's GEMMs get dy's values
     decoded = dataclasses.replace(plan, decoding_sites=frozenset(sites))
     assert decoded.explain().count("MXFP8 operands decoded in the kernel") == 4
+    # the weight gradient's Q_col operands decode only at T a multiple of 16: the plan says so
+    assert decoded.explain().count("where T is a multiple of 16 (else dequantized)") == 1
     assert sum(SPLITS) % 16 == 0  # the weight gradients' Q_col operands are decodable at this T
     seen = []
 
