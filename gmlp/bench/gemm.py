@@ -247,6 +247,22 @@ def _time(fn: Callable) -> tuple[float | None, str | None]:
         return None, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
 
 
+def variant_tilings(gemm: dict, variant: str) -> list:
+    """The configurations ``variant`` of ``gemm`` (an entry of ``_gemms``) is timed at, its
+    default first: the layer's tiling for the Triton kernels, each CuTeDSL kernel's default
+    configuration, the blockwise launchers' defaults."""
+    if variant == "fp8-blockwise":
+        return gemm.get("blockwise_configs", [dict()])
+    if variant == "cutedsl-fp8-blockwise":
+        return [dict()]  # one configuration
+    if variant.startswith("cutedsl"):
+        return gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
+    if variant == "quack":
+        return QUACK_CONFIGS
+    candidates, defaults = gemm["tilings"]
+    return list(dict.fromkeys([defaults[variant], *candidates]))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench gemm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,23 +287,11 @@ def main(argv: list[str] | None = None) -> None:
             base_ms, base_error = _time(gemm["baseline"])
             print(f"{shape_name} {gemm_name:>9} torch bf16: "
                   + (f"{base_ms:.3f} ms {gemm['flops'] / base_ms / 1e9:.0f} TFLOP/s" if base_ms else base_error), flush=True)
-            candidates, defaults = gemm["tilings"]
             for variant in args.variants.split(","):
                 if variant not in gemm:
                     print(f"  {variant:>8}: not a variant of {gemm_name}", flush=True)
                     continue
-                # the layer's tiling first; the CuTeDSL kernels' default configuration first
-                if variant == "fp8-blockwise":  # the launcher's default first
-                    tilings = gemm.get("blockwise_configs", [dict()])
-                elif variant == "cutedsl-fp8-blockwise":
-                    tilings = [dict()]  # one configuration
-                elif variant.startswith("cutedsl"):
-                    tilings = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
-                elif variant == "quack":
-                    tilings = QUACK_CONFIGS
-                else:
-                    tilings = dict.fromkeys([defaults[variant], *candidates])
-                for tiling in tilings:
+                for tiling in variant_tilings(gemm, variant):
                     print(f"  {variant:>8} {tiling}: ", end="", flush=True)  # a hang shows where it is
                     ms, error = _time(gemm[variant](tiling))
                     base_after, _ = _time(gemm["baseline"])  # the baseline again, right after

@@ -51,7 +51,7 @@ TIME_UNITS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond
 
 def _child(shape: str, gemms: list[str], variants: list[str], config: dict) -> None:
     """Under ncu: warm every callable, then run each once in the profiled range, NVTX-named."""
-    from gmlp.bench.gemm import _gemms, _operands
+    from gmlp.bench.gemm import _gemms, _operands, variant_tilings
     from gmlp.bench.mlp import SHAPES
 
     experts, tokens, hidden, ffn = SHAPES[shape]
@@ -64,11 +64,8 @@ def _child(shape: str, gemms: list[str], variants: list[str], config: dict) -> N
             if variant not in gemm:
                 print(f"{name}: no {variant} variant, not profiled", file=sys.stderr)
                 continue
-            if variant.endswith("fp8-blockwise"):
-                configs = [dict()]  # one configuration each, as in bench gemm
-            else:
-                configs = gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
-            calls.append((f"{name}|{variant}", gemm[variant]({**configs[0], **config})))  # the default, + --config
+            default = variant_tilings(gemm, variant)[0]
+            calls.append((f"{name}|{variant}", gemm[variant]({**default, **config})))  # the default, + --config
     for _, call in calls:
         call(), call()
     torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 """Where a layer step's device time goes: the kernels of one forward + backward, by the profiler.
 
-For each shape and mode (``--modes``: MXFP8, bf16, the FP8 blockwise recipe), runs the ``GroupedMLP`` step a few times under
-``torch.profiler`` and sums each kernel's device time per step, grouped by kernel name (the
-Triton kernels carry their Python names; the rest are torch's). Shows what bounds a mode: how
-much of the step the GEMMs take and how much quantizing and dequantizing. Results as JSON.
+For each shape and mode (``--modes``: MXFP8, bf16, the FP8 blockwise recipe), runs the
+``GroupedMLP`` step a few times under ``torch.profiler`` and sums each kernel's device time per
+step, grouped by kernel name (the Triton kernels carry their Python names; the rest are
+torch's). Shows what bounds a mode: how much of the step the GEMMs take and how much quantizing
+and dequantizing. Results as JSON.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gmlp.bench.common import add_out_argument, environment, write_results
-from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.bench.mlp import SHAPES, add_shapes_argument, layer_tensors, split_sizes_for, training_step
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.layer.module import GroupedMLP
 from gmlp.mxfp8.recipe import MXFP8Recipe
 

@@ -72,7 +72,7 @@ class LayerPlan:
         for name, decision in self.decisions.items():
             decoded = "" if name not in self.decoding_sites else (
                 ", MXFP8 operands decoded in the kernel where T is a multiple of 16 (else dequantized)"
-                if "wgrad" in name else ", MXFP8 operands decoded in the kernel")
+                if decision.op == Op.WGRAD.value else ", MXFP8 operands decoded in the kernel")
             launch = f", {self.launch_notes[name]}" if name in self.launch_notes else ""
             lines.append(f"  {name:<{width}}  {decision.op:<{op_width}} -> {decision.path.value}{decoded}{launch}")
             for path, reason in decision.skipped:
