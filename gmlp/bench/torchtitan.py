@@ -8,7 +8,8 @@ The runs differ only in the ``--override.imports`` flag (parsed by torchtitan's 
 - ``torchtitan-fused``: torchtitan's own ``fused_grouped_experts`` override (one GEMM over an
   interleaved w13, a fused SiLU-and-mul): the same model as stock, rounded differently, so its
   distance from stock is the bf16 noise that the gmlp bf16 run is judged against;
-- ``gmlp-bf16``, ``gmlp-mxfp8``: gmlp's experts (``gmlp.integrations.torchtitan``).
+- ``gmlp-bf16``, ``gmlp-mxfp8``, ``gmlp-fp8-blockwise``: gmlp's experts
+  (``gmlp.integrations.torchtitan``) in each recipe.
 
 The attention is torchtitan's attention block with a causal SDPA core (``causal_sdpa``, an
 override of ``FlexAttention.Config`` in this module, in every run): torchtitan 0.3.0's own cores
@@ -56,6 +57,7 @@ RUNS = {
     "torchtitan-fused": ["torchtitan.overrides.fused_swiglu.fused_grouped_experts"],
     "gmlp-bf16": ['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'],
     "gmlp-mxfp8": ["gmlp.integrations.torchtitan.gmlp_experts"],
+    "gmlp-fp8-blockwise": ['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "fp8_blockwise"}'],
 }
 FLAVOR = "debugmodel_moe"  # torchtitan's qwen3 MoE debug model: 8 layers, dim 256, 64 experts of 768, top 8
 SUCCESSORS = 4  # likely next tokens per token in the synthetic Markov chain
