@@ -152,6 +152,16 @@ def environment(device: torch.device | None = None) -> dict:
     }
 
 
+def device_label(device: torch.device) -> str:
+    """A short lower-case name of ``device`` for result file names: the GPU's model ("h100" for
+    "NVIDIA H100 80GB HBM3", "h200" for "NVIDIA H200"), or "cpu"."""
+    if device.type != "cuda":
+        return "cpu"
+    words = torch.cuda.get_device_name(device).split()
+    model = words[1] if len(words) > 1 and words[0].upper() == "NVIDIA" else words[0]
+    return "".join(c for c in model.lower() if c.isalnum()) or "gpu"
+
+
 def write_results(name: str, results: dict, out_dir: str | None) -> pathlib.Path:
     """Write results as JSON into out_dir (default: bench_results/), named after the bench and date."""
     return PartialResults(name, out_dir).write(results, complete=True)

@@ -46,6 +46,7 @@ from gmlp.bench.common import (
     PartialResults,
     add_cold_cache_argument,
     add_out_argument,
+    device_label,
     environment,
     single_process_rendezvous,
     synchronize,
@@ -365,7 +366,8 @@ def main(argv: list[str]) -> None:
     vocab = model_spec([]).model.vocab_size
     data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
-    results = PartialResults("torchtitan-h200" if device.type == "cuda" else "torchtitan-cpu-smoke", args.out)
+    results = PartialResults(f"torchtitan-{device_label(device)}" if device.type == "cuda" else "torchtitan-cpu-smoke",
+                             args.out)
     record = {"environment": environment(device),
               "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
                            "flavor": FLAVOR, "attention_core": ATTENTION, "flags": {n: RUNS[n] for n in names},

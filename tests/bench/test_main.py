@@ -35,3 +35,15 @@ def test_help_lists_every_bench_with_a_line_each(monkeypatch, capsys):
     listed = {line.split()[0]: line for line in lines if line.startswith("  ")}
     assert set(listed) == {"quantize", "mlp", "gemm", "tune", "profile", "memory", "ncu", "host", "torchtitan", "ep"}
     assert "--device cpu" in listed["torchtitan"]  # the smoke run that works without a GPU
+
+
+@pytest.mark.parametrize("name, label", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                         ("NVIDIA GeForce RTX 4090", "geforce"), ("Tesla-X", "teslax")])
+def test_result_files_name_the_gpu_they_ran_on(name, label, monkeypatch):
+    import torch
+
+    from gmlp.bench.common import device_label
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert device_label(torch.device("cuda")) == label
+    assert device_label(torch.device("cpu")) == "cpu"
