@@ -123,6 +123,9 @@ SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM d
 # the FP8 blockwise Triton kernels with fused epilogues (FC1, FC2 dgrad): the launcher's default
 # (8 warps, 3 stages) first, then the warps and software-pipeline depths tried against it
 BLOCKWISE_EPILOGUE_CONFIGS = [dict(), dict(num_stages=2), dict(num_stages=4), dict(num_warps=16), dict(num_warps=4)]
+# the FP8 blockwise CuTeDSL GEMMs (FC2, FC1 dgrad, the weight gradients): the launchers' default
+# (256-column work items where N allows), then 128-column ones
+BLOCKWISE_GEMM_CONFIGS = [dict(), dict(wide=False)]
 QUACK_CONFIGS = [dict(tuned=False)]  # QuACK's default configuration (its autotuner: tuned=True)
 
 
@@ -152,9 +155,10 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
         **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits),
            "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_wgrad").grouped_wgrad_fp8_blockwise(
-               t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits)},
+               t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits, **c)},
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
-        configs=sm90_configs("grouped_wgrad"), decode_configs=[dict(tile_n=128)])
+        configs=sm90_configs("grouped_wgrad"), decode_configs=[dict(tile_n=128)],
+        cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS)
 
 
 def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
@@ -198,11 +202,12 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["a_row"]), w2_deq, splits, **c),
                "cutedsl-decode": lambda c: lambda: sm90_gemm(t["a_row"], w2_deq, splits, **c),
                "fp8-blockwise": lambda c: lambda: grouped_gemm_fp8_blockwise(t["a_bw_row"], t["w2_bw"], splits),
-               "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["a_bw_row"], t["w2_bw"], splits)},
+               "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["a_bw_row"], t["w2_bw"], splits, **c)},
             quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS),
+            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS,
+            cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS),
         "fc1_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
@@ -212,11 +217,12 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["dh_row"]), w1t_deq, splits, **c),
                "cutedsl-decode": lambda c: lambda: sm90_gemm(t["dh_row"], w1t_deq, splits, **c),
                "fp8-blockwise": lambda c: lambda: grouped_gemm_fp8_blockwise(t["dh_bw_row"], t["w1t_bw"], splits),
-               "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["dh_bw_row"], t["w1t_bw"], splits)},
+               "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["dh_bw_row"], t["w1t_bw"], splits, **c)},
             quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS),
+            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS,
+            cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS),
         "fc2_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
             bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
@@ -254,7 +260,7 @@ def variant_tilings(gemm: dict, variant: str) -> list:
     if variant == "fp8-blockwise":
         return gemm.get("blockwise_configs", [dict()])
     if variant == "cutedsl-fp8-blockwise":
-        return [dict()]  # one configuration
+        return gemm.get("cutedsl_blockwise_configs", [dict()])
     if variant.startswith("cutedsl"):
         return gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
     if variant == "quack":

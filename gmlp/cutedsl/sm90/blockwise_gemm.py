@@ -12,13 +12,18 @@ Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barr
 
 - Tiles: BM = 128 rows (an expert-aligned tile), BN = 128 columns (one weight tile row: one B
   scale per k-tile), BK = 128 fp8 elements: one 128-byte swizzle row and one scale block.
+  ``wide`` (the default where N % 256 == 0): a work item is two such tiles side by side, 256
+  columns, whose slots hold one A k-tile and two B k-tiles: A is read from L2 once per 256
+  columns instead of 128 (the 128-wide kernel is L2-bound: 32 KB a 128 x 128 x 128 step, ncu
+  2026-12-05), 48 KB a slot, 4 stages.
 - Warp-specialized: warp 0 the TMA producer (A's and B's fp8 k-tiles into ``stages`` slots); two
   consumer warpgroups, each 64 rows of the tile (m64n128k32 fp8 ``wgmma``, both operands K-major).
 - The promotion (DeepGEMM's 1D2D form): per k-tile, four k=32 ``wgmma`` into a fresh fp32
   fragment ``partial``, ``wait_group(0)``, the slot released, then ``acc += (sa * sb) * partial``
   in registers: a thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row,
   4j+2, 4j+3 the row 8 below), so it reads two A scales and the tile's B scale a k-tile. 64 + 64
-  fp32 registers a thread for acc and partial.
+  fp32 registers a thread for acc and partial; ``wide``: the two halves one after the other
+  through the one ``partial`` (64 + 64 + 64: two partials would not fit the 232 registers).
 - Epilogue: bf16 pairs (+ the bias row) from the registers, predicated at the expert's end
   (``grouped_gemm.store_bf16_pairs``).
 """
@@ -33,7 +38,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
@@ -66,6 +71,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     register_split,
     shared_storage,
     slot_tensors,
+    smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90.grouped_gemm import store_bf16_pairs
@@ -95,7 +101,16 @@ class BlockwiseGemmConfig(StagedConfig):
     bias_dtype: torch.dtype | None = None  # FC2's b2 (E, N), bf16 or fp32, added before the rounding; None: none
     a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
-    tile_n = TILE_N  # for StagedConfig's messages
+    wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
+
+    @property
+    def halves(self) -> int:
+        """128-column halves of a work item: its B tiles a slot."""
+        return 2 if self.wide else 1
+
+    @property
+    def tile_n(self) -> int:  # for StagedConfig's messages
+        return TILE_N * self.halves
 
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
@@ -103,8 +118,8 @@ class BlockwiseGemmConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """One slot: an A and a B k-tile of fp8 bytes."""
-        return (TILE_M + TILE_N) * TILE_K
+        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes."""
+        return (TILE_M + self.halves * TILE_N) * TILE_K
 
 
 class BlockwiseGemmSm90:
@@ -149,8 +164,10 @@ class BlockwiseGemmSm90:
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
             (TILE_N, TILE_K))
-        self.shared_storage = shared_storage(mainloop_fields(self.stages, a_smem_layout, b_smem_layout,
-                                                             self.a_dtype, Float8E4M3FN))
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.a_dtype, Float8E4M3FN)
+        if const_expr(self.config.wide):
+            fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(b_smem_layout))  # the second half's B tiles
+        self.shared_storage = shared_storage(fields)
         launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mBias, mRowStart, mTileStart, mD,
                            tiled_mma, a_smem_layout, b_smem_layout),
                num_ctas, self.threads, stream)
@@ -174,11 +191,15 @@ class BlockwiseGemmSm90:
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype,
-                                           b_dtype=Float8E4M3FN)
+        halves = self.config.halves
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
+                                           a_dtype=self.a_dtype, b_dtype=Float8E4M3FN)
+        sBs = [sB]
+        if const_expr(halves == 2):
+            sBs.append(storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
                                           stage_bytes)
-        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], TILE_N)
+        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], TILE_N * halves)
         k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
 
         if warpgroup == 0:
@@ -186,8 +207,8 @@ class BlockwiseGemmSm90:
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
-            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+            b_parts = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                                        cute.group_modes(gB, 0, 2)) for s in sBs]
             item = bidx
             while item < items.count:
                 g, _, n_tile, first_row, _ = items.tile(item)
@@ -195,7 +216,8 @@ class BlockwiseGemmSm90:
                 tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                 state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
-                                        ((tma_atom_b, tBgB[(None, n_tile, None, g)], tBsB),))
+                                        tuple((tma_atom_b, tBgB[(None, n_tile * halves + h, None, g)], tBsB)
+                                              for h, (tBsB, tBgB) in enumerate(b_parts)))
                 item += grid
             mainloop.producer_tail(state)
 
@@ -204,11 +226,11 @@ class BlockwiseGemmSm90:
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
             tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            tCrBs = [tiled_mma.make_fragment_B(thr_mma_wg.partition_B(s)) for s in sBs]
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+            accs = [cute.make_rmem_tensor(tCcD.shape, Float32) for _ in range(halves)]
             partial = cute.make_rmem_tensor(tCcD.shape, Float32)
             out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
             read_state, _ = consumer_states(self.stages)
@@ -218,47 +240,63 @@ class BlockwiseGemmSm90:
             item = bidx
             while item < items.count:
                 g, _, n_tile, first_row, end_row = items.tile(item)
-                acc.fill(0.0)
+                b_tile = n_tile * halves  # the item's first 128-column weight tile row
+                for h in cutlass.range_constexpr(halves):
+                    accs[h].fill(0.0)
                 # the scales of k-tile 0, then each k-tile's next ones loaded while its wgmmas run
-                # (the loads' latency was the mainloop's largest stall: ncu, 2026-12-05)
-                upper, lower = _row_scales(mAScale, mBScale, g, n_tile, Int32(0), first_row, end_row, rows)
+                # (the loads' latency was the mainloop's largest stall: ncu, 2026-12-05); (sa * sb)
+                # of the thread's upper and lower row, per half (the second pair repeats the first
+                # when there is one half)
+                upper0, lower0, upper1, lower1 = _row_scales(mAScale, mBScale, g, b_tile, halves, Int32(0), first_row,
+                                                             end_row, rows)
                 for k_tile in range(k_tiles):
                     mainloop.consumer_wait(read_state)
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    cute.nvgpu.warpgroup.fence()
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read_state.index)
-                        cute.gemm(tiled_mma, partial, tCrA[slot], tCrB[slot], partial)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
-                    next_upper, next_lower = upper, lower
-                    if k_tile + 1 < k_tiles:
-                        next_upper, next_lower = _row_scales(mAScale, mBScale, g, n_tile, k_tile + 1, first_row,
-                                                             end_row, rows)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(read_state)
-                    read_state.advance()
-                    # promote: acc += (sa * sb) * partial
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        acc[i] = acc[i] + (upper if (i % 4) < 2 else lower) * partial[i]
-                    upper, lower = next_upper, next_lower
-                store_bf16_pairs(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row, TILE_N)
+                    for h in cutlass.range_constexpr(halves):
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                        cute.nvgpu.warpgroup.fence()
+                        for k_block in cutlass.range_constexpr(k_blocks):
+                            slot = (None, None, k_block, read_state.index)
+                            cute.gemm(tiled_mma, partial, tCrA[slot], tCrBs[h][slot], partial)
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        cute.nvgpu.warpgroup.commit_group()
+                        if const_expr(h == halves - 1):
+                            next_upper0, next_lower0, next_upper1, next_lower1 = upper0, lower0, upper1, lower1
+                            if k_tile + 1 < k_tiles:
+                                next_upper0, next_lower0, next_upper1, next_lower1 = _row_scales(
+                                    mAScale, mBScale, g, b_tile, halves, k_tile + 1, first_row, end_row, rows)
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        if const_expr(h == halves - 1):
+                            mainloop.consumer_release(read_state)
+                            read_state.advance()
+                        # promote: acc += (sa * sb) * partial
+                        upper, lower = (upper0, lower0) if h == 0 else (upper1, lower1)
+                        for i in cutlass.range_constexpr(cute.size(partial)):
+                            accs[h][i] = accs[h][i] + (upper if (i % 4) < 2 else lower) * partial[i]
+                    upper0, lower0, upper1, lower1 = next_upper0, next_lower0, next_upper1, next_lower1
+                for h in cutlass.range_constexpr(halves):
+                    store_bf16_pairs(accs[h], out, thr_mma, tCcD, mD, mBias, g, b_tile + h, first_row, end_row,
+                                     TILE_N)
                 item += grid
 
 
 @cute.jit
-def _row_scales(mAScale: cute.Tensor, mBScale: cute.Tensor, g: Int32, n_tile: Int32, k_tile: Int32, first_row: Int32,
-                end_row: Int32, rows: tuple):
-    """(sa * sb) of k-tile ``k_tile`` for the thread's two accumulator rows (A's rows past the
-    expert's end get 0: they are never stored, and may lie past A's scale buffer)."""
-    b_scale = mBScale[g, n_tile, k_tile]
-    upper = Float32(0.0)
-    lower = Float32(0.0)
+def _row_scales(mAScale: cute.Tensor, mBScale: cute.Tensor, g: Int32, b_tile: Int32, halves: cutlass.Constexpr,
+                k_tile: Int32, first_row: Int32, end_row: Int32, rows: tuple):
+    """(sa * sb) of k-tile ``k_tile`` for the thread's two accumulator rows, with the B scale of
+    weight tile row ``b_tile`` and, with two halves, of ``b_tile + 1``: (upper, lower) of each
+    half, the first pair twice with one half (A's rows past the expert's end get 0: they are never
+    stored, and may lie past A's scale buffer)."""
+    upper_a = Float32(0.0)
+    lower_a = Float32(0.0)
     if first_row + rows[0] < end_row:
-        upper = mAScale[k_tile, first_row + rows[0]] * b_scale
+        upper_a = mAScale[k_tile, first_row + rows[0]]
     if first_row + rows[1] < end_row:
-        lower = mAScale[k_tile, first_row + rows[1]] * b_scale
-    return upper, lower
+        lower_a = mAScale[k_tile, first_row + rows[1]]
+    b0 = mBScale[g, b_tile, k_tile]
+    b1 = b0
+    if const_expr(halves == 2):
+        b1 = mBScale[g, b_tile + 1, k_tile]
+    return upper_a * b0, lower_a * b0, upper_a * b1, lower_a * b1
 
 
 def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
@@ -301,11 +339,14 @@ def compile_blockwise_gemm(arch: str = "sm_90a", config: BlockwiseGemmConfig = B
 
 
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
-                               bias: torch.Tensor | None = None,
-                               groups: DeviceGroups | None = None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None, groups: DeviceGroups | None = None,
+                               wide: bool | None = None) -> torch.Tensor:
     """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
     tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16
-    or fp32 (added in fp32 before the rounding); no host sync. The contract of ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``."""
+    or fp32 (added in fp32 before the rounding); no host sync. The contract of
+    ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``. ``wide``: 256-column work items
+    (``BlockwiseGemmConfig.wide``; needs N % 256 == 0); None: wide wherever N allows it. The
+    bytes are the same either way (each column's sums and promotions do not depend on it)."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     if b.element_format is not ElementFormat.E4M3:
@@ -314,6 +355,11 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     if b.data.dim() != 3 or b.data.shape[0] != experts or b.data.shape[2] != k or not b.data.is_contiguous():
         raise ValueError(f"b must be a contiguous (E={experts}, N, K={k}), got {tuple(b.data.shape)}")
     n = b.data.shape[1]
+    if wide is None:
+        wide = n % (2 * TILE_N) == 0
+    elif wide and n % (2 * TILE_N):
+        raise ValueError(f"wide=True needs N a multiple of {2 * TILE_N} (two 128-column halves a work item), "
+                         f"got N={n}")
     check_problem(_NAME, problem_support(tokens, n, k, experts))
     check_tma_bases(a=a.data, b=b.data)
     check_optional("bias", bias, (experts, n))
@@ -321,8 +367,8 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
         raise TypeError(f"bias must be one of {tuple(_BIAS_DTYPES)}, got {bias.dtype}")
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
-    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, TILE_N), a.data.device)
-    config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format)
+    config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format, wide=wide)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, config.tile_n), a.data.device)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8), a.scale_inv, b.data.view(torch.uint8),
         b.scale_inv, bias, groups.row_start, groups.tile_start, out)
     return out

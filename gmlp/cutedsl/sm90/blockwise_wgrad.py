@@ -12,7 +12,10 @@ Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers
 
 - Work items: output tiles (expert g, m-tile, n-tile) of 128 x 128, item ``(g * m_tiles +
   m_tile) * n_tiles + n_tile`` (n fastest: CTAs running together share expert g's A panel); a
-  persistent grid walks them. Expert g's k-tiles are its 128-token blocks, data columns
+  persistent grid walks them. ``wide`` (the default where N % 256 == 0): an n-tile is two 128-column
+  halves, whose slots hold A's k-tile once and B's two (with their scale boxes): 54 KB a slot, 4
+  stages; at 128 x 128 the kernel is L2-bound (32 KB a 128 x 128 x 128 step, ncu 2026-12-05: L2
+  92 %). Expert g's k-tiles are its 128-token blocks, data columns
   ``128 (tile_start[g] + k)``: each is one scale block and a 16-byte aligned TMA box of both
   operands (K-major fp8, 128 bytes a row: one 128-byte swizzle row); the padding's zeros make
   the last one exact, and an empty expert's tile is zeros (or adds nothing to main_grad).
@@ -29,8 +32,9 @@ Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers
   layout: elements 4j, 4j+1 one row, 4j+2, 4j+3 the row 8 below) and its 32 columns' of B
   (elements 4j + h and 4j + 2 + h are column 8j + 2 (lane % 4) + h); then ``wait_group(0)``, the
   slot released, and ``acc += sa[row] * sb[col] * partial`` in registers (64 + 64 + 34
-  registers a thread). The two consumer warpgroups wait and release on their own, so one's
-  promotion runs while the other's ``wgmma``s do.
+  registers a thread; ``wide``: the halves one after the other through the one ``partial`` and
+  the one set of column scales, 64 + 64 + 64 + 34). The two consumer warpgroups wait and release
+  on their own, so one's promotion runs while the other's ``wgmma``s do.
 - Epilogue from the registers (``RegisterPaths.store_tile``): fp32 or bf16 pairs, or the fp32
   pairs of ``out`` loaded, added and stored (main_grad).
 """
@@ -45,7 +49,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
@@ -89,6 +93,7 @@ SCALE_BOX = 4  # blocks of a scale box: 16 bytes of fp32, TMA's smallest inner e
 MMA_WARPGROUPS = 2  # each 64 rows of the tile
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}  # torch -> cutlass dtype of the result
 _ADD_CHUNK = 16  # out pairs loaded together by the accumulating epilogue (32 spilled 104 bytes; 16 none)
+_WIDE_ADD_CHUNK = 4  # the same with a second half's accumulators alive (16 spilled 272 bytes, 8 40; 4 none)
 _FP8 = {ElementFormat.E4M3: Float8E4M3FN, ElementFormat.E5M2: Float8E5M2}
 
 
@@ -101,7 +106,16 @@ class BlockwiseWgradConfig(StagedConfig):
     a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (dy, dh: the gradient format)
     b_format: ElementFormat = ElementFormat.E4M3  # B's (a, x: E4M3; dh's E5M2 never meets an E5M2 B)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
-    tile_n = TILE  # for StagedConfig's messages
+    wide: bool = False  # two 128-column halves an n-tile (N % 256 == 0; see the module docstring)
+
+    @property
+    def halves(self) -> int:
+        """128-column halves of an n-tile: its B tiles (and B scale boxes) a slot."""
+        return 2 if self.wide else 1
+
+    @property
+    def tile_n(self) -> int:  # for StagedConfig's messages
+        return TILE * self.halves
 
     def __post_init__(self):
         if self.out_dtype not in _OUT_DTYPES:
@@ -111,8 +125,8 @@ class BlockwiseWgradConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """One slot: an A and a B k-tile of fp8 bytes and their (128, 4) fp32 scale boxes."""
-        return 2 * TILE * TILE + 2 * TILE * SCALE_BOX * 4
+        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and their (128, 4) fp32 scale boxes."""
+        return (1 + self.halves) * (TILE * TILE + TILE * SCALE_BOX * 4)
 
 
 class BlockwiseWgradSm90(RegisterPaths):
@@ -129,7 +143,7 @@ class BlockwiseWgradSm90(RegisterPaths):
         self.tile_n = TILE
         self.out_dtype = _OUT_DTYPES[config.out_dtype]
         self.accumulate = config.accumulate
-        self.add_chunk = _ADD_CHUNK
+        self.add_chunk = _WIDE_ADD_CHUNK if config.wide else _ADD_CHUNK
         self.consumer_threads = MMA_WARPGROUPS * THREADS_PER_WARPGROUP
 
     @cute.jit
@@ -168,6 +182,9 @@ class BlockwiseWgradSm90(RegisterPaths):
         fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.a_dtype, self.b_dtype)
         fields["sAScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
         fields["sBScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
+        if const_expr(self.config.wide):  # the second half's B tiles and scale boxes
+            fields["sB1"] = smem_array(self.b_dtype, cute.cosize(b_smem_layout))
+            fields["sBScale1"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
         self.shared_storage = shared_storage(fields)
         launch(self.kernel(tma_atom_a, tma_a, tma_atom_sa, tma_sa, tma_atom_b, tma_b, tma_atom_sb, tma_sb,
                            mTileStart, mOut, tiled_mma, a_smem_layout, b_smem_layout, scale_smem_layout),
@@ -193,16 +210,21 @@ class BlockwiseWgradSm90(RegisterPaths):
     ):
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b, tma_atom_sa, tma_atom_sb))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype,
-                                          b_dtype=self.b_dtype)
+        halves = self.config.halves
+        sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
+                                          a_dtype=self.a_dtype, b_dtype=self.b_dtype)
         sAScale = storage.sAScale.get_tensor(scale_smem_layout)
-        sBScale = storage.sBScale.get_tensor(scale_smem_layout)
-        scale_bytes = 2 * cute.size_in_bytes(Float32, cute.slice_(scale_smem_layout, (None, None, 0)))
+        sBs = [sB]
+        sBScales = [storage.sBScale.get_tensor(scale_smem_layout)]
+        if const_expr(halves == 2):
+            sBs.append(storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
+            sBScales.append(storage.sBScale1.get_tensor(scale_smem_layout))
+        scale_bytes = (1 + halves) * cute.size_in_bytes(Float32, cute.slice_(scale_smem_layout, (None, None, 0)))
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
                                           tile_bytes + scale_bytes)
         num_experts, m, n = mOut.shape
         m_tiles = (m + TILE - 1) // TILE
-        n_tiles = (n + TILE - 1) // TILE
+        n_tiles = (n + TILE * halves - 1) // (TILE * halves)
         tiles_per_expert = m_tiles * n_tiles
         num_items = num_experts * tiles_per_expert
 
@@ -216,17 +238,21 @@ class BlockwiseWgradSm90(RegisterPaths):
                 first_block = mTileStart[g]  # the expert's first block of tokens
                 k_tiles = mTileStart[g + 1] - first_block
                 tAsA, tAgA = _tma_tiles(tma_atom_a, cute.domain_offset((0, first_block * TILE), mA), sA, m_tile, TILE)
-                tBsB, tBgB = _tma_tiles(tma_atom_b, cute.domain_offset((0, first_block * TILE), mB), sB, n_tile, TILE)
                 tSAsSA, tSAgSA = _tma_tiles(tma_atom_sa, mAScale, sAScale, m_tile, SCALE_BOX)
-                tSBsSB, tSBgSB = _tma_tiles(tma_atom_sb, mBScale, sBScale, n_tile, SCALE_BOX)
+                # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
+                b_loads = [(_tma_tiles(tma_atom_b, cute.domain_offset((0, first_block * TILE), mB), sBs[h],
+                                       n_tile * halves + h, TILE),
+                            _tma_tiles(tma_atom_sb, mBScale, sBScales[h], n_tile * halves + h, SCALE_BOX))
+                           for h in range(halves)]
                 for k_tile in range(k_tiles):
                     mainloop.producer_acquire(state)
                     barrier = mainloop.producer_get_barrier(state)
                     box = (first_block + k_tile) // SCALE_BOX
                     cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
                     cute.copy(tma_atom_sa, tSAgSA[(None, box)], tSAsSA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_sb, tSBgSB[(None, box)], tSBsSB[(None, state.index)], tma_bar_ptr=barrier)
+                    for (tBsB, tBgB), (tSBsSB, tSBgSB) in b_loads:
+                        cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                        cute.copy(tma_atom_sb, tSBgSB[(None, box)], tSBsSB[(None, state.index)], tma_bar_ptr=barrier)
                     mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
                     state.advance()
                 item += grid
@@ -237,13 +263,13 @@ class BlockwiseWgradSm90(RegisterPaths):
             mma_tidx = tidx - THREADS_PER_WARPGROUP
             thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
             tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma_wg.partition_B(sB))
+            tCrBs = [tiled_mma.make_fragment_B(thr_mma_wg.partition_B(s)) for s in sBs]
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE, TILE)))
-            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+            accs = [cute.make_rmem_tensor(tCcD.shape, Float32) for _ in range(halves)]
             partial = cute.make_rmem_tensor(tCcD.shape, Float32)
-            pairs = cute.size(acc) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
+            pairs = cute.size(partial) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
             column_scales = cute.make_rmem_tensor((2 * pairs,), Float32)
             read_state, _ = consumer_states(self.stages)
             k_blocks = cute.size(tCrA, mode=[2])
@@ -253,32 +279,45 @@ class BlockwiseWgradSm90(RegisterPaths):
                 g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
                 first_block = mTileStart[g]
                 k_tiles = mTileStart[g + 1] - first_block
-                acc.fill(0.0)
+                for half in cutlass.range_constexpr(halves):
+                    accs[half].fill(0.0)
                 for k_tile in range(k_tiles):
                     block = first_block + k_tile
-                    mainloop.consumer_wait(read_state)
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    cute.nvgpu.warpgroup.fence()
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read_state.index)
-                        cute.gemm(tiled_mma, partial, tCrA[slot], tCrB[slot], partial)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
-                    # the block's scales, read from the slot while the wgmmas run
                     in_box = block % SCALE_BOX
-                    upper = sAScale[rows[0], in_box, read_state.index]
-                    lower = sAScale[rows[1], in_box, read_state.index]
-                    for j in cutlass.range_constexpr(pairs):
-                        for h in cutlass.range_constexpr(2):
-                            column_scales[2 * j + h] = sBScale[tCcD[4 * j + h][1], in_box, read_state.index]
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    mainloop.consumer_release(read_state)
+                    mainloop.consumer_wait(read_state)
+                    stage = read_state.index
+                    for half in cutlass.range_constexpr(halves):
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                        cute.nvgpu.warpgroup.fence()
+                        for k_block in cutlass.range_constexpr(k_blocks):
+                            slot = (None, None, k_block, stage)
+                            cute.gemm(tiled_mma, partial, tCrA[slot], tCrBs[half][slot], partial)
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        cute.nvgpu.warpgroup.commit_group()
+                        # the block's scales, read from the slot while the wgmmas run; with two
+                        # halves the column scales are read as the promotion uses them (32 more
+                        # registers spilled) and the slot is released after the last promotion
+                        upper = sAScale[rows[0], in_box, stage]
+                        lower = sAScale[rows[1], in_box, stage]
+                        if const_expr(halves == 1):
+                            for j in cutlass.range_constexpr(pairs):
+                                for h in cutlass.range_constexpr(2):
+                                    column_scales[2 * j + h] = sBScales[half][tCcD[4 * j + h][1], in_box, stage]
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        if const_expr(halves == 1):
+                            mainloop.consumer_release(read_state)
+                        # promote: acc += sa[row] * sb[col] * partial
+                        for i in cutlass.range_constexpr(cute.size(partial)):
+                            row_scale = upper if (i % 4) < 2 else lower
+                            column_scale = column_scales[2 * (i // 4) + i % 2]
+                            if const_expr(halves == 2):
+                                column_scale = sBScales[half][tCcD[i][1], in_box, stage]
+                            accs[half][i] = accs[half][i] + (row_scale * column_scale) * partial[i]
+                    if const_expr(halves == 2):
+                        mainloop.consumer_release(read_state)
                     read_state.advance()
-                    # promote: acc += sa[row] * sb[col] * partial
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        row_scale = upper if (i % 4) < 2 else lower
-                        acc[i] = acc[i] + (row_scale * column_scales[2 * (i // 4) + i % 2]) * partial[i]
-                self.store_tile(acc, thr_mma, tCcD, mOut, g, m_tile, n_tile, k_tiles)
+                for half in cutlass.range_constexpr(halves):
+                    self.store_tile(accs[half], thr_mma, tCcD, mOut, g, m_tile, n_tile * halves + half, k_tiles)
                 item += grid
 
 
@@ -335,11 +374,13 @@ def compile_blockwise_wgrad(arch: str = "sm_90a", config: BlockwiseWgradConfig =
 
 def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
-                                groups: DeviceGroups | None = None) -> torch.Tensor:
+                                groups: DeviceGroups | None = None, wide: bool | None = None) -> torch.Tensor:
     """(E, M, N): dW_g = A_g^T @ B_g over expert g's tokens, A (T, M) and B (T, N) given as their
     columnwise quantizations (contiguous); stored as ``out_dtype``, or added to the fp32 ``out``
     (main_grad). No host sync. The contract of
-    ``gmlp.triton_ref.blockwise_wgrad.grouped_wgrad_fp8_blockwise``."""
+    ``gmlp.triton_ref.blockwise_wgrad.grouped_wgrad_fp8_blockwise``. ``wide``: 256-column n-tiles
+    (``BlockwiseWgradConfig.wide``; needs N % 256 == 0); None: wide wherever N allows it. The
+    bytes are the same either way."""
     require_block_shape(a, "a", BlockShape.COLUMNWISE)
     require_block_shape(b, "b", BlockShape.COLUMNWISE)
     (tokens, m), (b_tokens, n), experts = a.source_shape, b.source_shape, split_sizes.numel()
@@ -355,6 +396,10 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {out_dtype}")
+    if wide is None:
+        wide = n % (2 * TILE) == 0
+    elif wide and n % (2 * TILE):
+        raise ValueError(f"wide=True needs N a multiple of {2 * TILE} (two 128-column halves an n-tile), got N={n}")
     check_problem(_NAME, problem_support(tokens, m, n, experts))
     accumulate = out is not None
     if out is None:
@@ -366,8 +411,8 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     check_tma_bases(a=a.data, b=b.data, a_scales=a.scale_inv, b_scales=b.scale_inv)
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
-                                  b_format=b.element_format)
-    items = experts * (m // TILE) * (n // TILE)
+                                  b_format=b.element_format, wide=wide)
+    items = experts * (m // TILE) * (n // config.tile_n)
     run(_compile, config, a.data.device, min(items, sm_count(a.data.device.index)), a.data.view(torch.uint8),
         a.scale_inv, b.data.view(torch.uint8), b.scale_inv, groups.tile_start, out)
     return out

@@ -1,7 +1,7 @@
 """The CuTeDSL sm_90a grouped GEMM of the FP8 blockwise recipe (gmlp.cutedsl.sm90.blockwise_gemm),
 compiled without a GPU, with checks on its PTX and the cubin's resources, its problem rules, and
 (marker ``gpu``, H100/H200 only) run against the Triton twin within their two summation orders'
-bound. Not yet run on a GPU (2026-12-05)."""
+bound, its 256-column (``wide``) and 128-column work items bit for bit alike."""
 
 from __future__ import annotations
 
@@ -19,22 +19,26 @@ _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 
-@pytest.mark.parametrize(("bias", "a_format"), [(None, "e4m3"), (torch.bfloat16, "e4m3"), (torch.float32, "e4m3"),
-                                                (None, "e5m2")], ids=["plain", "bias", "fp32-bias", "e5m2-a"])
-def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format):
+@pytest.mark.parametrize(("bias", "a_format", "wide"),
+                         [(None, "e4m3", False), (torch.bfloat16, "e4m3", False), (torch.float32, "e4m3", False),
+                          (None, "e5m2", False), (None, "e4m3", True), (torch.float32, "e5m2", True)],
+                         ids=["plain", "bias", "fp32-bias", "e5m2-a", "wide", "wide-fp32-bias-e5m2-a"])
+def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format, wide):
     from gmlp.cutedsl.sm90.blockwise_gemm import (
         BlockwiseGemmConfig,
         compile_blockwise_gemm,
     )
     from gmlp.mxfp8.spec import ElementFormat
 
-    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(bias_dtype=bias, a_format=ElementFormat(a_format)))
+    config = BlockwiseGemmConfig(bias_dtype=bias, a_format=ElementFormat(a_format), wide=wide)
+    compiled = compile_blockwise_gemm(config=config)
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx  # a producer and two consumer warpgroups
     # fp8 wgmma, both operands K-major from shared memory, fp32 accumulators; four k32 steps a k-tile
+    # and 128-column half
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.{a_format}\.e4m3 \{{[^}}]*\}}, %rd\d+, "
                         r"%rd\d+, %?\w+, 1,\s*1;", ptx)
-    assert len(wgmmas) == 4, len(wgmmas)
+    assert len(wgmmas) == 4 * config.halves, len(wgmmas)
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)  # the promotion waits for the k-tile's sums
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
@@ -62,10 +66,12 @@ def test_problem_rules():
 @pytest.mark.parametrize(("bias_dtype", "a_format"), [(torch.bfloat16, "e4m3"), (torch.float32, "e4m3"),
                                                       (None, "e5m2")], ids=["bf16-bias", "fp32-bias", "e5m2-a"])
 @pytest.mark.parametrize("splits", [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]], ids=["edges", "one", "mixed"])
-def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format):
+@pytest.mark.parametrize("n", [384, 512])
+def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format, n):
     """Against the Triton kernel on the same operands: both promote every 128 of K in the same
     order, so they differ only by their fp8 wgmma chains' and fp32 sums' rounding (twice the
-    bound of ``crosscheck._blockwise_delta``)."""
+    bound of ``crosscheck._blockwise_delta``). At N = 512 the default is the wide kernel, whose
+    bytes must be the 128-column kernel's."""
     from gmlp.cutedsl.sm90.blockwise_gemm import (
         grouped_gemm_fp8_blockwise as cutedsl_gemm,
     )
@@ -76,13 +82,15 @@ def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format):
     from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
 
     torch.manual_seed(0)
-    experts, tokens, k, n = len(splits), sum(splits), 512, 384
+    experts, tokens, k = len(splits), sum(splits), 512
     split_sizes = torch.tensor(splits, device="cuda")
     a = quantize_fp8_blockwise(torch.randn(tokens, k, device="cuda").bfloat16(), element_format=a_format).rowwise
     b = quantize_weights_fp8_blockwise(torch.randn(experts, n, k, device="cuda").bfloat16())
     bias = None if bias_dtype is None else torch.randn(experts, n, device="cuda").to(bias_dtype)
     want = grouped_gemm_fp8_blockwise(a, b, split_sizes, bias=bias)
     got = cutedsl_gemm(a, b, split_sizes, bias=bias)
+    if n % 256 == 0:
+        assert torch.equal(got, cutedsl_gemm(a, b, split_sizes, bias=bias, wide=False))
     magnitude = grouped_gemm_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float64).float()
     bound = 2 * summation_error(k, True) * magnitude + 2.0**-7 * want.float().abs()
     assert ((got.float() - want.float()).abs() <= bound).all()
@@ -101,3 +109,5 @@ def test_launcher_argument_errors():
         grouped_gemm_fp8_blockwise(x.rowwise, w_e5m2, torch.tensor([4, 4]))
     with pytest.raises(ValueError, match="a and b must be 16-byte aligned CUDA tensors, got a on cpu"):
         grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]))  # an E5M2 a (dh) is taken
+    with pytest.raises(ValueError, match="wide=True needs N a multiple of 256 .*, got N=128"):
+        grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]), wide=True)

@@ -1,7 +1,8 @@
 """The CuTeDSL sm_90a weight gradient of the FP8 blockwise recipe
 (gmlp.cutedsl.sm90.blockwise_wgrad), compiled without a GPU, with checks on its PTX and the
 cubin's resources, its problem rules and launcher errors, and (marker ``gpu``, H100/H200 only)
-run against the Triton twin within their two summation orders' bound."""
+run against the Triton twin within their two summation orders' bound, its 256-column (``wide``)
+and 128-column n-tiles bit for bit alike."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 CONFIGS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "main-grad": dict(accumulate=True),
-           "e5m2-a": dict(a_format="e5m2")}
+           "e5m2-a": dict(a_format="e5m2"), "wide": dict(wide=True), "wide-main-grad": dict(wide=True, accumulate=True),
+           "wide-bf16": dict(wide=True, out_dtype=torch.bfloat16)}
 
 
 @pytest.mark.parametrize("options", list(CONFIGS.values()), ids=list(CONFIGS))
@@ -38,7 +40,7 @@ def test_compiles_to_fp8_wgmma_with_no_spills(options):
     # fp8 wgmma, both operands K-major from shared memory (the tokens), fp32 accumulators; four k32 a block
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.{a_format}\.e4m3 \{{[^}}]*\}}, %rd\d+, "
                         r"%rd\d+, %?\w+, 1,\s*1;", ptx)
-    assert len(wgmmas) == 4, len(wgmmas)
+    assert len(wgmmas) == 4 * config.halves, len(wgmmas)
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)  # the promotion waits for the block's sums
     # A's and B's boxes: plain 2-D (features, block-aligned tokens) descriptors
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
@@ -78,6 +80,9 @@ def test_launcher_argument_errors():
         grouped_wgrad_fp8_blockwise(a.columnwise, a.columnwise, splits, out=torch.zeros(2, 256, 256).bfloat16())
     with pytest.raises(ValueError, match="a, b, a_scales and b_scales must be 16-byte aligned CUDA tensors, got a on cpu"):
         grouped_wgrad_fp8_blockwise(a.columnwise, a.columnwise, splits)
+    narrow = quantize_fp8_blockwise_ref(torch.randn(128, 128).bfloat16(), columnwise=True, split_sizes=splits)
+    with pytest.raises(ValueError, match="wide=True needs N a multiple of 256 .*, got N=128"):
+        grouped_wgrad_fp8_blockwise(a.columnwise, narrow.columnwise, splits, wide=True)
     assert not grouped_wgrad_fp8_blockwise(  # no tokens: zeros, nothing launched
         *(quantize_fp8_blockwise_ref(torch.zeros(0, 128).bfloat16(), columnwise=True,
                                      split_sizes=torch.tensor([0, 0])).columnwise,) * 2, torch.tensor([0, 0])).any()
@@ -89,10 +94,12 @@ def test_launcher_argument_errors():
 @pytest.mark.parametrize("a_format", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("splits", [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36, 0]],
                          ids=["edges", "one", "mixed"])
-def test_matches_the_triton_twin_within_the_bound(splits, a_format, out):
+@pytest.mark.parametrize("n", [256, 384])
+def test_matches_the_triton_twin_within_the_bound(splits, a_format, out, n):
     """Against the Triton kernel on the same operands: both promote every 128 tokens in the same
     order, so they differ only by their fp8 wgmma chains' and fp32 sums' rounding (twice the
-    bound of ``crosscheck._blockwise_delta``) and each output's rounding."""
+    bound of ``crosscheck._blockwise_delta``) and each output's rounding. At N = 256 the default
+    is the wide kernel, whose bytes must be the 128-column kernel's."""
     from gmlp.cutedsl.sm90.blockwise_wgrad import grouped_wgrad_fp8_blockwise as cutedsl_wgrad
     from gmlp.fp8_blockwise.gemm import grouped_wgrad_blockwise_ref
     from gmlp.fp8_blockwise.tensor import absolute
@@ -100,7 +107,7 @@ def test_matches_the_triton_twin_within_the_bound(splits, a_format, out):
     from gmlp.triton_ref.blockwise_wgrad import grouped_wgrad_fp8_blockwise
 
     torch.manual_seed(0)
-    tokens, m, n = sum(splits), 384, 256
+    tokens, m = sum(splits), 384
     split_sizes = torch.tensor(splits, device="cuda")
 
     def q_col(features: int, fmt: str):
@@ -114,9 +121,12 @@ def test_matches_the_triton_twin_within_the_bound(splits, a_format, out):
         start = torch.randn(len(splits), m, n, device="cuda")
         want = grouped_wgrad_fp8_blockwise(a, b, split_sizes, out=start.clone())
         got = cutedsl_wgrad(a, b, split_sizes, out=start.clone())
+        narrow = cutedsl_wgrad(a, b, split_sizes, out=start.clone(), wide=False)
     else:
         want = grouped_wgrad_fp8_blockwise(a, b, split_sizes, out_dtype=out_dtype)
         got = cutedsl_wgrad(a, b, split_sizes, out_dtype=out_dtype)
+        narrow = cutedsl_wgrad(a, b, split_sizes, out_dtype=out_dtype, wide=False)
+    assert torch.equal(got, narrow)
     magnitude = grouped_wgrad_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float64)
     rounding = 2.0**-8 if out == "bf16" else 2.0**-24  # each output's rounding to its dtype
     bound = 2 * summation_error(max(splits), True) * magnitude + rounding * (got.double().abs() + want.double().abs())
