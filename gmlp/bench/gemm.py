@@ -175,7 +175,7 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
         x, w1_deq, splits, ffn_hidden_size=ffn, activation=SWIGLU, recipe=recipe, **c)
     sm90_fc2_dgrad = lambda dy, **c: _sm90("fc2_dgrad").fc2_dgrad(  # noqa: E731
         dy, w2t_deq, t["c"], splits, activation=SWIGLU, recipe=recipe, **c)
-    sm90_blockwise = lambda *args: _sm90("blockwise_gemm").grouped_gemm_fp8_blockwise(*args)  # noqa: E731
+    sm90_blockwise = lambda *args, **kw: _sm90("blockwise_gemm").grouped_gemm_fp8_blockwise(*args, **kw)  # noqa: E731
     return {
         "fc1": dict(
             baseline=lambda: torch._grouped_mm(t["x"], t["w1"].transpose(1, 2), offs=offsets),
