@@ -1,4 +1,6 @@
-"""Quantize bandwidth: Triton and CuTeDSL kernels, and torch.compile of the spec, vs device copy."""
+"""Quantize bandwidth: Triton and CuTeDSL kernels, and torch.compile of the spec, vs device copy.
+``--recipe fp8-blockwise``: the FP8 blockwise recipe's Triton quantizes instead (token operands
+both ways at each ``BLOCKWISE_CONFIGS`` tiling, weight tiles plain and transposed)."""
 
 from __future__ import annotations
 
@@ -74,17 +76,67 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
     return out
 
 
+# the blockwise token quantize's tilings: the launcher's default first
+BLOCKWISE_CONFIGS = [dict(), dict(prefetch=True), dict(blocks_per_program=4, prefetch=True),
+                     dict(blocks_per_program=8, prefetch=True), dict(blocks_per_program=1), dict(num_warps=32)]
+BLOCKWISE_WEIGHTS = (32, 4096, 7168)  # DeepSeek-V3 rank's W1 (E, 2F, H)
+
+
+def blockwise_bytes(rows: int, cols: int) -> int:
+    """Bytes of the blockwise token quantize both ways (one expert): bf16 read, two fp8 copies and
+    their fp32 scales written."""
+    return rows * cols * 2 + 2 * rows * cols + 2 * (cols // 128) * rows * 4 // 128
+
+
+def time_blockwise(copy_gbs: float, rounds: int) -> list[dict]:
+    """The blockwise Triton quantizes: token operands both ways (SHAPES, 32 equal experts) at each
+    tiling, then the weight tiles of ``BLOCKWISE_WEIGHTS``, plain and transposed."""
+    from gmlp.triton_ref.blockwise_quantize import BlockwiseQuantizeConfig, quantize_fp8_blockwise
+    from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+
+    out = []
+
+    def record(name: str, shape: tuple, setting: dict, moved: int, fn) -> None:
+        for round_ in range(rounds):
+            ms = median_ms(fn)
+            gbs = moved / ms / 1e6
+            out.append(dict(kernel=name, shape=list(shape), config=setting, round=round_, ms=ms, gb_per_s=gbs,
+                            ratio_to_copy=gbs / copy_gbs))
+            print(f"  {name} {shape} {setting} round {round_}: {ms:7.3f} ms {gbs:7.0f} GB/s {gbs / copy_gbs:5.2f} of copy",
+                  flush=True)
+
+    for rows, cols in SHAPES:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        splits = torch.full((32,), rows // 32, device="cuda", dtype=torch.int32)
+        for setting in BLOCKWISE_CONFIGS:
+            config = BlockwiseQuantizeConfig(**setting)
+            record("tokens both ways", (rows, cols), setting, blockwise_bytes(rows, cols),
+                   lambda: quantize_fp8_blockwise(x, columnwise=True, split_sizes=splits, config=config))
+        del x
+    w = torch.randn(BLOCKWISE_WEIGHTS, device="cuda", dtype=torch.bfloat16)
+    for transposed in (False, True):
+        record("weight tiles", BLOCKWISE_WEIGHTS, dict(transposed=transposed), w.numel() * 3,
+               lambda: quantize_weights_fp8_blockwise(w, transposed=transposed))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench quantize", description=__doc__)
     add_out_argument(parser)
     parser.add_argument("--impl", default="triton,cutedsl,torch.compile", help="comma-separated implementations")
     parser.add_argument("--rounds", type=int, default=2, help="times each measurement is repeated (spread = noise)")
     parser.add_argument("--sweep", action="store_true", help="also time every Triton config candidate")
+    parser.add_argument("--recipe", choices=("mxfp8", "fp8-blockwise"), default="mxfp8",
+                        help="fp8-blockwise: the blockwise recipe's Triton quantizes instead")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     env = environment()
     copy_gbs = copy_bandwidth_gbs()
     print(f"{env['device']}: copy bandwidth {copy_gbs:.0f} GB/s (read + write)", flush=True)
+    if args.recipe == "fp8-blockwise":
+        results = dict(environment=env, copy_gb_per_s=copy_gbs, results=time_blockwise(copy_gbs, args.rounds))
+        print(f"wrote {write_results('quantize-blockwise', results, args.out)}")
+        return
     impls, skipped = implementations(device, args.impl.split(","))
     for name, reason in skipped.items():
         print(f"  {name}: skipped ({reason})")

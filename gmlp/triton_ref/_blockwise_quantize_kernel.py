@@ -6,7 +6,10 @@ Token operand (T, K), rows grouped by expert: a program owns one expert-aligned 
 block of x is both a stack of 128 rowwise blocks (amax along K) and of 128 columnwise blocks
 (amax along the tokens): an expert's 128-token blocks are exactly its 128-row tiles, so the
 columnwise block index is the tile index, and a tile past the last expert (all rows masked)
-writes ``scale_inv = 1`` there, the layout's value for unused blocks.
+writes ``scale_inv = 1`` there, the layout's value for unused blocks. With PREFETCH the next
+block's values are loaded (as stored, bf16 or fp32) before this block is reduced, quantized and
+stored, so a program keeps a load in flight while it computes (the kernel runs one 512-thread
+program an SM: the registers of a (128, 128) block quantized both ways).
 """
 
 import triton
@@ -31,7 +34,7 @@ def quantize_fp8_blockwise_kernel(
     FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
     GROUPED: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_row, end_row, _, _, _ = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED,
@@ -41,9 +44,21 @@ def quantize_fp8_blockwise_kernel(
     row_mask = rows < end_row  # rows past the expert's end read as zeros and are not written
     first_block = tl.program_id(1) * BLOCKS_PER_PROGRAM
     last_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, NUM_COLS // 128)
+    row_offsets = rows[:, None].to(tl.int64) * NUM_COLS
+    end_col = last_block * 128  # the prefetch past the program's last block is masked
+    if PREFETCH:
+        next_cols = first_block * 128 + lanes
+        following = tl.load(x_ptr + row_offsets + next_cols[None, :],
+                            mask=row_mask[:, None] & (next_cols < end_col)[None, :], other=0.0)
     for block in tl.range(first_block, last_block):
         cols = block * 128 + lanes
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None], other=0.0)
+        if PREFETCH:
+            x = following
+            next_cols = cols + 128
+            following = tl.load(x_ptr + row_offsets + next_cols[None, :],
+                                mask=row_mask[:, None] & (next_cols < end_col)[None, :], other=0.0)
+        else:
+            x = tl.load(x_ptr + row_offsets + cols[None, :], mask=row_mask[:, None], other=0.0)
         store_blockwise_both_ways(x.to(tl.float32), rows, row_mask, block, tile, row_data_ptr, row_scale_ptr,
                                   ROW_SCALE_STRIDE, col_data_ptr, col_scale_ptr, COL_SCALE_STRIDE, COL_DATA_STRIDE, NUM_COLS,
                                   FMAX, INPUT_MAX, POWER_OF_TWO, ROWWISE, COLUMNWISE)
