@@ -77,8 +77,8 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
 
 
 # the blockwise token quantize's tilings: the launcher's default first
-BLOCKWISE_CONFIGS = [dict(), dict(prefetch=True), dict(blocks_per_program=4, prefetch=True),
-                     dict(blocks_per_program=8, prefetch=True), dict(blocks_per_program=1), dict(num_warps=32)]
+BLOCKWISE_CONFIGS = [dict(), dict(num_warps=4), dict(num_warps=16), dict(blocks_per_program=4),
+                     dict(blocks_per_program=8), dict(blocks_per_program=1)]
 BLOCKWISE_WEIGHTS = (32, 4096, 7168)  # DeepSeek-V3 rank's W1 (E, 2F, H)
 
 

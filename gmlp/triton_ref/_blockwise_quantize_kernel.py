@@ -6,19 +6,24 @@ Token operand (T, K), rows grouped by expert: a program owns one expert-aligned 
 block of x is both a stack of 128 rowwise blocks (amax along K) and of 128 columnwise blocks
 (amax along the tokens): an expert's 128-token blocks are exactly its 128-row tiles, so the
 columnwise block index is the tile index, and a tile past the last expert (all rows masked)
-writes ``scale_inv = 1`` there, the layout's value for unused blocks. With PREFETCH the next
-block's values are loaded (as stored, bf16 or fp32) before this block is reduced, quantized and
-stored, so a program keeps a load in flight while it computes (the kernel runs one 512-thread
-program an SM: the registers of a (128, 128) block quantized both ways).
+writes ``scale_inv = 1`` there, the layout's value for unused blocks.
+
+A block is read as two 64-row halves: each half's rows are whole rowwise blocks (quantized and
+stored at once) and give their part of the column maxima; the columnwise pass then reads both
+halves again (from L1/L2) with the column scales. Holding one half at a time instead of the
+whole (128, 128) fp32 block and its two quantized copies halves the registers a program needs:
+the whole block ran one 512-thread program an SM (128 registers a thread), latency-bound at 0.30
+of copy bandwidth (ncu on the H100, 2026-12-05).
 """
 
 import triton
 import triton.language as tl
 
-from gmlp.triton_ref._blockwise_epilogue import store_blockwise_both_ways
 from gmlp.triton_ref._blockwise_math import blockwise_scale
 from gmlp.triton_ref._grouping import group_tile
 from gmlp.triton_ref._mxfp8_math import block_amax
+
+HALF = tl.constexpr(64)  # rows of a half block
 
 
 @triton.jit
@@ -34,34 +39,44 @@ def quantize_fp8_blockwise_kernel(
     FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
     GROUPED: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_row, end_row, _, _, _ = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED,
                                              NUM_ROWS)
     lanes = tl.arange(0, 128)
-    rows = first_row + lanes
-    row_mask = rows < end_row  # rows past the expert's end read as zeros and are not written
+    half_lanes = tl.arange(0, HALF)
     first_block = tl.program_id(1) * BLOCKS_PER_PROGRAM
     last_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, NUM_COLS // 128)
-    row_offsets = rows[:, None].to(tl.int64) * NUM_COLS
-    end_col = last_block * 128  # the prefetch past the program's last block is masked
-    if PREFETCH:
-        next_cols = first_block * 128 + lanes
-        following = tl.load(x_ptr + row_offsets + next_cols[None, :],
-                            mask=row_mask[:, None] & (next_cols < end_col)[None, :], other=0.0)
     for block in tl.range(first_block, last_block):
         cols = block * 128 + lanes
-        if PREFETCH:
-            x = following
-            next_cols = cols + 128
-            following = tl.load(x_ptr + row_offsets + next_cols[None, :],
-                                mask=row_mask[:, None] & (next_cols < end_col)[None, :], other=0.0)
-        else:
-            x = tl.load(x_ptr + row_offsets + cols[None, :], mask=row_mask[:, None], other=0.0)
-        store_blockwise_both_ways(x.to(tl.float32), rows, row_mask, block, tile, row_data_ptr, row_scale_ptr,
-                                  ROW_SCALE_STRIDE, col_data_ptr, col_scale_ptr, COL_SCALE_STRIDE, COL_DATA_STRIDE, NUM_COLS,
-                                  FMAX, INPUT_MAX, POWER_OF_TWO, ROWWISE, COLUMNWISE)
+        col_amax = tl.zeros((128,), tl.float32)
+        for half in tl.static_range(2):
+            # rows past the expert's end read as zeros (in both amaxes) and are not written
+            rows = first_row + half * HALF + half_lanes
+            row_mask = rows < end_row
+            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None],
+                        other=0.0).to(tl.float32)
+            magnitude = tl.abs(x)
+            if ROWWISE:  # one block per row
+                s, scale_inv = blockwise_scale(block_amax(magnitude, 1), FMAX, INPUT_MAX, POWER_OF_TWO)
+                q = (x * s[:, None]).to(row_data_ptr.dtype.element_ty)
+                tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q,
+                         mask=row_mask[:, None])
+                tl.store(row_scale_ptr + block * ROW_SCALE_STRIDE + rows, scale_inv, mask=row_mask)
+            col_amax = tl.maximum(col_amax, block_amax(magnitude, 0))  # NaN-free: block_amax's floor of 0
+        if COLUMNWISE:  # one block per column: the tile's 128 tokens of the expert
+            s, scale_inv = blockwise_scale(col_amax, FMAX, INPUT_MAX, POWER_OF_TWO)
+            for half in tl.static_range(2):
+                rows = first_row + half * HALF + half_lanes
+                row_mask = rows < end_row
+                x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None],
+                            other=0.0).to(tl.float32)
+                q_t = tl.trans((x * s[None, :]).to(col_data_ptr.dtype.element_ty))
+                # the whole block, its rows past the expert's end as the zeros they hold (the layout's padding)
+                tokens = tile * 128 + half * HALF + half_lanes
+                tl.store(col_data_ptr + cols[:, None].to(tl.int64) * COL_DATA_STRIDE + tokens[None, :], q_t)
+            tl.store(col_scale_ptr + cols.to(tl.int64) * COL_SCALE_STRIDE + tile, scale_inv)
 
 
 @triton.jit

@@ -36,10 +36,7 @@ class BlockwiseQuantizeConfig:
     """Tiling of the token-operand kernel: a program walks one 128-row tile over 128-column blocks."""
 
     blocks_per_program: int = 2
-    # a (128, 128) fp32 block and its two quantized copies: at 8 warps ptxas (CUDA 13.4, sm_90a)
-    # spills 564 bytes a thread at 255 registers; at 16, 122 registers and none
-    num_warps: int = 16
-    prefetch: bool = False  # load the next block while this one is quantized (the kernel's docstring)
+    num_warps: int = 8
 
     def __post_init__(self) -> None:
         if self.blocks_per_program < 1 or self.num_warps < 1:
@@ -79,7 +76,7 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
             **format_constants(element_format, x.dtype, power_of_two),
             ROWWISE=rowwise, COLUMNWISE=columnwise, GROUPED=split_sizes is not None,
             NUM_GROUPS=problem.num_experts, SEARCH_STEPS=search_steps(problem.num_experts),
-            BLOCKS_PER_PROGRAM=config.blocks_per_program, PREFETCH=config.prefetch, num_warps=config.num_warps,
+            BLOCKS_PER_PROGRAM=config.blocks_per_program, num_warps=config.num_warps,
         )
     tensors = []
     for data, scales, shape in ((row_data, row_scales, BlockShape.ROWWISE),

@@ -110,8 +110,7 @@ def configs() -> dict[str, tuple]:
             signature = {k: v.format(fp8=fp8) for k, v in BLOCKWISE_SIGNATURE.items()}
             constexprs = dict(FMAX=fmax, INPUT_MAX=BF16_MAX, POWER_OF_TWO=power_of_two, ROWWISE=True, COLUMNWISE=True,
                               GROUPED=True, NUM_GROUPS=8, SEARCH_STEPS=3,
-                              BLOCKS_PER_PROGRAM=BlockwiseQuantizeConfig().blocks_per_program,
-                              PREFETCH=BlockwiseQuantizeConfig().prefetch)
+                              BLOCKS_PER_PROGRAM=BlockwiseQuantizeConfig().blocks_per_program)
             scales = "pow2" if power_of_two else "fp32"
             out[f"blockwise_quantize_{fp8}_{scales}_sm90"] = ("blockwise_quantize", signature, constexprs, 90,
                                                               BlockwiseQuantizeConfig().num_warps)
