@@ -77,8 +77,9 @@ def sweep_triton_configs(copy_gbs: float) -> list[dict]:
 
 
 # the blockwise token quantize's tilings: the launcher's default first
-BLOCKWISE_CONFIGS = [dict(), dict(num_warps=4), dict(num_warps=16), dict(blocks_per_program=4),
-                     dict(blocks_per_program=8), dict(blocks_per_program=1)]
+BLOCKWISE_CONFIGS = [dict(), *(dict(num_warps=warps, blocks_per_program=blocks) for warps in (4, 8) for blocks in (1, 2, 4)
+                                if (warps, blocks) != (8, 2))]
+BLOCKWISE_SHAPES = [(32768, 7168), (32768, 4096), (65536, 2048)]  # DeepSeek-V3, Mixtral-like, Qwen3-like hidden
 BLOCKWISE_WEIGHTS = (32, 4096, 7168)  # DeepSeek-V3 rank's W1 (E, 2F, H)
 
 
@@ -89,7 +90,7 @@ def blockwise_bytes(rows: int, cols: int) -> int:
 
 
 def time_blockwise(copy_gbs: float, rounds: int) -> list[dict]:
-    """The blockwise Triton quantizes: token operands both ways (SHAPES, 32 equal experts) at each
+    """The blockwise Triton quantizes: token operands both ways (BLOCKWISE_SHAPES, 32 equal experts) at each
     tiling, then the weight tiles of ``BLOCKWISE_WEIGHTS``, plain and transposed."""
     from gmlp.triton_ref.blockwise_quantize import BlockwiseQuantizeConfig, quantize_fp8_blockwise
     from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
@@ -105,7 +106,7 @@ def time_blockwise(copy_gbs: float, rounds: int) -> list[dict]:
             print(f"  {name} {shape} {setting} round {round_}: {ms:7.3f} ms {gbs:7.0f} GB/s {gbs / copy_gbs:5.2f} of copy",
                   flush=True)
 
-    for rows, cols in SHAPES:
+    for rows, cols in BLOCKWISE_SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         splits = torch.full((32,), rows // 32, device="cuda", dtype=torch.int32)
         for setting in BLOCKWISE_CONFIGS:
