@@ -35,8 +35,10 @@ __all__ = ["BlockwiseQuantizeConfig", "quantize_fp8_blockwise", "format_constant
 class BlockwiseQuantizeConfig:
     """Tiling of the token-operand kernel: a program walks one 128-row tile over 128-column blocks."""
 
-    blocks_per_program: int = 2
-    num_warps: int = 8
+    # 4 warps and 4 blocks: 0.44 / 0.35 / 0.34 of copy bandwidth at hidden 7168 / 4096 / 2048 on the
+    # H100, the best of warps 4, 8 x blocks 1, 2, 4 (8 warps: 0.27-0.29, as the whole-block kernel)
+    blocks_per_program: int = 4
+    num_warps: int = 4
 
     def __post_init__(self) -> None:
         if self.blocks_per_program < 1 or self.num_warps < 1:
