@@ -21,12 +21,7 @@ Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barr
 - The promotion (DeepGEMM's 1D2D form): per k-tile, four k=32 ``wgmma`` into a fresh fp32
   fragment ``partial``, ``wait_group(0)``, the slot released, then ``acc += (sa * sb) * partial``
   in registers: a thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row,
-  4j+2, 4j+3 the row 8 below), so it reads two A scales and the tile's B scale a k-tile. The
-  A scales come with the slot: the k-tile's 128 rows of A's MN-major scales, one contiguous TMA
-  box at the item's first row (rows past the expert's end read the next expert's, or TMA's zero
-  fill: they only reach rows never stored); read per thread from global memory they were the
-  mainloop's largest stall with the wide items (ncu: long_scoreboard, lg_throttle). The B scale
-  (one float a k-tile and half) is a global load issued while the k-tile's wgmmas run. 64 + 64
+  4j+2, 4j+3 the row 8 below), so it reads two A scales and the tile's B scale a k-tile. 64 + 64
   fp32 registers a thread for acc and partial; ``wide``: the two halves one after the other
   through the one ``partial`` (64 + 64 + 64: two partials would not fit the 232 registers).
 - Epilogue: bf16 pairs (+ the bias row) from the registers, predicated at the expert's end
@@ -123,8 +118,8 @@ class BlockwiseGemmConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and A's 128 fp32 scales."""
-        return (TILE_M + self.halves * TILE_N) * TILE_K + TILE_M * 4
+        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes."""
+        return (TILE_M + self.halves * TILE_N) * TILE_K
 
 
 class BlockwiseGemmSm90:
@@ -169,19 +164,12 @@ class BlockwiseGemmSm90:
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
             (TILE_N, TILE_K))
-        # A's scales as (pad4(T), K/128), rows contiguous: a slot's box is a k-tile's 128 rows
-        mAScale_tk = cute.make_tensor(mAScale.iterator, cute.select(mAScale.layout, mode=[1, 0]))
-        scale_smem_layout = cute.make_layout((TILE_M, 1, self.stages), stride=(1, TILE_M, TILE_M))
-        tma_atom_sa, tma_sa = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mAScale_tk, cute.slice_(scale_smem_layout, (None, None, 0)),
-            (TILE_M, 1))
         fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.a_dtype, Float8E4M3FN)
-        fields["sAScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
         if const_expr(self.config.wide):
             fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(b_smem_layout))  # the second half's B tiles
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(tma_atom_a, tma_a, tma_atom_sa, tma_sa, tma_atom_b, tma_b, mBScale, mBias, mRowStart,
-                           mTileStart, mD, tiled_mma, a_smem_layout, b_smem_layout, scale_smem_layout),
+        launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mBias, mRowStart, mTileStart, mD,
+                           tiled_mma, a_smem_layout, b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -189,8 +177,7 @@ class BlockwiseGemmSm90:
         self,
         tma_atom_a: cute.CopyAtom,
         mA: cute.Tensor,  # TMA coordinates of A (T, K)
-        tma_atom_sa: cute.CopyAtom,
-        mAScale: cute.Tensor,  # TMA coordinates of A's scales (pad4(T), K/128)
+        mAScale: cute.Tensor,
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
         mBScale: cute.Tensor,
@@ -201,15 +188,12 @@ class BlockwiseGemmSm90:
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,
         b_smem_layout: cute.ComposedLayout,
-        scale_smem_layout: cute.Layout,
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         halves = self.config.halves
-        sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
-                                          a_dtype=self.a_dtype, b_dtype=Float8E4M3FN)
-        sAScale = storage.sAScale.get_tensor(scale_smem_layout)
-        stage_bytes = tile_bytes + cute.size_in_bytes(Float32, cute.slice_(scale_smem_layout, (None, None, 0)))
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
+                                           a_dtype=self.a_dtype, b_dtype=Float8E4M3FN)
         sBs = [sB]
         if const_expr(halves == 2):
             sBs.append(storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
@@ -231,13 +215,9 @@ class BlockwiseGemmSm90:
                 gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
                 tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-                gS = cute.local_tile(cute.domain_offset((first_row, 0), mAScale), (TILE_M, 1), (0, None))
-                tSsS, tSgS = cute.nvgpu.cpasync.tma_partition(
-                    tma_atom_sa, 0, cute.make_layout(1), cute.group_modes(sAScale, 0, 2), cute.group_modes(gS, 0, 2))
                 state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
-                                        ((tma_atom_sa, tSgS, tSsS),
-                                         *((tma_atom_b, tBgB[(None, n_tile * halves + h, None, g)], tBsB)
-                                           for h, (tBsB, tBgB) in enumerate(b_parts))))
+                                        tuple((tma_atom_b, tBgB[(None, n_tile * halves + h, None, g)], tBsB)
+                                              for h, (tBsB, tBgB) in enumerate(b_parts)))
                 item += grid
             mainloop.producer_tail(state)
 
@@ -263,14 +243,14 @@ class BlockwiseGemmSm90:
                 b_tile = n_tile * halves  # the item's first 128-column weight tile row
                 for h in cutlass.range_constexpr(halves):
                     accs[h].fill(0.0)
-                # the B scales of k-tile 0, then each k-tile's next ones loaded while its wgmmas run
-                # (the loads' latency was the mainloop's largest stall: ncu, 2026-12-05); the second
-                # repeats the first when there is one half
-                b_scale0, b_scale1 = _b_scales(mBScale, g, b_tile, halves, Int32(0))
+                # the scales of k-tile 0, then each k-tile's next ones loaded while its wgmmas run
+                # (the loads' latency was the mainloop's largest stall: ncu, 2026-12-05); (sa * sb)
+                # of the thread's upper and lower row, per half (the second pair repeats the first
+                # when there is one half)
+                upper0, lower0, upper1, lower1 = _row_scales(mAScale, mBScale, g, b_tile, halves, Int32(0), first_row,
+                                                             end_row, rows)
                 for k_tile in range(k_tiles):
                     mainloop.consumer_wait(read_state)
-                    upper_a = sAScale[rows[0], 0, read_state.index]  # the thread's two rows' A scales
-                    lower_a = sAScale[rows[1], 0, read_state.index]
                     for h in cutlass.range_constexpr(halves):
                         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
                         cute.nvgpu.warpgroup.fence()
@@ -280,19 +260,19 @@ class BlockwiseGemmSm90:
                             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                         cute.nvgpu.warpgroup.commit_group()
                         if const_expr(h == halves - 1):
-                            next_b_scale0, next_b_scale1 = b_scale0, b_scale1
+                            next_upper0, next_lower0, next_upper1, next_lower1 = upper0, lower0, upper1, lower1
                             if k_tile + 1 < k_tiles:
-                                next_b_scale0, next_b_scale1 = _b_scales(mBScale, g, b_tile, halves, k_tile + 1)
+                                next_upper0, next_lower0, next_upper1, next_lower1 = _row_scales(
+                                    mAScale, mBScale, g, b_tile, halves, k_tile + 1, first_row, end_row, rows)
                         cute.nvgpu.warpgroup.wait_group(0)
                         if const_expr(h == halves - 1):
                             mainloop.consumer_release(read_state)
                             read_state.advance()
                         # promote: acc += (sa * sb) * partial
-                        b_scale = b_scale0 if h == 0 else b_scale1
-                        upper, lower = upper_a * b_scale, lower_a * b_scale
+                        upper, lower = (upper0, lower0) if h == 0 else (upper1, lower1)
                         for i in cutlass.range_constexpr(cute.size(partial)):
                             accs[h][i] = accs[h][i] + (upper if (i % 4) < 2 else lower) * partial[i]
-                    b_scale0, b_scale1 = next_b_scale0, next_b_scale1
+                    upper0, lower0, upper1, lower1 = next_upper0, next_lower0, next_upper1, next_lower1
                 for h in cutlass.range_constexpr(halves):
                     store_bf16_pairs(accs[h], out, thr_mma, tCcD, mD, mBias, g, b_tile + h, first_row, end_row,
                                      TILE_N)
@@ -300,14 +280,23 @@ class BlockwiseGemmSm90:
 
 
 @cute.jit
-def _b_scales(mBScale: cute.Tensor, g: Int32, b_tile: Int32, halves: cutlass.Constexpr, k_tile: Int32):
-    """The B scales of k-tile ``k_tile`` of weight tile row ``b_tile`` and, with two halves, of
-    ``b_tile + 1`` (the first twice with one half)."""
+def _row_scales(mAScale: cute.Tensor, mBScale: cute.Tensor, g: Int32, b_tile: Int32, halves: cutlass.Constexpr,
+                k_tile: Int32, first_row: Int32, end_row: Int32, rows: tuple):
+    """(sa * sb) of k-tile ``k_tile`` for the thread's two accumulator rows, with the B scale of
+    weight tile row ``b_tile`` and, with two halves, of ``b_tile + 1``: (upper, lower) of each
+    half, the first pair twice with one half (A's rows past the expert's end get 0: they are never
+    stored, and may lie past A's scale buffer)."""
+    upper_a = Float32(0.0)
+    lower_a = Float32(0.0)
+    if first_row + rows[0] < end_row:
+        upper_a = mAScale[k_tile, first_row + rows[0]]
+    if first_row + rows[1] < end_row:
+        lower_a = mAScale[k_tile, first_row + rows[1]]
     b0 = mBScale[g, b_tile, k_tile]
     b1 = b0
     if const_expr(halves == 2):
         b1 = mBScale[g, b_tile + 1, k_tile]
-    return b0, b1
+    return upper_a * b0, lower_a * b0, upper_a * b1, lower_a * b1
 
 
 def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
@@ -372,10 +361,7 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE_N} (two 128-column halves a work item), "
                          f"got N={n}")
     check_problem(_NAME, problem_support(tokens, n, k, experts))
-    check_tma_bases(a=a.data, b=b.data, a_scales=a.scale_inv)
-    if a.scale_inv.stride(1) != 1 or a.scale_inv.stride(0) % 4:
-        raise ValueError(f"a's scales (K/128, pad4(T)) must have contiguous rows 16-byte aligned (TMA boxes), got "
-                         f"strides {a.scale_inv.stride()}")
+    check_tma_bases(a=a.data, b=b.data)
     check_optional("bias", bias, (experts, n))
     if bias is not None and bias.dtype not in _BIAS_DTYPES:
         raise TypeError(f"bias must be one of {tuple(_BIAS_DTYPES)}, got {bias.dtype}")
