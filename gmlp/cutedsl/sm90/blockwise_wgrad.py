@@ -21,14 +21,12 @@ Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers
   the last one exact, and an empty expert's tile is zeros (or adds nothing to main_grad).
 - Warp-specialized: warp 0 the TMA producer; two consumer warpgroups, each 64 rows of the tile
   (m64n128k32 fp8 ``wgmma``, both operands K-major).
-- The scales travel with the data: each slot also holds, by TMA on the same full barrier, the
-  k-tile's 128 scales of A and of B (per half), one contiguous 512-byte box each: the launcher
-  hands the kernel MN-major copies of the operands' (features, pad4(n_blocks)) scales (a
-  transposed copy, 4 bytes a feature and block). Loaded by each thread from global memory (34
-  scattered loads a k-tile), they throttled the load/store unit (ncu on the H100: tensor pipe
-  16 %); as (128 features, 4 blocks) boxes of the feature-major layout, 16 bytes a feature,
-  they were 128 L2 requests a box, and L2 tag lookups (93 % of peak; sectors 51 %, as cuBLAS's)
-  were the limit (ncu 2026-12-05).
+- The scales travel with the data: each slot also holds, by TMA on the same full barrier, a
+  (128 rows, 4 blocks) fp32 box of A's and of B's scales, the 16-byte aligned group of four
+  blocks holding the k-tile's (a scale row is ``pad4(n_blocks)`` floats; a box started at the
+  block itself would start off a 16-byte boundary). Loaded by each thread from global memory
+  instead (34 scattered loads a k-tile), they throttled the load/store unit (ncu on the H100:
+  tensor pipe 16 %, ``lg_throttle`` the second stall).
 - The promotion: per k-tile, four k=32 ``wgmma`` into a fresh fp32 fragment ``partial``; while
   they run, the thread reads its scales of the block from the slot: its two rows' of A (m64
   layout: elements 4j, 4j+1 one row, 4j+2, 4j+3 the row 8 below) and its 32 columns' of B
@@ -91,6 +89,7 @@ __all__ = ["BlockwiseWgradConfig", "BlockwiseWgradSm90", "compile_blockwise_wgra
 
 _NAME = "blockwise wgrad"
 TILE = 128  # BM = BN = BK: output rows and columns (features), and one scale block of tokens
+SCALE_BOX = 4  # blocks of a scale box: 16 bytes of fp32, TMA's smallest inner extent and its alignment
 MMA_WARPGROUPS = 2  # each 64 rows of the tile
 _OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}  # torch -> cutlass dtype of the result
 _ADD_CHUNK = 16  # out pairs loaded together by the accumulating epilogue (32 spilled 104 bytes; 16 none)
@@ -127,7 +126,7 @@ class BlockwiseWgradConfig(StagedConfig):
 
     def stage_bytes(self) -> int:
         """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and their (128, 4) fp32 scale boxes."""
-        return (1 + self.halves) * (TILE * TILE + TILE * 4)
+        return (1 + self.halves) * (TILE * TILE + TILE * SCALE_BOX * 4)
 
 
 class BlockwiseWgradSm90(RegisterPaths):
@@ -151,9 +150,9 @@ class BlockwiseWgradSm90(RegisterPaths):
     def __call__(
         self,
         mA: cute.Tensor,  # (M, W) uint8: Q_col(A)'s fp8 bytes, K-major along the block-aligned tokens
-        mAScale: cute.Tensor,  # (M, pad4(n_blocks)) fp32, MN-major (stride (1, M))
+        mAScale: cute.Tensor,  # (M, pad4(n_blocks)) fp32
         mB: cute.Tensor,  # (N, W) uint8: Q_col(B)'s fp8 bytes
-        mBScale: cute.Tensor,  # (N, pad4(n_blocks)) fp32, MN-major
+        mBScale: cute.Tensor,  # (N, pad4(n_blocks)) fp32
         mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128), expert g's first block
         mOut: cute.Tensor,  # (E, M, N) fp32 / bf16, row-major
         num_ctas: Int32,
@@ -173,13 +172,13 @@ class BlockwiseWgradSm90(RegisterPaths):
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE, TILE))
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB, cute.slice_(b_smem_layout, (None, None, 0)), (TILE, TILE))
-        # a slot's scale box: the k-tile's 128 features (one block), contiguous in the MN-major scales
-        scale_smem_layout = cute.make_layout((TILE, 1, self.stages), stride=(1, TILE, TILE))
+        # a slot's scale box: (feature, block % 4), the 4 blocks of a row contiguous as in global memory
+        scale_smem_layout = cute.make_layout((TILE, SCALE_BOX, self.stages), stride=(SCALE_BOX, 1, TILE * SCALE_BOX))
         scale_box = cute.slice_(scale_smem_layout, (None, None, 0))
         tma_atom_sa, tma_sa = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mAScale, scale_box, (TILE, 1))
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mAScale, scale_box, (TILE, SCALE_BOX))
         tma_atom_sb, tma_sb = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mBScale, scale_box, (TILE, 1))
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mBScale, scale_box, (TILE, SCALE_BOX))
         fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.a_dtype, self.b_dtype)
         fields["sAScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
         fields["sBScale"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
@@ -239,16 +238,16 @@ class BlockwiseWgradSm90(RegisterPaths):
                 first_block = mTileStart[g]  # the expert's first block of tokens
                 k_tiles = mTileStart[g + 1] - first_block
                 tAsA, tAgA = _tma_tiles(tma_atom_a, cute.domain_offset((0, first_block * TILE), mA), sA, m_tile, TILE)
-                tSAsSA, tSAgSA = _tma_tiles(tma_atom_sa, mAScale, sAScale, m_tile, 1)
+                tSAsSA, tSAgSA = _tma_tiles(tma_atom_sa, mAScale, sAScale, m_tile, SCALE_BOX)
                 # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
                 b_loads = [(_tma_tiles(tma_atom_b, cute.domain_offset((0, first_block * TILE), mB), sBs[h],
                                        n_tile * halves + h, TILE),
-                            _tma_tiles(tma_atom_sb, mBScale, sBScales[h], n_tile * halves + h, 1))
+                            _tma_tiles(tma_atom_sb, mBScale, sBScales[h], n_tile * halves + h, SCALE_BOX))
                            for h in range(halves)]
                 for k_tile in range(k_tiles):
                     mainloop.producer_acquire(state)
                     barrier = mainloop.producer_get_barrier(state)
-                    box = first_block + k_tile  # the k-tile's block of scales
+                    box = (first_block + k_tile) // SCALE_BOX
                     cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
                     cute.copy(tma_atom_sa, tSAgSA[(None, box)], tSAsSA[(None, state.index)], tma_bar_ptr=barrier)
                     for (tBsB, tBgB), (tSBsSB, tSBgSB) in b_loads:
@@ -283,6 +282,8 @@ class BlockwiseWgradSm90(RegisterPaths):
                 for half in cutlass.range_constexpr(halves):
                     accs[half].fill(0.0)
                 for k_tile in range(k_tiles):
+                    block = first_block + k_tile
+                    in_box = block % SCALE_BOX
                     mainloop.consumer_wait(read_state)
                     stage = read_state.index
                     for half in cutlass.range_constexpr(halves):
@@ -296,12 +297,12 @@ class BlockwiseWgradSm90(RegisterPaths):
                         # the block's scales, read from the slot while the wgmmas run; with two
                         # halves the column scales are read as the promotion uses them (32 more
                         # registers spilled) and the slot is released after the last promotion
-                        upper = sAScale[rows[0], 0, stage]
-                        lower = sAScale[rows[1], 0, stage]
+                        upper = sAScale[rows[0], in_box, stage]
+                        lower = sAScale[rows[1], in_box, stage]
                         if const_expr(halves == 1):
                             for j in cutlass.range_constexpr(pairs):
                                 for h in cutlass.range_constexpr(2):
-                                    column_scales[2 * j + h] = sBScales[half][tCcD[4 * j + h][1], 0, stage]
+                                    column_scales[2 * j + h] = sBScales[half][tCcD[4 * j + h][1], in_box, stage]
                         cute.nvgpu.warpgroup.wait_group(0)
                         if const_expr(halves == 1):
                             mainloop.consumer_release(read_state)
@@ -310,7 +311,7 @@ class BlockwiseWgradSm90(RegisterPaths):
                             row_scale = upper if (i % 4) < 2 else lower
                             column_scale = column_scales[2 * (i // 4) + i % 2]
                             if const_expr(halves == 2):
-                                column_scale = sBScales[half][tCcD[i][1], 0, stage]
+                                column_scale = sBScales[half][tCcD[i][1], in_box, stage]
                             accs[half][i] = accs[half][i] + (row_scale * column_scale) * partial[i]
                     if const_expr(halves == 2):
                         mainloop.consumer_release(read_state)
@@ -339,12 +340,12 @@ def _item_tile(item: Int32, tiles_per_expert: Int32, n_tiles: Int32):
 
 def _fake_arguments(config: BlockwiseWgradConfig) -> tuple:
     """Symbolic stand-ins of the kernel's arguments: M, N multiples of 128, W of 128 (whole
-    blocks), the scales MN-major, their block strides multiples of 4 (16 bytes); E a runtime value."""
+    blocks), the scale rows' strides multiples of 4 (16 bytes); E a runtime value."""
     m, n, width = (cute.sym_int(divisibility=TILE) for _ in range(3))
     blocks, experts, starts = cute.sym_int(divisibility=4), cute.sym_int(), cute.sym_int()
     a, b = fake_matrix(Uint8, m, width, divisibility=16), fake_matrix(Uint8, n, width, divisibility=16)
-    a_scale = make_fake_tensor(Float32, (m, blocks), stride=(1, sym_stride(4)), assumed_align=ALIGN)
-    b_scale = make_fake_tensor(Float32, (n, blocks), stride=(1, sym_stride(4)), assumed_align=ALIGN)
+    a_scale = make_fake_tensor(Float32, (m, blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    b_scale = make_fake_tensor(Float32, (n, blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
     out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(sym_stride(), sym_stride(), 1),
                            assumed_align=ALIGN)
     return a, a_scale, b, b_scale, fake_vector(Int32, starts), out, Int32(1), fake_stream()
@@ -407,13 +408,11 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
             return out.zero_()
     if tokens == 0:
         return out  # nothing to add
-    # the scales MN-major, so that a k-tile's 128 are one contiguous TMA box (the module docstring)
-    a_scales, b_scales = (value.scale_inv.t().contiguous().t() for value in (a, b))
-    check_tma_bases(a=a.data, b=b.data, a_scales=a_scales, b_scales=b_scales)
+    check_tma_bases(a=a.data, b=b.data, a_scales=a.scale_inv, b_scales=b.scale_inv)
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
                                   b_format=b.element_format, wide=wide)
     items = experts * (m // TILE) * (n // config.tile_n)
     run(_compile, config, a.data.device, min(items, sm_count(a.data.device.index)), a.data.view(torch.uint8),
-        a_scales, b.data.view(torch.uint8), b_scales, groups.tile_start, out)
+        a.scale_inv, b.data.view(torch.uint8), b.scale_inv, groups.tile_start, out)
     return out
