@@ -30,7 +30,7 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
-           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "cta_roles", "mma_thread",
+           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles", "mma_thread",
            "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline", "make_turns",
            "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major", "a_tiles",
            "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "skip_k_tiles",
@@ -88,6 +88,20 @@ class StagedConfig:
     def check_stages(self) -> None:
         if self.stages is not None and not 2 <= self.stages <= self.max_stages():
             raise ValueError(f"stages must be in [2, {self.max_stages()}] for {self.slot_name()}, got {self.stages}")
+
+
+class WideItems:
+    """A config's ``wide`` field (a frozen dataclass's): work items of two 128-column halves side
+    by side, their B tiles in one slot (the blockwise GEMM and weight gradient; N % 256 == 0)."""
+
+    @property
+    def halves(self) -> int:
+        """128-column halves of a work item: its B tiles a slot."""
+        return 2 if self.wide else 1
+
+    @property
+    def tile_n(self) -> int:  # for StagedConfig's messages
+        return 128 * self.halves
 
 
 @cute.jit

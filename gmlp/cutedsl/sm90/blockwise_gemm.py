@@ -62,6 +62,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     THREADS_PER_WARPGROUP,
     StagedConfig,
+    WideItems,
     consumer_states,
     cta_roles,
     launch,
@@ -95,22 +96,13 @@ MMA_WARPGROUPS = 2  # each 64 rows of the tile
 
 
 @dataclass(frozen=True)
-class BlockwiseGemmConfig(StagedConfig):
+class BlockwiseGemmConfig(StagedConfig, WideItems):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     bias_dtype: torch.dtype | None = None  # FC2's b2 (E, N), bf16 or fp32, added before the rounding; None: none
     a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
-
-    @property
-    def halves(self) -> int:
-        """128-column halves of a work item: its B tiles a slot."""
-        return 2 if self.wide else 1
-
-    @property
-    def tile_n(self) -> int:  # for StagedConfig's messages
-        return TILE_N * self.halves
 
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:

@@ -68,6 +68,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     ALIGN,
     THREADS_PER_WARPGROUP,
     StagedConfig,
+    WideItems,
     consumer_states,
     cta_roles,
     launch,
@@ -98,7 +99,7 @@ _FP8 = {ElementFormat.E4M3: Float8E4M3FN, ElementFormat.E5M2: Float8E5M2}
 
 
 @dataclass(frozen=True)
-class BlockwiseWgradConfig(StagedConfig):
+class BlockwiseWgradConfig(StagedConfig, WideItems):
     """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
 
     out_dtype: torch.dtype = torch.float32  # of a new result (fp32 with accumulate)
@@ -107,15 +108,6 @@ class BlockwiseWgradConfig(StagedConfig):
     b_format: ElementFormat = ElementFormat.E4M3  # B's (a, x: E4M3; dh's E5M2 never meets an E5M2 B)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves an n-tile (N % 256 == 0; see the module docstring)
-
-    @property
-    def halves(self) -> int:
-        """128-column halves of an n-tile: its B tiles (and B scale boxes) a slot."""
-        return 2 if self.wide else 1
-
-    @property
-    def tile_n(self) -> int:  # for StagedConfig's messages
-        return TILE * self.halves
 
     def __post_init__(self):
         if self.out_dtype not in _OUT_DTYPES:
