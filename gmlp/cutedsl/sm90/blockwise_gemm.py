@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
@@ -43,6 +42,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90._blockwise_mainloop import TILE_K, TILE_N, BRows, produce_items, promoted_k_tiles
 from gmlp.cutedsl.sm90._compile import (
     CompiledKernel,
     compile_ahead,
@@ -63,12 +63,12 @@ from gmlp.cutedsl.sm90._pipeline import (
     THREADS_PER_WARPGROUP,
     StagedConfig,
     WideItems,
+    consumer_fragments,
     consumer_states,
     cta_roles,
     launch,
     mainloop_fields,
     make_mainloop_pipeline,
-    produce_k_tiles,
     register_split,
     shared_storage,
     slot_tensors,
@@ -89,8 +89,6 @@ __all__ = ["BlockwiseGemmConfig", "BlockwiseGemmSm90", "compile_blockwise_gemm",
            "grouped_gemm_fp8_blockwise"]
 
 _NAME = "blockwise GEMM"
-TILE_N = 128  # one weight tile row: one B scale per k-tile
-TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}  # torch -> cutlass dtype of a bias
 MMA_WARPGROUPS = 2  # each 64 rows of the tile
 
@@ -197,28 +195,13 @@ class BlockwiseGemmSm90:
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
-            b_parts = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                                        cute.group_modes(gB, 0, 2)) for s in sBs]
-            item = bidx
-            while item < items.count:
-                g, _, n_tile, first_row, _ = items.tile(item)
-                gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
-                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                    tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-                state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
-                                        tuple((tma_atom_b, tBgB[(None, n_tile * halves + h, None, g)], tBsB)
-                                              for h, (tBsB, tBgB) in enumerate(b_parts)))
-                item += grid
-            mainloop.producer_tail(state)
+            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_b, mB, sBs,
+                          BRows(halves, 1))
 
         if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
             mma_tidx = tidx - THREADS_PER_WARPGROUP
-            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
-            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
-            tCrBs = [tiled_mma.make_fragment_B(thr_mma_wg.partition_B(s)) for s in sBs]
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, sBs)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
@@ -226,69 +209,19 @@ class BlockwiseGemmSm90:
             partial = cute.make_rmem_tensor(tCcD.shape, Float32)
             out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
             read_state, _ = consumer_states(self.stages)
-            k_blocks = cute.size(tCrA, mode=[2])
             # the thread's two accumulator rows (m64 layout: elements 4j, 4j+1 and 4j+2, 4j+3)
             rows = (tCcD[0][0], tCcD[2][0])
             item = bidx
             while item < items.count:
                 g, _, n_tile, first_row, end_row = items.tile(item)
-                b_tile = n_tile * halves  # the item's first 128-column weight tile row
+                rows_b = BRows(halves, 1).of(n_tile, halves)
+                tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, accs,
+                                                         partial, mAScale, mBScale, g, rows_b, first_row, end_row,
+                                                         rows)
                 for h in cutlass.range_constexpr(halves):
-                    accs[h].fill(0.0)
-                # the scales of k-tile 0, then each k-tile's next ones loaded while its wgmmas run
-                # (the loads' latency was the mainloop's largest stall: ncu, 2026-12-05); (sa * sb)
-                # of the thread's upper and lower row, per half (the second pair repeats the first
-                # when there is one half)
-                upper0, lower0, upper1, lower1 = _row_scales(mAScale, mBScale, g, b_tile, halves, Int32(0), first_row,
-                                                             end_row, rows)
-                for k_tile in range(k_tiles):
-                    mainloop.consumer_wait(read_state)
-                    for h in cutlass.range_constexpr(halves):
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        cute.nvgpu.warpgroup.fence()
-                        for k_block in cutlass.range_constexpr(k_blocks):
-                            slot = (None, None, k_block, read_state.index)
-                            cute.gemm(tiled_mma, partial, tCrA[slot], tCrBs[h][slot], partial)
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                        cute.nvgpu.warpgroup.commit_group()
-                        if const_expr(h == halves - 1):
-                            next_upper0, next_lower0, next_upper1, next_lower1 = upper0, lower0, upper1, lower1
-                            if k_tile + 1 < k_tiles:
-                                next_upper0, next_lower0, next_upper1, next_lower1 = _row_scales(
-                                    mAScale, mBScale, g, b_tile, halves, k_tile + 1, first_row, end_row, rows)
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        if const_expr(h == halves - 1):
-                            mainloop.consumer_release(read_state)
-                            read_state.advance()
-                        # promote: acc += (sa * sb) * partial
-                        upper, lower = (upper0, lower0) if h == 0 else (upper1, lower1)
-                        for i in cutlass.range_constexpr(cute.size(partial)):
-                            accs[h][i] = accs[h][i] + (upper if (i % 4) < 2 else lower) * partial[i]
-                    upper0, lower0, upper1, lower1 = next_upper0, next_lower0, next_upper1, next_lower1
-                for h in cutlass.range_constexpr(halves):
-                    store_bf16_pairs(accs[h], out, thr_mma, tCcD, mD, mBias, g, b_tile + h, first_row, end_row,
+                    store_bf16_pairs(accs[h], out, thr_mma, tCcD, mD, mBias, g, rows_b[h], first_row, end_row,
                                      TILE_N)
                 item += grid
-
-
-@cute.jit
-def _row_scales(mAScale: cute.Tensor, mBScale: cute.Tensor, g: Int32, b_tile: Int32, halves: cutlass.Constexpr,
-                k_tile: Int32, first_row: Int32, end_row: Int32, rows: tuple):
-    """(sa * sb) of k-tile ``k_tile`` for the thread's two accumulator rows, with the B scale of
-    weight tile row ``b_tile`` and, with two halves, of ``b_tile + 1``: (upper, lower) of each
-    half, the first pair twice with one half (A's rows past the expert's end get 0: they are never
-    stored, and may lie past A's scale buffer)."""
-    upper_a = Float32(0.0)
-    lower_a = Float32(0.0)
-    if first_row + rows[0] < end_row:
-        upper_a = mAScale[k_tile, first_row + rows[0]]
-    if first_row + rows[1] < end_row:
-        lower_a = mAScale[k_tile, first_row + rows[1]]
-    b0 = mBScale[g, b_tile, k_tile]
-    b1 = b0
-    if const_expr(halves == 2):
-        b1 = mBScale[g, b_tile + 1, k_tile]
-    return upper_a * b0, lower_a * b0, upper_a * b1, lower_a * b1
 
 
 def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:

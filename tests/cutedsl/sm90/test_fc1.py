@@ -30,6 +30,7 @@ from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_m
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, adversarial_matrix, config_id, parametrize_quick
 from tests.support.sm90 import assert_same_bits, check_fc1_ptx, fc1_operands, on_sm90, tuned_knobs
+from tests.support.warp import THREADS, WarpOps
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -265,30 +266,6 @@ def test_launcher_refuses_bad_operands():
 # CPU model of the MXFP8 epilogue: its shuffle steps and index functions on a simulated warp
 # ---------------------------------------------------------------------------------------------
 
-_THREADS = torch.arange(256)  # the consumer threads
-
-
-class _WarpOps:
-    """gmlp.cutedsl.sm90._quantize_epilogue's warp operations on (256,) int64 tensors holding
-    one value per consumer thread (a shuffle stays within the thread's warp)."""
-
-    @staticmethod
-    def lane_bit(lane, offset):
-        return (lane & offset) != 0
-
-    @staticmethod
-    def select(condition, if_value, else_value):
-        return torch.where(condition, if_value, else_value)
-
-    @staticmethod
-    def shuffle_xor(value, offset):
-        return value[_THREADS ^ offset]
-
-    @staticmethod
-    def maximum(a, b):
-        return torch.maximum(a, b)
-
-
 def _amax_keys(values: torch.Tensor) -> torch.Tensor:
     """The quantize kernel's fp32 amax keys (_amax_keys): 2 x + 0xFFFFFF mod 2**32, NaN below 0."""
     bits = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -311,7 +288,7 @@ def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: Scal
     transposed tile read back from sQ (128 columns, 128 rows)); -1 where nothing is written."""
     from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
 
-    lane, warp = _THREADS % 32, _THREADS // 32
+    lane, warp = THREADS % 32, THREADS // 32
     valid_rows = min(limits[0], 128)
     coordinates = torch.tensor([[epi._fragment_coordinate(t, v) for v in range(64)] for t in range(256)])
     rows, cols = coordinates[..., 0], coordinates[..., 1]  # (256, 64)
@@ -329,14 +306,14 @@ def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: Scal
     for s in range(2):
         block_keys = [torch.stack([keys[:, v(s, j, h)] for j in range(4 * b, 4 * b + 4) for h in (0, 1)]).amax(0)
                       for b in range(4)]
-        (key,) = epi._reduce_scatter(block_keys, lane, epi.row_block_offsets(), _WarpOps)
+        (key,) = epi._reduce_scatter(block_keys, lane, epi.row_block_offsets(), WarpOps)
         assert all(epi.owned_index(t % 32, epi.row_block_offsets(), 0, 4) == t % 4 for t in range(256))
         slot_scales.append(scale(key))
         row = rows[:, v(s, 0, 0)]
         store = (row < limits[0]) & (32 * (lane % 4) < limits[1])
         row_scales[row[store], (lane % 4)[store]] = slot_scales[s][store]
     packed = slot_scales[0] | (slot_scales[1] << 8)
-    quad = [packed[(_THREADS & ~3) | b] for b in range(4)]  # the index shuffles of the quad
+    quad = [packed[(THREADS & ~3) | b] for b in range(4)]  # the index shuffles of the quad
     for s in range(2):
         for j in range(16):
             for h in (0, 1):
@@ -347,7 +324,7 @@ def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: Scal
 
     # Q_col: per column its two slots, reduce-scatter over the column's lanes, the other warp's keys
     column_keys = [torch.maximum(keys[:, v(0, k // 2, k % 2)], keys[:, v(1, k // 2, k % 2)]) for k in range(32)]
-    owned = epi._reduce_scatter(column_keys, lane, epi.column_offsets(), _WarpOps)
+    owned = epi._reduce_scatter(column_keys, lane, epi.column_offsets(), WarpOps)
     partner = (warp ^ 1) * 32 + lane  # sKeys[warp ^ 1, lane]
     scales = [scale(torch.maximum(k, k[partner])) for k in owned]
     col_scales = torch.full((128, 4), -1, dtype=torch.int64)
@@ -360,7 +337,7 @@ def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: Scal
         store = (warp % 2 == 0) & (32 * block < valid_rows) & (column < limits[1])
         col_scales[column[store], block[store]] = scales[r][store]
     packed = scales[0] | (scales[1] << 8) | (scales[2] << 16) | (scales[3] << 24)
-    words = epi._all_gather([packed], lane, epi.column_offsets()[::-1], _WarpOps)
+    words = epi._all_gather([packed], lane, epi.column_offsets()[::-1], WarpOps)
     sq = torch.full((128 * 128,), -1, dtype=torch.int64)
     for j in range(16):
         for s in range(2):

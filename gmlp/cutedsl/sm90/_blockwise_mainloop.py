@@ -1,0 +1,135 @@
+"""The promoted fp8 mainloop of the sm_90a FP8 blockwise token-row kernels (the grouped GEMM,
+FC1, FC2 dgrad): DeepGEMM's 1D2D form, one or two 128-column halves a work item.
+
+- Producer (warp 0): per work item and k-tile, one slot with A's (128 rows, 128) fp8 k-tile at
+  the expert's first row and one (128, 128) B k-tile a half, from weight tile rows ``BRows``
+  of the item's n-tile (the grouped GEMM: two adjacent tile rows; FC1: the gate and up rows,
+  F / 128 apart).
+- Consumers (two warpgroups of 64 rows): per k-tile and half, four k=32 ``wgmma`` into a fresh
+  fp32 fragment ``partial``, ``wait_group(0)``, then ``acc += (sa * sb) * partial`` in
+  registers. A thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row, 4j+2,
+  4j+3 the row 8 below), so it reads two A scales and the half's B scale a k-tile; the next
+  k-tile's scales are loaded while the last half's wgmmas run (the loads' latency was the
+  mainloop's largest stall: ncu, 2026-12-05). The slot is released after the last half's wait.
+  Registers: 64 fp32 a half for acc and 64 for the one ``partial`` (two partials would not fit
+  the 232 of a consumer thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, const_expr
+
+from gmlp.cutedsl.sm90._pipeline import produce_k_tiles
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+
+__all__ = ["TILE_N", "TILE_K", "BRows", "produce_items", "promoted_k_tiles"]
+
+TILE_N = 128  # one weight tile row: one B scale per k-tile
+TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
+
+
+@dataclass(frozen=True)
+class BRows:
+    """The weight tile rows of a work item's halves: half h of n-tile n reads tile row
+    ``n * stride + h * offset`` (the grouped GEMM: stride = halves, offset 1; FC1: stride 1,
+    offset F / 128, the up rows)."""
+
+    stride: int
+    offset: object  # int or a runtime Int32
+
+    def of(self, n_tile, halves: int) -> tuple:
+        """(row of half 0, row of half 1); with one half both are half 0's."""
+        first = n_tile * self.stride
+        return (first, first + self.offset) if halves == 2 else (first, first)
+
+
+@cute.jit
+def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: Int32, step: Int32, k_tiles: Int32,
+                  tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, tma_atom_b: cute.CopyAtom,
+                  mB: cute.Tensor, sBs: list, b_rows: BRows):
+    """The producer warp: for the CTA's work items (``item``, ``item + step``, ...), every k-tile's
+    A tile and one B tile a half of ``sBs`` (``mB``: TMA coordinates (N, K, E)); then waits
+    until the consumers freed every slot."""
+    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
+    b_parts = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                                cute.group_modes(gB, 0, 2)) for s in sBs]
+    while item < items.count:
+        g, _, n_tile, first_row, _ = items.tile(item)
+        rows = b_rows.of(n_tile, len(sBs))
+        gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
+                                tuple((tma_atom_b, tBgB[(None, rows[h], None, g)], tBsB)
+                                      for h, (tBsB, tBgB) in enumerate(b_parts)))
+        item += step
+    mainloop.producer_tail(state)
+
+
+@cute.jit
+def promoted_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, k_tiles: Int32, tCrA: cute.Tensor,
+                     tCrBs: list, accs: list, partial: cute.Tensor, mAScale: cute.Tensor, mBScale: cute.Tensor,
+                     g: Int32, rows_b: tuple, first_row: Int32, end_row: Int32, rows: tuple):
+    """One work item's promoted mainloop into ``accs`` (one fragment a half, overwritten):
+    ``rows_b`` the halves' weight tile rows (``BRows.of``), ``rows`` the thread's two accumulator
+    rows. Returns (tiled_mma, read_state): the caller rebinds both, so the tracer carries them
+    (the MMA's ACCUMULATE field and the state) across its work-item loop."""
+    halves = len(accs)
+    k_blocks = cute.size(tCrA, mode=[2])
+    for h in cutlass.range_constexpr(halves):
+        accs[h].fill(0.0)
+    # (sa * sb) of the thread's upper and lower row, per half (the second pair repeats the first
+    # with one half): k-tile 0's, then each k-tile's next ones loaded while its wgmmas run
+    upper0, lower0, upper1, lower1 = _row_scales(mAScale, mBScale, g, rows_b, halves, Int32(0), first_row, end_row,
+                                                 rows)
+    for k_tile in range(k_tiles):
+        mainloop.consumer_wait(read_state)
+        for h in cutlass.range_constexpr(halves):
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            cute.nvgpu.warpgroup.fence()
+            for k_block in cutlass.range_constexpr(k_blocks):
+                slot = (None, None, k_block, read_state.index)
+                cute.gemm(tiled_mma, partial, tCrA[slot], tCrBs[h][slot], partial)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.nvgpu.warpgroup.commit_group()
+            if const_expr(h == halves - 1):
+                next_upper0, next_lower0, next_upper1, next_lower1 = upper0, lower0, upper1, lower1
+                if k_tile + 1 < k_tiles:
+                    next_upper0, next_lower0, next_upper1, next_lower1 = _row_scales(
+                        mAScale, mBScale, g, rows_b, halves, k_tile + 1, first_row, end_row, rows)
+            cute.nvgpu.warpgroup.wait_group(0)
+            if const_expr(h == halves - 1):
+                mainloop.consumer_release(read_state)
+                read_state.advance()
+            # promote: acc += (sa * sb) * partial
+            upper, lower = (upper0, lower0) if h == 0 else (upper1, lower1)
+            for i in cutlass.range_constexpr(cute.size(partial)):
+                accs[h][i] = accs[h][i] + (upper if (i % 4) < 2 else lower) * partial[i]
+        upper0, lower0, upper1, lower1 = next_upper0, next_lower0, next_upper1, next_lower1
+    return tiled_mma, read_state
+
+
+@cute.jit
+def _row_scales(mAScale: cute.Tensor, mBScale: cute.Tensor, g: Int32, rows_b: tuple, halves: cutlass.Constexpr,
+                k_tile: Int32, first_row: Int32, end_row: Int32, rows: tuple):
+    """(sa * sb) of k-tile ``k_tile`` for the thread's two accumulator rows with the B scale of
+    weight tile row ``rows_b[0]`` and, with two halves, of ``rows_b[1]``: (upper, lower) of each
+    half, the first pair twice with one half (A's rows past the expert's end get 0: they are never
+    stored, and may lie past A's scale buffer)."""
+    upper_a = Float32(0.0)
+    lower_a = Float32(0.0)
+    if first_row + rows[0] < end_row:
+        upper_a = mAScale[k_tile, first_row + rows[0]]
+    if first_row + rows[1] < end_row:
+        lower_a = mAScale[k_tile, first_row + rows[1]]
+    b0 = mBScale[g, rows_b[0], k_tile]
+    b1 = b0
+    if const_expr(halves == 2):
+        b1 = mBScale[g, rows_b[1], k_tile]
+    return upper_a * b0, lower_a * b0, upper_a * b1, lower_a * b1

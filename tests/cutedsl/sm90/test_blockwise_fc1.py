@@ -1,0 +1,187 @@
+"""The CuTeDSL sm_90a FC1 of the FP8 blockwise recipe (gmlp.cutedsl.sm90.blockwise_fc1), compiled
+without a GPU, with checks on its PTX and the cubin's resources, its problem rules and argument
+errors, a CPU model of its epilogue's column scatter and gather, and (marker ``gpu``, H100/H200
+only) run against the Triton twin: bit for bit on operands whose sums are exact (both kernels'
+accumulators are then the same fp32 values, and the epilogues' operations are the same), within
+the cross-check's bound on random operands."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gmlp.contract.activations import Activation, ActivationKind, activation_from
+from gmlp.cutedsl import import_error
+from tests.support.ptx import check_register_split, kernel_resources, sass
+from tests.support.sm90 import on_sm90
+from tests.support.warp import THREADS, WarpOps
+
+_IMPORT_ERROR = import_error()
+pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
+
+
+@pytest.mark.parametrize(("activation", "bias", "probs", "power_of_two"),
+                         [("swiglu", torch.float32, torch.float32, True), ("srelu", torch.bfloat16, torch.bfloat16, True),
+                          ("geglu", None, None, False)], ids=["swiglu-fp32", "srelu-bf16", "geglu-fp32-scales"])
+def test_compiles_to_fp8_wgmma_with_no_spills(activation, bias, probs, power_of_two):
+    from gmlp.cutedsl.sm90.blockwise_fc1 import BlockwiseFC1Config, compile_blockwise_fc1
+
+    config = BlockwiseFC1Config(activation_from(activation), bias_dtype=bias, probs_dtype=probs,
+                                power_of_two=power_of_two)
+    compiled = compile_blockwise_fc1(config=config)
+    ptx = compiled.ptx
+    assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx  # a producer and two consumer warpgroups
+    # fp8 wgmma from shared memory, fp32 accumulators: four k32 steps a k-tile and half (gate, up)
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3 \{[^}]*\}, %rd\d+, "
+                        r"%rd\d+, %?\w+, 1,\s*1;", ptx)
+    assert len(wgmmas) == 4 * config.halves, len(wgmmas)
+    # the scales: IEEE divisions (no flush of a subnormal amax or scale_inv), fmax / amax and 1 / s
+    # of a row slot's two rows and a lane's four columns
+    assert len(re.findall(r"div\.rn\.f32", ptx)) >= 2 * (2 + 4)
+    assert re.search(r"bar\.sync\s+1, 256;", ptx)  # the epilogue's named barrier of the consumers
+    assert "ld.local" not in ptx and "st.local" not in ptx and ".ftz" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert "QGMMA.64x128x32" in code
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+
+
+def test_problem_rules():
+    from gmlp.cutedsl.sm90.blockwise_fc1 import problem_support
+
+    assert problem_support(16384, 7168, 2048, 32) is None  # DeepSeek-V3's FC1
+    assert problem_support(0, 128, 128, 1) is None  # an empty batch
+    assert "multiples of 128" in problem_support(100, 7168, 2000, 32).message
+    assert "multiples of 128" in problem_support(100, 7100, 2048, 32).message
+    assert "outside [1," in problem_support(100, 128, 128, 0).message
+
+
+def test_launcher_argument_errors():
+    from gmlp.cutedsl.sm90.blockwise_fc1 import fc1_forward_blockwise
+    from gmlp.fp8_blockwise.reference import quantize_fp8_blockwise_ref, quantize_weights_fp8_blockwise_ref
+
+    swiglu = Activation(ActivationKind.SWIGLU)
+    splits = torch.tensor([4, 4])
+    x = quantize_fp8_blockwise_ref(torch.randn(8, 256).bfloat16(), columnwise=True)
+    w1 = quantize_weights_fp8_blockwise_ref(torch.randn(2, 256, 256).bfloat16())
+    kwargs = dict(ffn_hidden_size=128, activation=swiglu)
+    with pytest.raises(TypeError, match="x must be an FP8BlockwiseTensor with 1x128 blocks"):
+        fc1_forward_blockwise(x.columnwise, w1, splits, **kwargs)
+    x_e5m2 = quantize_fp8_blockwise_ref(torch.randn(8, 256).bfloat16(), element_format="e5m2")
+    with pytest.raises(ValueError, match="x must be E4M3 .*, got e5m2"):
+        fc1_forward_blockwise(x_e5m2.rowwise, w1, splits, **kwargs)
+    with pytest.raises(ValueError, match=r"w1 must be a contiguous \(2, 512, 256\) for swiglu with F=256"):
+        fc1_forward_blockwise(x.rowwise, w1, splits, ffn_hidden_size=256, activation=swiglu)
+    with pytest.raises(ValueError, match="F=100 must be positive multiples of 128"):
+        fc1_forward_blockwise(x.rowwise, w1, splits, ffn_hidden_size=100, activation=activation_from("srelu"))
+    with pytest.raises(ValueError, match="x and w1 must be 16-byte aligned CUDA tensors, got x on cpu"):
+        fc1_forward_blockwise(x.rowwise, w1, splits, **kwargs)
+
+
+def test_epilogue_column_gather_order():
+    """The columnwise scales' path on a simulated warp: each lane's 4 column keys after the
+    reduce-scatter over the column's 8 lanes, gathered back as 4 words a lane, leave word k of
+    every thread holding its thread column k's amax over the warp's 16 rows (the order the
+    quantize into sQ reads them in)."""
+    from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
+
+    lane = THREADS % 32
+    keys = torch.randint(0, 2**31, (256, 32), dtype=torch.int64)  # a thread's 32 column keys (2 rows reduced)
+    owned = epi._reduce_scatter([keys[:, k] for k in range(32)], lane, epi.column_offsets(), WarpOps)
+    words = epi._all_gather(owned, lane, epi.column_offsets()[::-1], WarpOps)
+    column_lanes = (THREADS[:, None] & ~28) | (torch.arange(8) << 2)  # the 8 lanes of a thread's columns
+    for k in range(32):
+        assert torch.equal(words[k], keys[column_lanes, k].amax(1)), k
+
+
+# ---------------------------------------------------------------------------------------------
+# On the GPU, against the Triton twin
+# ---------------------------------------------------------------------------------------------
+
+_SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]]
+
+
+def _exact_operands(splits: list[int], hidden: int, n1: int):
+    """Q_row(x) and W1's tiles whose GEMM sums are exact in fp32 and in the fp8 wgmma's
+    accumulation: small integer elements (|q| <= 3) and power-of-two scales."""
+    from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor
+    from gmlp.fp8_blockwise.layout import padded
+    from gmlp.mxfp8.spec import ElementFormat
+
+    tokens, experts = sum(splits), len(splits)
+    split_sizes = torch.tensor(splits, device="cuda")
+    fp8 = torch.float8_e4m3fn
+
+    def power_of_two(shape):
+        return 2.0 ** torch.randint(-4, 3, shape, device="cuda").float()
+
+    x_scales = torch.ones(hidden // 128, padded(tokens), device="cuda")
+    x_scales[:, :tokens] = power_of_two((hidden // 128, tokens))
+    x = FP8BlockwiseTensor(torch.randint(-3, 4, (tokens, hidden), device="cuda").to(fp8), x_scales,
+                           BlockShape.ROWWISE, ElementFormat.E4M3, True, split_sizes)
+    w1 = FP8BlockwiseTensor(torch.randint(-3, 4, (experts, n1, hidden), device="cuda").to(fp8),
+                            power_of_two((experts, n1 // 128, hidden // 128)), BlockShape.TILE, ElementFormat.E4M3,
+                            True)
+    return x, w1, split_sizes
+
+
+def _assert_same_outputs(got, want) -> None:
+    assert torch.equal(got.c.view(torch.int16), want.c.view(torch.int16))
+    for name in ("a_rowwise", "a_columnwise"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert torch.equal(g.data.view(torch.uint8), w.data.view(torch.uint8)), name
+        assert torch.equal(g.scale_inv.view(torch.int32), w.scale_inv.view(torch.int32)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
+@pytest.mark.parametrize(("activation", "bias_dtype", "probs_dtype", "power_of_two"),
+                         [("swiglu", torch.float32, torch.float32, True), ("geglu", torch.bfloat16, None, False),
+                          ("srelu", None, torch.bfloat16, True)], ids=["swiglu", "geglu-fp32-scales", "srelu"])
+def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, bias_dtype, probs_dtype, power_of_two):
+    from gmlp.cutedsl.sm90.blockwise_fc1 import fc1_forward_blockwise as cutedsl_fc1
+    from gmlp.triton_ref.blockwise_fc1 import fc1_forward_blockwise as triton_fc1
+
+    torch.manual_seed(0)
+    activation = activation_from(activation)
+    hidden, ffn = 512, 384
+    n1 = (2 if activation.gated else 1) * ffn
+    x, w1, split_sizes = _exact_operands(splits, hidden, n1)
+    tokens, experts = x.source_shape[0], len(splits)
+    b1 = None if bias_dtype is None else torch.randn(experts, n1, device="cuda").to(bias_dtype)
+    probs = None if probs_dtype is None else torch.rand(tokens, device="cuda").to(probs_dtype)
+    kwargs = dict(ffn_hidden_size=ffn, activation=activation, b1=b1, probs=probs, power_of_two=power_of_two)
+    _assert_same_outputs(cutedsl_fc1(x, w1, split_sizes, **kwargs), triton_fc1(x, w1, split_sizes, **kwargs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
+def test_within_the_cross_check_bound_on_random_operands(splits):
+    """Random operands: the accumulators differ by the two kernels' summation orders, so the
+    cross-check's comparison (c, Q_row(a), Q_col(a) within the bound of their GEMM's error through
+    the activation) must find nothing."""
+    from gmlp.cutedsl.sm90.blockwise_fc1 import fc1_forward_blockwise as cutedsl_fc1
+    from gmlp.debug.crosscheck import _compare
+    from gmlp.dispatch.sites import Op
+    from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+    from gmlp.triton_ref.blockwise_fc1 import fc1_forward_blockwise as triton_fc1
+    from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+
+    torch.manual_seed(0)
+    hidden, ffn, experts = 512, 256, len(splits)
+    split_sizes = torch.tensor(splits, device="cuda")
+    x = quantize_fp8_blockwise(torch.randn(sum(splits), hidden, device="cuda").bfloat16()).rowwise
+    w1 = quantize_weights_fp8_blockwise(torch.randn(experts, 2 * ffn, hidden, device="cuda").bfloat16() / 16)
+    probs = torch.rand(sum(splits), device="cuda")
+    args = (x, w1, split_sizes)
+    kwargs = dict(ffn_hidden_size=ffn, activation=Activation(ActivationKind.SWIGLU), probs=probs)
+    got, want = cutedsl_fc1(*args, **kwargs), triton_fc1(*args, **kwargs)
+    comparison = _compare(Op.BLOCKWISE_FC1, got, want, args, kwargs, None)
+    assert not comparison.mismatches, comparison.outputs
