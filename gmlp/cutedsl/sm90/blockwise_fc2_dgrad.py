@@ -1,0 +1,439 @@
+"""CuTeDSL sm_90a FC2 dgrad of the FP8 blockwise recipe with the fused activation backward:
+``da = Q_row(dy) @ W2_g`` promoted every 128 of H, then ``dprobs``, ``dh = act'(c) (da * probs)``
+written as Q_row(dh) (1 x 128 blocks) and Q_col(dh) (128 x 1 blocks, block-aligned) in the
+gradient format, and ``db1``.
+
+Twin of ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise`` (same arguments and outputs;
+da equal up to the fp8 ``wgmma`` chains' summation order, the epilogue's operations the same:
+the activation backward's (``_epilogue_math``, Triton's expression trees) and the spec's scales,
+so the bytes are Triton's wherever da is: checked bit for bit on exactly summable operands).
+
+Kernel design:
+
+- Mainloop: the blockwise grouped GEMM's (``_blockwise_mainloop``), one 128-column half a work
+  item: W2^T's tile row n (the transposed weight tiles, ``FP8BlockwiseTensor.transpose``). A slot
+  holds dy's k-tile and one W2^T k-tile (32 KB: 6 stages beside the epilogue's 20 KB). dy may be
+  E5M2 (``grad_format``): fp8 ``wgmma`` mixes it with the E4M3 weights.
+- Epilogue: one pass over the thread's column pairs (c's gate and up words loaded 16 pairs at a
+  time, ``DhEpilogue.load_c_pairs``; ``pair_backward``: dprobs' row partial of da * act(c), then
+  da * probs through act'), d gate into a second 64-value fragment and d up over da's (srelu: dh
+  over da); rows past the expert's end as zeros. Then each 128-column tile of dh (d gate at
+  column n, d up at F + n) is quantized both ways (``_blockwise_epilogue``) and, with
+  ``bias_grad``, its columns summed over the warp's 16 rows into ``dh_warp_sums[m_tile * 8 +
+  warp]`` (FC2 dgrad's MXFP8 scheme: the launcher adds the 8 warps, then each expert's tiles in
+  order: deterministic, no atomics). dprobs: the quad's row partials to ``dprobs_partial[row,
+  n]``, summed by the launcher in order. The columnwise blocks past the last expert's are zeroed
+  (scale 1.0) after the CTA's items.
+- Registers: the quantization of the d gate tile runs with d up's 64 values live beside it: the
+  consumers run at 240 (the producer at 24), FC2 dgrad's MXFP8 split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, Uint32, const_expr
+from cutlass.cute.runtime import make_fake_tensor
+
+from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.operands import token_scalars
+from gmlp.contract.outputs import FC2DgradOutput
+from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90._blockwise_epilogue import quantize_tile_blockwise, store_unused_blocks
+from gmlp.cutedsl.sm90._blockwise_mainloop import TILE_K, TILE_N, BRows, produce_items, promoted_k_tiles
+from gmlp.cutedsl.sm90._compile import (
+    CompiledKernel,
+    compile_ahead,
+    config_compiler,
+    fake_matrix,
+    fake_stream,
+    fake_vector,
+    sym_stride,
+)
+from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
+from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS, DhEpilogue
+from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import _bf16_pair
+from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
+from gmlp.cutedsl.sm90._pipeline import (
+    ALIGN,
+    ELEMENT_ALIGN,
+    THREADS_PER_WARPGROUP,
+    StagedConfig,
+    consumer_fragments,
+    consumer_states,
+    cta_roles,
+    launch,
+    mainloop_fields,
+    make_mainloop_pipeline,
+    register_split,
+    shared_storage,
+    slot_tensors,
+)
+from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
+from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
+from gmlp.mxfp8.spec import ElementFormat, enum_member
+
+__all__ = ["BlockwiseFC2DgradConfig", "BlockwiseFC2DgradSm90", "compile_blockwise_fc2_dgrad", "problem_support",
+           "fc2_dgrad_blockwise"]
+
+_NAME = "blockwise fc2 dgrad kernel"
+_CONSUMER_WARPGROUPS = 2  # 64 rows each
+_EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA's
+WARPS_PER_TILE = 8  # db1: one row of warp sums per consumer warp and tile
+_PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 24, 240  # 128 x 24 + 256 x 240 = 384 x 168
+_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
+_GRAD_FORMATS = (ElementFormat.E4M3, ElementFormat.E5M2)
+
+
+@dataclass(frozen=True)
+class BlockwiseFC2DgradConfig(StagedConfig):
+    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+
+    activation: Activation
+    grad_format: ElementFormat = ElementFormat.E4M3  # dy's and dh's fp8 format
+    probs_dtype: torch.dtype | None = None  # None: no probs (and no dprobs)
+    bias_grad: bool = False  # db1's warp sums
+    power_of_two: bool = True  # dh's scales truncated to powers of two (the recipe's default)
+    stages: int | None = None  # smem pipeline depth; None: as many as fit
+
+    def __post_init__(self):
+        check_activation(self.activation)
+        if self.grad_format not in _GRAD_FORMATS:
+            raise ValueError(f"grad_format must be one of {[f.value for f in _GRAD_FORMATS]}, got {self.grad_format}")
+        if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
+        self.check_stages()
+
+    def stage_bytes(self) -> int:
+        """One slot: dy's k-tile and a W2^T k-tile, of fp8 bytes."""
+        return (TILE_M + TILE_N) * TILE_K
+
+    def fixed_bytes(self) -> int:
+        return _quantize_epilogue.SMEM_BYTES  # the transposed fp8 tile and the amax keys
+
+    def slot_name(self) -> str:
+        return self.activation.name
+
+
+class BlockwiseFC2DgradSm90(DhEpilogue):
+    """The jit code (``__call__`` the host side, ``kernel`` the device side; module docstring)."""
+
+    def __init__(self, config: BlockwiseFC2DgradConfig):
+        self.config = config
+        self.activation = config.activation
+        self.gated = config.activation.gated
+        self.has_probs = config.probs_dtype is not None
+        self.bias_grad = config.bias_grad
+        self.e5m2 = config.grad_format is ElementFormat.E5M2
+        self.dy_dtype = Float8E5M2 if self.e5m2 else Float8E4M3FN
+        self.stages = config.num_stages()
+        self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.registers = register_split(self.threads, _PRODUCER_REGISTERS, _CONSUMER_REGISTERS)
+
+    @cute.jit
+    def __call__(
+        self,
+        mDy: cute.Tensor,  # (T, H) uint8: Q_row(dy)'s fp8 bytes (grad_format)
+        mDyScale: cute.Tensor,  # (H/128, pad4(T)) fp32, MN-major
+        mW: cute.Tensor,  # (E, F, H) uint8: W2^T's E4M3 bytes in 128 x 128 tiles, K-major
+        mWScale: cute.Tensor,  # (E, F/128, H/128) fp32
+        mC: cute.Tensor,  # (T, N1) bf16: the saved pre-activation
+        mProbs: cute.Tensor | None,  # (T,) fp32 or bf16
+        mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
+        mTileStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+        mDprobsPartial: cute.Tensor | None,  # (T, F/128) fp32
+        mWarpSums: cute.Tensor | None,  # (max tiles * 8, N1) fp32, zero-filled
+        mRowData: cute.Tensor,  # (T, N1) uint8: Q_row(dh)'s bytes
+        mRowScale: cute.Tensor,  # (N1/128, pad4(T)) fp32
+        mColData: cute.Tensor,  # (N1, 128 n_blocks) uint8: Q_col(dh)'s bytes, block-aligned
+        mColScale: cute.Tensor,  # (N1, pad4(n_blocks)) fp32
+        num_ctas: Int32,
+        stream,
+    ):
+        mDy = cute.recast_tensor(mDy, self.dy_dtype)
+        mW = cute.recast_tensor(mW, Float8E4M3FN)
+        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # L = experts
+        a_layout, b_layout = utils.LayoutEnum.from_tensor(mDy), utils.LayoutEnum.from_tensor(mW_nke)
+        tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dy_dtype, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+            (_CONSUMER_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
+        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, self.dy_dtype, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mDy, cute.slice_(a_smem_layout, (None, None, 0)),
+            (TILE_M, TILE_K))
+        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mW_nke, cute.slice_(b_smem_layout, (None, None, 0)),
+            (TILE_N, TILE_K))
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.dy_dtype, Float8E4M3FN)
+        fields.update(_quantize_epilogue.smem_fields())
+        self.shared_storage = shared_storage(fields)
+        check_fragment_layout(tiled_mma)  # the layout the epilogue's shuffles assume
+        launch(self.kernel(tma_atom_a, tma_a, mDyScale, tma_atom_b, tma_b, mWScale, mC, mProbs, mRowStart, mTileStart,
+                           mDprobsPartial, mWarpSums, mRowData, mRowScale, mColData, mColScale, tiled_mma,
+                           a_smem_layout, b_smem_layout),
+               num_ctas, self.threads, stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
+        mDyScale: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mW: cute.Tensor,  # TMA coordinates of W2^T (F, H, E)
+        mWScale: cute.Tensor,
+        mC: cute.Tensor,
+        mProbs: cute.Tensor | None,
+        mRowStart: cute.Tensor,
+        mTileStart: cute.Tensor,
+        mDprobsPartial: cute.Tensor | None,
+        mWarpSums: cute.Tensor | None,
+        mRowData: cute.Tensor,
+        mRowScale: cute.Tensor,
+        mColData: cute.Tensor,
+        mColScale: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem_layout: cute.ComposedLayout,
+        b_smem_layout: cute.ComposedLayout,
+    ):
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.dy_dtype,
+                                           b_dtype=Float8E4M3FN)
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
+                                          stage_bytes)
+        ffn = mW.shape[0]
+        items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
+        k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
+
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(self.registers[0])
+        if warp_idx == 0:  # producer: TMA loads of every (dy, W2^T) k-tile of this CTA's items
+            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_b, mW, [sB],
+                          BRows(1, 0))
+
+        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
+            cute.arch.setmaxregister_increase(self.registers[1])
+            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            lane = mma_tidx % 32
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
+            thr_mma = tiled_mma.get_slice(mma_tidx)
+            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
+            # ((2 columns, 2 rows, 16 column groups), 1, 1)
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+            fragment = pair_fragment(tCcD.shape)
+            acc = cute.make_rmem_tensor(fragment, Float32)  # da, then d up (srelu: dh)
+            partial = cute.make_rmem_tensor(fragment, Float32)
+            d_gate = cute.make_rmem_tensor(fragment, Float32) if const_expr(self.gated) else acc
+            c_words = cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32)  # c's gate and up words of 16 pairs
+            row_probs = cute.make_rmem_tensor((2,), Float32)
+            row_dprobs = cute.make_rmem_tensor((2,), Float32)
+            smem_q = _quantize_epilogue.smem_tensors(storage)
+            read_state, _ = consumer_states(self.stages)
+            rows = (tCcD[0][0], tCcD[2][0])  # the thread's two accumulator rows
+            outputs = (mRowData, mRowScale, mColData, mColScale)
+            fmax = (ElementFormat.E5M2 if self.e5m2 else ElementFormat.E4M3).max_normal
+            pairs = cute.size(tCcD) // 2
+            item = bidx
+            while item < items.count:
+                g, m_tile, n_tile, first_row, end_row = items.tile(item)
+                tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, [acc],
+                                                         partial, mDyScale, mWScale, g, (n_tile, n_tile), first_row,
+                                                         end_row, rows)
+                # epilogue at rows first_row + [0, 128) (those < end_row are the expert's), da columns col0 + [0, 128)
+                col0 = n_tile * TILE_N
+                limits = (end_row - first_row, ffn - col0)
+                if const_expr(self.has_probs):
+                    for slot in cutlass.range_constexpr(2):
+                        row_probs[slot] = Float32(0.0)
+                        row_dprobs[slot] = Float32(0.0)
+                        if rows[slot] < limits[0]:
+                            row_probs[slot] = mProbs[first_row + rows[slot]].to(Float32)
+                tile = (TILE_M, TILE_N)
+                tCgG = cute.recast_tensor(thr_mma.partition_C(
+                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
+                tCgU = None
+                if const_expr(self.gated):
+                    tCgU = cute.recast_tensor(thr_mma.partition_C(
+                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
+                for i in cutlass.range_constexpr(pairs):  # pair i: row slot i % 2 of column group i // 2
+                    if const_expr(i % C_WORD_PAIRS == 0):
+                        self.load_c_pairs(c_words, i, C_WORD_PAIRS, tCgG, tCgU, tCcD, limits)
+                    if cute.elem_less(tCcD[2 * i], limits):
+                        word = 2 * (i % C_WORD_PAIRS)
+                        gate = _bf16_pair(Uint32(c_words[word]))
+                        up = _bf16_pair(Uint32(c_words[word + 1])) if const_expr(self.gated) else gate
+                        # (d gate, d up) of the pair's two columns (srelu: (dh, None))
+                        d0, d1 = self.pair_backward(gate, up, (acc[2 * i], acc[2 * i + 1]), i % 2, row_probs,
+                                                    row_dprobs)
+                        d_gate[2 * i], d_gate[2 * i + 1] = d0[0], d1[0]
+                        if const_expr(self.gated):
+                            acc[2 * i], acc[2 * i + 1] = d0[1], d1[1]
+                    else:  # rows past the expert's end: zeros in both tiles
+                        d_gate[2 * i], d_gate[2 * i + 1] = Float32(0.0), Float32(0.0)
+                        if const_expr(self.gated):
+                            acc[2 * i], acc[2 * i + 1] = Float32(0.0), Float32(0.0)
+                if const_expr(self.has_probs):
+                    self.store_dprobs_partials(row_dprobs, tCcD, lane, limits, mDprobsPartial, first_row, n_tile)
+                sums_row = m_tile * WARPS_PER_TILE + mma_tidx // 32
+                halves = ((d_gate, col0), (acc, ffn + col0)) if const_expr(self.gated) else ((d_gate, col0),)
+                for h in cutlass.range_constexpr(len(halves)):
+                    values = [halves[h][0][v] for v in range(cute.size(partial))]
+                    quantize_tile_blockwise(values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, halves[h][1],
+                                            limits[0], m_tile, fmax, self.e5m2, self.config.power_of_two,
+                                            _EPILOGUE_BARRIER)
+                    if const_expr(self.bias_grad):
+                        _warp_column_sums(values, tCcD, lane, mWarpSums, sums_row, halves[h][1])
+                item += grid
+            store_unused_blocks(mColData, mColScale, mTileStart[items.num_experts], mRowData.shape[1] // TILE_N,
+                                bidx, grid, mma_tidx)
+
+
+@cute.jit
+def _warp_column_sums(values: list, tCcD: cute.Tensor, lane: Int32, mWarpSums: cute.Tensor, sums_row: Int32,
+                      col0: Int32):
+    """db1's partials of a dh tile: per column the thread's two rows (zeros past the expert's
+    end), the warp's 8 quads by butterflies, written by lanes 0-3 to mWarpSums[sums_row, col0 + c]."""
+    for j in cutlass.range_constexpr(cute.size(tCcD) // 4):
+        for c in cutlass.range_constexpr(2):
+            total = values[4 * j + c] + values[4 * j + 2 + c]  # row slots 0 and 1 of column 8j + 2 (lane % 4) + c
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=4)
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=8)
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=16)
+            if lane < 4:
+                mWarpSums[sums_row, col0 + tCcD[4 * j + c][1]] = total
+
+
+def _fake_arguments(config: BlockwiseFC2DgradConfig) -> tuple:
+    """Symbolic stand-ins of the kernel's arguments: T, H, F, E runtime values; H and F multiples of
+    128 (the recipe's blocks), the scale rows' strides multiples of 4 (16 bytes), c's row stride a
+    multiple of 8, Q_col(dh)'s rows of 128-byte blocks."""
+    rows, hidden, ffn = cute.sym_int(), cute.sym_int(divisibility=TILE_K), cute.sym_int(divisibility=TILE_N)
+    n1 = cute.sym_int(divisibility=TILE_N)
+    starts, experts, sum_rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    padded_rows, h_blocks, f_blocks, n1_blocks = cute.sym_int(divisibility=4), cute.sym_int(), cute.sym_int(), \
+        cute.sym_int()
+    token_columns, padded_blocks = cute.sym_int(divisibility=TILE_M), cute.sym_int(divisibility=4)
+    dy = fake_matrix(Uint8, rows, hidden, divisibility=16)
+    dy_scale = make_fake_tensor(Float32, (h_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    w = make_fake_tensor(Uint8, (experts, ffn, hidden), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
+    w_scale = make_fake_tensor(Float32, (experts, f_blocks, h_blocks), stride=(sym_stride(1), sym_stride(1), 1),
+                               assumed_align=4)
+    probs = dprobs_partial = warp_sums = None
+    if config.probs_dtype is not None:
+        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
+        dprobs_partial = fake_matrix(Float32, rows, f_blocks, divisibility=1, align=4)
+    if config.bias_grad:
+        warp_sums = fake_matrix(Float32, sum_rows, n1, divisibility=1, align=4)
+    row_data = fake_matrix(Uint8, rows, n1, divisibility=TILE_N)
+    row_scale = make_fake_tensor(Float32, (n1_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    col_data = fake_matrix(Uint8, n1, token_columns, divisibility=TILE_M)
+    col_scale = make_fake_tensor(Float32, (n1, padded_blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    return (dy, dy_scale, w, w_scale, fake_matrix(BFloat16, rows, n1), probs, fake_vector(Int32, starts),
+            fake_vector(Int32, starts), dprobs_partial, warp_sums, row_data, row_scale, col_data, col_scale, Int32(1),
+            fake_stream())
+
+
+_compile = config_compiler(BlockwiseFC2DgradSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
+
+
+def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
+    """None if the kernel runs a (T, H, F, E) problem, else why not."""
+    reason = _schedule.expert_count_reason(num_experts)
+    if reason is not None:
+        return reason
+    if hidden <= 0 or ffn <= 0 or hidden % TILE_K or ffn % TILE_N:
+        return Reason(ReasonKind.SHAPE, f"H={hidden} and F={ffn} must be positive multiples of 128 (the recipe's "
+                                        "blocks)")
+    n1 = (2 if gated else 1) * ffn
+    tiles = layout.columnwise_blocks(num_rows, num_experts)
+    if max(num_rows, n1, hidden, 128 * tiles) >= 2**31 or n1 * 128 * tiles >= 2**31:
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit "
+                                        "tile coordinates")
+    return None
+
+
+def compile_blockwise_fc2_dgrad(arch: str = "sm_90a", config: BlockwiseFC2DgradConfig | None = None, *,
+                                shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
+    """Compile the kernel for ``arch`` without a GPU (default config: swiglu, E4M3, no probs, no
+    bias_grad); returns it with its PTX and cubin. ``shape`` (T, H, F, E), when given, is checked
+    against ``problem_support``."""
+    config = config if config is not None else BlockwiseFC2DgradConfig(Activation(ActivationKind.SWIGLU))
+    reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
+    return compile_ahead(_NAME, _compile, config, arch, reason)
+
+
+def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor, split_sizes: torch.Tensor,
+                        *, activation: Activation, grad_format: ElementFormat | str = ElementFormat.E4M3,
+                        probs: torch.Tensor | None = None, bias_grad: bool = False, power_of_two: bool = True,
+                        groups: DeviceGroups | None = None) -> FC2DgradOutput:
+    """Steps 5-6 of the dataflow on Q_row(dy) (T, H) in ``grad_format`` and W2^T (E, F, H) E4M3 in
+    128 x 128 tiles, with the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh)
+    and Q_col(dh) in ``grad_format``, db1 with ``bias_grad``; no host sync. The contract of
+    ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``."""
+    require_block_shape(dy, "dy", BlockShape.ROWWISE)
+    require_block_shape(w2t, "w2t", BlockShape.TILE)
+    check_activation(activation)
+    grad_format = enum_member(ElementFormat, grad_format, "grad_format")
+    if dy.element_format is not grad_format:
+        raise ValueError(f"dy must be in grad_format ({grad_format.value}), got {dy.element_format.value}")
+    if w2t.element_format is not ElementFormat.E4M3:
+        raise ValueError(f"w2t must be E4M3 (the recipe's weights), got {w2t.element_format.value}")
+    tokens, hidden = dy.source_shape
+    experts = split_sizes.numel()
+    if w2t.data.dim() != 3 or w2t.data.shape[0] != experts or w2t.data.shape[2] != hidden \
+            or not w2t.data.is_contiguous():
+        raise ValueError(f"w2t must be a contiguous (E={experts}, F, H={hidden}), got {tuple(w2t.data.shape)}")
+    ffn = w2t.data.shape[1]
+    check_problem(_NAME, problem_support(tokens, hidden, ffn, experts, gated=activation.gated))
+    n1 = (2 if activation.gated else 1) * ffn
+    if tuple(c.shape) != (tokens, n1) or c.dtype != torch.bfloat16 or c.stride(1) != 1 or c.stride(0) % ELEMENT_ALIGN:
+        raise ValueError(f"c must be bf16 row-major ({tokens}, {n1}) with a row stride a multiple of {ELEMENT_ALIGN}, "
+                         f"got {c.dtype} {tuple(c.shape)} strides {c.stride()}")
+    check_tma_bases(dy=dy.data, w2t=w2t.data, c=c)
+    token_scalars("probs", probs, tokens)
+    config = BlockwiseFC2DgradConfig(activation, grad_format=grad_format,
+                                     probs_dtype=None if probs is None else probs.dtype, bias_grad=bias_grad,
+                                     power_of_two=power_of_two)
+    device = dy.data.device
+    groups = groups if groups is not None else device_groups(split_sizes, tokens)
+    num_tiles = layout.columnwise_blocks(tokens, experts)
+    n_tiles = ffn // TILE_N
+    # every (row, n-tile) partial is written (each row below its expert's end, by every n-tile of
+    # its m-tile): no zero fill
+    dprobs_partial = torch.empty(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
+    warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
+                 if bias_grad else None)
+    dh, dh_scales, dh_col, dh_col_scales = both_ways_buffers(tokens, n1, experts, grad_format, device)
+    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
+    if num_ctas == 0:  # no token: the columnwise blocks are all unused
+        dh_col.view(torch.uint8).zero_()
+        dh_col_scales.fill_(1.0)
+    run(_compile, config, device, num_ctas, dy.data.view(torch.uint8), dy.scale_inv, w2t.data.view(torch.uint8),
+        w2t.scale_inv, c, probs, groups.row_start, groups.tile_start, dprobs_partial, warp_sums, dh.view(torch.uint8),
+        dh_scales, dh_col.view(torch.uint8), dh_col_scales)
+    for scales in (dh_scales, dh_col_scales):
+        poison_scales_if_invalid(scales, groups, poison=float("nan"))
+    dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
+    db1 = None
+    if bias_grad:
+        tile_sums = warp_sums.view(-1, WARPS_PER_TILE, n1).sum(dim=1)  # fixed order
+        # each expert's tiles in order, one thread per output element: deterministic, no atomics
+        db1 = torch.segment_reduce(tile_sums, "sum", offsets=groups.tile_start, axis=0)
+    recipe = (grad_format, power_of_two, split_sizes)
+    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1,
+                          dh_rowwise=FP8BlockwiseTensor(dh, dh_scales, BlockShape.ROWWISE, *recipe),
+                          dh_columnwise=FP8BlockwiseTensor(dh_col, dh_col_scales, BlockShape.COLUMNWISE, *recipe,
+                                                           num_rows=tokens))
