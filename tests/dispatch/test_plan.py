@@ -33,6 +33,8 @@ from tests.support.backends import kernel_device
 RENAMED_API = ("cannot import name 'make_fake_compact_tensor' from 'cutlass.cute.runtime' "
                "(/opt/venv/lib/python3.12/site-packages/cutlass/cute/runtime.py)")
 GEMM_SITES = ("fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc2 wgrad", "fc1 wgrad")
+# the FP8 blockwise recipe's ops with an SM90 kernel (the quantizes run on Triton)
+SM90_BLOCKWISE_KERNELS = (Op.BLOCKWISE_FC1, Op.BLOCKWISE_GEMM, Op.BLOCKWISE_FC2_DGRAD, Op.BLOCKWISE_WGRAD)
 
 
 CACHED_ANSWERS = (paths._device_system_reason, gmlp.cutedsl.import_error, sm90_support.import_error)
@@ -438,8 +440,8 @@ def test_w1_stored_apart_runs_every_site_on_the_cutedsl_gemms(monkeypatch, layou
 def test_blockwise_recipe_sites_without_a_cutedsl_kernel_say_why(monkeypatch, capability):
     """On Hopper and Blackwell (simulated) the FP8 blockwise recipe's sites take Triton, each with
     CuTeDSL's reason (no blockwise kernel of the op; on SM100 the recipe; or the system's where
-    cutlass-dsl does not import here), except on SM90 the GEMM sites with an SM90 kernel (FC2, FC1
-    dgrad, the weight gradients); strict mode refuses at the first Triton site, and a forced
+    cutlass-dsl does not import here), except on SM90 the GEMM sites, which have an SM90 kernel
+    (FC1, FC2, FC2 dgrad, FC1 dgrad, the weight gradients); strict mode refuses at the first Triton site, and a forced
     CuTeDSL backend says why."""
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
@@ -450,14 +452,14 @@ def test_blockwise_recipe_sites_without_a_cutedsl_kernel_say_why(monkeypatch, ca
     cutedsl_imports = gmlp.cutedsl.import_error() is None
     for site, decision in plan.decisions.items():
         op = BLOCKWISE_SITES[site].op
-        if cutedsl_imports and capability == (9, 0) and op in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD):
+        if cutedsl_imports and capability == (9, 0) and op in SM90_BLOCKWISE_KERNELS:
             assert decision.path is Path.CUTEDSL, site
             continue
         assert decision.path is Path.TRITON, site
         reason = dict(decision.skipped)[Path.CUTEDSL]
         if not cutedsl_imports:
             continue
-        if op not in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD):
+        if op not in SM90_BLOCKWISE_KERNELS:
             assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernel of the FP8 blockwise recipe's" in str(reason)
         else:
             assert "FP8 blockwise recipe" in str(reason), (site, reason)
@@ -473,12 +475,12 @@ def test_blockwise_recipe_sites_without_a_cutedsl_kernel_say_why(monkeypatch, ca
 @pytest.mark.skipif(gmlp.cutedsl.import_error() is not None, reason="cutlass-dsl does not import here")
 @pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
 def test_blockwise_gemm_sites_take_cutedsl_on_hopper(monkeypatch, grad_format):
-    """FC2 and FC1 dgrad (E5M2 dh included) and the weight gradients take the SM90 kernels and the
-    other sites stay on Triton."""
+    """FC1, FC2, FC2 dgrad, FC1 dgrad (E5M2 dy and dh included) and the weight gradients take the
+    SM90 kernels; the quantizes stay on Triton."""
     from gmlp.dispatch.sites import BLOCKWISE_SITES
 
     device = _gpu(monkeypatch, (9, 0))
     plan = _plan(device, recipe=gmlp.FP8BlockwiseRecipe(grad_format=grad_format))
     taken = {site for site, decision in plan.decisions.items() if decision.path is Path.CUTEDSL}
-    assert taken == {name for name, site in BLOCKWISE_SITES.items() if site.op in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD)}
-    assert taken == {"fc2", "fc1 dgrad", "fc1 wgrad", "fc2 wgrad"}
+    assert taken == {name for name, site in BLOCKWISE_SITES.items() if site.op in SM90_BLOCKWISE_KERNELS}
+    assert taken == {"fc1", "fc2", "fc2 dgrad", "fc1 dgrad", "fc1 wgrad", "fc2 wgrad"}

@@ -78,9 +78,10 @@ def test_the_plan_names_the_blockwise_ops_and_why_cutedsl_does_not_run_them():
     text = mlp.explain(torch.zeros(8, HIDDEN, device=kernel_device(), dtype=torch.bfloat16))
     assert "the FP8 blockwise recipe" in text and "fc1_forward_blockwise" in text
     assert "fp8 blockwise power-of-two scales, grads e4m3" in repr(mlp)
-    reason = cutedsl_common.no_kernel_reason(Op.BLOCKWISE_FC1)  # what an SM90 / SM100 GPU says
+    reason = cutedsl_common.no_kernel_reason(Op.BLOCKWISE_QUANTIZE)  # what an SM90 / SM100 GPU says
     assert reason.kind is ReasonKind.RECIPE and "no CuTeDSL kernel of the FP8 blockwise recipe's" in reason.message
-    assert cutedsl_common.no_kernel_reason(Op.BLOCKWISE_GEMM) is None  # SM90's grouped GEMM (support.py's rules)
+    for op in (Op.BLOCKWISE_FC1, Op.BLOCKWISE_GEMM, Op.BLOCKWISE_FC2_DGRAD, Op.BLOCKWISE_WGRAD):
+        assert cutedsl_common.no_kernel_reason(op) is None  # SM90's kernels (support.py's rules)
     problem = mlp._layer_problem(torch.zeros(8, HIDDEN, dtype=torch.bfloat16))
     assert "blockwise recipe runs on Triton" in composition_reason(problem).message
 

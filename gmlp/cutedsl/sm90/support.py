@@ -31,7 +31,9 @@ KERNEL_MODULES = {
     "grouped_gemm": ("grouped_gemm", "grouped_gemm"),
     "fc2_dgrad": ("fc2_dgrad", "fc2_dgrad"),
     "grouped_wgrad": ("wgrad", "grouped_wgrad"),
+    "fc1_forward_blockwise": ("blockwise_fc1", "fc1_forward_blockwise"),
     "grouped_gemm_fp8_blockwise": ("blockwise_gemm", "grouped_gemm_fp8_blockwise"),
+    "fc2_dgrad_blockwise": ("blockwise_fc2_dgrad", "fc2_dgrad_blockwise"),
     "grouped_wgrad_fp8_blockwise": ("blockwise_wgrad", "grouped_wgrad_fp8_blockwise"),
 }
 
@@ -113,7 +115,7 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     gated = problem.activation != "srelu"
     tokens, n, k, experts = site_gemm(site, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
     module = _module(op)
-    if op in ("fc1_forward", "fc2_dgrad"):  # their problem_support takes (T, H, F, E)
+    if op in ("fc1_forward", "fc2_dgrad", "fc1_forward_blockwise", "fc2_dgrad_blockwise"):  # (T, H, F, E)
         reason = module.problem_support(tokens, problem.hidden, problem.ffn, experts, gated=gated)
     else:  # the grouped GEMM's (T, N, K, E), the weight gradient's (T, M, N, E)
         reason = module.problem_support(tokens, n, k, experts)

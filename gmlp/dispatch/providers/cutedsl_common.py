@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.dispatch.sites import BLOCKWISE_OPS, Op
+from gmlp.dispatch.sites import Op
 
 __all__ = ["system", "supports", "no_kernel_reason", "load_quantize"]
 
@@ -38,10 +38,10 @@ def no_kernel_reason(op: Op) -> Reason | None:
     if op is Op.QUANTIZE_DEQUANTIZE:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL quantize-dequantize in gmlp: the Triton kernel runs at a device "
                                          "copy's speed rowwise")
-    if op in BLOCKWISE_OPS and op not in (Op.BLOCKWISE_GEMM, Op.BLOCKWISE_WGRAD):
-        return Reason(ReasonKind.RECIPE, f"gmlp has no CuTeDSL kernel of the FP8 blockwise recipe's {op.value} yet (of "
-                                         "the recipe, the grouped GEMM (FC2, FC1 dgrad) and the weight gradients have "
-                                         "one, on SM90); its Triton kernel runs it")
+    if op in (Op.BLOCKWISE_QUANTIZE, Op.BLOCKWISE_WEIGHTS):
+        return Reason(ReasonKind.RECIPE, f"gmlp has no CuTeDSL kernel of the FP8 blockwise recipe's {op.value} (of the "
+                                         "recipe, FC1, the grouped GEMM (FC2, FC1 dgrad), FC2 dgrad and the weight "
+                                         "gradients have one, on SM90); its Triton kernel runs it")
     if op is Op.SEGMENT_SUM:
         return Reason(ReasonKind.SYSTEM, "no CuTeDSL per-expert sum in gmlp (bias gradients; the SM100 path takes "
                                          "no biases)")
