@@ -18,8 +18,8 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
 - ``fp8-blockwise`` and ``cutedsl-fp8-blockwise``: the FP8 blockwise recipe's kernels
   (``gmlp.fp8_blockwise``) on its quantized operands (1 x 128 token rows, 128 x 1 per-expert
   columns for the weight gradients, 128 x 128 weight tiles; FC1 and FC2 dgrad with their fused
-  epilogues), Triton's and the SM90 CuTeDSL kernels' (the grouped GEMM: FC2, FC1 dgrad; the
-  weight gradients);
+  epilogues), Triton's and the SM90 CuTeDSL kernels' (FC1, the grouped GEMM for FC2 and FC1
+  dgrad, FC2 dgrad, the weight gradients);
 - ``quack``: QuACK's varlen GEMM (``quack.gemm_interface.gemm`` of quack-kernels, the peer to
   beat) on the same bf16 product: varlen M (``cu_seqlens_m``) for the token-row GEMMs, varlen K
   (``cu_seqlens_k``) for the weight gradients; for FC1 and FC2 dgrad the plain product only, as
@@ -189,7 +189,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc1(deq(t["x_row"]), **c),
                "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c),
                "fp8-blockwise": lambda c: lambda: fc1_forward_blockwise(t["x_bw_row"], t["w1_bw"], splits,
-                                                                        ffn_hidden_size=ffn, activation=SWIGLU, **c)},
+                                                                        ffn_hidden_size=ffn, activation=SWIGLU, **c),
+               "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_fc1").fc1_forward_blockwise(
+                   t["x_bw_row"], t["w1_bw"], splits, ffn_hidden_size=ffn, activation=SWIGLU, **c)},
             blockwise_configs=BLOCKWISE_EPILOGUE_CONFIGS,
             flops=2 * t["x"].shape[0] * hidden * 2 * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC1_TILING[False], mxfp8=FC1_TILING[True])),
@@ -235,7 +237,9 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc2_dgrad(deq(t["dy_row"]), **c),
                "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c),
                "fp8-blockwise": lambda c: lambda: fc2_dgrad_blockwise(t["dy_bw_row"], t["w2t_bw"], t["c"], splits,
-                                                                      activation=SWIGLU, **c)},
+                                                                      activation=SWIGLU, **c),
+               "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_fc2_dgrad").fc2_dgrad_blockwise(
+                   t["dy_bw_row"], t["w2t_bw"], t["c"], splits, activation=SWIGLU, **c)},
             blockwise_configs=BLOCKWISE_EPILOGUE_CONFIGS,
             flops=2 * t["dy"].shape[0] * hidden * ffn,
             tilings=(EPILOGUE_CANDIDATES, dict(bf16=FC2_DGRAD_TILING[False], mxfp8=FC2_DGRAD_TILING[True])),
