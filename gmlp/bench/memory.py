@@ -1,6 +1,6 @@
 """``python -m gmlp.bench memory``: where a training step's memory goes. For each side of ``bench
-mlp`` (torch's eager bf16 layer, gmlp bf16, gmlp MXFP8), one forward + backward under the CUDA
-caching allocator's history (``torch.cuda.memory._record_memory_history``): the bytes allocated
+mlp`` (torch's eager bf16 layer, gmlp bf16, gmlp MXFP8, gmlp with the FP8 blockwise recipe), one
+forward + backward under the CUDA caching allocator's history (``torch.cuda.memory._record_memory_history``): the bytes allocated
 after every allocation and free (the step's timeline above the memory resident before it), its
 peak, and the tensors alive at the peak grouped by the line of gmlp that allocated them (or of
 the bench, for torch's layer; "autograd engine" where no Python frame is recorded).
@@ -18,6 +18,7 @@ import torch
 
 from gmlp.bench.common import PartialResults, add_out_argument, environment
 from gmlp.bench.mlp import (
+    BLOCKWISE,
     EAGER_ACT,
     SHAPES,
     add_shapes_argument,
@@ -30,7 +31,7 @@ from gmlp.bench.mlp import (
     training_step,
 )
 
-SIDES = (EAGER_ACT, "gmlp-bf16", "gmlp-mxfp8")
+SIDES = (EAGER_ACT, "gmlp-bf16", "gmlp-mxfp8", BLOCKWISE)
 TIMELINE_POINTS = 400  # the timeline kept in the JSON, evenly spaced over the step's allocator events
 NO_FRAME = "autograd engine (no Python frame)"
 

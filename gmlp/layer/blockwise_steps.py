@@ -121,11 +121,13 @@ def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, a
     dgrad = run("fc2 dgrad", dyq.rowwise, w2t, release(saved, "c"), split_sizes,
                 activation=activation, grad_format=recipe.grad_format, probs=saved.probs, bias_grad=saved.has_b1,
                 power_of_two=pow2, groups=groups)
-    dy_col, dprobs, db1, dh_col = dyq.columnwise, dgrad.dprobs, dgrad.db1, dgrad.dh_columnwise
-    del w2t
+    # each operand dropped once its last GEMM has read it (Q_row(dy), W2^T, Q_row(dh), W1^T)
+    dy_col, dprobs, db1, dh_row, dh_col = (dyq.columnwise, dgrad.dprobs, dgrad.db1, dgrad.dh_rowwise,
+                                           dgrad.dh_columnwise)
+    del dyq, dgrad, w2t
     w1t = _weight_tiles(run, "quantize w1^T", release(saved, "w1"), pow2, transposed=True)
-    dx = run("fc1 dgrad", dgrad.dh_rowwise, w1t, split_sizes, groups=groups)
-    del dyq, dgrad, w1t
+    dx = run("fc1 dgrad", dh_row, w1t, split_sizes, groups=groups)
+    del dh_row, w1t
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)
     dw1 = run("fc1 wgrad", dh_col, release(saved, "x_col"), split_sizes,
               out=None if isinstance(dw1_out, tuple) else dw1_out,
