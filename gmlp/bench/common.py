@@ -102,7 +102,7 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
 
 
 # other kernel packages a bench may time (bench gemm --variants quack, bench mlp --sides sonicmoe-bf16)
-PEER_PACKAGES = ("quack-kernels", "sonic-moe")
+PEER_PACKAGES = ("quack-kernels", "sonic-moe", "torchao")
 
 
 def _checkout() -> dict:
