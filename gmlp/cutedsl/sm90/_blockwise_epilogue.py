@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8, Uint16, Uint32, const_expr
+from cutlass import Float32, Int32, Uint16, Uint32, const_expr
 
 from gmlp.cutedsl._quantize_kernel import (
     _amax_keys,
@@ -45,7 +45,6 @@ from gmlp.cutedsl._quantize_kernel import (
     _as_f32,
     _as_u32,
     _elem_address,
-    _fp8x4,
     _quantize,
     _select,
     store_transposed,
@@ -59,12 +58,11 @@ from gmlp.cutedsl.sm90._quantize_epilogue import (
     WARPS,
     DeviceOps,
     _all_gather,
-    _byte,
-    _reduce_scatter,
     _value,
+    column_keys_to_smem,
     column_offsets,
     owned_column,
-    sq_byte,
+    quantize_into_sq,
 )
 
 __all__ = ["blockwise_scale", "quantize_tile_blockwise", "store_unused_blocks"]
@@ -133,14 +131,7 @@ def quantize_tile_blockwise(
                 mRowScale[col_block, first_row + row] = scale_inv
 
     # ---- Q_col: one block a column, 16 rows in each of the 8 warps -----------------------------
-    # column k = 2j + h of the thread: its two rows, then the 8 lanes of the column
-    keys = [_amax_keys([_as_u32(values[_value(s, k // 2, k % 2)]) for s in range(2)], False) for k in range(32)]
-    keys = _reduce_scatter(keys, lane, column_offsets())  # columns owned_column(lane, r), r = 0..3
-    rKeys = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-    for r in cutlass.range_constexpr(4):
-        rKeys[r] = keys[r]
-    sKeys4 = cute.zipped_divide(sKeys, (4,))
-    cute.autovec_copy(rKeys, sKeys4[None, warp * 32 + lane])
+    rKeys, sKeys4 = column_keys_to_smem(values, lane, warp, sKeys)  # the lane's 4 columns' 16-row keys
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # A: sKeys complete
     rOther = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
     for w in cutlass.range_constexpr(WARPS):
@@ -155,16 +146,7 @@ def quantize_tile_blockwise(
             mColScale[col0 + owned_column(lane, r), token_block] = scale_inv
     # word k: the multiplier of thread column k (the order _reduce_scatter assigned the keys)
     words = _all_gather(multipliers, lane, column_offsets()[::-1])
-    # quantize into sQ: column c = 8j + 2 quad_lane + h, row 16 warp + lane // 4 + 8s: chunk warp of
-    # sQ row c, byte lane // 4 + 8s
-    sQ8 = cute.recast_tensor(sQ, Uint8)
-    for j in cutlass.range_constexpr(COLUMN_GROUPS):
-        scaled = [values[_value(s, j, h)] * _as_f32(words[2 * j + h]) for s in range(2) for h in range(2)]
-        word = _fp8x4(*scaled, e5m2)  # bytes (slot 0, h 0), (0, 1), (1, 0), (1, 1)
-        column = 8 * j + 2 * quad_lane
-        for byte in cutlass.range_constexpr(4):
-            s, h = byte // 2, byte % 2
-            sQ8[sq_byte(column + h, warp, lane // 4 + 8 * s)] = Uint8(_byte(word, byte))
+    quantize_into_sq(values, [_as_f32(w) for w in words], sQ, lane, warp, e5m2)
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # B: sQ complete
     store_transposed(sQ, mColData, tidx, col0, token_block * TILE_ROWS, Int32(TILE_ROWS), mColData.shape[0])
 

@@ -78,8 +78,8 @@ from gmlp.mxfp8.buffers import QuantizeBuffers, compact_buffers
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
 
 __all__ = ["TILE_ROWS", "TILE_COLS", "CONSUMER_THREADS", "SQ_WORDS", "KEY_WORDS", "SMEM_BYTES", "SEGMENT_COLS",
-           "check_fragment_layout", "smem_fields", "smem_tensors", "quantize_tile_both_ways", "output_arguments",
-           "fake_outputs"]
+           "check_fragment_layout", "smem_fields", "smem_tensors", "column_keys_to_smem", "quantize_into_sq",
+           "quantize_tile_both_ways", "output_arguments", "fake_outputs"]
 
 TILE_ROWS = 128  # two consumer warpgroups of 64 rows
 TILE_COLS = 128  # one m64n128 accumulator per warpgroup
@@ -246,7 +246,7 @@ def _segment_column(column, segments):
     return start + local, local < _select(upper, segments[1][1], segments[0][1], Int32)
 
 
-def _column_keys_to_smem(values: list, lane, warp, sKeys):
+def column_keys_to_smem(values: list, lane, warp, sKeys):
     """Q_col's first step: per column k = 2j + h of the thread its two rows' amax keys, reduced
     over the 8 lanes of the column, the lane's 4 keys stored at ``sKeys[warp, lane]``; returns
     (the 4 keys in registers, sKeys as 16-byte words)."""
@@ -259,6 +259,21 @@ def _column_keys_to_smem(values: list, lane, warp, sKeys):
     sKeys4 = cute.zipped_divide(sKeys, (4,))
     cute.autovec_copy(rKeys, sKeys4[None, warp * 32 + lane])
     return rKeys, sKeys4
+
+
+def quantize_into_sq(values: list, multipliers: list, sQ, lane, warp, e5m2: bool) -> None:
+    """Q_col's bytes into ``sQ``, the transposed fp8 tile: value (s, j, h) times the multiplier of
+    its thread column k = 2j + h. Column c = 8j + 2 (lane % 4) + h, row 16 warp + lane // 4 + 8s
+    is chunk ``warp`` of sQ row c, byte lane // 4 + 8s (64 byte stores a thread, no bank
+    conflicts)."""
+    sQ8 = cute.recast_tensor(sQ, Uint8)
+    for j in range(COLUMN_GROUPS):
+        scaled = [values[_value(s, j, h)] * multipliers[2 * j + h] for s in range(2) for h in range(2)]
+        word = _fp8x4(*scaled, e5m2)  # bytes (slot 0, h 0), (0, 1), (1, 0), (1, 1)
+        column = 8 * j + 2 * (lane % 4)
+        for byte in range(4):
+            s, h = byte // 2, byte % 2
+            sQ8[sq_byte(column + h, warp, lane // 4 + 8 * s)] = Uint8(_byte(word, byte))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,7 +324,7 @@ def quantize_tile_both_ways(
     values = [cutlass.select_(_inside(tCcD, v, limits, segments), acc[v], Float32(0.0)) for v in range(64)]
 
     if const_expr(column_first):  # Q_col's warp keys first (see the parameter)
-        rKeys, sKeys4 = _column_keys_to_smem(values, lane, warp, sKeys)
+        rKeys, sKeys4 = column_keys_to_smem(values, lane, warp, sKeys)
 
     # ---- Q_row: blocks of 32 columns of one row, 8 values in each lane of a quad --------------
     row_scales = [Uint32(0)] * 2  # this lane's block (quad_lane) of row slots 0, 1
@@ -349,7 +364,7 @@ def quantize_tile_both_ways(
 
     # ---- Q_col: blocks of 32 rows of one column, 16 in each of two warps ----------------------
     if const_expr(not column_first):
-        rKeys, sKeys4 = _column_keys_to_smem(values, lane, warp, sKeys)
+        rKeys, sKeys4 = column_keys_to_smem(values, lane, warp, sKeys)
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # A: sKeys complete
     rOther = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
     cute.autovec_copy(sKeys4[None, (warp ^ Int32(1)) * 32 + lane], rOther)
@@ -370,17 +385,7 @@ def quantize_tile_both_ways(
     packed = column_scales[0] | (column_scales[1] << Uint32(8)) | (column_scales[2] << Uint32(16)) \
         | (column_scales[3] << Uint32(24))
     words = _all_gather([packed], lane, column_offsets()[::-1])  # word q: bytes of columns k = 4q .. 4q + 3
-    multipliers = [_multiplier(_byte(words[k // 4], k % 4)) for k in range(32)]
-    # quantize into sQ: column c = 8j + 2 quad_lane + h, row 16 warp + lane // 4 + 8s: chunk warp of
-    # sQ row c, byte lane // 4 + 8s
-    sQ8 = cute.recast_tensor(sQ, Uint8)
-    for j in cutlass.range_constexpr(COLUMN_GROUPS):
-        scaled = [values[_value(s, j, h)] * multipliers[2 * j + h] for s in range(2) for h in range(2)]
-        word = _fp8x4(*scaled, e5m2)  # bytes (slot 0, h 0), (0, 1), (1, 0), (1, 1)
-        column = 8 * j + 2 * quad_lane
-        for byte in cutlass.range_constexpr(4):
-            s, h = byte // 2, byte % 2
-            sQ8[sq_byte(column + h, warp, lane // 4 + 8 * s)] = Uint8(_byte(word, byte))
+    quantize_into_sq(values, [_multiplier(_byte(words[k // 4], k % 4)) for k in range(32)], sQ, lane, warp, e5m2)
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=CONSUMER_THREADS)  # B: sQ complete
     if const_expr(segments is None):
         store_transposed(sQ, mColData, tidx, col0, first_row, valid_rows, col0 + limits[1])
