@@ -22,15 +22,75 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, Int32, const_expr
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float8E4M3FN, Float32, Int32, const_expr
 
+from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._pipeline import produce_k_tiles
-from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
+from gmlp.fp8_blockwise import layout
 
-__all__ = ["TILE_N", "TILE_K", "BRows", "produce_items", "promoted_k_tiles"]
+__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "BRows", "Operands", "make_operands", "ffn_problem_support",
+           "produce_items", "promoted_k_tiles"]
 
 TILE_N = 128  # one weight tile row: one B scale per k-tile
 TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
+MMA_WARPGROUPS = 2  # consumers, each 64 rows of the tile
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The mainloop's host-built pieces (``make_operands``)."""
+
+    tiled_mma: cute.TiledMma
+    a_smem_layout: cute.ComposedLayout
+    b_smem_layout: cute.ComposedLayout
+    tma_atom_a: cute.CopyAtom
+    tma_a: cute.Tensor  # TMA coordinates of A (T, K)
+    tma_atom_b: cute.CopyAtom
+    tma_b: cute.Tensor  # TMA coordinates of B (N, K, E)
+
+
+def make_operands(mA: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int) -> Operands:
+    """Host side (traced in a kernel's ``__call__``): the fp8 ``wgmma`` tiled MMA of the two
+    consumer warpgroups, the slots' swizzled smem layouts and TMA loads of A (T, K) bytes read as
+    ``a_dtype`` and B (E, N, K) E4M3 bytes, both K-major (the operands go in as ``uint8``: torch's
+    fp8 dtypes are not exchanged with the host runtime alike on every version)."""
+    mA = cute.recast_tensor(mA, a_dtype)
+    mB = cute.recast_tensor(mB, Float8E4M3FN)
+    mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))  # L = experts
+    a_layout, b_layout = utils.LayoutEnum.from_tensor(mA), utils.LayoutEnum.from_tensor(mB_nke)
+    tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
+        a_dtype, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
+        (MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
+    a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, a_dtype, stages)
+    b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, stages)
+    tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K))
+    tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
+        (TILE_N, TILE_K))
+    return Operands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
+
+
+def ffn_problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool) -> Reason | None:
+    """None if FC1's or FC2 dgrad's blockwise kernel runs a (T, H, F, E) problem, else why not: the
+    expert search's depth, H and F multiples of 128 (the recipe's blocks), 32-bit coordinates of
+    the (T, 2F | F) outputs and their block-aligned columnwise copies."""
+    reason = expert_count_reason(num_experts)
+    if reason is not None:
+        return reason
+    if hidden <= 0 or ffn <= 0 or hidden % TILE_K or ffn % TILE_N:
+        return Reason(ReasonKind.SHAPE, f"H={hidden} and F={ffn} must be positive multiples of 128 (the recipe's "
+                                        "blocks)")
+    n1 = (2 if gated else 1) * ffn
+    columns = 128 * layout.columnwise_blocks(num_rows, num_experts)
+    if max(num_rows, n1, hidden, columns) >= 2**31 or n1 * columns >= 2**31:
+        return Reason(ReasonKind.SHAPE, f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit "
+                                        "tile coordinates")
+    return None
 
 
 @dataclass(frozen=True)

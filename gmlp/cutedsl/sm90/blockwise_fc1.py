@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
@@ -36,10 +34,19 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC1Output
-from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._blockwise_epilogue import quantize_tile_blockwise, store_unused_blocks
-from gmlp.cutedsl.sm90._blockwise_mainloop import TILE_K, TILE_N, BRows, produce_items, promoted_k_tiles
+from gmlp.cutedsl.sm90._blockwise_mainloop import (
+    MMA_WARPGROUPS,
+    TILE_K,
+    TILE_N,
+    BRows,
+    ffn_problem_support,
+    make_operands,
+    produce_items,
+    promoted_k_tiles,
+)
 from gmlp.cutedsl.sm90._compile import (
     CompiledKernel,
     compile_ahead,
@@ -69,7 +76,6 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
-from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.buffers import both_ways_buffers
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
 from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
@@ -79,7 +85,6 @@ __all__ = ["BlockwiseFC1Config", "BlockwiseFC1Sm90", "compile_blockwise_fc1", "p
            "fc1_forward_blockwise"]
 
 _NAME = "blockwise fc1 kernel"
-_CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA's
 _FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 A_FORMAT = ElementFormat.E4M3  # the recipe quantizes a in E4M3
@@ -132,7 +137,7 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         self.has_bias = config.bias_dtype is not None
         self.has_probs = config.probs_dtype is not None
         self.stages = config.num_stages()
-        self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)
 
     @cute.jit
@@ -154,31 +159,16 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         num_ctas: Int32,
         stream,
     ):
-        mX = cute.recast_tensor(mX, Float8E4M3FN)
-        mW = cute.recast_tensor(mW, Float8E4M3FN)
-        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # L = experts
-        a_layout, b_layout = utils.LayoutEnum.from_tensor(mX), utils.LayoutEnum.from_tensor(mW_nke)
-        tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            Float8E4M3FN, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
-            (_CONSUMER_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
-        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
-        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mX, cute.slice_(a_smem_layout, (None, None, 0)),
-            (TILE_M, TILE_K))
-        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mW_nke, cute.slice_(b_smem_layout, (None, None, 0)),
-            (TILE_N, TILE_K))
-        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, Float8E4M3FN, Float8E4M3FN)
+        ops = make_operands(mX, mW, Float8E4M3FN, self.stages)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, Float8E4M3FN, Float8E4M3FN)
         if const_expr(self.gated):
-            fields["sU"] = smem_array(Float8E4M3FN, cute.cosize(b_smem_layout))  # the up tiles
+            fields["sU"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the up tiles
         fields.update(_quantize_epilogue.smem_fields())
         self.shared_storage = shared_storage(fields)
-        check_fragment_layout(tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(tma_atom_a, tma_a, mXScale, tma_atom_b, tma_b, mWScale, mBias, mProbs, mRowStart,
-                           mTileStart, mC, mRowData, mRowScale, mColData, mColScale, tiled_mma, a_smem_layout,
-                           b_smem_layout),
+        check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScale, ops.tma_atom_b, ops.tma_b, mWScale, mBias, mProbs,
+                           mRowStart, mTileStart, mC, mRowData, mRowScale, mColData, mColScale, ops.tiled_mma,
+                           ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -211,7 +201,7 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         sBs = [sB]
         if const_expr(self.gated):
             sBs.append(storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
                                           stage_bytes)
         ffn = mRowData.shape[1]
         items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
@@ -308,19 +298,8 @@ _compile = config_compiler(BlockwiseFC1Sm90, _fake_arguments)  # (config, arch) 
 
 
 def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
-    """None if the kernel runs a (T, H, F, E) problem, else why not."""
-    reason = _schedule.expert_count_reason(num_experts)
-    if reason is not None:
-        return reason
-    if hidden <= 0 or ffn <= 0 or hidden % TILE_K or ffn % TILE_N:
-        return Reason(ReasonKind.SHAPE, f"H={hidden} and F={ffn} must be positive multiples of 128 (the recipe's "
-                                        "blocks)")
-    n1 = (2 if gated else 1) * ffn
-    columns = 128 * layout.columnwise_blocks(num_rows, num_experts)
-    if max(num_rows, n1, hidden, columns) >= 2**31 or ffn * columns >= 2**31:
-        return Reason(ReasonKind.SHAPE, f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit "
-                                        "tile coordinates")
-    return None
+    """None if the kernel runs a (T, H, F, E) problem, else why not (``ffn_problem_support``)."""
+    return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated)
 
 
 def compile_blockwise_fc1(arch: str = "sm_90a", config: BlockwiseFC1Config | None = None, *,

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
@@ -43,10 +41,19 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC2DgradOutput
-from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._blockwise_epilogue import quantize_tile_blockwise, store_unused_blocks
-from gmlp.cutedsl.sm90._blockwise_mainloop import TILE_K, TILE_N, BRows, produce_items, promoted_k_tiles
+from gmlp.cutedsl.sm90._blockwise_mainloop import (
+    MMA_WARPGROUPS,
+    TILE_K,
+    TILE_N,
+    BRows,
+    ffn_problem_support,
+    make_operands,
+    produce_items,
+    promoted_k_tiles,
+)
 from gmlp.cutedsl.sm90._compile import (
     CompiledKernel,
     compile_ahead,
@@ -87,7 +94,6 @@ __all__ = ["BlockwiseFC2DgradConfig", "BlockwiseFC2DgradSm90", "compile_blockwis
            "fc2_dgrad_blockwise"]
 
 _NAME = "blockwise fc2 dgrad kernel"
-_CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA's
 WARPS_PER_TILE = 8  # db1: one row of warp sums per consumer warp and tile
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 24, 240  # 128 x 24 + 256 x 240 = 384 x 168
@@ -137,7 +143,7 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         self.e5m2 = config.grad_format is ElementFormat.E5M2
         self.dy_dtype = Float8E5M2 if self.e5m2 else Float8E4M3FN
         self.stages = config.num_stages()
-        self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads, _PRODUCER_REGISTERS, _CONSUMER_REGISTERS)
 
     @cute.jit
@@ -160,29 +166,14 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         num_ctas: Int32,
         stream,
     ):
-        mDy = cute.recast_tensor(mDy, self.dy_dtype)
-        mW = cute.recast_tensor(mW, Float8E4M3FN)
-        mW_nke = cute.make_tensor(mW.iterator, cute.select(mW.layout, mode=[1, 2, 0]))  # L = experts
-        a_layout, b_layout = utils.LayoutEnum.from_tensor(mDy), utils.LayoutEnum.from_tensor(mW_nke)
-        tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dy_dtype, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
-            (_CONSUMER_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
-        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, self.dy_dtype, self.stages)
-        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mDy, cute.slice_(a_smem_layout, (None, None, 0)),
-            (TILE_M, TILE_K))
-        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mW_nke, cute.slice_(b_smem_layout, (None, None, 0)),
-            (TILE_N, TILE_K))
-        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.dy_dtype, Float8E4M3FN)
+        ops = make_operands(mDy, mW, self.dy_dtype, self.stages)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.dy_dtype, Float8E4M3FN)
         fields.update(_quantize_epilogue.smem_fields())
         self.shared_storage = shared_storage(fields)
-        check_fragment_layout(tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(tma_atom_a, tma_a, mDyScale, tma_atom_b, tma_b, mWScale, mC, mProbs, mRowStart, mTileStart,
-                           mDprobsPartial, mWarpSums, mRowData, mRowScale, mColData, mColScale, tiled_mma,
-                           a_smem_layout, b_smem_layout),
+        check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mDyScale, ops.tma_atom_b, ops.tma_b, mWScale, mC, mProbs,
+                           mRowStart, mTileStart, mDprobsPartial, mWarpSums, mRowData, mRowScale, mColData, mColScale,
+                           ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -212,7 +203,7 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.dy_dtype,
                                            b_dtype=Float8E4M3FN)
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
+        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
                                           stage_bytes)
         ffn = mW.shape[0]
         items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
@@ -350,19 +341,8 @@ _compile = config_compiler(BlockwiseFC2DgradSm90, _fake_arguments)  # (config, a
 
 
 def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool = True) -> Reason | None:
-    """None if the kernel runs a (T, H, F, E) problem, else why not."""
-    reason = _schedule.expert_count_reason(num_experts)
-    if reason is not None:
-        return reason
-    if hidden <= 0 or ffn <= 0 or hidden % TILE_K or ffn % TILE_N:
-        return Reason(ReasonKind.SHAPE, f"H={hidden} and F={ffn} must be positive multiples of 128 (the recipe's "
-                                        "blocks)")
-    n1 = (2 if gated else 1) * ffn
-    tiles = layout.columnwise_blocks(num_rows, num_experts)
-    if max(num_rows, n1, hidden, 128 * tiles) >= 2**31 or n1 * 128 * tiles >= 2**31:
-        return Reason(ReasonKind.SHAPE, f"T={num_rows}, H={hidden}, F={ffn}, E={num_experts} too large for 32-bit "
-                                        "tile coordinates")
-    return None
+    """None if the kernel runs a (T, H, F, E) problem, else why not (``ffn_problem_support``)."""
+    return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated)
 
 
 def compile_blockwise_fc2_dgrad(arch: str = "sm_90a", config: BlockwiseFC2DgradConfig | None = None, *,

@@ -34,15 +34,21 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _schedule
-from gmlp.cutedsl.sm90._blockwise_mainloop import TILE_K, TILE_N, BRows, produce_items, promoted_k_tiles
+from gmlp.cutedsl.sm90._blockwise_mainloop import (
+    MMA_WARPGROUPS,
+    TILE_K,
+    TILE_N,
+    BRows,
+    make_operands,
+    produce_items,
+    promoted_k_tiles,
+)
 from gmlp.cutedsl.sm90._compile import (
     CompiledKernel,
     compile_ahead,
@@ -90,7 +96,6 @@ __all__ = ["BlockwiseGemmConfig", "BlockwiseGemmSm90", "compile_blockwise_gemm",
 
 _NAME = "blockwise GEMM"
 _BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}  # torch -> cutlass dtype of a bias
-MMA_WARPGROUPS = 2  # each 64 rows of the tile
 
 
 @dataclass(frozen=True)
@@ -136,30 +141,13 @@ class BlockwiseGemmSm90:
         num_ctas: Int32,
         stream,
     ):
-        # the fp8 operands arrive as bytes (torch's fp8 dtypes are not exchanged with the host
-        # runtime alike on every version) and are read as their formats
-        mA = cute.recast_tensor(mA, self.a_dtype)
-        mB = cute.recast_tensor(mB, Float8E4M3FN)
-        mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))  # L = experts
-        a_layout, b_layout = utils.LayoutEnum.from_tensor(mA), utils.LayoutEnum.from_tensor(mB_nke)
-        tile_shape_mnk = (TILE_M, TILE_N, TILE_K)
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.a_dtype, Float8E4M3FN, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
-            (MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_N))
-        a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, self.a_dtype, self.stages)
-        b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, Float8E4M3FN, self.stages)
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
-            (TILE_M, TILE_K))
-        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
-            (TILE_N, TILE_K))
-        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.a_dtype, Float8E4M3FN)
+        ops = make_operands(mA, mB, self.a_dtype, self.stages)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, Float8E4M3FN)
         if const_expr(self.config.wide):
-            fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(b_smem_layout))  # the second half's B tiles
+            fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the second half's B tiles
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(tma_atom_a, tma_a, mAScale, tma_atom_b, tma_b, mBScale, mBias, mRowStart, mTileStart, mD,
-                           tiled_mma, a_smem_layout, b_smem_layout),
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mAScale, ops.tma_atom_b, ops.tma_b, mBScale, mBias, mRowStart,
+                           mTileStart, mD, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
