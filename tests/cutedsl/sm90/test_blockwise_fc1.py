@@ -1,9 +1,10 @@
 """The CuTeDSL sm_90a FC1 of the FP8 blockwise recipe (gmlp.cutedsl.sm90.blockwise_fc1), compiled
 without a GPU, with checks on its PTX and the cubin's resources, its problem rules and argument
-errors, a CPU model of its epilogue's column scatter and gather, and (marker ``gpu``, H100/H200
-only) run against the Triton twin: bit for bit on operands whose sums are exact (both kernels'
-accumulators are then the same fp32 values, and the epilogues' operations are the same), within
-the cross-check's bound on random operands."""
+errors, a CPU model of its quantizing epilogue (the shuffle steps and index functions on a
+simulated warp, against the spec), and (marker ``gpu``, H100/H200 only) run against the Triton
+twin: bit for bit on operands whose sums are exact (both kernels' accumulators are then the same
+fp32 values, and the epilogues' operations are the same), within the cross-check's bound on
+random operands."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gmlp.contract.activations import Activation, ActivationKind, activation_fro
 from gmlp.cutedsl import import_error
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
-from tests.support.warp import THREADS, WarpOps
+from tests.support.warp import THREADS, WarpOps, amax_keys, amax_of_keys
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -83,20 +84,93 @@ def test_launcher_argument_errors():
         fc1_forward_blockwise(x.rowwise, w1, splits, **kwargs)
 
 
-def test_epilogue_column_gather_order():
-    """The columnwise scales' path on a simulated warp: each lane's 4 column keys after the
-    reduce-scatter over the column's 8 lanes, gathered back as 4 words a lane, leave word k of
-    every thread holding its thread column k's amax over the warp's 16 rows (the order the
-    quantize into sQ reads them in)."""
-    from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    return values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
-    lane = THREADS % 32
-    keys = torch.randint(0, 2**31, (256, 32), dtype=torch.int64)  # a thread's 32 column keys (2 rows reduced)
-    owned = epi._reduce_scatter([keys[:, k] for k in range(32)], lane, epi.column_offsets(), WarpOps)
-    words = epi._all_gather(owned, lane, epi.column_offsets()[::-1], WarpOps)
-    column_lanes = (THREADS[:, None] & ~28) | (torch.arange(8) << 2)  # the 8 lanes of a thread's columns
-    for k in range(32):
-        assert torch.equal(words[k], keys[column_lanes, k].amax(1)), k
+
+def _floats(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def blockwise_epilogue_model(tile: torch.Tensor, valid_rows: int, element_format, power_of_two: bool):
+    """What ``_blockwise_epilogue.quantize_tile_blockwise`` writes for a (128, 128) fp32 tile whose
+    rows from ``valid_rows`` on are past the expert's end: (row data (128, 128) fp8 bytes, -1
+    where not written; row scale_inv (128,), NaN where not written; column scale_inv (128,); the
+    transposed tile read back from sQ (128 columns, 128 rows)), by its shuffle steps and index
+    functions on a simulated warp, with the spec's scale."""
+    from gmlp.cutedsl.sm90 import _quantize_epilogue as epi
+    from gmlp.fp8_blockwise.spec import scale_from_amax, scale_inverse
+    from gmlp.mxfp8.spec import cast_to_element
+
+    lane, warp = THREADS % 32, THREADS // 32
+    v = epi._value
+    coordinates = torch.tensor([[epi._fragment_coordinate(t, i) for i in range(64)] for t in range(256)])
+    rows, cols = coordinates[..., 0], coordinates[..., 1]  # (256, 64)
+    values = torch.where(rows < valid_rows, tile[rows, cols], torch.zeros(()))
+    keys = amax_keys(values)
+    scale = lambda key: scale_from_amax(amax_of_keys(key), element_format, power_of_two, torch.float32)  # noqa: E731
+    cast = lambda x: cast_to_element(x, element_format).view(torch.uint8).to(torch.int64)  # noqa: E731
+
+    # rows: a slot's 32 values in-thread, then the quad (xor 1, 2)
+    row_data = torch.full((128, 128), -1, dtype=torch.int64)
+    row_scales = torch.full((128,), float("nan"))
+    for s in range(2):
+        key = torch.stack([keys[:, v(s, j, h)] for j in range(16) for h in (0, 1)]).amax(0)
+        for offset in (1, 2):
+            key = torch.maximum(key, WarpOps.shuffle_xor(key, offset))
+        multiplier = scale(key)
+        row = rows[:, v(s, 0, 0)]
+        for j in range(16):
+            for h in (0, 1):
+                store = row < valid_rows
+                row_data[row[store], cols[store, v(s, j, h)]] = cast(values[:, v(s, j, h)] * multiplier)[store]
+        store = (row < valid_rows) & (lane % 4 == s)
+        row_scales[row[store]] = scale_inverse(multiplier)[store]
+
+    # columns: the column keys to sKeys, each lane's 4 columns maxed over the 8 warps' words
+    owned = epi._reduce_scatter([torch.maximum(keys[:, v(0, k // 2, k % 2)], keys[:, v(1, k // 2, k % 2)])
+                                 for k in range(32)], lane, epi.column_offsets(), WarpOps)
+    multipliers = [scale(key.view(8, 32).amax(0).repeat(8)) for key in owned]  # sKeys[w, lane], w = 0..7
+    col_scales = torch.full((128,), float("nan"))
+    for r in range(4):
+        first_warp = warp == 0
+        col_scales[epi.owned_column(lane, r)[first_warp]] = scale_inverse(multipliers[r])[first_warp]
+    words = epi._all_gather([_bits(m) for m in multipliers], lane, epi.column_offsets()[::-1], WarpOps)
+    sq = torch.full((128 * 128,), -1, dtype=torch.int64)
+    for j in range(16):
+        for s in range(2):
+            for h in (0, 1):
+                address = torch.tensor([epi.sq_byte(8 * j + 2 * (t % 4) + h, t // 32, (t % 32) // 4 + 8 * s)
+                                        for t in range(256)])
+                sq[address] = cast(values[:, v(s, j, h)] * _floats(words[2 * j + h]))
+    assert bool((sq >= 0).all())
+    transposed = torch.tensor([[int(sq[epi.sq_byte(c, r // 16, r % 16)]) for r in range(128)] for c in range(128)])
+    return row_data, row_scales, col_scales, transposed
+
+
+@pytest.mark.parametrize(("valid_rows", "element_format", "power_of_two"),
+                         [(128, "e4m3", True), (77, "e4m3", False), (1, "e5m2", True)])
+def test_epilogue_model_equals_the_spec(valid_rows, element_format, power_of_two):
+    """The blockwise epilogue's design on a simulated warp (its shuffle steps, the 8-warp exchange,
+    the multipliers' gather and the sQ positions the kernel traces) assembles exactly the spec's
+    quantization of the tile both ways, rows past the expert's end as zeros (checked on the GPU
+    against the Triton twin bit for bit)."""
+    from gmlp.fp8_blockwise.spec import quantize_blocks
+    from gmlp.mxfp8.spec import ElementFormat
+
+    fmt = ElementFormat(element_format)
+    torch.manual_seed(valid_rows)
+    tile = torch.randn(128, 128) * 2.0 ** torch.randint(-20, 20, (128, 1)).float()  # rows of any magnitude
+    tile[3, 5], tile[9, 9] = float("nan"), float("inf")  # NaN ignored by the amax; inf saturates
+    row_data, row_scales, col_scales, transposed = blockwise_epilogue_model(tile, valid_rows, fmt, power_of_two)
+    masked = torch.where(torch.arange(128)[:, None] < valid_rows, tile, torch.zeros(()))
+    want_rows, want_row_scales = quantize_blocks(masked[:valid_rows], fmt, power_of_two)
+    assert torch.equal(row_data[:valid_rows], want_rows.view(torch.uint8).to(torch.int64))
+    assert bool((row_data[valid_rows:] == -1).all())  # rows past the expert's end: not written
+    assert torch.equal(row_scales[:valid_rows], want_row_scales) and bool(row_scales[valid_rows:].isnan().all())
+    want_cols, want_col_scales = quantize_blocks(masked.t().contiguous(), fmt, power_of_two)
+    assert torch.equal(transposed, want_cols.view(torch.uint8).to(torch.int64))  # the zeros' padding included
+    assert torch.equal(col_scales, want_col_scales)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from gmlp.mxfp8.spec import ElementFormat, ScaleMode, e8m0_from_amax, quantize_m
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, adversarial_matrix, config_id, parametrize_quick
 from tests.support.sm90 import assert_same_bits, check_fc1_ptx, fc1_operands, on_sm90, tuned_knobs
-from tests.support.warp import THREADS, WarpOps
+from tests.support.warp import THREADS, WarpOps, amax_keys, amax_of_keys
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -266,16 +266,6 @@ def test_launcher_refuses_bad_operands():
 # CPU model of the MXFP8 epilogue: its shuffle steps and index functions on a simulated warp
 # ---------------------------------------------------------------------------------------------
 
-def _amax_keys(values: torch.Tensor) -> torch.Tensor:
-    """The quantize kernel's fp32 amax keys (_amax_keys): 2 x + 0xFFFFFF mod 2**32, NaN below 0."""
-    bits = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return (bits * 2 + 0xFFFFFF) & 0xFFFFFFFF
-
-
-def _amax_of_keys(keys: torch.Tensor) -> torch.Tensor:
-    return torch.where(keys >= 0xFFFFFF, (keys - 0xFFFFFF) >> 1, 0).to(torch.int32).view(torch.float32)
-
-
 def _cast(values: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
     from gmlp.mxfp8.spec import cast_to_element
 
@@ -294,8 +284,8 @@ def epilogue_model(tile: torch.Tensor, limits: tuple[int, int], scale_mode: Scal
     rows, cols = coordinates[..., 0], coordinates[..., 1]  # (256, 64)
     inside = (rows < limits[0]) & (cols < limits[1])
     values = torch.where(inside, tile[rows, cols], torch.zeros(()))  # the masked values
-    keys = _amax_keys(values)
-    scale = lambda key: e8m0_from_amax(_amax_of_keys(key), ElementFormat.E4M3, scale_mode).to(torch.int64)  # noqa: E731
+    keys = amax_keys(values)
+    scale = lambda key: e8m0_from_amax(amax_of_keys(key), ElementFormat.E4M3, scale_mode).to(torch.int64)  # noqa: E731
     multiplier = lambda e: quantize_multiplier(e)  # noqa: E731
     v = epi._value
 
