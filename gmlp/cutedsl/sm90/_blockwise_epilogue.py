@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint16, Uint32, const_expr
+from cutlass import Float32, Int32, Uint8, Uint16, Uint32, const_expr
+from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.cutedsl._quantize_kernel import (
     _amax_keys,
@@ -49,7 +50,10 @@ from gmlp.cutedsl._quantize_kernel import (
     _select,
     store_transposed,
 )
+from gmlp.cutedsl.sm90._blockwise_mainloop import fake_token_rows
+from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
 from gmlp.cutedsl.sm90._epilogue_math import ptx_f32
+from gmlp.cutedsl.sm90._pipeline import ALIGN
 from gmlp.cutedsl.sm90._quantize_epilogue import (
     CONSUMER_THREADS,
     COLUMN_GROUPS,
@@ -65,7 +69,7 @@ from gmlp.cutedsl.sm90._quantize_epilogue import (
     quantize_into_sq,
 )
 
-__all__ = ["blockwise_scale", "quantize_tile_blockwise", "store_unused_blocks"]
+__all__ = ["blockwise_scale", "quantize_tile_blockwise", "store_unused_blocks", "fake_both_ways"]
 
 _FP32_MAX = 3.4028234663852886e38  # the epilogue's input dtype's largest finite value (fp32)
 _FP32_INF_BITS = 0x7F800000
@@ -172,3 +176,14 @@ def store_unused_blocks(mColData: cute.Tensor, mColScale: cute.Tensor, first_unu
         if tidx % 2 == 0:
             mColScale[feature, block] = Float32(1.0)
         item += step
+
+
+def fake_both_ways(rows, cols, padded_rows) -> tuple:
+    """Symbolic stand-ins of the epilogue's four outputs for a (rows, cols) source: Q_row's data
+    and MN-major scales (``fake_token_rows``), Q_col's block-aligned (cols, 128 n_blocks) data
+    and (cols, pad4(n_blocks)) scales."""
+    row_data, row_scale = fake_token_rows(rows, cols, cute.sym_int(), padded_rows, divisibility=TILE_COLS)
+    col_data = fake_matrix(Uint8, cols, cute.sym_int(divisibility=TILE_ROWS), divisibility=TILE_ROWS)
+    col_scale = make_fake_tensor(Float32, (cols, cute.sym_int(divisibility=4)), stride=(sym_stride(4), 1),
+                                 assumed_align=ALIGN)
+    return row_data, row_scale, col_data, col_scale

@@ -24,15 +24,17 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float8E4M3FN, Float32, Int32, const_expr
+from cutlass import Float8E4M3FN, Float32, Int32, Uint8, const_expr
+from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90._pipeline import produce_k_tiles
+from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
+from gmlp.cutedsl.sm90._pipeline import ALIGN, produce_k_tiles
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
 
-__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "BRows", "Operands", "make_operands", "ffn_problem_support",
-           "produce_items", "promoted_k_tiles"]
+__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "BRows", "Operands", "make_operands", "fake_token_rows",
+           "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles"]
 
 TILE_N = 128  # one weight tile row: one B scale per k-tile
 TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
@@ -73,6 +75,24 @@ def make_operands(mA: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int) -> Ope
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
         (TILE_N, TILE_K))
     return Operands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
+
+
+def fake_token_rows(rows, cols, blocks, padded_rows, divisibility: int = 16) -> tuple:
+    """Symbolic stand-ins of a rowwise token operand (a kernel's input, or an epilogue's Q_row
+    output): its (rows, cols) fp8 bytes (row stride a multiple of ``divisibility``) and its
+    MN-major (blocks, padded_rows) fp32 scales (rows 16-byte aligned)."""
+    data = fake_matrix(Uint8, rows, cols, divisibility=divisibility)
+    scale = make_fake_tensor(Float32, (blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    return data, scale
+
+
+def fake_weight_tiles(experts, n, k, n_blocks, k_blocks) -> tuple:
+    """Symbolic stand-ins of a weight stack in 128 x 128 tiles: (E, N, K) fp8 bytes, K-major, and
+    its (E, N/128, K/128) fp32 scales."""
+    data = make_fake_tensor(Uint8, (experts, n, k), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
+    scale = make_fake_tensor(Float32, (experts, n_blocks, k_blocks), stride=(sym_stride(1), sym_stride(1), 1),
+                             assumed_align=4)
+    return data, scale
 
 
 def ffn_problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gated: bool) -> Reason | None:

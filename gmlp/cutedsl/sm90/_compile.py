@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import cutlass.cute as cute
-from cutlass import BFloat16
+import torch
+from cutlass import BFloat16, Float32
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from gmlp.contract.reasons import Reason
@@ -19,11 +20,13 @@ from gmlp.cutedsl.quantize import artifact_text  # the quantize kernel's compile
 from gmlp.cutedsl.sm90._launch import check_problem
 from gmlp.cutedsl.sm90._pipeline import ALIGN, ELEMENT_ALIGN
 
-__all__ = ["SUPPORTED_ARCHS", "CompiledKernel", "sym_stride", "fake_stream", "fake_matrix", "fake_vector",
-           "fake_experts", "compile_kernel", "config_compiler", "compile_ahead"]
+__all__ = ["SUPPORTED_ARCHS", "FLOAT_DTYPES", "CompiledKernel", "sym_stride", "fake_stream", "fake_matrix",
+           "fake_vector", "fake_experts", "compile_kernel", "config_compiler", "compile_ahead"]
 
 SUPPORTED_ARCHS = ("sm_90a",)
 _OPTIONS = "--enable-tvm-ffi"
+# torch -> cutlass dtype of the float operands a config names (a bias, probs): bf16 or fp32
+FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 
 
 @dataclass(frozen=True)

@@ -28,39 +28,39 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint8, const_expr
-from cutlass.cute.runtime import make_fake_tensor
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
-from gmlp.cutedsl.sm90._blockwise_epilogue import quantize_tile_blockwise, store_unused_blocks
+from gmlp.cutedsl.sm90._blockwise_epilogue import fake_both_ways, quantize_tile_blockwise, store_unused_blocks
 from gmlp.cutedsl.sm90._blockwise_mainloop import (
     MMA_WARPGROUPS,
     TILE_K,
     TILE_N,
     BRows,
+    fake_token_rows,
+    fake_weight_tiles,
     ffn_problem_support,
     make_operands,
     produce_items,
     promoted_k_tiles,
 )
 from gmlp.cutedsl.sm90._compile import (
+    FLOAT_DTYPES,
     CompiledKernel,
     compile_ahead,
     config_compiler,
     fake_matrix,
     fake_stream,
     fake_vector,
-    sym_stride,
 )
 from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
 from gmlp.cutedsl.sm90._fc1_epilogue import ActivationEpilogue
 from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
 from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN,
     THREADS_PER_WARPGROUP,
     StagedConfig,
     consumer_fragments,
@@ -86,7 +86,6 @@ __all__ = ["BlockwiseFC1Config", "BlockwiseFC1Sm90", "compile_blockwise_fc1", "p
 
 _NAME = "blockwise fc1 kernel"
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA's
-_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 A_FORMAT = ElementFormat.E4M3  # the recipe quantizes a in E4M3
 
 
@@ -104,8 +103,8 @@ class BlockwiseFC1Config(StagedConfig):
         check_activation(self.activation)
         for name in ("bias_dtype", "probs_dtype"):
             dtype = getattr(self, name)
-            if dtype is not None and dtype not in _FLOAT_DTYPES:
-                raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
+            if dtype is not None and dtype not in FLOAT_DTYPES:
+                raise ValueError(f"{name} must be one of {tuple(FLOAT_DTYPES)}, got {dtype}")
         self.check_stages()
 
     @property
@@ -273,23 +272,15 @@ def _fake_arguments(config: BlockwiseFC1Config) -> tuple:
     rows, hidden, ffn = cute.sym_int(), cute.sym_int(divisibility=TILE_K), cute.sym_int(divisibility=TILE_N)
     n1 = cute.sym_int(divisibility=TILE_N)
     starts, experts = cute.sym_int(), cute.sym_int()
-    padded_rows, h_blocks, n1_blocks = cute.sym_int(divisibility=4), cute.sym_int(), cute.sym_int()
-    f_blocks, token_columns, padded_blocks = cute.sym_int(), cute.sym_int(divisibility=TILE_M), cute.sym_int(
-        divisibility=4)
-    x = fake_matrix(Uint8, rows, hidden, divisibility=16)
-    x_scale = make_fake_tensor(Float32, (h_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    w = make_fake_tensor(Uint8, (experts, n1, hidden), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
-    w_scale = make_fake_tensor(Float32, (experts, n1_blocks, h_blocks), stride=(sym_stride(1), sym_stride(1), 1),
-                               assumed_align=4)
+    padded_rows, h_blocks = cute.sym_int(divisibility=4), cute.sym_int()
+    x, x_scale = fake_token_rows(rows, hidden, h_blocks, padded_rows)
+    w, w_scale = fake_weight_tiles(experts, n1, hidden, cute.sym_int(), h_blocks)
     bias = probs = None
     if config.bias_dtype is not None:
-        bias = fake_matrix(_FLOAT_DTYPES[config.bias_dtype], experts, n1, divisibility=1, align=4)
+        bias = fake_matrix(FLOAT_DTYPES[config.bias_dtype], experts, n1, divisibility=1, align=4)
     if config.probs_dtype is not None:
-        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
-    row_data = fake_matrix(Uint8, rows, ffn, divisibility=TILE_N)
-    row_scale = make_fake_tensor(Float32, (f_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    col_data = fake_matrix(Uint8, ffn, token_columns, divisibility=TILE_M)
-    col_scale = make_fake_tensor(Float32, (ffn, padded_blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+        probs = fake_vector(FLOAT_DTYPES[config.probs_dtype], rows)
+    row_data, row_scale, col_data, col_scale = fake_both_ways(rows, ffn, padded_rows)
     return (x, x_scale, w, w_scale, bias, probs, fake_vector(Int32, starts), fake_vector(Int32, starts),
             fake_matrix(BFloat16, rows, n1), row_data, row_scale, col_data, col_scale, Int32(1), fake_stream())
 

@@ -35,40 +35,40 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, Uint32, const_expr
-from cutlass.cute.runtime import make_fake_tensor
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
-from gmlp.cutedsl.sm90._blockwise_epilogue import quantize_tile_blockwise, store_unused_blocks
+from gmlp.cutedsl.sm90._blockwise_epilogue import fake_both_ways, quantize_tile_blockwise, store_unused_blocks
 from gmlp.cutedsl.sm90._blockwise_mainloop import (
     MMA_WARPGROUPS,
     TILE_K,
     TILE_N,
     BRows,
+    fake_token_rows,
+    fake_weight_tiles,
     ffn_problem_support,
     make_operands,
     produce_items,
     promoted_k_tiles,
 )
 from gmlp.cutedsl.sm90._compile import (
+    FLOAT_DTYPES,
     CompiledKernel,
     compile_ahead,
     config_compiler,
     fake_matrix,
     fake_stream,
     fake_vector,
-    sym_stride,
 )
 from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
 from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS, DhEpilogue
 from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import _bf16_pair
 from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
 from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN,
     ELEMENT_ALIGN,
     THREADS_PER_WARPGROUP,
     StagedConfig,
@@ -97,7 +97,6 @@ _NAME = "blockwise fc2 dgrad kernel"
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA's
 WARPS_PER_TILE = 8  # db1: one row of warp sums per consumer warp and tile
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 24, 240  # 128 x 24 + 256 x 240 = 384 x 168
-_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 _GRAD_FORMATS = (ElementFormat.E4M3, ElementFormat.E5M2)
 
 
@@ -116,8 +115,8 @@ class BlockwiseFC2DgradConfig(StagedConfig):
         check_activation(self.activation)
         if self.grad_format not in _GRAD_FORMATS:
             raise ValueError(f"grad_format must be one of {[f.value for f in _GRAD_FORMATS]}, got {self.grad_format}")
-        if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
+        if self.probs_dtype is not None and self.probs_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"probs_dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.probs_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -235,7 +234,7 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
             read_state, _ = consumer_states(self.stages)
             rows = (tCcD[0][0], tCcD[2][0])  # the thread's two accumulator rows
             outputs = (mRowData, mRowScale, mColData, mColScale)
-            fmax = (ElementFormat.E5M2 if self.e5m2 else ElementFormat.E4M3).max_normal
+            fmax = self.config.grad_format.max_normal
             pairs = cute.size(tCcD) // 2
             item = bidx
             while item < items.count:
@@ -314,24 +313,16 @@ def _fake_arguments(config: BlockwiseFC2DgradConfig) -> tuple:
     rows, hidden, ffn = cute.sym_int(), cute.sym_int(divisibility=TILE_K), cute.sym_int(divisibility=TILE_N)
     n1 = cute.sym_int(divisibility=TILE_N)
     starts, experts, sum_rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    padded_rows, h_blocks, f_blocks, n1_blocks = cute.sym_int(divisibility=4), cute.sym_int(), cute.sym_int(), \
-        cute.sym_int()
-    token_columns, padded_blocks = cute.sym_int(divisibility=TILE_M), cute.sym_int(divisibility=4)
-    dy = fake_matrix(Uint8, rows, hidden, divisibility=16)
-    dy_scale = make_fake_tensor(Float32, (h_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    w = make_fake_tensor(Uint8, (experts, ffn, hidden), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
-    w_scale = make_fake_tensor(Float32, (experts, f_blocks, h_blocks), stride=(sym_stride(1), sym_stride(1), 1),
-                               assumed_align=4)
+    padded_rows, h_blocks, f_blocks = cute.sym_int(divisibility=4), cute.sym_int(), cute.sym_int()
+    dy, dy_scale = fake_token_rows(rows, hidden, h_blocks, padded_rows)
+    w, w_scale = fake_weight_tiles(experts, ffn, hidden, f_blocks, h_blocks)
     probs = dprobs_partial = warp_sums = None
     if config.probs_dtype is not None:
-        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
+        probs = fake_vector(FLOAT_DTYPES[config.probs_dtype], rows)
         dprobs_partial = fake_matrix(Float32, rows, f_blocks, divisibility=1, align=4)
     if config.bias_grad:
         warp_sums = fake_matrix(Float32, sum_rows, n1, divisibility=1, align=4)
-    row_data = fake_matrix(Uint8, rows, n1, divisibility=TILE_N)
-    row_scale = make_fake_tensor(Float32, (n1_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    col_data = fake_matrix(Uint8, n1, token_columns, divisibility=TILE_M)
-    col_scale = make_fake_tensor(Float32, (n1, padded_blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
+    row_data, row_scale, col_data, col_scale = fake_both_ways(rows, n1, padded_rows)
     return (dy, dy_scale, w, w_scale, fake_matrix(BFloat16, rows, n1), probs, fake_vector(Int32, starts),
             fake_vector(Int32, starts), dprobs_partial, warp_sums, row_data, row_scale, col_data, col_scale, Int32(1),
             fake_stream())

@@ -16,14 +16,9 @@ Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barr
   columns, whose slots hold one A k-tile and two B k-tiles: A is read from L2 once per 256
   columns instead of 128 (the 128-wide kernel is L2-bound: 32 KB a 128 x 128 x 128 step, ncu
   2026-12-05), 48 KB a slot, 4 stages.
-- Warp-specialized: warp 0 the TMA producer (A's and B's fp8 k-tiles into ``stages`` slots); two
-  consumer warpgroups, each 64 rows of the tile (m64n128k32 fp8 ``wgmma``, both operands K-major).
-- The promotion (DeepGEMM's 1D2D form): per k-tile, four k=32 ``wgmma`` into a fresh fp32
-  fragment ``partial``, ``wait_group(0)``, the slot released, then ``acc += (sa * sb) * partial``
-  in registers: a thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row,
-  4j+2, 4j+3 the row 8 below), so it reads two A scales and the tile's B scale a k-tile. 64 + 64
-  fp32 registers a thread for acc and partial; ``wide``: the two halves one after the other
-  through the one ``partial`` (64 + 64 + 64: two partials would not fit the 232 registers).
+- Mainloop: ``_blockwise_mainloop``'s (a TMA producer warp, two consumer warpgroups of 64 rows,
+  the promotion every k-tile, DeepGEMM's 1D2D form), the halves of a work item being weight tile
+  rows ``2n`` and ``2n + 1`` (``BRows(halves, 1)``).
 - Epilogue: bf16 pairs (+ the bias row) from the registers, predicated at the expert's end
   (``grouped_gemm.store_bf16_pairs``).
 """
@@ -35,8 +30,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, const_expr
-from cutlass.cute.runtime import make_fake_tensor
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, const_expr
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _schedule
@@ -45,18 +39,20 @@ from gmlp.cutedsl.sm90._blockwise_mainloop import (
     TILE_K,
     TILE_N,
     BRows,
+    fake_token_rows,
+    fake_weight_tiles,
     make_operands,
     produce_items,
     promoted_k_tiles,
 )
 from gmlp.cutedsl.sm90._compile import (
+    FLOAT_DTYPES,
     CompiledKernel,
     compile_ahead,
     config_compiler,
     fake_matrix,
     fake_stream,
     fake_vector,
-    sym_stride,
 )
 from gmlp.cutedsl.sm90._launch import (
     check_optional,
@@ -65,7 +61,6 @@ from gmlp.cutedsl.sm90._launch import (
     run,
 )
 from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN,
     THREADS_PER_WARPGROUP,
     StagedConfig,
     WideItems,
@@ -95,7 +90,6 @@ __all__ = ["BlockwiseGemmConfig", "BlockwiseGemmSm90", "compile_blockwise_gemm",
            "grouped_gemm_fp8_blockwise"]
 
 _NAME = "blockwise GEMM"
-_BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}  # torch -> cutlass dtype of a bias
 
 
 @dataclass(frozen=True)
@@ -108,8 +102,8 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
     wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
 
     def __post_init__(self):
-        if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
-            raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
+        if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -218,14 +212,11 @@ def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
     rows, n, k = cute.sym_int(), cute.sym_int(divisibility=TILE_N), cute.sym_int(divisibility=TILE_K)
     starts, experts = cute.sym_int(), cute.sym_int()
     n_blocks, k_blocks, padded_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=4)
-    a = fake_matrix(Uint8, rows, k, divisibility=16)
-    a_scale = make_fake_tensor(Float32, (k_blocks, padded_rows), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    b = make_fake_tensor(Uint8, (experts, n, k), stride=(sym_stride(16), sym_stride(16), 1), assumed_align=ALIGN)
-    b_scale = make_fake_tensor(Float32, (experts, n_blocks, k_blocks), stride=(sym_stride(1), sym_stride(1), 1),
-                               assumed_align=4)
+    a, a_scale = fake_token_rows(rows, k, k_blocks, padded_rows)
+    b, b_scale = fake_weight_tiles(experts, n, k, n_blocks, k_blocks)
     bias = None
     if config.bias_dtype is not None:
-        bias = fake_matrix(_BIAS_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
+        bias = fake_matrix(FLOAT_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
     return (a, a_scale, b, b_scale, bias, fake_vector(Int32, starts), fake_vector(Int32, starts),
             fake_matrix(BFloat16, rows, n), Int32(1), fake_stream())
 
@@ -276,8 +267,8 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     check_problem(_NAME, problem_support(tokens, n, k, experts))
     check_tma_bases(a=a.data, b=b.data)
     check_optional("bias", bias, (experts, n))
-    if bias is not None and bias.dtype not in _BIAS_DTYPES:
-        raise TypeError(f"bias must be one of {tuple(_BIAS_DTYPES)}, got {bias.dtype}")
+    if bias is not None and bias.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"bias must be one of {tuple(FLOAT_DTYPES)}, got {bias.dtype}")
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
     config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format, wide=wide)

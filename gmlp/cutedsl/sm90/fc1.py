@@ -73,6 +73,7 @@ from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
+    FLOAT_DTYPES,
     SUPPORTED_ARCHS,
     CompiledKernel,
     compile_ahead,
@@ -131,7 +132,6 @@ TILE_N = 128  # a columns per work item (gated: 2 x 128 h columns)
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 A_FORMAT = ElementFormat.E4M3  # MXFP8: a is quantized in E4M3 (the recipe's activation format)
-_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 
 # fused_b: value v + 64 of a thread's 128 accumulators is the up value of gate value v (v < 64): the
 # m64n256 fragment's column groups 16..31 are groups 0..15 plus 128 columns (check_fused_pairs)
@@ -192,8 +192,8 @@ class FC1Config(StagedConfig):
                              f"quantized={self.quantized}")
         for name in ("bias_dtype", "probs_dtype"):
             dtype = getattr(self, name)
-            if dtype is not None and dtype not in _FLOAT_DTYPES:
-                raise ValueError(f"{name} must be one of {tuple(_FLOAT_DTYPES)}, got {dtype}")
+            if dtype is not None and dtype not in FLOAT_DTYPES:
+                raise ValueError(f"{name} must be one of {tuple(FLOAT_DTYPES)}, got {dtype}")
         if self.up_apart and not (self.activation.gated and self.b_k_major):
             raise ValueError(f"up_apart needs a gated activation and K-major gate and up views, got "
                              f"{self.activation.name}, b_k_major={self.b_k_major}")
@@ -495,9 +495,9 @@ def _fake_arguments(config: FC1Config) -> tuple:
         w, w_up = fake_experts(experts, ffn, hidden, True), fake_experts(experts, ffn, hidden, True)
     bias = probs = None
     if config.bias_dtype is not None:
-        bias = fake_matrix(_FLOAT_DTYPES[config.bias_dtype], experts, n1, divisibility=1, align=4)
+        bias = fake_matrix(FLOAT_DTYPES[config.bias_dtype], experts, n1, divisibility=1, align=4)
     if config.probs_dtype is not None:
-        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
+        probs = fake_vector(FLOAT_DTYPES[config.probs_dtype], rows)
     row_start, tile_start = fake_vector(Int32, starts), fake_vector(Int32, starts)
     c = fake_matrix(BFloat16, rows, n1)
     block_start, outputs = _quantize_epilogue.fake_outputs(rows, ffn, starts, config.quantized)  # a's

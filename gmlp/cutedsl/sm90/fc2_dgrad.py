@@ -94,6 +94,7 @@ from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
+    FLOAT_DTYPES,
     SUPPORTED_ARCHS,
     CompiledKernel,
     compile_ahead,
@@ -158,7 +159,6 @@ WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 1
 QUANTIZED_TILE_N = launch_options.QUANTIZED_TILE_N
 # MXFP8: 8 more registers a consumer thread, 16 fewer a producer one (128 x 24 + 256 x 240 = 384 x 168)
 QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
-_FLOAT_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 
 
 
@@ -192,8 +192,8 @@ class FC2DgradConfig(StagedConfig):
         if self.tile_n not in TILE_NS:
             raise ValueError(f"tile_n must be one of {TILE_NS}, got {self.tile_n}")
         check_activation(self.activation)
-        if self.probs_dtype is not None and self.probs_dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"probs_dtype must be one of {tuple(_FLOAT_DTYPES)}, got {self.probs_dtype}")
+        if self.probs_dtype is not None and self.probs_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"probs_dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.probs_dtype}")
         if (self.e5m2 or self.floor_scales) and not self.quantized:
             raise ValueError("e5m2 and floor_scales need quantized=True (a bf16 dh has no scales)")
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
@@ -474,7 +474,7 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
     c = fake_matrix(BFloat16, rows, n1)
     probs = dprobs_partial = warp_sums = None
     if config.probs_dtype is not None:
-        probs = fake_vector(_FLOAT_DTYPES[config.probs_dtype], rows)
+        probs = fake_vector(FLOAT_DTYPES[config.probs_dtype], rows)
         dprobs_partial = fake_matrix(Float32, rows, n_tiles, divisibility=1, align=4)
     if config.bias_grad:
         warp_sums = fake_matrix(Float32, sum_rows, n1, divisibility=1, align=4)

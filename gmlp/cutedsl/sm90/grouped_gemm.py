@@ -60,6 +60,7 @@ from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _decode, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
+    FLOAT_DTYPES,
     SUPPORTED_ARCHS,
     CompiledKernel,
     compile_ahead,
@@ -122,7 +123,6 @@ __all__ = [
     "MAX_EXPERTS",
 ]
 
-_BIAS_DTYPES = {torch.bfloat16: BFloat16, torch.float32: Float32}
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
 
 
@@ -153,8 +153,8 @@ class KernelConfig(StagedConfig):
             raise ValueError("a decoded MXFP8 A (a_format) needs pingpong=False (one warpgroup's bf16 buffers per tile)")
         if self.a_format is not None and self.k_split:
             raise ValueError("a decoded MXFP8 A (a_format) needs k_split=False (its scales follow one B's k-tiles)")
-        if self.bias_dtype is not None and self.bias_dtype not in _BIAS_DTYPES:
-            raise ValueError(f"bias dtype must be one of {tuple(_BIAS_DTYPES)}, got {self.bias_dtype}")
+        if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_store(self.store)
         if self.store == "tma" and (self.pingpong or self.bias_dtype is not None):
             raise ValueError(f"store='tma' needs pingpong=False and no bias (the TMA-store epilogue has neither yet), "
@@ -390,7 +390,7 @@ def _fake_arguments(config: KernelConfig) -> tuple:
         b, b1 = fake_experts(experts, n, k0, config.b_k_major), fake_experts(experts, n, k1, config.b_k_major)
     bias = None
     if config.bias_dtype is not None:
-        bias = fake_matrix(_BIAS_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
+        bias = fake_matrix(FLOAT_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
     return (a, scales, b, b1, bias, fake_vector(Int32, starts), fake_vector(Int32, starts), fake_matrix(BFloat16, rows, n),
             Int32(1), fake_stream())
 
