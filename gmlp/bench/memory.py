@@ -1,9 +1,10 @@
 """``python -m gmlp.bench memory``: where a training step's memory goes. For each side of ``bench
 mlp`` (torch's eager bf16 layer, gmlp bf16, gmlp MXFP8, gmlp with the FP8 blockwise recipe), one
-forward + backward under the CUDA caching allocator's history (``torch.cuda.memory._record_memory_history``): the bytes allocated
-after every allocation and free (the step's timeline above the memory resident before it), its
-peak, and the tensors alive at the peak grouped by the line of gmlp that allocated them (or of
-the bench, for torch's layer; "autograd engine" where no Python frame is recorded).
+forward + backward under the CUDA caching allocator's history
+(``torch.cuda.memory._record_memory_history``): the bytes allocated after every allocation and
+free (the step's timeline above the memory resident before it), its peak, and the tensors alive
+at the peak grouped by the line of gmlp that allocated them (or of the bench, for torch's layer;
+"autograd engine" where no Python frame is recorded).
 
 Results as JSON (each side's peak, its groups at the peak, its timeline downsampled) and, with
 ``--plot``, the timelines of every side as a PNG.

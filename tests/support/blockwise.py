@@ -21,3 +21,27 @@ def summation_error(k: int, on_gpu: bool) -> float:
     k values: fp32 sums (k * 2**-24), plus on a GPU each 128-block's fp8 ``wgmma`` chain
     (``FP8_WGMMA_BLOCK_ERROR``)."""
     return k * 2.0**-24 + (FP8_WGMMA_BLOCK_ERROR if on_gpu else 0.0)
+
+
+def exact_operands(splits: list[int], k: int, n: int, token_format, device: str = "cuda"):
+    """(Q_row token operand (T, k) in ``token_format``, E4M3 weight tiles (E, n, k), split sizes)
+    whose grouped GEMM sums are exact in fp32 and in the fp8 wgmma's accumulation: small integer
+    elements (|q| <= 3) and power-of-two scales (from the global RNG, in this order: the token
+    scales, the token data, the weight data, the weight scales)."""
+    from gmlp.fp8_blockwise.layout import padded
+    from gmlp.fp8_blockwise.tensor import BlockShape
+    from gmlp.mxfp8.spec import ElementFormat
+
+    tokens, experts = sum(splits), len(splits)
+    split_sizes = torch.tensor(splits, device=device)
+
+    def power_of_two(shape):
+        return 2.0 ** torch.randint(-4, 3, shape, device=device).float()
+
+    scales = torch.ones(k // 128, padded(tokens), device=device)
+    scales[:, :tokens] = power_of_two((k // 128, tokens))
+    rows = FP8BlockwiseTensor(torch.randint(-3, 4, (tokens, k), device=device).to(token_format.torch_dtype), scales,
+                              BlockShape.ROWWISE, token_format, True, split_sizes)
+    tiles = FP8BlockwiseTensor(torch.randint(-3, 4, (experts, n, k), device=device).to(torch.float8_e4m3fn),
+                               power_of_two((experts, n // 128, k // 128)), BlockShape.TILE, ElementFormat.E4M3, True)
+    return rows, tiles, split_sizes

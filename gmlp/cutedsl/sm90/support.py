@@ -22,8 +22,8 @@ from gmlp.system.versions import missing_package_hint, package_version
 if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN", "decoded_wgrad_reason",
-           "import_error", "launcher", "site_gemm", "site_reason"]
+__all__ = ["KERNEL_MODULES", "FFN_OPS", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN",
+           "decoded_wgrad_reason", "import_error", "launcher", "site_gemm", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
@@ -36,6 +36,9 @@ KERNEL_MODULES = {
     "fc2_dgrad_blockwise": ("blockwise_fc2_dgrad", "fc2_dgrad_blockwise"),
     "grouped_wgrad_fp8_blockwise": ("blockwise_wgrad", "grouped_wgrad_fp8_blockwise"),
 }
+# the ops whose kernels' problem_support takes the layer's (T, H, F, E) (FC1 and FC2 dgrad, with
+# their activation epilogues); the others take their GEMM's (T, N, K, E)
+FFN_OPS = ("fc1_forward", "fc2_dgrad", "fc1_forward_blockwise", "fc2_dgrad_blockwise")
 
 # GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 operands as they are and
 # decodes them (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16
@@ -115,7 +118,7 @@ def site_reason(site: str, op: str, problem: LayerProblem) -> Reason | None:
     gated = problem.activation != "srelu"
     tokens, n, k, experts = site_gemm(site, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
     module = _module(op)
-    if op in ("fc1_forward", "fc2_dgrad", "fc1_forward_blockwise", "fc2_dgrad_blockwise"):  # (T, H, F, E)
+    if op in FFN_OPS:
         reason = module.problem_support(tokens, problem.hidden, problem.ffn, experts, gated=gated)
     else:  # the grouped GEMM's (T, N, K, E), the weight gradient's (T, M, N, E)
         reason = module.problem_support(tokens, n, k, experts)

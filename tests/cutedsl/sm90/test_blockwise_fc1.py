@@ -15,6 +15,8 @@ import torch
 
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from gmlp.mxfp8.spec import ElementFormat
+from tests.support.blockwise import exact_operands
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 from tests.support.warp import THREADS, WarpOps, amax_keys, amax_of_keys
@@ -24,8 +26,9 @@ pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kern
 
 
 @pytest.mark.parametrize(("activation", "bias", "probs", "power_of_two"),
-                         [("swiglu", torch.float32, torch.float32, True), ("srelu", torch.bfloat16, torch.bfloat16, True),
-                          ("geglu", None, None, False)], ids=["swiglu-fp32", "srelu-bf16", "geglu-fp32-scales"])
+                         [("swiglu", torch.float32, torch.float32, True),
+                          ("srelu", torch.bfloat16, torch.bfloat16, True), ("geglu", None, None, False)],
+                         ids=["swiglu-fp32", "srelu-bf16", "geglu-fp32-scales"])
 def test_compiles_to_fp8_wgmma_with_no_spills(activation, bias, probs, power_of_two):
     from gmlp.cutedsl.sm90.blockwise_fc1 import BlockwiseFC1Config, compile_blockwise_fc1
 
@@ -156,7 +159,6 @@ def test_epilogue_model_equals_the_spec(valid_rows, element_format, power_of_two
     quantization of the tile both ways, rows past the expert's end as zeros (checked on the GPU
     against the Triton twin bit for bit)."""
     from gmlp.fp8_blockwise.spec import quantize_blocks
-    from gmlp.mxfp8.spec import ElementFormat
 
     fmt = ElementFormat(element_format)
     torch.manual_seed(valid_rows)
@@ -178,30 +180,6 @@ def test_epilogue_model_equals_the_spec(valid_rows, element_format, power_of_two
 # ---------------------------------------------------------------------------------------------
 
 _SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]]
-
-
-def _exact_operands(splits: list[int], hidden: int, n1: int):
-    """Q_row(x) and W1's tiles whose GEMM sums are exact in fp32 and in the fp8 wgmma's
-    accumulation: small integer elements (|q| <= 3) and power-of-two scales."""
-    from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor
-    from gmlp.fp8_blockwise.layout import padded
-    from gmlp.mxfp8.spec import ElementFormat
-
-    tokens, experts = sum(splits), len(splits)
-    split_sizes = torch.tensor(splits, device="cuda")
-    fp8 = torch.float8_e4m3fn
-
-    def power_of_two(shape):
-        return 2.0 ** torch.randint(-4, 3, shape, device="cuda").float()
-
-    x_scales = torch.ones(hidden // 128, padded(tokens), device="cuda")
-    x_scales[:, :tokens] = power_of_two((hidden // 128, tokens))
-    x = FP8BlockwiseTensor(torch.randint(-3, 4, (tokens, hidden), device="cuda").to(fp8), x_scales,
-                           BlockShape.ROWWISE, ElementFormat.E4M3, True, split_sizes)
-    w1 = FP8BlockwiseTensor(torch.randint(-3, 4, (experts, n1, hidden), device="cuda").to(fp8),
-                            power_of_two((experts, n1 // 128, hidden // 128)), BlockShape.TILE, ElementFormat.E4M3,
-                            True)
-    return x, w1, split_sizes
 
 
 def _assert_same_outputs(got, want) -> None:
@@ -226,7 +204,7 @@ def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, bias_d
     activation = activation_from(activation)
     hidden, ffn = 512, 384
     n1 = (2 if activation.gated else 1) * ffn
-    x, w1, split_sizes = _exact_operands(splits, hidden, n1)
+    x, w1, split_sizes = exact_operands(splits, hidden, n1, ElementFormat.E4M3)
     tokens, experts = x.source_shape[0], len(splits)
     b1 = None if bias_dtype is None else torch.randn(experts, n1, device="cuda").to(bias_dtype)
     probs = None if probs_dtype is None else torch.rand(tokens, device="cuda").to(probs_dtype)

@@ -14,6 +14,8 @@ import torch
 
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
+from gmlp.mxfp8.spec import ElementFormat
+from tests.support.blockwise import exact_operands
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 
@@ -23,10 +25,10 @@ pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kern
 
 @pytest.mark.parametrize(("activation", "grad_format", "probs", "bias_grad"),
                          [("swiglu", "e4m3", torch.float32, True), ("srelu", "e5m2", None, False),
-                          ("geglu", "e4m3", torch.bfloat16, True)], ids=["swiglu-probs-db1", "srelu-e5m2", "geglu-bf16"])
+                          ("geglu", "e4m3", torch.bfloat16, True)],
+                         ids=["swiglu-probs-db1", "srelu-e5m2", "geglu-bf16"])
 def test_compiles_to_fp8_wgmma_with_no_spills(activation, grad_format, probs, bias_grad):
     from gmlp.cutedsl.sm90.blockwise_fc2_dgrad import BlockwiseFC2DgradConfig, compile_blockwise_fc2_dgrad
-    from gmlp.mxfp8.spec import ElementFormat
 
     config = BlockwiseFC2DgradConfig(activation_from(activation), grad_format=ElementFormat(grad_format),
                                      probs_dtype=probs, bias_grad=bias_grad)
@@ -82,29 +84,6 @@ def test_launcher_argument_errors():
 _SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]]
 
 
-def _exact_operands(splits: list[int], hidden: int, ffn: int, grad_format: str):
-    """Q_row(dy) and W2^T's tiles whose GEMM sums are exact in fp32 and in the fp8 wgmma's
-    accumulation: small integer elements (|q| <= 3) and power-of-two scales."""
-    from gmlp.fp8_blockwise.layout import padded
-    from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor
-    from gmlp.mxfp8.spec import ElementFormat
-
-    tokens, experts = sum(splits), len(splits)
-    fmt = ElementFormat(grad_format)
-
-    def power_of_two(shape):
-        return 2.0 ** torch.randint(-4, 3, shape, device="cuda").float()
-
-    dy_scales = torch.ones(hidden // 128, padded(tokens), device="cuda")
-    dy_scales[:, :tokens] = power_of_two((hidden // 128, tokens))
-    dy = FP8BlockwiseTensor(torch.randint(-3, 4, (tokens, hidden), device="cuda").to(fmt.torch_dtype), dy_scales,
-                            BlockShape.ROWWISE, fmt, True, torch.tensor(splits, device="cuda"))
-    w2t = FP8BlockwiseTensor(torch.randint(-3, 4, (experts, ffn, hidden), device="cuda").to(torch.float8_e4m3fn),
-                             power_of_two((experts, ffn // 128, hidden // 128)), BlockShape.TILE, ElementFormat.E4M3,
-                             True)
-    return dy, w2t
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
@@ -121,9 +100,8 @@ def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, grad_f
     activation = activation_from(activation)
     hidden, ffn = 512, 384
     n1 = (2 if activation.gated else 1) * ffn
-    dy, w2t = _exact_operands(splits, hidden, ffn, grad_format)
+    dy, w2t, split_sizes = exact_operands(splits, hidden, ffn, ElementFormat(grad_format))
     tokens = dy.source_shape[0]
-    split_sizes = dy.split_sizes
     c = torch.randn(tokens, n1, device="cuda").bfloat16()
     probs = None if probs_dtype is None else torch.rand(tokens, device="cuda").to(probs_dtype)
     kwargs = dict(activation=activation, grad_format=grad_format, probs=probs, bias_grad=True,
