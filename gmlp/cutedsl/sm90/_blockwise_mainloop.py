@@ -8,11 +8,18 @@ FC1, FC2 dgrad): DeepGEMM's 1D2D form, one or two 128-column halves a work item.
 - Consumers (two warpgroups of 64 rows): per k-tile and half, four k=32 ``wgmma`` into a fresh
   fp32 fragment ``partial``, ``wait_group(0)``, then ``acc += (sa * sb) * partial`` in
   registers. A thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row, 4j+2,
-  4j+3 the row 8 below), so it reads two A scales and the half's B scale a k-tile; the next
-  k-tile's scales are loaded while the last half's wgmmas run (the loads' latency was the
-  mainloop's largest stall: ncu, 2026-12-05). The slot is released after the last half's wait.
-  Registers: 64 fp32 a half for acc and 64 for the one ``partial`` (two partials would not fit
-  the 232 of a consumer thread).
+  4j+3 the row 8 below), so it reads two A scales and the half's B scale a k-tile. The slot is
+  released after the last half's wait. Registers: 64 fp32 a half for acc and 64 for the one
+  ``partial`` (two partials would not fit the 232 of a consumer thread).
+- A's scales come with the slot: one TMA box of the k-tile's scale row (A's scales are MN-major,
+  (K/128, pad4(T))), ``SCALE_BOX_ROWS`` = 132 floats from the item's first row rounded down to 4
+  (TMA needs the innermost coordinate 16-byte aligned: a box at an odd expert start is an
+  illegal instruction), read by the consumers at ``first_row % 4`` past the slot's start. Read
+  per thread from global memory they were the mainloop's largest stall (ncu, 2026-12-05:
+  long_scoreboard, lg_throttle). Rows past the expert's end read the next expert's scales or
+  TMA's zero fill: their accumulators are never stored, and the epilogues zero them. The B
+  scales (one float a k-tile and half) are global loads of the next k-tile issued while the last
+  half's wgmmas run.
 """
 
 from __future__ import annotations
@@ -25,20 +32,26 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float8E4M3FN, Float32, Int32, Uint8, const_expr
+import torch
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
-from gmlp.cutedsl.sm90._pipeline import ALIGN, produce_k_tiles
+from gmlp.cutedsl.sm90._pipeline import ALIGN, mainloop_fields, produce_k_tiles, slot_tensors, smem_array
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
 
-__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "BRows", "Operands", "make_operands", "fake_token_rows",
-           "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles"]
+__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "SCALE_BOX_ROWS", "BRows", "Operands",
+           "slot_bytes", "make_operands", "scale_smem_layout", "storage_fields", "scaled_slot_tensors", "check_token_scales",
+           "fake_token_rows", "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles"]
 
 TILE_N = 128  # one weight tile row: one B scale per k-tile
 TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
 MMA_WARPGROUPS = 2  # consumers, each 64 rows of the tile
+SCALE_ROW_ALIGN = 4  # fp32 scales in 16 bytes: a TMA box's innermost coordinate is a multiple of this
+SCALE_BOX_ROWS = TILE_M + SCALE_ROW_ALIGN  # A's scales a slot: 128 rows from any start inside the box
+SCALE_SLOT_FLOATS = 160  # one slot's scales: the box padded to 640 bytes (TMA's smem ends 128-byte aligned)
+SCALE_SLOT_BYTES = 4 * SCALE_SLOT_FLOATS
 
 
 @dataclass(frozen=True)
@@ -52,13 +65,26 @@ class Operands:
     tma_a: cute.Tensor  # TMA coordinates of A (T, K)
     tma_atom_b: cute.CopyAtom
     tma_b: cute.Tensor  # TMA coordinates of B (N, K, E)
+    tma_atom_sa: cute.CopyAtom
+    tma_sa: cute.Tensor  # TMA coordinates of A's scales (pad4(T), K/128)
 
 
-def make_operands(mA: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int) -> Operands:
+def slot_bytes(halves: int) -> int:
+    """The smem of one slot: A's k-tile and ``halves`` B k-tiles of fp8 bytes, and A's scales."""
+    return (TILE_M + halves * TILE_N) * TILE_K + SCALE_SLOT_BYTES
+
+
+def scale_smem_layout(stages: int) -> cute.Layout:
+    """A's scales in the slots: (SCALE_BOX_ROWS, 1, stages), a slot every SCALE_SLOT_FLOATS."""
+    return cute.make_layout((SCALE_BOX_ROWS, 1, stages), stride=(1, SCALE_SLOT_FLOATS, SCALE_SLOT_FLOATS))
+
+
+def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int) -> Operands:
     """Host side (traced in a kernel's ``__call__``): the fp8 ``wgmma`` tiled MMA of the two
     consumer warpgroups, the slots' swizzled smem layouts and TMA loads of A (T, K) bytes read as
-    ``a_dtype`` and B (E, N, K) E4M3 bytes, both K-major (the operands go in as ``uint8``: torch's
-    fp8 dtypes are not exchanged with the host runtime alike on every version)."""
+    ``a_dtype``, of A's (K/128, pad4(T)) scales (boxes of a scale row) and of B (E, N, K) E4M3
+    bytes, A and B K-major (the operands go in as ``uint8``: torch's fp8 dtypes are not exchanged
+    with the host runtime alike on every version)."""
     mA = cute.recast_tensor(mA, a_dtype)
     mB = cute.recast_tensor(mB, Float8E4M3FN)
     mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))  # L = experts
@@ -74,7 +100,39 @@ def make_operands(mA: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int) -> Ope
     tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
         (TILE_N, TILE_K))
-    return Operands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
+    mAScale_tk = cute.make_tensor(mAScale.iterator, cute.select(mAScale.layout, mode=[1, 0]))  # rows contiguous
+    tma_atom_sa, tma_sa = cute.nvgpu.cpasync.make_tiled_tma_atom(
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mAScale_tk,
+        cute.slice_(scale_smem_layout(stages), (None, None, 0)), (SCALE_BOX_ROWS, 1))
+    return Operands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sa,
+                    tma_sa)
+
+
+def storage_fields(stages: int, ops: Operands, a_dtype) -> dict:
+    """The first fields of a blockwise kernel's ``shared_storage``: ``_pipeline.mainloop_fields``
+    (E4M3 B tiles) and the slots' A scales (``sAScale``)."""
+    fields = mainloop_fields(stages, ops.a_smem_layout, ops.b_smem_layout, a_dtype, Float8E4M3FN)
+    fields["sAScale"] = smem_array(Float32, cute.cosize(scale_smem_layout(stages)), align=128)
+    return fields
+
+
+def scaled_slot_tensors(storage, stages: int, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
+                 halves: int, a_dtype) -> tuple:
+    """(sA, sB, sAScale, stage_bytes): ``_pipeline.slot_tensors``' A and B tiles, the slots' A
+    scales, and the bytes TMA delivers to a slot (the full barrier's transaction count: A's
+    k-tile, ``halves`` B k-tiles and the scale box, zero fill included)."""
+    sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves, a_dtype=a_dtype,
+                                      b_dtype=Float8E4M3FN)
+    sAScale = storage.sAScale.get_tensor(scale_smem_layout(stages))
+    return sA, sB, sAScale, tile_bytes + 4 * SCALE_BOX_ROWS
+
+
+def check_token_scales(name: str, scale_inv: torch.Tensor) -> None:
+    """A rowwise token operand's (K/128, pad4(T)) scales as the scale TMA reads them: rows
+    contiguous, their stride a multiple of 4 floats (16 bytes)."""
+    if scale_inv.stride(1) != 1 or scale_inv.stride(0) % SCALE_ROW_ALIGN:
+        raise ValueError(f"{name}'s scales must have contiguous rows 16-byte apart (TMA boxes), got strides "
+                         f"{scale_inv.stride()}")
 
 
 def fake_token_rows(rows, cols, blocks, padded_rows, divisibility: int = 16) -> tuple:
@@ -130,11 +188,12 @@ class BRows:
 
 @cute.jit
 def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: Int32, step: Int32, k_tiles: Int32,
-                  tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, tma_atom_b: cute.CopyAtom,
-                  mB: cute.Tensor, sBs: list, b_rows: BRows):
+                  tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, tma_atom_sa: cute.CopyAtom,
+                  mAScale: cute.Tensor, sAScale: cute.Tensor, tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sBs: list,
+                  b_rows: BRows):
     """The producer warp: for the CTA's work items (``item``, ``item + step``, ...), every k-tile's
-    A tile and one B tile a half of ``sBs`` (``mB``: TMA coordinates (N, K, E)); then waits
-    until the consumers freed every slot."""
+    A tile, A's scale box (``mAScale``: TMA coordinates (pad4(T), K/128)) and one B tile a half of
+    ``sBs`` (``mB``: TMA coordinates (N, K, E)); then waits until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
     b_parts = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
@@ -145,31 +204,38 @@ def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: 
         gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        box_row = first_row - first_row % SCALE_ROW_ALIGN  # 16-byte aligned (see the module docstring)
+        gS = cute.local_tile(cute.domain_offset((box_row, 0), mAScale), (SCALE_BOX_ROWS, 1), (0, None))
+        tSsS, tSgS = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_sa, 0, cute.make_layout(1), cute.group_modes(sAScale, 0, 2), cute.group_modes(gS, 0, 2))
         state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
-                                tuple((tma_atom_b, tBgB[(None, rows[h], None, g)], tBsB)
-                                      for h, (tBsB, tBgB) in enumerate(b_parts)))
+                                ((tma_atom_sa, tSgS, tSsS),
+                                 *((tma_atom_b, tBgB[(None, rows[h], None, g)], tBsB)
+                                   for h, (tBsB, tBgB) in enumerate(b_parts))))
         item += step
     mainloop.producer_tail(state)
 
 
 @cute.jit
 def promoted_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, k_tiles: Int32, tCrA: cute.Tensor,
-                     tCrBs: list, accs: list, partial: cute.Tensor, mAScale: cute.Tensor, mBScale: cute.Tensor,
-                     g: Int32, rows_b: tuple, first_row: Int32, end_row: Int32, rows: tuple):
+                     tCrBs: list, accs: list, partial: cute.Tensor, sAScale: cute.Tensor, mBScale: cute.Tensor,
+                     g: Int32, rows_b: tuple, first_row: Int32, rows: tuple):
     """One work item's promoted mainloop into ``accs`` (one fragment a half, overwritten):
     ``rows_b`` the halves' weight tile rows (``BRows.of``), ``rows`` the thread's two accumulator
     rows. Returns (tiled_mma, read_state): the caller rebinds both, so the tracer carries them
     (the MMA's ACCUMULATE field and the state) across its work-item loop."""
     halves = len(accs)
     k_blocks = cute.size(tCrA, mode=[2])
+    box_rows = (rows[0] + first_row % SCALE_ROW_ALIGN, rows[1] + first_row % SCALE_ROW_ALIGN)  # in the scale box
     for h in cutlass.range_constexpr(halves):
         accs[h].fill(0.0)
-    # (sa * sb) of the thread's upper and lower row, per half (the second pair repeats the first
-    # with one half): k-tile 0's, then each k-tile's next ones loaded while its wgmmas run
-    upper0, lower0, upper1, lower1 = _row_scales(mAScale, mBScale, g, rows_b, halves, Int32(0), first_row, end_row,
-                                                 rows)
+    # the B scales of k-tile 0, then each k-tile's next ones loaded while its wgmmas run (the
+    # second repeats the first with one half)
+    b_scale0, b_scale1 = _b_scales(mBScale, g, rows_b, halves, Int32(0))
     for k_tile in range(k_tiles):
         mainloop.consumer_wait(read_state)
+        upper_a = sAScale[box_rows[0], 0, read_state.index]  # the thread's two rows' A scales
+        lower_a = sAScale[box_rows[1], 0, read_state.index]
         for h in cutlass.range_constexpr(halves):
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
             cute.nvgpu.warpgroup.fence()
@@ -179,37 +245,28 @@ def promoted_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, k_tiles: In
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.commit_group()
             if const_expr(h == halves - 1):
-                next_upper0, next_lower0, next_upper1, next_lower1 = upper0, lower0, upper1, lower1
+                next_b_scale0, next_b_scale1 = b_scale0, b_scale1
                 if k_tile + 1 < k_tiles:
-                    next_upper0, next_lower0, next_upper1, next_lower1 = _row_scales(
-                        mAScale, mBScale, g, rows_b, halves, k_tile + 1, first_row, end_row, rows)
+                    next_b_scale0, next_b_scale1 = _b_scales(mBScale, g, rows_b, halves, k_tile + 1)
             cute.nvgpu.warpgroup.wait_group(0)
             if const_expr(h == halves - 1):
                 mainloop.consumer_release(read_state)
                 read_state.advance()
             # promote: acc += (sa * sb) * partial
-            upper, lower = (upper0, lower0) if h == 0 else (upper1, lower1)
+            b_scale = b_scale0 if h == 0 else b_scale1
+            upper, lower = upper_a * b_scale, lower_a * b_scale
             for i in cutlass.range_constexpr(cute.size(partial)):
                 accs[h][i] = accs[h][i] + (upper if (i % 4) < 2 else lower) * partial[i]
-        upper0, lower0, upper1, lower1 = next_upper0, next_lower0, next_upper1, next_lower1
+        b_scale0, b_scale1 = next_b_scale0, next_b_scale1
     return tiled_mma, read_state
 
 
 @cute.jit
-def _row_scales(mAScale: cute.Tensor, mBScale: cute.Tensor, g: Int32, rows_b: tuple, halves: cutlass.Constexpr,
-                k_tile: Int32, first_row: Int32, end_row: Int32, rows: tuple):
-    """(sa * sb) of k-tile ``k_tile`` for the thread's two accumulator rows with the B scale of
-    weight tile row ``rows_b[0]`` and, with two halves, of ``rows_b[1]``: (upper, lower) of each
-    half, the first pair twice with one half (A's rows past the expert's end get 0: they are never
-    stored, and may lie past A's scale buffer)."""
-    upper_a = Float32(0.0)
-    lower_a = Float32(0.0)
-    if first_row + rows[0] < end_row:
-        upper_a = mAScale[k_tile, first_row + rows[0]]
-    if first_row + rows[1] < end_row:
-        lower_a = mAScale[k_tile, first_row + rows[1]]
+def _b_scales(mBScale: cute.Tensor, g: Int32, rows_b: tuple, halves: cutlass.Constexpr, k_tile: Int32):
+    """The B scales of k-tile ``k_tile`` of weight tile row ``rows_b[0]`` and, with two halves, of
+    ``rows_b[1]`` (the first twice with one half)."""
     b0 = mBScale[g, rows_b[0], k_tile]
     b1 = b0
     if const_expr(halves == 2):
         b1 = mBScale[g, rows_b[1], k_tile]
-    return upper_a * b0, lower_a * b0, upper_a * b1, lower_a * b1
+    return b0, b1

@@ -41,12 +41,16 @@ from gmlp.cutedsl.sm90._blockwise_mainloop import (
     TILE_K,
     TILE_N,
     BRows,
+    check_token_scales,
     fake_token_rows,
     fake_weight_tiles,
     ffn_problem_support,
     make_operands,
     produce_items,
     promoted_k_tiles,
+    scaled_slot_tensors,
+    slot_bytes,
+    storage_fields,
 )
 from gmlp.cutedsl.sm90._compile import (
     FLOAT_DTYPES,
@@ -67,11 +71,9 @@ from gmlp.cutedsl.sm90._pipeline import (
     consumer_states,
     cta_roles,
     launch,
-    mainloop_fields,
     make_mainloop_pipeline,
     register_split,
     shared_storage,
-    slot_tensors,
     smem_array,
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
@@ -113,8 +115,8 @@ class BlockwiseFC1Config(StagedConfig):
         return 2 if self.activation.gated else 1
 
     def stage_bytes(self) -> int:
-        """One slot: x's k-tile and a W1 k-tile a half, of fp8 bytes."""
-        return (TILE_M + self.halves * TILE_N) * TILE_K
+        """One slot: x's k-tile and a W1 k-tile a half, of fp8 bytes, and x's scale box."""
+        return slot_bytes(self.halves)
 
     def fixed_bytes(self) -> int:
         return _quantize_epilogue.SMEM_BYTES  # the transposed fp8 tile and the amax keys
@@ -158,14 +160,15 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mX, mW, Float8E4M3FN, self.stages)
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, Float8E4M3FN, Float8E4M3FN)
+        ops = make_operands(mX, mXScale, mW, Float8E4M3FN, self.stages)
+        fields = storage_fields(self.stages, ops, Float8E4M3FN)
         if const_expr(self.gated):
             fields["sU"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the up tiles
         fields.update(_quantize_epilogue.smem_fields())
         self.shared_storage = shared_storage(fields)
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScale, ops.tma_atom_b, ops.tma_b, mWScale, mBias, mProbs,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
+                           mWScale, mBias, mProbs,
                            mRowStart, mTileStart, mC, mRowData, mRowScale, mColData, mColScale, ops.tiled_mma,
                            ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
@@ -175,7 +178,8 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         self,
         tma_atom_a: cute.CopyAtom,
         mX: cute.Tensor,  # TMA coordinates of x (T, H)
-        mXScale: cute.Tensor,
+        tma_atom_sa: cute.CopyAtom,
+        mXScale: cute.Tensor,  # TMA coordinates of its scales (pad4(T), K/128)
         tma_atom_b: cute.CopyAtom,
         mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E)
         mWScale: cute.Tensor,
@@ -192,11 +196,11 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         a_smem_layout: cute.ComposedLayout,
         b_smem_layout: cute.ComposedLayout,
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         halves = self.config.halves
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
-                                           a_dtype=Float8E4M3FN, b_dtype=Float8E4M3FN)
+        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
+                                                           halves, Float8E4M3FN)
         sBs = [sB]
         if const_expr(self.gated):
             sBs.append(storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
@@ -210,8 +214,8 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
-            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, tma_atom_b, mW, sBs,
-                          b_rows)
+            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, tma_atom_sa,
+                          mXScale, sAScale, tma_atom_b, mW, sBs, b_rows)
 
         if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
@@ -235,8 +239,8 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
             while item < items.count:
                 g, m_tile, n_tile, first_row, end_row = items.tile(item)
                 tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, accs,
-                                                         partial, mXScale, mWScale, g, b_rows.of(n_tile, halves),
-                                                         first_row, end_row, rows)
+                                                         partial, sAScale, mWScale, g, b_rows.of(n_tile, halves),
+                                                         first_row, rows)
                 # epilogue at rows first_row + [0, 128) (those < end_row are the expert's), a columns col0 + [0, 128)
                 col0 = n_tile * TILE_N
                 limits = (end_row - first_row, ffn - col0)
@@ -324,7 +328,8 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     if tuple(w1.data.shape) != (experts, n1, hidden) or not w1.data.is_contiguous():
         raise ValueError(f"w1 must be a contiguous ({experts}, {n1}, {hidden}) for {activation.name} with F={ffn}, got "
                          f"{tuple(w1.data.shape)}")
-    check_tma_bases(x=x.data, w1=w1.data)
+    check_tma_bases(x=x.data, x_scales=x.scale_inv, w1=w1.data)
+    check_token_scales("x", x.scale_inv)
     token_scalars("probs", probs, tokens)
     if b1 is not None and (tuple(b1.shape) != (experts, n1) or not b1.is_contiguous()):
         raise ValueError(f"b1 must be a contiguous ({experts}, {n1}) tensor, got {tuple(b1.shape)}")

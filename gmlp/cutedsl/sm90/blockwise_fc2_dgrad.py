@@ -48,12 +48,16 @@ from gmlp.cutedsl.sm90._blockwise_mainloop import (
     TILE_K,
     TILE_N,
     BRows,
+    check_token_scales,
     fake_token_rows,
     fake_weight_tiles,
     ffn_problem_support,
     make_operands,
     produce_items,
     promoted_k_tiles,
+    scaled_slot_tensors,
+    slot_bytes,
+    storage_fields,
 )
 from gmlp.cutedsl.sm90._compile import (
     FLOAT_DTYPES,
@@ -76,11 +80,9 @@ from gmlp.cutedsl.sm90._pipeline import (
     consumer_states,
     cta_roles,
     launch,
-    mainloop_fields,
     make_mainloop_pipeline,
     register_split,
     shared_storage,
-    slot_tensors,
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
@@ -120,8 +122,8 @@ class BlockwiseFC2DgradConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """One slot: dy's k-tile and a W2^T k-tile, of fp8 bytes."""
-        return (TILE_M + TILE_N) * TILE_K
+        """One slot: dy's k-tile and a W2^T k-tile, of fp8 bytes, and dy's scale box."""
+        return slot_bytes(1)
 
     def fixed_bytes(self) -> int:
         return _quantize_epilogue.SMEM_BYTES  # the transposed fp8 tile and the amax keys
@@ -165,12 +167,13 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mDy, mW, self.dy_dtype, self.stages)
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.dy_dtype, Float8E4M3FN)
+        ops = make_operands(mDy, mDyScale, mW, self.dy_dtype, self.stages)
+        fields = storage_fields(self.stages, ops, self.dy_dtype)
         fields.update(_quantize_epilogue.smem_fields())
         self.shared_storage = shared_storage(fields)
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mDyScale, ops.tma_atom_b, ops.tma_b, mWScale, mC, mProbs,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
+                           mWScale, mC, mProbs,
                            mRowStart, mTileStart, mDprobsPartial, mWarpSums, mRowData, mRowScale, mColData, mColScale,
                            ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
@@ -180,7 +183,8 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         self,
         tma_atom_a: cute.CopyAtom,
         mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
-        mDyScale: cute.Tensor,
+        tma_atom_sa: cute.CopyAtom,
+        mDyScale: cute.Tensor,  # TMA coordinates of its scales (pad4(T), K/128)
         tma_atom_b: cute.CopyAtom,
         mW: cute.Tensor,  # TMA coordinates of W2^T (F, H, E)
         mWScale: cute.Tensor,
@@ -198,10 +202,10 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         a_smem_layout: cute.ComposedLayout,
         b_smem_layout: cute.ComposedLayout,
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.dy_dtype,
-                                           b_dtype=Float8E4M3FN)
+        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
+                                                           1, self.dy_dtype)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
                                           stage_bytes)
         ffn = mW.shape[0]
@@ -211,8 +215,8 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (dy, W2^T) k-tile of this CTA's items
-            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_b, mW, [sB],
-                          BRows(1, 0))
+            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_sa,
+                          mDyScale, sAScale, tma_atom_b, mW, [sB], BRows(1, 0))
 
         if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
@@ -240,8 +244,8 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
             while item < items.count:
                 g, m_tile, n_tile, first_row, end_row = items.tile(item)
                 tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, [acc],
-                                                         partial, mDyScale, mWScale, g, (n_tile, n_tile), first_row,
-                                                         end_row, rows)
+                                                         partial, sAScale, mWScale, g, (n_tile, n_tile), first_row,
+                                                         rows)
                 # epilogue at rows first_row + [0, 128) (those < end_row are the expert's), da columns col0 + [0, 128)
                 col0 = n_tile * TILE_N
                 limits = (end_row - first_row, ffn - col0)
@@ -373,7 +377,8 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     if tuple(c.shape) != (tokens, n1) or c.dtype != torch.bfloat16 or c.stride(1) != 1 or c.stride(0) % ELEMENT_ALIGN:
         raise ValueError(f"c must be bf16 row-major ({tokens}, {n1}) with a row stride a multiple of {ELEMENT_ALIGN}, "
                          f"got {c.dtype} {tuple(c.shape)} strides {c.stride()}")
-    check_tma_bases(dy=dy.data, w2t=w2t.data, c=c)
+    check_tma_bases(dy=dy.data, dy_scales=dy.scale_inv, w2t=w2t.data, c=c)
+    check_token_scales("dy", dy.scale_inv)
     token_scalars("probs", probs, tokens)
     config = BlockwiseFC2DgradConfig(activation, grad_format=grad_format,
                                      probs_dtype=None if probs is None else probs.dtype, bias_grad=bias_grad,

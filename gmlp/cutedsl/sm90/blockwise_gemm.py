@@ -39,11 +39,15 @@ from gmlp.cutedsl.sm90._blockwise_mainloop import (
     TILE_K,
     TILE_N,
     BRows,
+    check_token_scales,
     fake_token_rows,
     fake_weight_tiles,
     make_operands,
     produce_items,
     promoted_k_tiles,
+    scaled_slot_tensors,
+    slot_bytes,
+    storage_fields,
 )
 from gmlp.cutedsl.sm90._compile import (
     FLOAT_DTYPES,
@@ -68,11 +72,9 @@ from gmlp.cutedsl.sm90._pipeline import (
     consumer_states,
     cta_roles,
     launch,
-    mainloop_fields,
     make_mainloop_pipeline,
     register_split,
     shared_storage,
-    slot_tensors,
     smem_array,
 )
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
@@ -107,8 +109,8 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes."""
-        return (TILE_M + self.halves * TILE_N) * TILE_K
+        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and A's scale box."""
+        return slot_bytes(self.halves)
 
 
 class BlockwiseGemmSm90:
@@ -135,12 +137,13 @@ class BlockwiseGemmSm90:
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mA, mB, self.a_dtype, self.stages)
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, Float8E4M3FN)
+        ops = make_operands(mA, mAScale, mB, self.a_dtype, self.stages)
+        fields = storage_fields(self.stages, ops, self.a_dtype)
         if const_expr(self.config.wide):
             fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the second half's B tiles
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mAScale, ops.tma_atom_b, ops.tma_b, mBScale, mBias, mRowStart,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
+                           mBScale, mBias, mRowStart,
                            mTileStart, mD, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
@@ -149,7 +152,8 @@ class BlockwiseGemmSm90:
         self,
         tma_atom_a: cute.CopyAtom,
         mA: cute.Tensor,  # TMA coordinates of A (T, K)
-        mAScale: cute.Tensor,
+        tma_atom_sa: cute.CopyAtom,
+        mAScale: cute.Tensor,  # TMA coordinates of its scales (pad4(T), K/128)
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
         mBScale: cute.Tensor,
@@ -161,11 +165,11 @@ class BlockwiseGemmSm90:
         a_smem_layout: cute.ComposedLayout,
         b_smem_layout: cute.ComposedLayout,
     ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b))
+        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         halves = self.config.halves
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
-                                           a_dtype=self.a_dtype, b_dtype=Float8E4M3FN)
+        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
+                                                           halves, self.a_dtype)
         sBs = [sB]
         if const_expr(halves == 2):
             sBs.append(storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
@@ -177,8 +181,8 @@ class BlockwiseGemmSm90:
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
         if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_b, mB, sBs,
-                          BRows(halves, 1))
+            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_sa,
+                          mAScale, sAScale, tma_atom_b, mB, sBs, BRows(halves, 1))
 
         if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
@@ -198,8 +202,7 @@ class BlockwiseGemmSm90:
                 g, _, n_tile, first_row, end_row = items.tile(item)
                 rows_b = BRows(halves, 1).of(n_tile, halves)
                 tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, accs,
-                                                         partial, mAScale, mBScale, g, rows_b, first_row, end_row,
-                                                         rows)
+                                                         partial, sAScale, mBScale, g, rows_b, first_row, rows)
                 for h in cutlass.range_constexpr(halves):
                     store_bf16_pairs(accs[h], out, thr_mma, tCcD, mD, mBias, g, rows_b[h], first_row, end_row,
                                      TILE_N)
@@ -265,7 +268,8 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE_N} (two 128-column halves a work item), "
                          f"got N={n}")
     check_problem(_NAME, problem_support(tokens, n, k, experts))
-    check_tma_bases(a=a.data, b=b.data)
+    check_tma_bases(a=a.data, a_scales=a.scale_inv, b=b.data)
+    check_token_scales("a", a.scale_inv)
     check_optional("bias", bias, (experts, n))
     if bias is not None and bias.dtype not in FLOAT_DTYPES:
         raise TypeError(f"bias must be one of {tuple(FLOAT_DTYPES)}, got {bias.dtype}")

@@ -83,7 +83,7 @@ def test_launcher_argument_errors():
         fc1_forward_blockwise(x.rowwise, w1, splits, ffn_hidden_size=256, activation=swiglu)
     with pytest.raises(ValueError, match="F=100 must be positive multiples of 128"):
         fc1_forward_blockwise(x.rowwise, w1, splits, ffn_hidden_size=100, activation=activation_from("srelu"))
-    with pytest.raises(ValueError, match="x and w1 must be 16-byte aligned CUDA tensors, got x on cpu"):
+    with pytest.raises(ValueError, match="x, x_scales and w1 must be 16-byte aligned CUDA tensors, got x on cpu"):
         fc1_forward_blockwise(x.rowwise, w1, splits, **kwargs)
 
 

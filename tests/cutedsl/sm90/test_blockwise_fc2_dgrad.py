@@ -73,7 +73,7 @@ def test_launcher_argument_errors():
         fc2_dgrad_blockwise(dy.rowwise, w2t, c, splits, activation=swiglu, grad_format="e5m2")
     with pytest.raises(ValueError, match=r"c must be bf16 row-major \(8, 256\)"):
         fc2_dgrad_blockwise(dy.rowwise, w2t, c[:, :128], splits, activation=swiglu)
-    with pytest.raises(ValueError, match="dy, w2t and c must be 16-byte aligned CUDA tensors, got dy on cpu"):
+    with pytest.raises(ValueError, match="dy, dy_scales, w2t and c must be 16-byte aligned CUDA tensors, got dy on cpu"):
         fc2_dgrad_blockwise(dy.rowwise, w2t, c, splits, activation=swiglu)
 
 

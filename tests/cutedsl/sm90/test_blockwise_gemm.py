@@ -107,7 +107,7 @@ def test_launcher_argument_errors():
     w_e5m2 = quantize_weights_fp8_blockwise_ref(torch.randn(2, 128, 256).bfloat16(), element_format="e5m2")
     with pytest.raises(ValueError, match="b must be E4M3 \\(the recipe's weights\\), got e5m2"):
         grouped_gemm_fp8_blockwise(x.rowwise, w_e5m2, torch.tensor([4, 4]))
-    with pytest.raises(ValueError, match="a and b must be 16-byte aligned CUDA tensors, got a on cpu"):
+    with pytest.raises(ValueError, match="a, a_scales and b must be 16-byte aligned CUDA tensors, got a on cpu"):
         grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]))  # an E5M2 a (dh) is taken
     with pytest.raises(ValueError, match="wide=True needs N a multiple of 256 .*, got N=128"):
         grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]), wide=True)
