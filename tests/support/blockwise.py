@@ -9,6 +9,11 @@ import torch
 from gmlp.debug.compare import FP8_WGMMA_BLOCK_ERROR
 from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
 
+# The token kernels' GPU splits: empty experts and starts off a 4-row (16-byte scale) boundary
+# (the scale boxes round down), one expert, 128-aligned starts, fewer tokens than a tile
+KERNEL_SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36], [5, 0, 46]]
+KERNEL_SPLIT_IDS = ["edges", "one", "mixed", "few"]
+
 
 def on_device(q: FP8BlockwiseTensor, device: torch.device | str) -> FP8BlockwiseTensor:
     """``q`` with its data, scales and split sizes on ``device`` (the references run on the CPU)."""

@@ -129,8 +129,8 @@ def scaled_slot_tensors(storage, stages: int, a_smem_layout: cute.ComposedLayout
 
 def check_token_scales(name: str, scale_inv: torch.Tensor) -> None:
     """A rowwise token operand's (K/128, pad4(T)) scales as the scale TMA reads them: rows
-    contiguous, their stride a multiple of 4 floats (16 bytes)."""
-    if scale_inv.stride(1) != 1 or scale_inv.stride(0) % SCALE_ROW_ALIGN:
+    contiguous, their stride a multiple of 4 floats (16 bytes); an empty batch's are never read."""
+    if scale_inv.numel() and (scale_inv.stride(1) != 1 or scale_inv.stride(0) % SCALE_ROW_ALIGN):
         raise ValueError(f"{name}'s scales must have contiguous rows 16-byte apart (TMA boxes), got strides "
                          f"{scale_inv.stride()}")
 

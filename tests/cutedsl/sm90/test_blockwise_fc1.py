@@ -16,7 +16,7 @@ import torch
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
-from tests.support.blockwise import exact_operands
+from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 from tests.support.warp import THREADS, WarpOps, amax_keys, amax_of_keys
@@ -179,9 +179,6 @@ def test_epilogue_model_equals_the_spec(valid_rows, element_format, power_of_two
 # On the GPU, against the Triton twin
 # ---------------------------------------------------------------------------------------------
 
-_SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]]
-
-
 def _assert_same_outputs(got, want) -> None:
     assert torch.equal(got.c.view(torch.int16), want.c.view(torch.int16))
     for name in ("a_rowwise", "a_columnwise"):
@@ -192,7 +189,7 @@ def _assert_same_outputs(got, want) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
+@pytest.mark.parametrize("splits", KERNEL_SPLITS, ids=KERNEL_SPLIT_IDS)
 @pytest.mark.parametrize(("activation", "bias_dtype", "probs_dtype", "power_of_two"),
                          [("swiglu", torch.float32, torch.float32, True), ("geglu", torch.bfloat16, None, False),
                           ("srelu", None, torch.bfloat16, True)], ids=["swiglu", "geglu-fp32-scales", "srelu"])
@@ -214,7 +211,7 @@ def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, bias_d
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
+@pytest.mark.parametrize("splits", KERNEL_SPLITS, ids=KERNEL_SPLIT_IDS)
 def test_within_the_cross_check_bound_on_random_operands(splits):
     """Random operands: the accumulators differ by the two kernels' summation orders, so the
     cross-check's comparison (c, Q_row(a), Q_col(a) within the bound of their GEMM's error through

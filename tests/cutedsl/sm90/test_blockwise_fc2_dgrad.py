@@ -15,7 +15,7 @@ import torch
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
-from tests.support.blockwise import exact_operands
+from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 
@@ -81,12 +81,9 @@ def test_launcher_argument_errors():
 # On the GPU, against the Triton twin
 # ---------------------------------------------------------------------------------------------
 
-_SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
+@pytest.mark.parametrize("splits", KERNEL_SPLITS, ids=KERNEL_SPLIT_IDS)
 @pytest.mark.parametrize(("activation", "grad_format", "probs_dtype", "power_of_two"),
                          [("swiglu", "e4m3", torch.float32, True), ("geglu", "e5m2", torch.bfloat16, False),
                           ("srelu", "e4m3", None, True)], ids=["swiglu", "geglu-e5m2-fp32-scales", "srelu"])
@@ -119,7 +116,7 @@ def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, grad_f
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("splits", _SPLITS, ids=["edges", "one", "mixed"])
+@pytest.mark.parametrize("splits", KERNEL_SPLITS, ids=KERNEL_SPLIT_IDS)
 def test_within_the_cross_check_bound_on_random_operands(splits):
     """Random operands: da differs by the two kernels' summation orders, so the cross-check's
     comparison (Q_row(dh), Q_col(dh), dprobs, db1 within the bounds through the activation's

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from tests.support.blockwise import summation_error
+from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, summation_error
 from tests.support.ptx import check_register_split, kernel_resources, sass
 from tests.support.sm90 import on_sm90
 
@@ -65,7 +65,7 @@ def test_problem_rules():
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize(("bias_dtype", "a_format"), [(torch.bfloat16, "e4m3"), (torch.float32, "e4m3"),
                                                       (None, "e5m2")], ids=["bf16-bias", "fp32-bias", "e5m2-a"])
-@pytest.mark.parametrize("splits", [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36]], ids=["edges", "one", "mixed"])
+@pytest.mark.parametrize("splits", KERNEL_SPLITS, ids=KERNEL_SPLIT_IDS)
 @pytest.mark.parametrize("n", [384, 512])
 def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format, n):
     """Against the Triton kernel on the same operands: both promote every 128 of K in the same
