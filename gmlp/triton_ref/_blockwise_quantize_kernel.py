@@ -39,84 +39,44 @@ def quantize_fp8_blockwise_kernel(
     FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
     GROUPED: tl.constexpr, NUM_GROUPS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr, WHOLE_BLOCK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
 ):
     tile = tl.program_id(0)
     first_row, end_row, _, _, _ = group_tile(tile, row_start_ptr, tile_start_ptr, NUM_GROUPS, SEARCH_STEPS, GROUPED,
                                              NUM_ROWS)
+    lanes = tl.arange(0, 128)
+    half_lanes = tl.arange(0, HALF)
     first_block = tl.program_id(1) * BLOCKS_PER_PROGRAM
     last_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, NUM_COLS // 128)
-    for block in tl.range(first_block, last_block, num_stages=NUM_STAGES):
-        if WHOLE_BLOCK:
-            _quantize_whole_block(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, tile, block,
-                                  first_row, end_row, NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE, COL_DATA_STRIDE,
-                                  FMAX, INPUT_MAX, POWER_OF_TWO, ROWWISE, COLUMNWISE)
-        else:
-            _quantize_halves(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, tile, block, first_row,
-                             end_row, NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE, COL_DATA_STRIDE, FMAX, INPUT_MAX,
-                             POWER_OF_TWO, ROWWISE, COLUMNWISE)
-
-
-@triton.jit
-def _quantize_whole_block(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, tile, block, first_row,
-                          end_row, NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE, COL_DATA_STRIDE,
-                          FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-                          ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr):
-    """One (128, 128) block read once and kept in the source dtype (bf16: 64 registers' worth a
-    thread at 4 warps), both quantized copies computed from it."""
-    lanes = tl.arange(0, 128)
-    cols = block * 128 + lanes
-    rows = first_row + lanes
-    row_mask = rows < end_row
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None], other=0.0)
-    if ROWWISE:
-        s, scale_inv = blockwise_scale(block_amax(tl.abs(x).to(tl.float32), 1), FMAX, INPUT_MAX, POWER_OF_TWO)
-        q = (x.to(tl.float32) * s[:, None]).to(row_data_ptr.dtype.element_ty)
-        tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q, mask=row_mask[:, None])
-        tl.store(row_scale_ptr + block * ROW_SCALE_STRIDE + rows, scale_inv, mask=row_mask)
-    if COLUMNWISE:
-        s, scale_inv = blockwise_scale(block_amax(tl.abs(x).to(tl.float32), 0), FMAX, INPUT_MAX, POWER_OF_TWO)
-        q_t = tl.trans((x.to(tl.float32) * s[None, :]).to(col_data_ptr.dtype.element_ty))
-        tokens = tile * 128 + lanes
-        tl.store(col_data_ptr + cols[:, None].to(tl.int64) * COL_DATA_STRIDE + tokens[None, :], q_t)
-        tl.store(col_scale_ptr + cols.to(tl.int64) * COL_SCALE_STRIDE + tile, scale_inv)
-
-
-@triton.jit
-def _quantize_halves(x_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, tile, block, first_row, end_row,
-                     NUM_COLS, ROW_SCALE_STRIDE, COL_SCALE_STRIDE, COL_DATA_STRIDE, FMAX: tl.constexpr,
-                     INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr, ROWWISE: tl.constexpr,
-                     COLUMNWISE: tl.constexpr):
-    """One (128, 128) block as two 64-row halves (module docstring)."""
-    half_lanes = tl.arange(0, HALF)
-    cols = block * 128 + tl.arange(0, 128)
-    col_amax = tl.zeros((128,), tl.float32)
-    for half in tl.static_range(2):
-        # rows past the expert's end read as zeros (in both amaxes) and are not written
-        rows = first_row + half * HALF + half_lanes
-        row_mask = rows < end_row
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None],
-                    other=0.0).to(tl.float32)
-        magnitude = tl.abs(x)
-        if ROWWISE:  # one block per row
-            s, scale_inv = blockwise_scale(block_amax(magnitude, 1), FMAX, INPUT_MAX, POWER_OF_TWO)
-            q = (x * s[:, None]).to(row_data_ptr.dtype.element_ty)
-            tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q,
-                     mask=row_mask[:, None])
-            tl.store(row_scale_ptr + block * ROW_SCALE_STRIDE + rows, scale_inv, mask=row_mask)
-        col_amax = tl.maximum(col_amax, block_amax(magnitude, 0))  # NaN-free: block_amax's floor of 0
-    if COLUMNWISE:  # one block per column: the tile's 128 tokens of the expert
-        s, scale_inv = blockwise_scale(col_amax, FMAX, INPUT_MAX, POWER_OF_TWO)
+    for block in tl.range(first_block, last_block):
+        cols = block * 128 + lanes
+        col_amax = tl.zeros((128,), tl.float32)
         for half in tl.static_range(2):
+            # rows past the expert's end read as zeros (in both amaxes) and are not written
             rows = first_row + half * HALF + half_lanes
             row_mask = rows < end_row
             x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None],
                         other=0.0).to(tl.float32)
-            q_t = tl.trans((x * s[None, :]).to(col_data_ptr.dtype.element_ty))
-            # the whole block, its rows past the expert's end as the zeros they hold (the layout's padding)
-            tokens = tile * 128 + half * HALF + half_lanes
-            tl.store(col_data_ptr + cols[:, None].to(tl.int64) * COL_DATA_STRIDE + tokens[None, :], q_t)
-        tl.store(col_scale_ptr + cols.to(tl.int64) * COL_SCALE_STRIDE + tile, scale_inv)
+            magnitude = tl.abs(x)
+            if ROWWISE:  # one block per row
+                s, scale_inv = blockwise_scale(block_amax(magnitude, 1), FMAX, INPUT_MAX, POWER_OF_TWO)
+                q = (x * s[:, None]).to(row_data_ptr.dtype.element_ty)
+                tl.store(row_data_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], q,
+                         mask=row_mask[:, None])
+                tl.store(row_scale_ptr + block * ROW_SCALE_STRIDE + rows, scale_inv, mask=row_mask)
+            col_amax = tl.maximum(col_amax, block_amax(magnitude, 0))  # NaN-free: block_amax's floor of 0
+        if COLUMNWISE:  # one block per column: the tile's 128 tokens of the expert
+            s, scale_inv = blockwise_scale(col_amax, FMAX, INPUT_MAX, POWER_OF_TWO)
+            for half in tl.static_range(2):
+                rows = first_row + half * HALF + half_lanes
+                row_mask = rows < end_row
+                x = tl.load(x_ptr + rows[:, None].to(tl.int64) * NUM_COLS + cols[None, :], mask=row_mask[:, None],
+                            other=0.0).to(tl.float32)
+                q_t = tl.trans((x * s[None, :]).to(col_data_ptr.dtype.element_ty))
+                # the whole block, its rows past the expert's end as the zeros they hold (the layout's padding)
+                tokens = tile * 128 + half * HALF + half_lanes
+                tl.store(col_data_ptr + cols[:, None].to(tl.int64) * COL_DATA_STRIDE + tokens[None, :], q_t)
+            tl.store(col_scale_ptr + cols.to(tl.int64) * COL_SCALE_STRIDE + tile, scale_inv)
 
 
 @triton.jit

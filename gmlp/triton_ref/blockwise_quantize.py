@@ -39,8 +39,6 @@ class BlockwiseQuantizeConfig:
     # H100, the best of warps 4, 8 x blocks 1, 2, 4 (8 warps: 0.27-0.29, as the whole-block kernel)
     blocks_per_program: int = 4
     num_warps: int = 4
-    whole_block: bool = False  # a (128, 128) block read once, kept in the source dtype; else two 64-row halves
-    num_stages: int = 3  # the column-block loop's software pipelining (3: Triton's default)
 
     def __post_init__(self) -> None:
         if self.blocks_per_program < 1 or self.num_warps < 1:
@@ -80,8 +78,7 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
             **format_constants(element_format, x.dtype, power_of_two),
             ROWWISE=rowwise, COLUMNWISE=columnwise, GROUPED=split_sizes is not None,
             NUM_GROUPS=problem.num_experts, SEARCH_STEPS=search_steps(problem.num_experts),
-            BLOCKS_PER_PROGRAM=config.blocks_per_program, WHOLE_BLOCK=config.whole_block,
-            NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+            BLOCKS_PER_PROGRAM=config.blocks_per_program, num_warps=config.num_warps,
         )
     tensors = []
     for data, scales, shape in ((row_data, row_scales, BlockShape.ROWWISE),

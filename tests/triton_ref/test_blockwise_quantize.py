@@ -80,11 +80,10 @@ def test_each_orientation_alone(quantize):
         _assert_same(got, type(want)(want.rowwise if rowwise else None, want.columnwise if columnwise else None))
 
 
-@pytest.mark.parametrize("whole_block", [False, True], ids=["halves", "whole-block"])
 @pytest.mark.parametrize("blocks_per_program", [1, 2, 4])
-def test_every_tiling_gives_the_same_bytes(quantize, blocks_per_program, whole_block):
+def test_every_tiling_gives_the_same_bytes(quantize, blocks_per_program):
     """Three 128-column blocks: programs of 2 blocks leave one of 1, of 4 one program of 3; the
-    experts' tiles end in either 64-row half; a block read whole or as two halves."""
+    experts' tiles end in either 64-row half."""
     from gmlp.triton_ref.blockwise_quantize import BlockwiseQuantizeConfig
 
     x = _edge_values(300, 384).bfloat16()
@@ -92,7 +91,7 @@ def test_every_tiling_gives_the_same_bytes(quantize, blocks_per_program, whole_b
     want = quantize_fp8_blockwise_ref(x, columnwise=True, split_sizes=splits)
     device = kernel_device()
     got = quantize(x.to(device), columnwise=True, split_sizes=splits.to(device),
-                   config=BlockwiseQuantizeConfig(blocks_per_program=blocks_per_program, whole_block=whole_block))
+                   config=BlockwiseQuantizeConfig(blocks_per_program=blocks_per_program))
     _assert_same(got, want)
 
 
