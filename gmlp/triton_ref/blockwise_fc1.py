@@ -9,14 +9,14 @@ from gmlp.contract.activations import Activation
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC1Output
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.buffers import both_ways_buffers, wrap_both_ways
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.fp8_blockwise.tensor import (
     BlockShape,
     FP8BlockwiseTensor,
     require_block_shape,
 )
-from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.triton_ref._blockwise_fc1_kernel import fc1_blockwise_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
@@ -47,7 +47,8 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = layout.columnwise_blocks(tokens, experts)
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
-    a, a_scales, a_col, a_col_scales = both_ways_buffers(tokens, ffn, experts, ElementFormat.E4M3, device)
+    buffers = both_ways_buffers(tokens, ffn, experts, ElementFormat.E4M3, device)
+    a, a_scales, a_col, a_col_scales = buffers
     if num_tiles > 0 and ffn > 0:
         fc1_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             x.data, x.scale_inv, w1.data, w1.scale_inv, b1 if b1 is not None else c, probs if probs is not None else c,
@@ -60,9 +61,5 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
             POWER_OF_TWO=power_of_two, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), N_FASTEST=False,
             num_warps=num_warps, num_stages=num_stages,
         )
-    for scales in (a_scales, a_col_scales):
-        poison_scales_if_invalid(scales, groups, poison=float("nan"))
-    quantized = (FP8BlockwiseTensor(a, a_scales, BlockShape.ROWWISE, ElementFormat.E4M3, power_of_two, split_sizes),
-                 FP8BlockwiseTensor(a_col, a_col_scales, BlockShape.COLUMNWISE, ElementFormat.E4M3, power_of_two,
-                                    split_sizes, tokens))
-    return FC1Output(c=c, a=None, a_rowwise=quantized[0], a_columnwise=quantized[1])
+    quantized = wrap_both_ways(buffers, groups, ElementFormat.E4M3, power_of_two, split_sizes, tokens)
+    return FC1Output(c=c, a=None, a_rowwise=quantized.rowwise, a_columnwise=quantized.columnwise)

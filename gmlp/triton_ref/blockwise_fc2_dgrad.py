@@ -10,14 +10,14 @@ from gmlp.contract.activations import Activation
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.buffers import both_ways_buffers, wrap_both_ways
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.fp8_blockwise.tensor import (
     BlockShape,
     FP8BlockwiseTensor,
     require_block_shape,
 )
-from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat, enum_member
 from gmlp.triton_ref._blockwise_fc2_dgrad_kernel import fc2_dgrad_blockwise_kernel
 from gmlp.triton_ref.fc1 import ACTIVATION_CODES
@@ -51,7 +51,8 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     num_tiles = layout.columnwise_blocks(tokens, experts)
     dprobs_partial = torch.zeros(tokens, ffn // BLOCK, dtype=torch.float32, device=device)
     dh_tile_sums = torch.zeros(num_tiles if bias_grad else 1, n1, dtype=torch.float32, device=device)
-    dh, dh_scales, dh_col, dh_col_scales = both_ways_buffers(tokens, n1, experts, grad_format, device)
+    buffers = both_ways_buffers(tokens, n1, experts, grad_format, device)
+    dh, dh_scales, dh_col, dh_col_scales = buffers
     if num_tiles > 0 and ffn > 0:
         fc2_dgrad_blockwise_kernel[(num_tiles, ffn // BLOCK)](
             dy.data, dy.scale_inv, w2t.data, w2t.scale_inv, c, probs if probs is not None else c,
@@ -64,12 +65,8 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
             POWER_OF_TWO=power_of_two, NUM_GROUPS=experts, SEARCH_STEPS=search_steps(experts), N_FASTEST=False,
             num_warps=num_warps, num_stages=num_stages,
         )
-    for scales in (dh_scales, dh_col_scales):
-        poison_scales_if_invalid(scales, groups, poison=float("nan"))
+    dh_quantized = wrap_both_ways(buffers, groups, grad_format, power_of_two, split_sizes, tokens)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = segment_sum(dh_tile_sums, groups.tile_start) if bias_grad else None
-    recipe = (grad_format, power_of_two, split_sizes)
-    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1,
-                          dh_rowwise=FP8BlockwiseTensor(dh, dh_scales, BlockShape.ROWWISE, *recipe),
-                          dh_columnwise=FP8BlockwiseTensor(dh_col, dh_col_scales, BlockShape.COLUMNWISE, *recipe,
-                                                           num_rows=tokens))
+    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1, dh_rowwise=dh_quantized.rowwise,
+                          dh_columnwise=dh_quantized.columnwise)

@@ -10,20 +10,11 @@ import torch
 import triton
 
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.buffers import both_ways_buffers, wrap_both_ways
 from gmlp.fp8_blockwise.problem import validate_blockwise_args
 from gmlp.fp8_blockwise.spec import BLOCK
-from gmlp.fp8_blockwise.tensor import (
-    BlockShape,
-    FP8BlockwiseQuantized,
-    FP8BlockwiseTensor,
-)
-from gmlp.mxfp8.routing import (
-    DeviceGroups,
-    given_or_device_groups,
-    launch_offsets,
-    poison_scales_if_invalid,
-)
+from gmlp.fp8_blockwise.tensor import FP8BlockwiseQuantized
+from gmlp.mxfp8.routing import DeviceGroups, given_or_device_groups, launch_offsets
 from gmlp.mxfp8.spec import ElementFormat
 from gmlp.triton_ref._blockwise_quantize_kernel import quantize_fp8_blockwise_kernel
 from gmlp.triton_ref.quantize import search_steps
@@ -64,8 +55,9 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
     groups = given_or_device_groups(split_sizes, rows, groups)
     row_start, tile_start, _ = launch_offsets(groups, device)
     num_tiles = layout.columnwise_blocks(rows, problem.num_experts)
-    row_data, row_scales, col_data, col_scales = both_ways_buffers(rows, cols, problem.num_experts, element_format,
-                                                                   device, rowwise=rowwise, columnwise=columnwise)
+    buffers = both_ways_buffers(rows, cols, problem.num_experts, element_format, device, rowwise=rowwise,
+                                columnwise=columnwise)
+    row_data, row_scales, col_data, col_scales = buffers
     if num_tiles > 0 and cols > 0:
         grid = (num_tiles, triton.cdiv(cols // BLOCK, config.blocks_per_program))
         placeholder = x  # the pointers of an orientation not written
@@ -80,13 +72,4 @@ def quantize_fp8_blockwise(x: torch.Tensor, *, rowwise: bool = True, columnwise:
             NUM_GROUPS=problem.num_experts, SEARCH_STEPS=search_steps(problem.num_experts),
             BLOCKS_PER_PROGRAM=config.blocks_per_program, num_warps=config.num_warps,
         )
-    tensors = []
-    for data, scales, shape in ((row_data, row_scales, BlockShape.ROWWISE),
-                                (col_data, col_scales, BlockShape.COLUMNWISE)):
-        if data is None:
-            tensors.append(None)
-            continue
-        poison_scales_if_invalid(scales, groups, poison=float("nan"))
-        tensors.append(FP8BlockwiseTensor(data, scales, shape, element_format, power_of_two, split_sizes,
-                                          rows if shape is BlockShape.COLUMNWISE else None))
-    return FP8BlockwiseQuantized(*tensors)
+    return wrap_both_ways(buffers, groups, element_format, power_of_two, split_sizes, rows)

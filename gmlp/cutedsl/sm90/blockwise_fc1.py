@@ -78,9 +78,9 @@ from gmlp.cutedsl.sm90._pipeline import (
 )
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
-from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.buffers import both_ways_buffers, no_token_columnwise, wrap_both_ways
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
-from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
 
 __all__ = ["BlockwiseFC1Config", "BlockwiseFC1Sm90", "compile_blockwise_fc1", "problem_support",
@@ -338,17 +338,13 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     device = x.data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
-    a, a_scales, a_col, a_col_scales = both_ways_buffers(tokens, ffn, experts, A_FORMAT, device)
+    buffers = both_ways_buffers(tokens, ffn, experts, A_FORMAT, device)
+    a, a_scales, a_col, a_col_scales = buffers
     num_ctas = _schedule.grid_size(tokens, experts, ffn // TILE_N, device)
-    if num_ctas == 0:  # no token: the columnwise blocks are all unused
-        a_col.view(torch.uint8).zero_()
-        a_col_scales.fill_(1.0)
+    if num_ctas == 0:
+        no_token_columnwise(a_col, a_col_scales)
     run(_compile, config, device, num_ctas, x.data.view(torch.uint8), x.scale_inv, w1.data.view(torch.uint8),
         w1.scale_inv, b1, probs, groups.row_start, groups.tile_start, c, a.view(torch.uint8), a_scales,
         a_col.view(torch.uint8), a_col_scales)
-    for scales in (a_scales, a_col_scales):
-        poison_scales_if_invalid(scales, groups, poison=float("nan"))
-    quantized = (FP8BlockwiseTensor(a, a_scales, BlockShape.ROWWISE, A_FORMAT, power_of_two, split_sizes),
-                 FP8BlockwiseTensor(a_col, a_col_scales, BlockShape.COLUMNWISE, A_FORMAT, power_of_two, split_sizes,
-                                    tokens))
-    return FC1Output(c=c, a=None, a_rowwise=quantized[0], a_columnwise=quantized[1])
+    quantized = wrap_both_ways(buffers, groups, A_FORMAT, power_of_two, split_sizes, tokens)
+    return FC1Output(c=c, a=None, a_rowwise=quantized.rowwise, a_columnwise=quantized.columnwise)

@@ -87,9 +87,9 @@ from gmlp.cutedsl.sm90._pipeline import (
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.buffers import both_ways_buffers, no_token_columnwise, wrap_both_ways
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
-from gmlp.mxfp8.routing import DeviceGroups, device_groups, poison_scales_if_invalid
+from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat, enum_member
 
 __all__ = ["BlockwiseFC2DgradConfig", "BlockwiseFC2DgradSm90", "compile_blockwise_fc2_dgrad", "problem_support",
@@ -392,24 +392,20 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     dprobs_partial = torch.empty(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
                  if bias_grad else None)
-    dh, dh_scales, dh_col, dh_col_scales = both_ways_buffers(tokens, n1, experts, grad_format, device)
+    buffers = both_ways_buffers(tokens, n1, experts, grad_format, device)
+    dh, dh_scales, dh_col, dh_col_scales = buffers
     num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
-    if num_ctas == 0:  # no token: the columnwise blocks are all unused
-        dh_col.view(torch.uint8).zero_()
-        dh_col_scales.fill_(1.0)
+    if num_ctas == 0:
+        no_token_columnwise(dh_col, dh_col_scales)
     run(_compile, config, device, num_ctas, dy.data.view(torch.uint8), dy.scale_inv, w2t.data.view(torch.uint8),
         w2t.scale_inv, c, probs, groups.row_start, groups.tile_start, dprobs_partial, warp_sums, dh.view(torch.uint8),
         dh_scales, dh_col.view(torch.uint8), dh_col_scales)
-    for scales in (dh_scales, dh_col_scales):
-        poison_scales_if_invalid(scales, groups, poison=float("nan"))
+    dh_quantized = wrap_both_ways(buffers, groups, grad_format, power_of_two, split_sizes, tokens)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = None
     if bias_grad:
         tile_sums = warp_sums.view(-1, WARPS_PER_TILE, n1).sum(dim=1)  # fixed order
         # each expert's tiles in order, one thread per output element: deterministic, no atomics
         db1 = torch.segment_reduce(tile_sums, "sum", offsets=groups.tile_start, axis=0)
-    recipe = (grad_format, power_of_two, split_sizes)
-    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1,
-                          dh_rowwise=FP8BlockwiseTensor(dh, dh_scales, BlockShape.ROWWISE, *recipe),
-                          dh_columnwise=FP8BlockwiseTensor(dh_col, dh_col_scales, BlockShape.COLUMNWISE, *recipe,
-                                                           num_rows=tokens))
+    return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1, dh_rowwise=dh_quantized.rowwise,
+                          dh_columnwise=dh_quantized.columnwise)
