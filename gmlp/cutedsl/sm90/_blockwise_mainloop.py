@@ -31,8 +31,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float8E4M3FN, Float32, Int32, Uint8, const_expr
 import torch
+from cutlass import Float8E4M3FN, Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
@@ -41,16 +41,16 @@ from gmlp.cutedsl.sm90._pipeline import ALIGN, mainloop_fields, produce_k_tiles,
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
 
-__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "SCALE_BOX_ROWS", "BRows", "Operands",
-           "slot_bytes", "make_operands", "scale_smem_layout", "storage_fields", "scaled_slot_tensors", "check_token_scales",
-           "fake_token_rows", "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles"]
+__all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "SCALE_BOX_ROWS", "BRows", "Operands", "slot_bytes", "make_operands",
+           "scale_smem_layout", "storage_fields", "scaled_slot_tensors", "check_token_scales", "fake_token_rows",
+           "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles"]
 
 TILE_N = 128  # one weight tile row: one B scale per k-tile
 TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
 MMA_WARPGROUPS = 2  # consumers, each 64 rows of the tile
 SCALE_ROW_ALIGN = 4  # fp32 scales in 16 bytes: a TMA box's innermost coordinate is a multiple of this
 SCALE_BOX_ROWS = TILE_M + SCALE_ROW_ALIGN  # A's scales a slot: 128 rows from any start inside the box
-SCALE_SLOT_FLOATS = 160  # one slot's scales: the box padded to 640 bytes (TMA's smem ends 128-byte aligned)
+SCALE_SLOT_FLOATS = 160  # one slot's scales: the box padded to 640 bytes (TMA destinations 128-byte aligned)
 SCALE_SLOT_BYTES = 4 * SCALE_SLOT_FLOATS
 
 
@@ -117,7 +117,7 @@ def storage_fields(stages: int, ops: Operands, a_dtype) -> dict:
 
 
 def scaled_slot_tensors(storage, stages: int, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
-                 halves: int, a_dtype) -> tuple:
+                        halves: int, a_dtype) -> tuple:
     """(sA, sB, sAScale, stage_bytes): ``_pipeline.slot_tensors``' A and B tiles, the slots' A
     scales, and the bytes TMA delivers to a slot (the full barrier's transaction count: A's
     k-tile, ``halves`` B k-tiles and the scale box, zero fill included)."""
