@@ -13,7 +13,8 @@ from tests.support.cases import config_id
 from tests.support.ptx import check_register_split, kernel_resources, sass
 
 __all__ = ["on_sm90", "SPLITS", "expert_weights", "assert_same_bits", "fc1_operands", "fc2_dgrad_operands",
-           "check_ptx", "check_fc1_ptx", "check_fc2_dgrad_ptx", "QUANTIZE_SHUFFLES", "tuned_knobs"]
+           "check_ptx", "check_fc1_ptx", "check_fc2_dgrad_ptx", "check_fp8_binary", "QUANTIZE_SHUFFLES",
+           "tuned_knobs"]
 
 
 def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
@@ -44,6 +45,22 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
         assert resources["stack"] == resources["local"] == 0, resources
         assert resources["registers"] <= 232, resources
 
+
+
+def check_fp8_binary(compiled, producer: int = 40, consumer: int = 232) -> str | None:
+    """What every FP8 blockwise kernel's binary must show: no local memory and no flush to zero in
+    the PTX, Hopper's fp8 ``QGMMA`` in the SASS, the register split, no spills (the cubin's
+    resources where a cuobjdump reads them). Returns the SASS (None without a cuobjdump)."""
+    ptx = compiled.ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx and ".ftz" not in ptx
+    code = sass(compiled.cubin)
+    if code is not None:
+        assert "QGMMA.64x128x32" in code  # Hopper's fp8 warpgroup MMA
+    resources = kernel_resources(compiled.cubin)
+    check_register_split(ptx, resources, producer, consumer)
+    if resources is not None:
+        assert resources["stack"] == resources["local"] == 0, resources
+    return code
 
 def on_sm90() -> bool:
     """Whether an sm_90 GPU (H100/H200) is here, for the kernels' GPU tests."""

@@ -1,7 +1,8 @@
 """The fp32 epilogue math of the SM90 kernels, written once: each activation forward and
 backward in the operation order of ``gmlp.triton_ref._activations`` (the formulas of
 ``gmlp.contract.activations``), with Triton's lowering of exp and division, so that the CuTeDSL and
-Triton epilogues can be compared tightly; and the accumulator fragment the epilogues index.
+Triton epilogues can be compared tightly; and the accumulator fragment the epilogues index, with
+the per-row probabilities and the c views they read along it.
 
 The forward is bitwise Triton's: the expression trees of FC1's ``a`` in the two PTX (Triton 3.9,
 FP fusion on, its default; sm_90a) have the same operations on the same operands, fma where
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from gmlp.contract.activations import Activation, ActivationKind
 
-__all__ = ["ptx_f32", "sigmoid", "activation_forward", "activation_backward", "pair_fragment"]
+__all__ = ["ptx_f32", "sigmoid", "activation_forward", "activation_backward", "pair_fragment", "load_row_probs",
+           "c_pair_views"]
 
 _LOG2_E = 1.4426950408889634
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -123,7 +125,7 @@ def activation_backward(activation: Activation, gate, up, grad):
 
 
 # ---------------------------------------------------------------------------------------------
-# The accumulator fragment the epilogues index
+# The accumulator fragment the epilogues index, and what they read along it
 # ---------------------------------------------------------------------------------------------
 
 
@@ -133,3 +135,32 @@ def pair_fragment(shape):
     if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
         raise ValueError(f"unexpected accumulator fragment {shape}")
     return shape
+
+
+@cute.jit
+def load_row_probs(row_probs: cute.Tensor, mProbs: cute.Tensor, rows: tuple, first_row: Int32, row_limit: Int32,
+                   row_sums: cute.Tensor | None = None):
+    """``row_probs[slot]``: the fp32 routing probability of the thread's accumulator row
+    ``rows[slot]`` (a tile row; the tile starts at token ``first_row``), 0 for the rows past the
+    expert's end (``>= row_limit``); ``row_sums`` (FC2 dgrad's dprobs sums of the two rows), if
+    given, zeroed in the same pass."""
+    for slot in cutlass.range_constexpr(2):
+        row_probs[slot] = Float32(0.0)
+        if const_expr(row_sums is not None):
+            row_sums[slot] = Float32(0.0)
+        if rows[slot] < row_limit:
+            row_probs[slot] = mProbs[first_row + rows[slot]].to(Float32)
+
+
+@cute.jit
+def c_pair_views(thr_mma, mC: cute.Tensor, first_row: Int32, col0: Int32, ffn: Int32, tile: cutlass.Constexpr,
+                 gated: cutlass.Constexpr):
+    """(gate, up): Int32 views (bf16 pairs) of c's ``tile`` at (first_row, col0) and, gated, at
+    (first_row, F + col0), partitioned like the accumulators; up is None when not gated."""
+    gate = cute.recast_tensor(thr_mma.partition_C(
+        cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
+    up = None
+    if const_expr(gated):
+        up = cute.recast_tensor(thr_mma.partition_C(
+            cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
+    return gate, up

@@ -61,7 +61,7 @@ from gmlp.cutedsl.sm90._compile import (
     fake_stream,
     fake_vector,
 )
-from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
+from gmlp.cutedsl.sm90._epilogue_math import c_pair_views, load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc1_epilogue import ActivationEpilogue
 from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
 from gmlp.cutedsl.sm90._pipeline import (
@@ -168,9 +168,8 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         self.shared_storage = shared_storage(fields)
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
-                           mWScale, mBias, mProbs,
-                           mRowStart, mTileStart, mC, mRowData, mRowScale, mColData, mColScale, ops.tiled_mma,
-                           ops.a_smem_layout, ops.b_smem_layout),
+                           mWScale, mBias, mProbs, mRowStart, mTileStart, mC, mRowData, mRowScale, mColData,
+                           mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -245,17 +244,8 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
                 col0 = n_tile * TILE_N
                 limits = (end_row - first_row, ffn - col0)
                 if const_expr(self.has_probs):
-                    for slot in cutlass.range_constexpr(2):
-                        row_probs[slot] = Float32(0.0)
-                        if rows[slot] < limits[0]:
-                            row_probs[slot] = mProbs[first_row + rows[slot]].to(Float32)
-                tile = (TILE_M, TILE_N)
-                tCgC = cute.recast_tensor(thr_mma.partition_C(
-                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
-                tCgU = None
-                if const_expr(self.gated):
-                    tCgU = cute.recast_tensor(thr_mma.partition_C(
-                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
+                    load_row_probs(row_probs, mProbs, rows, first_row, limits[0])
+                tCgC, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
                 self.activation_pass(accs[0], accs[halves - 1], 0, tCcD, limits, col0, g, ffn, mBias, row_probs, pair,
                                      pair_bits, (tCgC, tCgU, None), None)
                 # a (over the gate accumulator), zero in the rows past the expert's end

@@ -68,7 +68,7 @@ from gmlp.cutedsl.sm90._compile import (
     fake_stream,
     fake_vector,
 )
-from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
+from gmlp.cutedsl.sm90._epilogue_math import c_pair_views, load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS, DhEpilogue
 from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import _bf16_pair
 from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
@@ -173,9 +173,8 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         self.shared_storage = shared_storage(fields)
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
-                           mWScale, mC, mProbs,
-                           mRowStart, mTileStart, mDprobsPartial, mWarpSums, mRowData, mRowScale, mColData, mColScale,
-                           ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
+                           mWScale, mC, mProbs, mRowStart, mTileStart, mDprobsPartial, mWarpSums, mRowData,
+                           mRowScale, mColData, mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -250,18 +249,8 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
                 col0 = n_tile * TILE_N
                 limits = (end_row - first_row, ffn - col0)
                 if const_expr(self.has_probs):
-                    for slot in cutlass.range_constexpr(2):
-                        row_probs[slot] = Float32(0.0)
-                        row_dprobs[slot] = Float32(0.0)
-                        if rows[slot] < limits[0]:
-                            row_probs[slot] = mProbs[first_row + rows[slot]].to(Float32)
-                tile = (TILE_M, TILE_N)
-                tCgG = cute.recast_tensor(thr_mma.partition_C(
-                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
-                tCgU = None
-                if const_expr(self.gated):
-                    tCgU = cute.recast_tensor(thr_mma.partition_C(
-                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
+                    load_row_probs(row_probs, mProbs, rows, first_row, limits[0], row_dprobs)
+                tCgG, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
                 for i in cutlass.range_constexpr(pairs):  # pair i: row slot i % 2 of column group i // 2
                     if const_expr(i % C_WORD_PAIRS == 0):
                         self.load_c_pairs(c_words, i, C_WORD_PAIRS, tCgG, tCgU, tCcD, limits)

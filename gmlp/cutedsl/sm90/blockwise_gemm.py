@@ -143,8 +143,8 @@ class BlockwiseGemmSm90:
             fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the second half's B tiles
         self.shared_storage = shared_storage(fields)
         launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
-                           mBScale, mBias, mRowStart,
-                           mTileStart, mD, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
+                           mBScale, mBias, mRowStart, mTileStart, mD, ops.tiled_mma, ops.a_smem_layout,
+                           ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel

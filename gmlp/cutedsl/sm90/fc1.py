@@ -83,7 +83,7 @@ from gmlp.cutedsl.sm90._compile import (
     fake_stream,
     fake_vector,
 )
-from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
+from gmlp.cutedsl.sm90._epilogue_math import load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc1_epilogue import ActivationEpilogue
 from gmlp.cutedsl.sm90._launch import (
     check_activation,
@@ -428,11 +428,7 @@ class FC1ForwardSm90(ActivationEpilogue):
                 col0 = n_tile * TILE_N
                 limits = (end_row - first_row, ffn - col0)
                 if const_expr(self.has_probs):
-                    for slot in cutlass.range_constexpr(2):
-                        row = tCcD[2 * slot][0]
-                        row_probs[slot] = Float32(0.0)
-                        if row < limits[0]:
-                            row_probs[slot] = mProbs[first_row + row].to(Float32)
+                    load_row_probs(row_probs, mProbs, (tCcD[0][0], tCcD[2][0]), first_row, limits[0])
                 # the global tiles are partitioned like the accumulators (tile of the MMA's width);
                 # fused_b: pair i < 32 is a gate column, pair i + 32 its up column, so c's up
                 # tile is taken 128 columns early (its pairs i + 32 land on columns F + col0 +

@@ -104,7 +104,7 @@ from gmlp.cutedsl.sm90._compile import (
     fake_stream,
     fake_vector,
 )
-from gmlp.cutedsl.sm90._epilogue_math import pair_fragment
+from gmlp.cutedsl.sm90._epilogue_math import c_pair_views, load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS, DhEpilogue
 from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import QuantizedDhEpilogue
 from gmlp.cutedsl.sm90._launch import (
@@ -396,19 +396,9 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
                 col0 = n_tile * self.tile_n
                 limits = (end_row - first_row, ffn - col0)
                 tile = (TILE_M, self.tile_n)
-                tCgG = cute.recast_tensor(thr_mma.partition_C(
-                    cute.local_tile(cute.domain_offset((first_row, col0), mC), tile, (0, 0))), Int32)
-                tCgU = None
-                if const_expr(self.gated):
-                    tCgU = cute.recast_tensor(thr_mma.partition_C(
-                        cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))), Int32)
+                tCgG, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, tile, self.gated)
                 if const_expr(self.has_probs):
-                    for slot in cutlass.range_constexpr(2):
-                        row = tCcD[2 * slot][0]
-                        row_probs[slot] = Float32(0.0)
-                        row_dprobs[slot] = Float32(0.0)
-                        if row < limits[0]:
-                            row_probs[slot] = mProbs[first_row + row].to(Float32)
+                    load_row_probs(row_probs, mProbs, (tCcD[0][0], tCcD[2][0]), first_row, limits[0], row_dprobs)
                 # c's first batch before the mainloop: the bf16 pass's first batch, or a gated half's pairs
                 self.load_c_pairs(c_words, 0, C_WORD_PAIRS if const_expr(self.quantized) else 2 * self.c_batch,
                                   tCgG, tCgU, tCcD, limits)

@@ -17,8 +17,7 @@ from gmlp.contract.activations import Activation, ActivationKind, activation_fro
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
-from tests.support.ptx import check_register_split, kernel_resources, sass
-from tests.support.sm90 import on_sm90
+from tests.support.sm90 import check_fp8_binary, on_sm90
 from tests.support.warp import THREADS, WarpOps, amax_keys, amax_of_keys
 
 _IMPORT_ERROR = import_error()
@@ -45,14 +44,7 @@ def test_compiles_to_fp8_wgmma_with_no_spills(activation, bias, probs, power_of_
     # of a row slot's two rows and a lane's four columns
     assert len(re.findall(r"div\.rn\.f32", ptx)) >= 2 * (2 + 4)
     assert re.search(r"bar\.sync\s+1, 256;", ptx)  # the epilogue's named barrier of the consumers
-    assert "ld.local" not in ptx and "st.local" not in ptx and ".ftz" not in ptx
-    code = sass(compiled.cubin)
-    if code is not None:
-        assert "QGMMA.64x128x32" in code
-    resources = kernel_resources(compiled.cubin)
-    check_register_split(ptx, resources)
-    if resources is not None:
-        assert resources["stack"] == resources["local"] == 0, resources
+    check_fp8_binary(compiled)
 
 
 def test_problem_rules():

@@ -16,8 +16,7 @@ from gmlp.contract.activations import Activation, ActivationKind, activation_fro
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
-from tests.support.ptx import check_register_split, kernel_resources, sass
-from tests.support.sm90 import on_sm90
+from tests.support.sm90 import check_fp8_binary, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -40,14 +39,7 @@ def test_compiles_to_fp8_wgmma_with_no_spills(activation, grad_format, probs, bi
     assert len(wgmmas) == 4, len(wgmmas)  # four k32 steps a k-tile
     tiles = 2 if activation_from(activation).gated else 1  # d gate and d up, each quantized both ways
     assert len(re.findall(r"div\.rn\.f32", ptx)) >= tiles * 2 * (2 + 4)
-    assert "ld.local" not in ptx and "st.local" not in ptx and ".ftz" not in ptx
-    code = sass(compiled.cubin)
-    if code is not None:
-        assert "QGMMA.64x128x32" in code
-    resources = kernel_resources(compiled.cubin)
-    check_register_split(ptx, resources, producer=24, consumer=240)
-    if resources is not None:
-        assert resources["stack"] == resources["local"] == 0, resources
+    check_fp8_binary(compiled, producer=24, consumer=240)
 
 
 def test_problem_rules():

@@ -13,8 +13,7 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.support.blockwise import summation_error
-from tests.support.ptx import check_register_split, kernel_resources, sass
-from tests.support.sm90 import on_sm90
+from tests.support.sm90 import check_fp8_binary, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -45,14 +44,7 @@ def test_compiles_to_fp8_wgmma_with_no_spills(options):
     # A's and B's boxes: plain 2-D (features, block-aligned tokens) descriptors
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert not re.search(r"cp\.async\.bulk\.tensor\.[345]d", ptx)
-    assert "ld.local" not in ptx and "st.local" not in ptx and ".ftz" not in ptx
-    code = sass(compiled.cubin)
-    if code is not None:
-        assert "QGMMA.64x128x32" in code  # Hopper's fp8 warpgroup MMA
-    resources = kernel_resources(compiled.cubin)
-    check_register_split(ptx, resources)
-    if resources is not None:
-        assert resources["stack"] == resources["local"] == 0, resources
+    check_fp8_binary(compiled)
 
 
 def test_problem_rules():
