@@ -7,6 +7,7 @@ cache."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ def _demo_output(capsys) -> tuple[int, str]:
     return status, capsys.readouterr().out
 
 
+@pytest.mark.slow  # two demo runs; the failing demo below runs one
 def test_the_demo_is_reproducible_and_ends_with_pass(monkeypatch, capsys):
     monkeypatch.setenv("GMLP_BACKEND", "torch")  # the layer on the torch path: quick; quantize kernels still checked
     torch.manual_seed(1234)  # whatever the global RNG holds before, the figures are the demo's own
@@ -30,6 +32,11 @@ def test_the_demo_is_reproducible_and_ends_with_pass(monkeypatch, capsys):
     assert first_status == second_status == 0
     assert first == second
     assert first.rstrip().splitlines()[-1].startswith("gmlp demo: PASS (")
+    # the cross-check's report: on torch every op is listed as not compared, and the count is its
+    sites = len(main_job.GroupedMLP(main_job.DEMO_EXPERTS, main_job.DEMO_HIDDEN, main_job.DEMO_FFN).plan(
+        torch.zeros(1, main_job.DEMO_HIDDEN)).decisions)
+    assert f"cross-check: 0 ops compared (0 calls, 0 mismatching elements), {sites} not compared\nnot compared:" in first
+    assert first.rstrip().endswith(f"0 of {sites} ops cross-checked)")
 
 
 def test_the_demo_ends_with_fail_when_a_check_fails(monkeypatch, capsys):
@@ -62,6 +69,28 @@ def test_the_doctor_reports_every_package_and_how_to_install_a_missing_one(monke
         assert "not installed; pip install" in lines[name], lines[name]
     assert "gmlp[cutedsl]" in lines["nvidia-cutlass-dsl"] and "gmlp[torchtitan]" in lines["torchtitan"]
     assert lines["torch"].endswith(": 2.13.0")
+
+
+def test_the_doctor_reports_each_gmlp_variable_set_and_an_invalid_one_without_crashing(monkeypatch, capsys):
+    for name in [name for name in os.environ if name.startswith("GMLP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("GMLP_STRICT", "triton")  # the doctor's plans report, never raise
+    assert main_job.doctor() == 0
+    out = capsys.readouterr().out
+    assert "environment: 2 gmlp variables set" in out
+    assert "GMLP_STRICT=triton: raise FallbackError where an op runs below the path named" in out
+    assert "TRITON_INTERPRET=1: Triton's own: run the Triton kernels in Triton's interpreter" in out
+    assert "plan for a sample layer:" in out
+    monkeypatch.setenv("GMLP_SM90_CONFIG", "fc3.store=tma")
+    monkeypatch.setenv("GMLP_STIRCT", "1")
+    assert main_job.doctor() == 1
+    out = capsys.readouterr().out
+    assert ("GMLP_SM90_CONFIG=fc3.store=tma: INVALID: environment variable GMLP_SM90_CONFIG='fc3.store=tma': "
+            "'fc3.store=tma' names op 'fc3'") in out
+    assert "GMLP_STIRCT=1: unknown: gmlp reads no variable of this name (misspelt GMLP_STRICT?)" in out
+    assert out.rstrip().splitlines()[-1] == ("paths and plans not shown: fix GMLP_SM90_CONFIG first (a layer's first "
+                                             "call raises the same error)")
 
 
 def test_the_interpreter_without_numpy_is_a_reason(monkeypatch):

@@ -18,6 +18,8 @@ BENCHES = {
     "torchtitan": ("gmlp.bench.torchtitan", "torchtitan's qwen3 MoE debug model trained with each experts backend",
                    "GPU; --device cpu for a smoke run"),
     "ep": ("gmlp.bench.ep", "torchtitan's MoE with expert parallelism over N processes (torchrun)", "GPUs; gloo on CPU"),
+    "standings": ("gmlp.bench.standings", "the newest layer figures per card, recipe, shape and routing from the "
+                  "benches' JSON, as markdown (--write docs/performance.md)", "anywhere: reads bench_results/"),
 }
 
 

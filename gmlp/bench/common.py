@@ -17,6 +17,7 @@ import torch
 
 import gmlp
 from gmlp.cutedsl import compile_cache
+from gmlp.system.env import setting
 from gmlp.system.versions import REPORTED_PACKAGES, package_version
 
 
@@ -111,8 +112,9 @@ def _checkout() -> dict:
     current directory) and ``dirty`` (tracked files changed; None where unknown)."""
     package = pathlib.Path(gmlp.__file__).resolve().parent
     checkout = {"gmlp_path": str(package.parent)}
-    if os.environ.get("GMLP_COMMIT"):
-        return {**checkout, "commit": os.environ["GMLP_COMMIT"], "dirty": None}
+    commit = setting("GMLP_COMMIT")
+    if commit:
+        return {**checkout, "commit": commit, "dirty": None}
 
     def git(*args: str) -> str | None:
         try:
@@ -152,14 +154,20 @@ def environment(device: torch.device | None = None) -> dict:
     }
 
 
-def device_label(device: torch.device) -> str:
-    """A short lower-case name of ``device`` for result file names: the GPU's model ("h100" for
-    "NVIDIA H100 80GB HBM3", "h200" for "NVIDIA H200"), or "cpu"."""
-    if device.type != "cuda":
-        return "cpu"
-    words = torch.cuda.get_device_name(device).split()
+def gpu_model(name: str) -> str:
+    """A GPU's short lower-case model from its device name: "h100" for "NVIDIA H100 80GB HBM3",
+    "h200" for "NVIDIA H200" ("gpu" where its model word has no letter or digit)."""
+    words = name.split()
     model = words[1] if len(words) > 1 and words[0].upper() == "NVIDIA" else words[0]
     return "".join(c for c in model.lower() if c.isalnum()) or "gpu"
+
+
+def device_label(device: torch.device) -> str:
+    """A short lower-case name of ``device`` for result file names: the GPU's model
+    (``gpu_model``), or "cpu"."""
+    if device.type != "cuda":
+        return "cpu"
+    return gpu_model(torch.cuda.get_device_name(device))
 
 
 def write_results(name: str, results: dict, out_dir: str | None) -> pathlib.Path:

@@ -3,7 +3,7 @@
 Per shape (``--shapes``), on the same data and weights (balanced routing; x (T, H) bf16 and
 probs (T,) fp32 take gradients): torch's eager layer (bf16 ``torch._grouped_mm`` FC1, SwiGLU
 times probs, ``torch._grouped_mm`` FC2, autograd: ``gmlp.bench.mlp.baseline_layer``), then
-gmlp's layer per recipe (MXFP8, bf16) and path (``--paths``): ``default``, whatever the
+gmlp's layer per recipe (MXFP8, bf16, FP8 blockwise) and path (``--paths``): ``default``, whatever the
 dispatcher picks (``plan_paths``: each site's path), ``stub``, the dispatcher's plan with every
 op replaced by a stub that only allocates its outputs (``gmlp.bench.host_stubs``: the layer's own
 Python and autograd, no kernel; on the CPU the one host figure without computation in it), or a
@@ -99,7 +99,7 @@ from gmlp.layer.module import GroupedMLP
 
 Shape = tuple[int, int, int, int]  # experts, tokens, hidden, ffn
 
-RECIPES = ("mxfp8", "bf16")
+RECIPES = ("mxfp8", "bf16", "fp8-blockwise")  # gmlp.bench.mlp.make_layers' "gmlp-<recipe>" layers
 # default: the dispatcher's choice; stub: every op only allocates its outputs (gmlp.bench.host_stubs);
 # else GMLP_BACKEND
 PATHS = ("default", *(path.value for path in Path), "stub")
@@ -196,7 +196,8 @@ class ShapeCase:
         layers, weights = make_layers(experts, hidden, ffn, device)
         # parameters, as gmlp's are: a CUDA graph reads them in place (other inputs are copied at each replay)
         self.torch_weights = tuple(torch.nn.Parameter(weight.detach()) for weight in weights)
-        self.layers: dict[str, GroupedMLP] = {recipe: layers[f"gmlp-{recipe}"] for recipe in RECIPES}
+        self.layers: dict[str, GroupedMLP] = {recipe: layers[f"gmlp-{recipe}"] for recipe in RECIPES
+                                              if f"gmlp-{recipe}" in layers}  # FP8 blockwise: H, F % 128 == 0
 
     def gmlp_run(self, recipe: str, compiled: bool = False) -> Run:
         """gmlp's forward (the module, or ``torch.compile(module, mode="reduce-overhead")``) and its leaves."""
@@ -332,6 +333,8 @@ def gmlp_row(case: ShapeCase, recipe: str, path: str, settings: Settings) -> dic
     """gmlp's row of one recipe on one path (``forced_backend``), or its ``reason`` where that
     path cannot run (the ``FallbackError``)."""
     row = {"recipe": recipe, "path": path}
+    if recipe not in case.layers:
+        return {**row, "reason": f"the {recipe} recipe cannot take this shape (H and F must be multiples of 128)"}
     run = case.gmlp_run(recipe)
     step = case.step(run)
     with forced_backend(path):

@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from gmlp.system.env import env_flag
+from gmlp.system.env import setting
 
 __all__ = ["CACHE_DIR_ENV", "ENABLE_ENV", "cache_directory", "cache_enabled", "current_arch", "CacheKey", "kernel_key",
            "load_or_compile", "compile_for_this_gpu", "entries", "clear", "source_digest"]
@@ -51,14 +51,14 @@ _SUFFIX = ".o"
 def cache_directory() -> pathlib.Path:
     """Where compiled kernels are kept: ``$GMLP_CACHE_DIR``, ``$XDG_CACHE_HOME/gmlp`` or
     ``~/.cache/gmlp``, then ``cutedsl/``."""
-    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+    root = setting(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gmlp")
     return pathlib.Path(root) / "cutedsl"
 
 
 def cache_enabled() -> bool:
     """False when ``GMLP_COMPILE_CACHE`` is a false spelling (``0``, ``off``...); on by default."""
-    return env_flag(ENABLE_ENV, default=True)
+    return setting(ENABLE_ENV)
 
 
 @functools.lru_cache(maxsize=None)

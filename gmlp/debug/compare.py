@@ -73,6 +73,9 @@ class Comparison:
 
     # name -> (bad elements, shape, first bad element of the first rows, rows with a bad element)
     outputs: dict[str, tuple[int, tuple[int, ...], list[Mismatch], int]] = field(default_factory=dict)
+    # an output compared within bounds -> (largest |got - want|, largest |got - want| / bound);
+    # the outputs compared bit for bit have none
+    errors: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def add(self, name: str, bad: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor | None,
             scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -92,6 +95,16 @@ class Comparison:
                                   None if scales is None else float(scales[1][index])))
         bad_rows = int(bad_rows.sum())
         self.outputs[name] = (count, tuple(bad.shape), first, bad_rows)
+
+    def measure(self, name: str, error: torch.Tensor, bound: torch.Tensor) -> None:
+        """Record the largest of one output's elementwise errors ``error`` (|got - want|) and the
+        largest fraction of its element's bound an error takes (at most 1 within bounds; a
+        nonzero error against a zero bound is infinite; a NaN error stays NaN)."""
+        if error.numel() == 0:
+            self.errors[name] = (0.0, 0.0)
+            return
+        used = torch.where(bound > 0, error / bound, torch.where(error == 0, 0.0, torch.inf))
+        self.errors[name] = (float(error.max()), float(used.max()))
 
     @property
     def mismatches(self) -> int:
@@ -167,9 +180,12 @@ def within_bound(comparison: Comparison, name: str, got, want, delta: torch.Tens
     if tolerance is not None:
         rtol, atol = tolerance
         bound = atol + rtol * want_values.abs()
-    diff = (got_values - want_values).abs()
-    bad = ~(diff <= bound) & ~(got_values.isnan() & want_values.isnan())
+    # equal values agree even where their difference is NaN (the same infinity), and so do two NaNs
+    agree = (got_values == want_values) | (got_values.isnan() & want_values.isnan())
+    diff = (got_values - want_values).abs().masked_fill(agree, 0.0)
+    bad = ~(diff <= bound) & ~agree
     comparison.add(name, bad.cpu(), got_values.cpu(), want_values.cpu(), bound.cpu(), scales)
+    comparison.measure(name, diff, bound)
     if isinstance(want, FP8BlockwiseTensor) and want.block_shape is BlockShape.COLUMNWISE:
         _padding(comparison, name, got, want)  # zeros on every path: bit for bit
 

@@ -1,10 +1,12 @@
 """The cross-check hook: every op of a layer call also runs on the next path down, and the two
-outputs are compared (``gmlp.debug.compare``); a mismatch is reported, as a warning or an error."""
+outputs are compared (``gmlp.debug.compare``); a mismatch is reported, as a warning or an error,
+and every comparison, or the reason there was none, is recorded in the settings' report
+(``gmlp.debug.record``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +20,7 @@ from gmlp.debug.compare import (
     gemm_delta,
     within_bound,
 )
+from gmlp.debug.record import CrossCheckReport
 from gmlp.dispatch.caller import warn_at_caller
 from gmlp.dispatch.paths import Path
 from gmlp.dispatch.plan import LayerPlan, implementation
@@ -27,7 +30,8 @@ from gmlp.fp8_blockwise.gemm import grouped_gemm_blockwise_ref, grouped_wgrad_bl
 from gmlp.fp8_blockwise.tensor import absolute
 from gmlp.mxfp8.routing import device_groups
 
-__all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck", "report", "say_uncompared"]
+__all__ = ["CrossCheckSettings", "CrossCheckError", "CrossCheckWarning", "CrossCheck", "report", "say_uncompared",
+           "last_path"]
 
 
 class CrossCheckError(RuntimeError):
@@ -40,12 +44,14 @@ class CrossCheckWarning(UserWarning):
 
 @dataclass(frozen=True)
 class CrossCheckSettings:
-    """Which sites or ops to check (None: all), what to do on a mismatch, and an optional
-    ``(rtol, atol)`` that replaces the derived bounds of the non-bitwise comparisons."""
+    """Which sites or ops to check (None: all), what to do on a mismatch, an optional
+    ``(rtol, atol)`` that replaces the derived bounds of the non-bitwise comparisons, and the
+    report the checks made under these settings are recorded in."""
 
     ops: frozenset[str] | None = None
     action: str = "warn"
     tolerance: tuple[float, float] | None = None
+    report: CrossCheckReport = field(default_factory=CrossCheckReport, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.action not in ("warn", "raise"):
@@ -221,13 +227,17 @@ def report(title: str, comparison: Comparison, action: str, expert_of=None) -> N
     warn_at_caller(message, CrossCheckWarning)
 
 
+def last_path(path: Path) -> str:
+    """Why an op on ``path`` is not compared: no path below it runs the op here."""
+    return f"{path.value} is the last path here"
+
+
 def say_uncompared(what: str, path: Path) -> None:
     """Once per process for each ``what``: ops the cross-check covers run on ``path``, the last path
     that runs them here, so nothing checks them."""
     if what not in _said_uncompared:
         _said_uncompared.add(what)
-        warn_at_caller(f"cross-check: nothing to compare {what} with ({path.value} is the last path here)",
-                       CrossCheckWarning)
+        warn_at_caller(f"cross-check: nothing to compare {what} with ({last_path(path)})", CrossCheckWarning)
 
 
 class CrossCheck:
@@ -250,11 +260,13 @@ class CrossCheck:
             return
         chosen, reference = self.plan.path(site), self.plan.references[site]
         if reference is None:  # said when the call started
+            self.settings.report.add_uncompared(site, op.value, chosen.value, last_path(chosen))
             return
         if before is not None:  # an accumulating output: the reference starts from the same values
             kwargs = {**kwargs, "out": before}
         want = implementation(self.plan.site(site), reference, self.plan.capability)(*args, **kwargs)
         comparison = _compare(op, got, want, args, kwargs, self.settings.tolerance)
+        self.settings.report.add(site, op.value, chosen.value, reference.value, comparison)
         if comparison.mismatches:
             report(f"{site} ({op.value}) on {chosen.value} differs from {reference.value}", comparison,
                    self.settings.action, self._expert)

@@ -6,11 +6,13 @@ path and architecture); the device picks one of them. For each op, that provider
 questions, each answered by ``None`` (yes) or a ``Reason``: can this system run it at all (cached
 per device), and can it run this problem. The first path answering yes to both runs the op.
 
-Environment (read at each call; none of them changes which path a setting-free run takes;
-booleans parsed by ``gmlp.system.env.env_flag``):
+Environment (read at each call through ``gmlp.system.env.setting``; none of them changes which
+path a setting-free run takes):
 
 - ``GMLP_WARN_FALLBACK=1``: warn once per (op, path, reason) when an op skips a faster path.
-- ``GMLP_STRICT=1`` (or ``strict=True``): raise ``FallbackError`` instead of falling back.
+- ``GMLP_STRICT=cutedsl|triton`` (or ``strict=``): raise ``FallbackError`` where an op runs below
+  that path, the floor (``strict_floor``); ``GMLP_STRICT=1`` and ``strict=True`` are ``cutedsl``:
+  any fallback raises.
 - ``GMLP_BACKEND=cutedsl|triton|torch``: run that path or raise ``FallbackError``.
 - ``TRITON_INTERPRET=1``: the Triton path runs in Triton's interpreter, on any device.
 """
@@ -28,10 +30,10 @@ import torch
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.dispatch.caller import warn_at_caller
 from gmlp.dispatch.providers import Provider, cutedsl_sm90, cutedsl_sm100, torch_path, triton_path
-from gmlp.system.env import env_flag
+from gmlp.system.env import setting
 
-__all__ = ["Path", "PATHS_FASTEST_FIRST", "PROVIDERS", "FallbackError", "FallbackWarning", "Decision", "provider",
-           "system_reason", "choose_path", "next_path_down"]
+__all__ = ["Path", "PATHS_FASTEST_FIRST", "PROVIDERS", "STRICT_FLOORS", "Strict", "FallbackError", "FallbackWarning",
+           "Decision", "provider", "system_reason", "forced_path", "strict_floor", "choose_path", "next_path_down"]
 
 
 class Path(enum.Enum):
@@ -49,6 +51,9 @@ PROVIDERS: dict[Path, tuple[Provider, ...]] = {
     Path.TORCH: (torch_path.PROVIDER,),
 }
 _KERNELS = {Path.CUTEDSL: "CuTeDSL", Path.TRITON: "Triton", Path.TORCH: "torch"}  # in reasons
+# strict's floors: an op on a slower path than its floor raises (torch, the last path, would be no floor)
+STRICT_FLOORS = (Path.CUTEDSL, Path.TRITON)
+Strict = bool | str | None  # strict=: True (= "cutedsl"), False, "cutedsl", "triton", or None (GMLP_STRICT)
 
 
 class FallbackError(RuntimeError):
@@ -75,7 +80,7 @@ class Decision:
 
 def _triton_interpreter() -> bool:
     """Whether the Triton kernels run in Triton's interpreter (TRITON_INTERPRET)."""
-    return env_flag("TRITON_INTERPRET")
+    return setting("TRITON_INTERPRET")
 
 
 def provider(path: Path, capability: tuple[int, int] | None) -> Provider | None:
@@ -106,13 +111,27 @@ _warned: set[tuple[str, Path, Path, str]] = set()
 
 def forced_path() -> Path | None:
     """The path named by GMLP_BACKEND, or None; an unknown name is an error."""
-    name = os.environ.get("GMLP_BACKEND", "").strip().lower()
-    if not name:
+    name = setting("GMLP_BACKEND")
+    return None if name is None else Path(name)
+
+
+def strict_floor(strict: Strict) -> tuple[Path, str] | None:
+    """The slowest path an op may take under ``strict`` and who asked for it ("strict=True",
+    "GMLP_STRICT='triton'"), or None (no floor): True and "cutedsl" mean CuTeDSL (any fallback
+    raises), "triton" Triton (an op on torch raises), False none; None reads GMLP_STRICT (the
+    same words and boolean spellings). ValueError naming ``strict`` for anything else."""
+    if strict is None:
+        value = setting("GMLP_STRICT")
+        asked = f"GMLP_STRICT={os.environ.get('GMLP_STRICT')!r}"
+    elif isinstance(strict, bool) or strict in (floor.value for floor in STRICT_FLOORS):
+        value, asked = strict, f"strict={strict!r}"
+    else:
+        raise ValueError(f"strict must be None (GMLP_STRICT), True, False or one of "
+                         f"{tuple(floor.value for floor in STRICT_FLOORS)} (the slowest path an op may take; "
+                         f"True = 'cutedsl'), got {strict!r}")
+    if value is None or value is False:
         return None
-    try:
-        return Path(name)
-    except ValueError:
-        raise ValueError(f"GMLP_BACKEND must be one of {[p.value for p in Path]}, got {name!r}") from None
+    return (Path.CUTEDSL if value is True else Path(value)), asked
 
 
 def choose_path(
@@ -120,7 +139,7 @@ def choose_path(
     device: torch.device,
     problem_reason: Callable[[Path], Reason | None],
     *,
-    strict: bool | None = None,
+    strict: Strict = None,
     detail: str = "",
     where: str = "",
 ) -> Decision:
@@ -152,17 +171,19 @@ def next_path_down(chosen: Path, device: torch.device, problem_reason: Callable[
     return next((path for path in lower if (system_reason(path, device) or problem_reason(path)) is None), None)
 
 
-def _report(decision: Decision, label: str, said: str, strict: bool | None) -> Decision:
-    """Raise (strict) or warn (GMLP_WARN_FALLBACK, once per op, detail, path and reason) about
-    the faster paths a decision skipped."""
+def _report(decision: Decision, label: str, said: str, strict: Strict) -> Decision:
+    """Raise (an op below the strict floor) or warn (GMLP_WARN_FALLBACK, once per op, detail, path
+    and reason) about the faster paths a decision skipped."""
     skipped, chosen = decision.skipped, decision.path
+    floor = strict_floor(strict)  # checked at every call, a fallback or not
     if forced_path() is not None:
         return decision
     if skipped:
-        message = f"{said} took the {chosen.value} path; " + "; ".join(f"not {p.value}: {r}" for p, r in skipped)
-        if strict or (strict is None and env_flag("GMLP_STRICT")):
-            raise FallbackError(f"strict mode: {message}")
-        if env_flag("GMLP_WARN_FALLBACK"):
+        if floor is not None and PATHS_FASTEST_FIRST.index(chosen) > PATHS_FASTEST_FIRST.index(floor[0]):
+            why = "; ".join(f"not {p.value}: {r}" for p, r in skipped)
+            raise FallbackError(f"strict mode: {said} took the {chosen.value} path, below the {floor[0].value} floor "
+                                f"({floor[1]}); {why}")
+        if setting("GMLP_WARN_FALLBACK"):
             for path, reason in skipped:
                 key = (label, path, chosen, str(reason))
                 if key not in _warned:

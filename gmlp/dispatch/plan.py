@@ -19,8 +19,18 @@ from gmlp.contract.problem import LayerProblem
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import launch_options
 from gmlp.cutedsl.sm90 import support as sm90_support
-from gmlp.dispatch.paths import Decision, Path, choose_path, forced_path, next_path_down, provider, system_reason
+from gmlp.dispatch.paths import (
+    Decision,
+    Path,
+    Strict,
+    choose_path,
+    forced_path,
+    next_path_down,
+    provider,
+    system_reason,
+)
 from gmlp.dispatch.sites import BLOCKWISE_SITES, GEMM_OPS, SITES, Op, Site
+from gmlp.system.env import check_environment
 
 __all__ = ["LayerPlan", "plan_layer", "implementation"]
 
@@ -85,13 +95,15 @@ class LayerPlan:
         return "\n".join(lines)
 
 
-def plan_layer(problem: LayerProblem, device: torch.device, *, strict: bool | None) -> LayerPlan:
+def plan_layer(problem: LayerProblem, device: torch.device, *, strict: Strict) -> LayerPlan:
     """Choose the path of every site (``gmlp.dispatch.paths.choose_path``: strict mode and forced
     backends apply per site; a fallback warning comes once per op, activation, path and reason,
     naming the first site where it happened). On SM100 the GEMM sites get the same CuTeDSL answer
     (the SM100 composition, all or none); when they take it, nothing is dequantized and the
     quantizes are judged as the composition calls them. On SM90 each GEMM site takes its SM90
-    kernel where that runs the site's problem."""
+    kernel where that runs the site's problem. Every gmlp environment variable is checked first
+    (``gmlp.system.env.check_environment``), whichever of them this device's paths read."""
+    check_environment()
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     sm100 = _sm100_runs(problem, device, capability)
     quantize_problems = problem.sm100_quantize_problems if sm100 else problem.quantize_problems

@@ -5,18 +5,18 @@ call's settings travel as ``LayerConfig.encode()``, a short string made once per
 setting, and decoded once per string. The plan (``gmlp.dispatch.plan.plan_layer``) is made inside
 the op, on the host, from shapes only, and cached: the key holds everything a plan depends on
 (the config, the sizes, the token count's class, the dtypes, the device and its capability,
-and the environment settings the dispatcher reads), so a cached plan is the plan that would be
-made again. Token counts enter the plan only through the quantize kernels' index limits; the
-plan is made for the count's class, the next power of two, so that routing that changes each
-step does not make a new plan each step (a limit is then checked for the class's largest count,
-which only matters within a factor of two of a 2**31 index limit).
+and the value of every gmlp environment variable, ``gmlp.system.env.raw_values``), so a cached
+plan is the plan that would be made again, and a variable's new value is checked (planning checks
+them all) at the first call that sees it. Token counts enter the plan only through the quantize
+kernels' index limits; the plan is made for the count's class, the next power of two, so that
+routing that changes each step does not make a new plan each step (a limit is then checked for
+the class's largest count, which only matters within a factor of two of a 2**31 index limit).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 
 import torch
@@ -24,19 +24,17 @@ import torch
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.gate_up import GateUpLayout
 from gmlp.contract.problem import LayerProblem
+from gmlp.dispatch.paths import Strict
 from gmlp.dispatch.plan import LayerPlan, plan_layer
 from gmlp.mxfp8.problem import QuantizeProblem
 from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
+from gmlp.system.env import raw_values
 
 __all__ = ["WEIGHT_CACHE_MODES", "LayerConfig", "decode_config", "layer_problem", "token_class", "cached_plan", "clear_plan_cache"]
 
 WEIGHT_CACHE_MODES = (None, "update", "reuse")
-# GMLP_SM90_CONFIG, GMLP_SM90_TUNED: the SM90 sites' launch options are in the plan's explain()
-# (gmlp.cutedsl.sm90.launch_options)
-_PLAN_ENVIRONMENT = ("GMLP_STRICT", "GMLP_BACKEND", "GMLP_WARN_FALLBACK", "TRITON_INTERPRET", "GMLP_SM90_CONFIG",
-                     "GMLP_SM90_TUNED")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +44,7 @@ class LayerConfig:
     activation: Activation
     recipe: MXFP8Recipe | FP8BlockwiseRecipe | None
     bias: bool
-    strict: bool | None
+    strict: Strict  # gmlp.dispatch.paths.strict_floor
     weight_cache: str | None  # None, "update" or "reuse" (GroupedMLP.forward)
     accumulate_main_grad: bool
     gate_up: GateUpLayout = GateUpLayout.HALVES  # how a gated W1's gate and up are stored (gmlp.contract.gate_up)
@@ -183,7 +181,7 @@ def cached_plan(config: LayerConfig, tokens: int, experts: int, hidden: int, ffn
     capability = None
     if device.type == "cuda":
         capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
-    environment = tuple(os.environ.get(name) for name in _PLAN_ENVIRONMENT)
+    environment = raw_values()  # every variable: one the plan does not read is checked when planning
     tokens = token_class(tokens)
     key = (config, tokens, experts, hidden, ffn, param_dtype, x_dtype, device, capability, environment)
     plan = _plans.get(key)

@@ -12,12 +12,13 @@ from typing import Callable
 import torch
 
 from gmlp.contract.reasons import Reason
-from gmlp.dispatch.paths import Decision, Path, choose_path, provider
+from gmlp.dispatch.paths import Decision, Path, Strict, choose_path, provider
 from gmlp.dispatch.plan import implementation
 from gmlp.dispatch.sites import Op, Site
 from gmlp.mxfp8.problem import QuantizeProblem, validate_quantize_args
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Quantized
+from gmlp.system.env import check_environment
 
 __all__ = ["quantize_mxfp8", "plan_quantize", "launcher", "problem_reason", "add_quantize_check", "QuantizeCheck"]
 
@@ -54,8 +55,10 @@ def launcher(path: Path, device: torch.device) -> Callable[..., MXFP8Quantized]:
     return implementation(_PUBLIC, path, _capability(device))
 
 
-def plan_quantize(x: torch.Tensor, *, strict: bool | None = None, **kwargs) -> Decision:
-    """The path ``quantize_mxfp8(x, **kwargs)`` would take, and why faster ones would be skipped."""
+def plan_quantize(x: torch.Tensor, *, strict: Strict = None, **kwargs) -> Decision:
+    """The path ``quantize_mxfp8(x, **kwargs)`` would take, and why faster ones would be skipped
+    (every gmlp environment variable checked first: ``gmlp.system.env.check_environment``)."""
+    check_environment()
     problem = validate_quantize_args(x, **_with_defaults(kwargs))
     return choose_path(OP_NAME, x.device, problem_reason(problem, x.device), strict=strict)
 
@@ -78,7 +81,7 @@ def quantize_mxfp8(
     split_sizes: torch.Tensor | None = None,
     element_format: ElementFormat | str = ElementFormat.E4M3,
     scale_mode: ScaleMode | str = ScaleMode.RCEIL,
-    strict: bool | None = None,
+    strict: Strict = None,
 ) -> MXFP8Quantized:
     """Quantize x (M, K), bf16 or fp32, to MXFP8 in one pass over x.
 
@@ -95,7 +98,9 @@ def quantize_mxfp8(
         element_format: E4M3 (default) or E5M2 elements: a ``gmlp.ElementFormat`` or its value
             ("e4m3", "e5m2").
         scale_mode: RCEIL (default) or FLOOR: a ``gmlp.ScaleMode`` or its value ("rceil", "floor").
-        strict: raise instead of falling back to a slower path (default: GMLP_STRICT).
+        strict: raise ``FallbackError`` instead of running below a path: True or "cutedsl" below
+            CuTeDSL (any fallback), "triton" below Triton (on torch), False never; None (the
+            default): GMLP_STRICT.
 
     Returns:
         ``MXFP8Quantized`` with ``rowwise`` and ``columnwise`` ``MXFP8Tensor`` (or None).

@@ -6,16 +6,20 @@ for bit. A block is 128 values along the contraction dimension (1 x 128 or 128 x
 128 x 128 tile of a weight; it holds fp8 elements and one fp32 ``scale_inv``::
 
     amax = max |x| over the block, fp32, NaN ignored, from 0
-    s    = 1                              if amax is 0, +Inf or NaN
-         = fp32(fmax / amax)              otherwise, rounded to nearest (fmax: E4M3 448, E5M2 57344)
+    s    = 1                              if amax is 0 (or NaN)
+         = fp32(fmax / amax)              otherwise, rounded to nearest (fmax: E4M3 448, E5M2 57344);
+                                          0 when amax is +Inf
     s    = largest finite input value     if that quotient overflowed (amax below fmax / FLT_MAX)
     s    = 2**floor(log2 s)               with power-of-two scales (the default): s's bits & 0xFF800000
     q    = fp8(fp32(x * s))               nearest even, saturating to +-fmax, NaN -> 0x7F
-    scale_inv = fp32(1 / s)               nearest; 2**-127 (subnormal) when s = 2**127
+    scale_inv = fp32(1 / s)               nearest; 2**-127 (subnormal) when s = 2**127, +Inf when s = 0
 
-so that ``x ~= q * scale_inv``. Where TransformerEngine's Python reference and its kernel differ
-(a block holding an Inf: the reference gives ``scale_inv = Inf``), this follows the kernel
-(``scale_inv = 1``, the Inf saturating to +-fmax).
+so that ``x ~= q * scale_inv``. On finite blocks this is TransformerEngine's kernel bit for bit.
+A block holding an Inf is where TransformerEngine's Python reference and its kernel differ; this
+follows the reference: s = 0, so the Inf elements become NaN (``Inf * 0``), the others zeros, and
+``scale_inv = Inf``: the block dequantizes to NaN and every GEMM reading it gives a non-finite
+result, as bf16 and MXFP8 do. (TE's kernel takes s = 1 there and saturates the Inf to +-fmax: a
+finite block, so an overflow upstream vanishes from the loss.)
 
 Which values form a block, and where each ``scale_inv`` lives, is ``gmlp.fp8_blockwise.layout``'s.
 """
@@ -45,9 +49,9 @@ def scale_from_amax(amax: torch.Tensor, element_format: ElementFormat, power_of_
     amax = amax.float()
     quotient = torch.full_like(amax, element_format.max_normal) / amax  # IEEE division: rounded to nearest
     quotient = torch.where(torch.isinf(quotient), torch.full_like(amax, torch.finfo(input_dtype).max), quotient)
-    degenerate = (amax == 0) | torch.isinf(amax) | torch.isnan(amax)
+    degenerate = (amax == 0) | torch.isnan(amax)  # amax = +Inf is not: its quotient 0 makes the block NaN
     s = torch.where(degenerate, torch.ones_like(amax), quotient)
-    if power_of_two:  # s is a positive normal here: clearing its mantissa leaves 2**floor(log2 s)
+    if power_of_two:  # s is 0 or a positive normal here: clearing its mantissa leaves 0 or 2**floor(log2 s)
         s = (s.contiguous().view(torch.int32) & _EXPONENT_MASK).view(torch.float32)
     return s
 

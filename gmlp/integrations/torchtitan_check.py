@@ -19,7 +19,22 @@ from torchtitan.config.override import apply_overrides
 from torchtitan.models.common.moe import GroupedExperts
 
 from gmlp.dispatch.paths import FallbackError
-from gmlp.integrations.torchtitan import GmlpGroupedExperts
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
+from gmlp.integrations.torchtitan import GmlpGroupedExperts, recipe_from_name
+from gmlp.mxfp8.recipe import MXFP8Recipe
+
+
+def _settings(config: GmlpGroupedExperts.Config) -> str:
+    """The settings gmlp's experts of ``config`` run with: the recipe's own (MXFP8: scale mode and
+    gradient format; FP8 blockwise: gradient format and power-of-two scales; bf16: none) and strict."""
+    recipe = recipe_from_name(config.recipe, config.scale_mode, config.grad_format)
+    if isinstance(recipe, FP8BlockwiseRecipe):
+        own = f", grad_format={recipe.grad_format.value}, power_of_two_scales={recipe.power_of_two_scales}"
+    elif isinstance(recipe, MXFP8Recipe):
+        own = f", scale_mode={recipe.scale_mode.value}, grad_format={recipe.grad_format.value}"
+    else:
+        own = ""
+    return f"recipe={config.recipe}{own}, strict={config.strict}"
 
 
 def check(argv: list[str]) -> str:
@@ -28,8 +43,7 @@ def check(argv: list[str]) -> str:
     applied = apply_overrides(config.override, config)
     experts = [c for _, c, _, _ in config.model_spec.model.traverse(GroupedExperts.Config)]
     ours = [c for c in experts if isinstance(c, GmlpGroupedExperts.Config)]
-    settings = sorted({f"recipe={c.recipe}, scale_mode={c.scale_mode}, grad_format={c.grad_format}, strict={c.strict}"
-                       for c in ours})
+    settings = sorted({_settings(c) for c in ours})
     lines = [*applied, f"{len(ours)} of {len(experts)} experts modules run gmlp's experts"
              + (f" ({'; '.join(settings)})" if settings else "")]
     return "\n".join(lines)

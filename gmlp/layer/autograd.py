@@ -42,7 +42,7 @@ from gmlp.layer.steps import OpRunner, fake_layer_saved, grouped_mlp_backward, g
 from gmlp.mxfp8.buffers import empty_quantize
 from gmlp.mxfp8.problem import check_split_values
 from gmlp.mxfp8.routing import DeviceGroups, device_groups, should_check_split_values, sizes_valid
-from gmlp.system.env import env_flag
+from gmlp.system.env import setting
 
 __all__ = ["grouped_mlp", "kept_weights", "validate_split_sizes", "allocating_quantize"]
 
@@ -123,7 +123,7 @@ def _step_groups(split_sizes: Tensor, tokens: int) -> DeviceGroups:
     """The step's expert groups, computed once for every op: one Triton launch where Triton runs
     (``gmlp.triton_ref.expert_groups``, imported here: ``import gmlp`` does not import Triton),
     else the torch ops of ``device_groups``."""
-    if not (split_sizes.is_cuda or env_flag("TRITON_INTERPRET")):
+    if not (split_sizes.is_cuda or setting("TRITON_INTERPRET")):
         return device_groups(split_sizes, tokens)
     from gmlp.triton_ref.expert_groups import expert_groups
 

@@ -28,6 +28,7 @@ from gmlp.dispatch.plan_cache import (
     layer_problem,
     token_class,
 )
+from gmlp.dispatch.paths import Strict, strict_floor
 from gmlp.dispatch.plan import LayerPlan, plan_layer
 from gmlp.layer import autograd
 from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
@@ -79,7 +80,7 @@ class _KeptWeights:
 
 
 class GroupedMLP(nn.Module):
-    """The expert MLPs of a Mixture-of-Experts layer, MXFP8 (or bf16) forward and backward.
+    """The expert MLPs of a Mixture-of-Experts layer, MXFP8, FP8 blockwise (or bf16) forward and backward.
 
     Args:
         num_experts: E.
@@ -92,7 +93,10 @@ class GroupedMLP(nn.Module):
             (128-element blocks: H and F multiples of 128), with bfloat16 or float32
             parameters; None runs unquantized in the parameters' dtype (bf16 on the Triton
             kernels; other dtypes on the torch path, float64 included, e.g. for gradcheck).
-        strict: raise instead of falling back to a slower path (default: GMLP_STRICT).
+        strict: raise ``FallbackError`` where an op would run below a path, the floor: True or
+            "cutedsl" below CuTeDSL (any fallback; on a CPU every op), "triton" below Triton (an
+            op on torch), False never; None (the default): GMLP_STRICT, which takes the same
+            words and boolean spellings.
         accumulate_main_grad: add weight gradients into each parameter's fp32 ``main_grad``
             (which must exist) instead of returning them to autograd (eager mode only).
         device, dtype: of the parameters; ``device="meta"`` defers their storage
@@ -111,7 +115,7 @@ class GroupedMLP(nn.Module):
         activation: str | Activation = "swiglu",
         bias: bool = False,
         recipe: MXFP8Recipe | FP8BlockwiseRecipe | None = _DEFAULT_RECIPE,
-        strict: bool | None = None,
+        strict: Strict = None,
         accumulate_main_grad: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.bfloat16,
@@ -131,6 +135,8 @@ class GroupedMLP(nn.Module):
         if isinstance(recipe, FP8BlockwiseRecipe) and (hidden_size % 128 or ffn_hidden_size % 128):
             raise ValueError(f"the FP8 blockwise recipe (128-element blocks) needs hidden_size and ffn_hidden_size "
                              f"multiples of 128, got {hidden_size=}, {ffn_hidden_size=}")
+        if strict is not None:
+            strict_floor(strict)  # a bad value raises here, naming the argument
         self.activation = activation_from(activation)
         self.num_experts, self.hidden_size, self.ffn_hidden_size = num_experts, hidden_size, ffn_hidden_size
         self.recipe, self.strict, self.accumulate_main_grad = recipe, strict, accumulate_main_grad
@@ -186,7 +192,7 @@ class GroupedMLP(nn.Module):
                 if main_grad is None or main_grad.shape != param.shape or main_grad.dtype != torch.float32:
                     raise ValueError(f"accumulate_main_grad=True needs {name}.main_grad, an fp32 tensor of shape {tuple(param.shape)}")
 
-    def plan(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None, strict: bool | None = False) -> LayerPlan:
+    def plan(self, x: torch.Tensor, split_sizes: torch.Tensor | None = None, strict: Strict = False) -> LayerPlan:
         """The path of every op of a call with inputs like ``x`` (T, H), and why each faster path
         is skipped. ``strict`` as in the constructor (default here: report, never raise). The
         plan depends on ``split_sizes`` through its length only (``num_experts``), so it may be
@@ -203,7 +209,7 @@ class GroupedMLP(nn.Module):
         """The plan as text: each op (where it runs in the layer), its path, and why not faster ones."""
         return f"{self!r} on {x.device}, x {tuple(x.shape)} {x.dtype}:\n{self.plan(x, split_sizes).explain()}"
 
-    def _config(self, weight_cache: str | None, strict: bool | None) -> LayerConfig:
+    def _config(self, weight_cache: str | None, strict: Strict) -> LayerConfig:
         return LayerConfig(activation=self.activation, recipe=self.recipe, bias=self.b1 is not None, strict=strict,
                            weight_cache=weight_cache, accumulate_main_grad=self.accumulate_main_grad)
 
@@ -273,7 +279,8 @@ class GroupedMLP(nn.Module):
     def _weight_cache_key(self, weight_cache: str, plan: LayerPlan) -> tuple:
         """What quantized weights kept by one forward depend on; checks a "reuse" against it."""
         if self.recipe is None:
-            raise ValueError(f"weight_cache={weight_cache!r} needs an MXFP8 recipe: with recipe=None no weight is quantized")
+            raise ValueError(f"weight_cache={weight_cache!r} needs a quantized recipe (gmlp.MXFP8Recipe or "
+                             "gmlp.FP8BlockwiseRecipe), got recipe=None: no weight is quantized")
         key = (plan.sm100, self.recipe, *((w.data_ptr(), tuple(w.shape), w.dtype, w.device) for w in (self.w1, self.w2)))
         if weight_cache != "reuse":
             return key

@@ -17,7 +17,7 @@ import torch
 
 from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 from gmlp.mxfp8.spec import BLOCK_SIZE
-from gmlp.system.env import env_flag
+from gmlp.system.env import setting
 
 __all__ = ["DeviceGroups", "device_groups", "sizes_valid", "given_or_device_groups", "launch_offsets",
            "should_check_split_values", "poison_scales_if_invalid"]
@@ -76,7 +76,7 @@ def launch_offsets(groups: DeviceGroups | None, device: torch.device) -> tuple[t
 
 def should_check_split_values(split_sizes: torch.Tensor) -> bool:
     """Whether to check split sizes' values eagerly: free on the CPU, on request elsewhere."""
-    return split_sizes.device.type == "cpu" or env_flag("GMLP_VALIDATE")
+    return split_sizes.device.type == "cpu" or setting("GMLP_VALIDATE")
 
 
 def poison_scales_if_invalid(scales: torch.Tensor, groups: DeviceGroups | None, poison: float = 0xFF) -> None:

@@ -20,16 +20,16 @@ Device functions shared by kernels: ``_mxfp8_math`` (the spec's per-block math),
 ``_blockwise_math`` (the blockwise spec's scale), ``_activations``
 (the activations' formulas), ``_grouping`` (expert-aligned tiles, swizzled index), ``_epilogue``
 (a tile quantized both ways). ``_interpreter_fixes`` makes Triton's interpreter compute what the
-GPU does (fp8 and bf16 casts, bf16 dots); it is installed at import when TRITON_INTERPRET is true
-(``gmlp.system.env.env_flag``: a value that is no boolean spelling raises here rather than leaving Triton
+GPU does (fp8 and bf16 casts, bf16 dots, no floating-point warnings); it is installed at import when TRITON_INTERPRET is true
+(``gmlp.system.env.setting``: a value that is no boolean spelling raises here rather than leaving Triton
 interpreting without the fixes).
 
 Shape rules of the GEMM launchers, shared with the dispatcher: ``shapes``.
 """
 
-from gmlp.system.env import env_flag
+from gmlp.system.env import setting
 
-if env_flag("TRITON_INTERPRET"):
+if setting("TRITON_INTERPRET"):
     from gmlp.triton_ref import _interpreter_fixes
 
     _interpreter_fixes.install()

@@ -18,8 +18,8 @@ def blockwise_scale(amax, FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_
     """(s, scale_inv) fp32 of fp32 block maxima ``amax`` (>= 0, NaN already ignored)."""
     quotient = (FMAX / amax.to(tl.float64)).to(tl.float32)
     quotient = tl.where(quotient == float("inf"), INPUT_MAX, quotient)  # amax below FMAX / FLT_MAX
-    s = tl.where((amax == 0) | (amax == float("inf")), 1.0, quotient)
-    if POWER_OF_TWO:  # a positive normal s: clearing the mantissa leaves 2**floor(log2 s)
+    s = tl.where(amax == 0, 1.0, quotient)  # amax = inf: s = 0, scale_inv = inf (the spec's non-finite block)
+    if POWER_OF_TWO:  # s is 0 or a positive normal: clearing the mantissa leaves 0 or 2**floor(log2 s)
         s = (s.to(tl.int32, bitcast=True) & _EXPONENT_MASK).to(tl.float32, bitcast=True)
     scale_inv = (1.0 / s.to(tl.float64)).to(tl.float32)
     return s, scale_inv

@@ -16,8 +16,8 @@ import torch
 import gmlp
 from gmlp.bench import common, host, host_profile, host_report, host_timing
 
-SHAPE = (2, 64, 32, 32)  # experts, tokens, hidden, ffn
-SHAPE_NAME = "2,64,32,32"
+SHAPE = (2, 64, 128, 128)  # experts, tokens, hidden, ffn (multiples of 128: the FP8 blockwise recipe's blocks)
+SHAPE_NAME = "2,64,128,128"
 CPU = torch.device("cpu")
 FAST = {"iters": 2, "repeats": 2, "plan_iters": 20, "warmup": 1}
 PROFILE_STEPS = 3
@@ -36,7 +36,7 @@ def torch_path():
 
 @pytest.fixture(scope="module")
 def results():
-    """Both recipes on the default path (here the torch one) and on the Triton path, which the
+    """Every recipe on the default path (here the torch one) and on the Triton path, which the
     dispatcher refuses on a CPU without the interpreter (TRITON_INTERPRET=0 while planning: the
     dispatch reads it at each call), with a profile."""
     with pytest.MonkeyPatch.context() as patch:
@@ -57,7 +57,7 @@ def test_results_have_every_figure_per_shape_recipe_and_path(results):
     (entry,) = results["shapes"]
     assert entry["name"] == SHAPE_NAME
     assert tuple(entry[key] for key in host_report.SHAPE_KEYS) == SHAPE
-    assert set(entry["recipes"]) == {"mxfp8", "bf16"}
+    assert set(entry["recipes"]) == {"mxfp8", "bf16", "fp8-blockwise"}
     for name, row in gmlp_rows(results, "default").items():
         assert (row["recipe"], row["path"]) == (name, "default")
         figures = ("fwd_bwd_host_ms", "fwd_host_ms", "plan_ms", "plan_uncached_ms", "plan_per_step_ms", "first_step_s")
@@ -69,7 +69,7 @@ def test_results_have_every_figure_per_shape_recipe_and_path(results):
         assert row["plan_calls_per_step"] == 2 and row["plan_per_step_ms"] == 2 * row["plan_ms"]
         assert row["plans_made_per_step"] == 0  # a warm step plans nothing: the plan is cached
         assert set(row["plan_paths"].values()) == {"torch"}
-        assert ("quantize x" in row["plan_paths"]) == (name == "mxfp8")
+        assert ("quantize x" in row["plan_paths"]) == (name != "bf16")
         assert row["reduce_overhead"] == {"reason": "needs CUDA (CUDA graphs)"}
         assert row["profile"]["steps"] == PROFILE_STEPS
     json.dumps(results)  # JSON as it is
@@ -146,7 +146,7 @@ def test_a_bad_name_is_a_parser_error(option, value, capsys):
 def test_the_profile_categories_sum_to_the_profiled_total(results):
     (entry,) = results["shapes"]
     profiles = {side: row["profile"] for side, row in host_report.sides(entry) if "profile" in row}
-    assert set(profiles) == {"torch eager", "mxfp8 default", "bf16 default"}
+    assert set(profiles) == {"torch eager", "mxfp8 default", "bf16 default", "fp8-blockwise default"}
     for side, profile in profiles.items():
         categories = profile["categories_us"]
         assert list(categories) == list(host_profile.CATEGORIES), side
@@ -156,7 +156,7 @@ def test_the_profile_categories_sum_to_the_profiled_total(results):
         assert profile["calls"] > 0 and 0 < len(profile["top"]) <= host_profile.TOP
         assert [entry["us"] for entry in profile["top"]] == sorted((entry["us"] for entry in profile["top"]),
                                                                    reverse=True)
-    for side in ("mxfp8 default", "bf16 default"):
+    for side in ("mxfp8 default", "bf16 default", "fp8-blockwise default"):
         profile, row = profiles[side], entry["recipes"][side.split()[0]]["default"]
         assert profile["unprofiled_host_us"] == pytest.approx(row["fwd_bwd_host_ms"] * 1e3, abs=1e-3)
         assert profile["backward_seen"] is True  # a CPU backward runs in the calling thread
@@ -225,6 +225,14 @@ def test_a_cache_hit_makes_no_plan(recipe):
     step = case.step(case.gmlp_run(recipe))
     assert host.plans_made(step, CPU) == 1
     assert host.plans_made(step, CPU) == 0
+
+
+def test_a_recipe_that_cannot_take_the_shape_is_a_row_with_its_reason():
+    case = host.ShapeCase((2, 16, 32, 32), CPU)
+    settings = host.Settings(device=CPU, iters=1, repeats=1, plan_iters=1, warmup=0, profile_steps=0)
+    row = host.gmlp_row(case, "fp8-blockwise", "default", settings)
+    assert row == {"recipe": "fp8-blockwise", "path": "default",
+                   "reason": "the fp8-blockwise recipe cannot take this shape (H and F must be multiples of 128)"}
 
 
 def test_the_cached_plan_is_the_forwards():

@@ -33,7 +33,8 @@ def test_help_lists_every_bench_with_a_line_each(monkeypatch, capsys):
     bench_main.main()
     lines = capsys.readouterr().out.splitlines()
     listed = {line.split()[0]: line for line in lines if line.startswith("  ")}
-    assert set(listed) == {"quantize", "mlp", "gemm", "tune", "profile", "memory", "ncu", "host", "torchtitan", "ep"}
+    assert set(listed) == {"quantize", "mlp", "gemm", "tune", "profile", "memory", "ncu", "host", "torchtitan", "ep",
+                           "standings"}
     assert "--device cpu" in listed["torchtitan"]  # the smoke run that works without a GPU
 
 

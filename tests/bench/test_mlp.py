@@ -39,6 +39,7 @@ def compiled_act():
     return compiled_swiglu_probs()
 
 
+@pytest.mark.slow  # inductor's C++ compile of the activation, forward and backward
 def test_compiled_activation_is_the_eager_one_to_bf16_rounding(compiled_act):
     """Not bit for bit: inductor keeps silu(gate) * up in fp32 where eager rounds each product to
     bf16, so the two differ by a few bf16 roundings, forward and backward."""

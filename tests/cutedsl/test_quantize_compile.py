@@ -64,7 +64,7 @@ def compile_case(arch: str, case: Case):
 
 
 @parametrize_quick("case", CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("arch", ARCHS)
+@parametrize_quick("arch", ARCHS)
 def test_quantize_kernel_ptx(arch, case):
     compiled = compile_case(arch, case)
     ptx = compiled.ptx

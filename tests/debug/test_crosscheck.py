@@ -5,6 +5,8 @@ torch twins; on a GPU the same tests check the compiled kernels."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import warnings
 
 import pytest
@@ -128,6 +130,7 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site, recipe_nam
     assert ", ".join(f"{axis} {value}" for axis, value in zip(axes, index)) in message, message
 
 
+@pytest.mark.slow
 def test_warn_mode_keeps_going_and_names_the_values(monkeypatch):
     _require_triton_layer()
     where: list = []
@@ -155,8 +158,8 @@ def test_settings_are_checked():
 
 @pytest.mark.parametrize("ops", ["fc1", "quantize x", "grouped_gemm"])
 def test_one_name_as_a_string_is_one_name(ops):
-    with cross_check(ops=ops) as settings:
-        assert settings.ops == frozenset([ops])
+    with cross_check(ops=ops):
+        assert gmlp.debug.active_settings().ops == frozenset([ops])
 
 
 @pytest.mark.parametrize("value,action", [("raise", "raise"), ("RAISE", "raise"), ("warn", "warn"), ("1", "warn"),
@@ -178,6 +181,7 @@ def test_environment_switch_rejects_other_values(monkeypatch):
         active_settings()
 
 
+@pytest.mark.slow
 @parametrize_quick("hidden,ffn,splits", [(96, 32, [0, 0, 0, 70]), (32, 96, [1, 31, 33, 1, 0, 45])],
                    ids=["all-in-last", "tiny-experts"])
 def test_clean_runs_pass_on_other_shapes(hidden, ffn, splits):
@@ -190,6 +194,7 @@ def test_clean_runs_pass_on_other_shapes(hidden, ffn, splits):
         mlp(x, torch.tensor(splits, device=device)).backward(torch.randn(sum(splits), hidden, device=device).bfloat16())
 
 
+@pytest.mark.slow
 def test_tolerance_override_replaces_the_derived_bound(monkeypatch):
     _require_triton_layer()
     _plant_at(monkeypatch, "fc2", _chosen("fc2"), [])
@@ -235,11 +240,12 @@ def test_a_block_reaches_backward_threads_and_the_forwards_settings_its_backward
     import threading
 
     seen = []
-    with cross_check(action="raise") as settings:
+    with cross_check(action="raise") as report:
+        settings = gmlp.debug.active_settings()
         worker = threading.Thread(target=lambda: seen.append(gmlp.debug.active_settings()))
         worker.start()
         worker.join()
-    assert seen == [settings] and gmlp.debug.active_settings() is None
+    assert seen == [settings] and seen[0].report is report and gmlp.debug.active_settings() is None
 
     _require_triton_layer()
     where: list = []
@@ -251,3 +257,117 @@ def test_a_block_reaches_backward_threads_and_the_forwards_settings_its_backward
         y = mlp(x, torch.tensor([30, 10], device=device))
     with pytest.raises(CrossCheckError, match="fc1 dgrad"):
         y.backward(torch.randn_like(y))
+
+
+def _bounded(report, plan) -> dict:
+    """site -> its record, asserting that each op was compared with the plan's next path down with
+    no mismatch, bit for bit (quantizes, dequantizes) or within its bound (a finite largest error)."""
+    records = {}
+    for record in report.compared:
+        assert (record.path, record.reference) == (plan.path(record.site).value,
+                                                   plan.references[record.site].value), record
+        assert record.calls >= 1 and record.outputs and record.mismatches == 0, record
+        bitwise = "quantize" in record.op
+        for name, output in record.outputs.items():
+            assert output.elements > 0 and output.bitwise == bitwise, (record.site, name, output)
+            if not bitwise:
+                assert math.isfinite(output.max_error) and 0 <= output.bound_used <= 1, (record.site, name, output)
+        records[record.site] = record
+    return records
+
+
+def test_a_clean_runs_report_lists_every_op_within_its_bound():
+    """The block's report lists every op of the step, forward and backward (the backward run after
+    the block: its forward's settings, so its report), each on triton against torch with every
+    output's largest error inside its bound; the table names them all."""
+    _require_triton_layer()
+    device = kernel_device()
+    torch.manual_seed(0)
+    splits = [37, 0, 60, 3]
+    mlp = gmlp.GroupedMLP(len(splits), 64, 64, bias=True, recipe=gmlp.MXFP8Recipe(), device=device)
+    split_sizes = torch.tensor(splits, device=device)
+    x = torch.randn(sum(splits), 64, device=device).bfloat16().requires_grad_()
+    probs = torch.rand(sum(splits), device=device, requires_grad=True)
+    with cross_check(action="raise") as report:
+        y = mlp(x, split_sizes, probs)
+    y.backward(torch.randn_like(y))
+    plan = mlp.plan(x, split_sizes)
+    records = _bounded(report, plan)
+    assert set(records) == set(plan.decisions) and not report.uncompared and report.mismatches == 0
+    assert records["dequantize"].calls == 6  # x and a for FC1, FC2; dh for FC1 dgrad; dh, x, a for the wgrads
+    assert {name for name in records["fc2 dgrad"].outputs} == {"dh_rowwise", "dh_columnwise", "dprobs", "db1"}
+    table = str(report)
+    assert table.startswith(f"cross-check: {len(plan.decisions)} ops compared (") and "bit for bit" in table
+    assert "not compared:" not in table
+    assert all(f"  {site} " in table for site in plan.decisions), table
+
+
+def test_the_report_records_a_planted_error_that_raises(monkeypatch):
+    """The error is raised as before, and the report holds the mismatch: one element, past its bound."""
+    _require_triton_layer()
+    _plant_at(monkeypatch, "fc2", _chosen("fc2"), [])
+    with pytest.raises(CrossCheckError, match="fc2"):
+        with cross_check(action="raise") as report:
+            _layer_step(gmlp.MXFP8Recipe())
+    fc2 = report.compared[-1]  # the last op compared: the step stopped there
+    assert fc2.site == "fc2" and fc2.mismatches == report.mismatches == 1 and fc2.outputs["out"].bound_used > 1
+    header = r"cross-check: \d+ ops compared \(\d+ calls, 1 mismatching element\), 0 not compared\n"
+    assert re.match(header, str(report)), str(report)
+
+
+def test_the_report_of_a_run_on_torch_lists_every_op_as_not_compared(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    mlp = gmlp.GroupedMLP(2, 64, 64, bias=True)
+    x, split_sizes = torch.randn(8, 64).bfloat16().requires_grad_(), torch.tensor([3, 5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CrossCheckWarning)  # said once per process: see the test above
+        with cross_check(action="raise") as report:
+            mlp(x, split_sizes).backward(torch.randn(8, 64).bfloat16())
+    assert not report.compared
+    assert {record.site for record in report.uncompared} == set(mlp.plan(x, split_sizes).decisions)
+    assert all((record.path, record.reason) == ("torch", "torch is the last path here") and record.calls >= 1
+               for record in report.uncompared), report.uncompared
+    assert {record.site: record.calls for record in report.uncompared}["dequantize"] == 6
+    assert str(report).splitlines()[:2] == [f"cross-check: 0 ops compared (0 calls, 0 mismatching elements), "
+                                            f"{len(report.uncompared)} not compared", "not compared:"]
+
+
+def test_the_report_measures_each_output_against_its_bound():
+    """Per output, over calls: elements, mismatches, the largest |got - want| and the largest share
+    of its element's bound (both NaN: no error; a zero error against a zero bound: none either)."""
+    from gmlp.debug.compare import Comparison, bitwise, within_bound
+
+    want = torch.tensor([1.0, 2.0, 0.0, float("nan")])
+    delta = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    report = gmlp.debug.CrossCheckReport()
+    for error in (0.25, 0.125, 1.0):  # the last one past its bound (0.5 + 2 * 2**-24)
+        comparison = Comparison()
+        within_bound(comparison, "out", want + torch.tensor([error, 0.0, 0.0, 0.0]), want, delta)
+        bitwise(comparison, "exact", want, want.clone())
+        report.add("fc2", "grouped_gemm", "triton", "torch", comparison)
+    (record,) = report.compared
+    out, exact = record.outputs["out"], record.outputs["exact"]
+    assert (record.calls, out.elements, out.mismatches, out.max_error) == (3, 12, 1, 1.0)
+    assert out.bound_used == pytest.approx(1.0 / (0.5 + 2.0**-23))
+    assert exact.bitwise and (exact.elements, exact.mismatches, exact.max_error) == (12, 0, None)
+    assert "bit for bit" in str(report) and report.mismatches == 1
+    report.clear()
+    assert not report.compared and str(report).startswith("cross-check: 0 ops compared")
+
+
+def test_the_environment_setting_records_in_the_process_report(monkeypatch):
+    """GMLP_CROSSCHECK's checks fill ``environment_report()``; a block's go to the block's report."""
+    _require_triton_layer()
+    monkeypatch.setenv("GMLP_CROSSCHECK", "raise")
+    environment = gmlp.debug.environment_report()
+    environment.clear()
+    x = torch.randn(100, 64, device=kernel_device()).bfloat16()
+    try:
+        gmlp.quantize_mxfp8(x, rowwise=True, columnwise=True)
+        (record,) = environment.compared
+        assert (record.site, record.calls, record.mismatches) == ("quantize_mxfp8", 1, 0)
+        with cross_check() as report:
+            gmlp.quantize_mxfp8(x, rowwise=True)
+        assert environment.compared[0].calls == 1 and report.compared[0].calls == 1
+    finally:
+        environment.clear()

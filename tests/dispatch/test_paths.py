@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 
 import pytest
@@ -31,11 +32,53 @@ def test_interpreter_makes_triton_the_cpu_path(monkeypatch):
 
 def test_strict_raises_with_the_reasons(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(FallbackError, match=r"strict mode: quantize_mxfp8 took the torch path.*not cutedsl: \[system\]"):
+    with pytest.raises(FallbackError, match=r"strict mode: quantize_mxfp8 took the torch path, below the cutedsl floor "
+                                             r"\(strict=True\); not cutedsl: \[system\]"):
         gmlp.quantize_mxfp8(torch.zeros(64, 64), strict=True)
     monkeypatch.setenv("GMLP_STRICT", "1")
-    with pytest.raises(FallbackError):
+    with pytest.raises(FallbackError, match=r"below the cutedsl floor \(GMLP_STRICT='1'\)"):
         gmlp.quantize_mxfp8(torch.zeros(64, 64))
+
+
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_strict_triton_raises_only_for_an_op_on_torch(monkeypatch, interpret):
+    """On a CPU, CuTeDSL never runs: strict=True (the cutedsl floor) raises at every op, while the
+    triton floor raises only where Triton cannot run either (no interpreter), saying why."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    x = torch.zeros(64, 64)
+    with pytest.raises(FallbackError, match=r"below the cutedsl floor \(strict=True\)"):
+        gmlp.plan_quantize(x, strict=True)
+    if interpret == "1":
+        assert gmlp.plan_quantize(x, strict="triton").path is Path.TRITON
+        monkeypatch.setenv("GMLP_STRICT", "Triton")
+        assert gmlp.plan_quantize(x).path is Path.TRITON
+        return
+    with pytest.raises(FallbackError, match=r"strict mode: quantize_mxfp8 took the torch path, below the triton floor "
+                                             r"\(strict='triton'\); not cutedsl: .*; not triton: \[system\] tensors are on "
+                                             r"cpu; the Triton kernels need a CUDA GPU \(or TRITON_INTERPRET=1"):
+        gmlp.plan_quantize(x, strict="triton")
+    monkeypatch.setenv("GMLP_STRICT", "triton")
+    with pytest.raises(FallbackError, match=r"below the triton floor \(GMLP_STRICT='triton'\)"):
+        gmlp.plan_quantize(x)
+    assert gmlp.plan_quantize(x, strict=False).path is Path.TORCH  # the argument wins over the variable
+
+
+@pytest.mark.parametrize("strict", ["torch", "Triton", 1, "yes"])
+def test_a_bad_strict_argument_is_named_with_the_accepted_values(strict):
+    match = (r"strict must be None \(GMLP_STRICT\), True, False or one of \('cutedsl', 'triton'\) .*got "
+             + re.escape(repr(strict)))
+    with pytest.raises(ValueError, match=match):
+        gmlp.plan_quantize(torch.zeros(64, 64), strict=strict)
+    with pytest.raises(ValueError, match=match):
+        gmlp.GroupedMLP(2, 64, 64, strict=strict)
+
+
+def test_a_bad_strict_variable_is_named_even_without_a_fallback(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("GMLP_BACKEND", "torch")  # forced: no fallback to judge
+    monkeypatch.setenv("GMLP_STRICT", "torch")
+    with pytest.raises(ValueError, match=r"GMLP_STRICT='torch': expected one of cutedsl, triton, 1/0"):
+        gmlp.plan_quantize(torch.zeros(64, 64))
 
 
 def test_forced_backend(monkeypatch):
@@ -46,7 +89,7 @@ def test_forced_backend(monkeypatch):
     monkeypatch.setenv("GMLP_BACKEND", "torch")
     assert gmlp.plan_quantize(torch.zeros(64, 64)).path is Path.TORCH
     monkeypatch.setenv("GMLP_BACKEND", "fastest")
-    with pytest.raises(ValueError, match=r"GMLP_BACKEND must be one of .* got 'fastest'"):
+    with pytest.raises(ValueError, match=r"GMLP_BACKEND='fastest': expected one of cutedsl, triton, torch"):
         gmlp.quantize_mxfp8(torch.zeros(64, 64))
 
 
@@ -85,7 +128,8 @@ def test_strict_true_spellings_are_strict(monkeypatch, value):
 def test_unknown_boolean_spelling_raises(monkeypatch, name):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setenv(name, "maybe")
-    with pytest.raises(ValueError, match=rf"{name}='maybe': expected one of 1/0, true/false, yes/no, on/off"):
+    with pytest.raises(ValueError, match=rf"{name}='maybe': expected one of (cutedsl, triton, )?1/0, true/false, yes/no, "
+                                         r"on/off"):
         gmlp.quantize_mxfp8(torch.zeros(64, 64))
 
 

@@ -151,12 +151,38 @@ def test_strict_raises_at_the_first_fallback(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     mlp = gmlp.GroupedMLP(2, 64, 64, strict=True)
     with pytest.raises(FallbackError, match=r"strict mode: quantize_dequantize_mxfp8 \(swiglu\) at qdq w1 took the torch "
-                                             r"path; "
+                                             r"path, below the cutedsl floor \(strict=True\); "
                                              r"not cutedsl: \[system\].*not triton: \[system\] tensors are on cpu"):
         mlp(torch.zeros(8, 64).bfloat16(), torch.tensor([4, 4]))
     monkeypatch.setenv("GMLP_STRICT", "1")
     with pytest.raises(FallbackError):
         gmlp.GroupedMLP(2, 64, 64)(torch.zeros(8, 64).bfloat16(), torch.tensor([4, 4]))
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 9), (8, 0)], ids=["sm90", "sm89", "sm80"])
+def test_strict_floors_on_gpus(monkeypatch, capability):
+    """Simulated GPUs: the cutedsl floor (strict=True) raises at the first op without a CuTeDSL
+    kernel (on SM90 the MXFP8 layer's quantize-dequantize, every op on SM89); the triton floor
+    passes wherever Triton runs every op, and raises on SM80, where it does not, with the reason."""
+    device = _gpu(monkeypatch, capability)
+    problem = _problem()
+    with pytest.raises(FallbackError, match=r"strict mode: quantize_dequantize_mxfp8 \(swiglu\) at qdq w1 took the "
+                                             r"(triton|torch) path, below the cutedsl floor \(strict=True\); "
+                                             r"not cutedsl: "):
+        plan_layer(problem, device, strict=True)
+    if capability == (8, 0):
+        with pytest.raises(FallbackError, match=r"qdq w1 took the torch path, below the triton floor "
+                                                 r"\(strict='triton'\); not cutedsl: .*; "
+                                                 r"not triton: \[system\] compute capability 8.0 < 8.9"):
+            plan_layer(problem, device, strict="triton")
+        return
+
+    def paths(strict):
+        return {decision.path for decision in plan_layer(problem, device, strict=strict).decisions.values()}
+
+    assert Path.TORCH not in paths("triton") and Path.TRITON in paths("triton")
+    monkeypatch.setenv("GMLP_STRICT", "triton")
+    assert paths(None) == paths("triton")
 
 
 def test_forced_backends(monkeypatch):
@@ -464,7 +490,7 @@ def test_blockwise_recipe_sites_without_a_cutedsl_kernel_say_why(monkeypatch, ca
         else:
             assert "FP8 blockwise recipe" in str(reason), (site, reason)
     with pytest.raises(FallbackError, match=r"strict mode: quantize_weights_fp8_blockwise \(swiglu\) at quantize w1 "
-                                             r"took the triton path"):
+                                             r"took the triton path, below the cutedsl floor \(strict=True\)"):
         plan_layer(_problem(recipe=gmlp.FP8BlockwiseRecipe()), device, strict=True)
     monkeypatch.setenv("GMLP_BACKEND", "cutedsl")
     with pytest.raises(FallbackError, match=r"GMLP_BACKEND=cutedsl: quantize_weights_fp8_blockwise \(swiglu\) at "

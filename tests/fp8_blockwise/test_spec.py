@@ -17,14 +17,15 @@ BF16_MAX = torch.finfo(torch.bfloat16).max
 
 
 def _scale_by_scalars(amax: float, element_format: ElementFormat, power_of_two: bool, input_max: float) -> float:
-    """s from numpy float32 scalars: IEEE division, then the largest power of two at or below."""
-    if amax == 0 or math.isinf(amax) or math.isnan(amax):
+    """s from numpy float32 scalars: IEEE division (0 for an infinite amax), then the largest power
+    of two at or below."""
+    if amax == 0 or math.isnan(amax):
         return 1.0
     with np.errstate(over="ignore"):
         s = np.float32(element_format.max_normal) / np.float32(amax)
     if math.isinf(s):
         s = np.float32(input_max)
-    if power_of_two:
+    if power_of_two and s > 0:
         return 2.0 ** math.floor(math.log2(float(s)))  # s is a normal fp32 here: log2 of it is exact enough
     return float(s)
 
@@ -51,9 +52,10 @@ def test_scales_match_the_scalar_formulation(element_format, input_dtype, power_
 
 
 def test_scale_inverse_is_the_correctly_rounded_reciprocal_and_keeps_subnormals():
-    s = torch.tensor([1.0, 3.0, 448 / 3.0, 2.0**127, float(BF16_MAX), 2.0**-120], dtype=torch.float32)
+    s = torch.tensor([1.0, 3.0, 448 / 3.0, 2.0**127, float(BF16_MAX), 2.0**-120, 0.0], dtype=torch.float32)
     got = scale_inverse(s)
-    want = [float(np.float32(1) / np.float32(v)) for v in s.tolist()]
+    with np.errstate(divide="ignore"):  # 1 / 0 = inf, the inverse of an infinite block's s
+        want = [float(np.float32(1) / np.float32(v)) for v in s.tolist()]
     assert got.tolist() == want
     assert got[3].item() == 2.0**-127 and got[4].item() > 0  # subnormal fp32 results are not flushed
 
@@ -75,13 +77,16 @@ def test_an_all_zero_block_has_zero_elements_and_unit_scale(power_of_two):
     assert scale_inv == 1.0 and not data.view(torch.uint8).any()
 
 
+@pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
 @pytest.mark.parametrize("element_format", FORMATS, ids=lambda f: f.value)
-def test_a_block_with_inf_is_cast_unscaled_and_saturates(element_format):
-    data, scale_inv = _quantize(_one_block([math.inf, -math.inf, 3.0, -1000.0]), element_format)
-    fmax = element_format.max_normal
-    assert scale_inv == 1.0
-    assert data[:4].float().tolist() == [fmax, -fmax, 3.0, max(-1000.0, -fmax) if element_format is ElementFormat.E4M3
-                                         else -1024.0]
+def test_a_block_with_inf_dequantizes_to_nan(element_format, power_of_two):
+    """TransformerEngine's Python reference, not its kernel (which saturates the Inf to a finite
+    block): s = 0, so the Inf elements are NaN, the others signed zeros, and scale_inv = Inf."""
+    data, scale_inv = _quantize(_one_block([math.inf, -math.inf, 3.0, -1000.0]), element_format, power_of_two)
+    assert scale_inv == math.inf
+    assert data.view(torch.uint8)[:4].tolist() == [NAN_BYTE, NAN_BYTE, 0x00, 0x80]
+    assert not data.view(torch.uint8)[4:].any()
+    assert bool((data.float() * scale_inv).isnan().all())  # the whole block dequantizes to NaN
 
 
 def test_nan_elements_do_not_set_the_scale_and_stay_nan():

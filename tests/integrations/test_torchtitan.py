@@ -28,6 +28,7 @@ from gmlp.contract.reference import grouped_mlp_backward_ref, grouped_mlp_forwar
 from gmlp.dispatch.paths import FallbackError, FallbackWarning  # noqa: E402
 from gmlp.integrations.torchtitan import GmlpGroupedExperts, gmlp_experts  # noqa: E402
 from tests.support.backends import kernel_device  # noqa: E402
+from tests.support.cases import parametrize_quick  # noqa: E402
 from tests.support.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error  # noqa: E402
 from tests.support.torchtitan_cases import DIM, GMLP_EXPERTS, built, import_model_package, moe_config, overridden  # noqa: E402
 
@@ -127,6 +128,7 @@ def test_mxfp8_experts_are_the_oracle(monkeypatch):
     assert torch.equal(grads[prefix + "w2_EDF"], want.dw2)
 
 
+@pytest.mark.slow
 def test_fp8_blockwise_experts_cross_checked_and_close_to_stock(monkeypatch):
     """The fp8_blockwise experts inside torchtitan's MoE (W1's gate and up apart, quantized apart
     and their tiles stacked): every op cross-checked against the torch path, and the MoE's
@@ -204,7 +206,7 @@ def test_torchtitans_activation_checkpointing_gives_the_same_bits(monkeypatch, p
         assert torch.equal(checkpointed[2][name.replace("layers.0.", "layers.0._checkpoint_wrapped_module.")], grad), name
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8", "bf16"])
+@parametrize_quick("recipe", ["mxfp8", "bf16"])
 def test_compiled_moe_gives_eagers_bits(monkeypatch, recipe):
     """torch.compile of torchtitan's MoE block (aot_eager: the graph the custom ops give, without
     inductor's own reordering of torchtitan's ops) gives eager's output and gradients."""

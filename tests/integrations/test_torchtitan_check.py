@@ -20,10 +20,17 @@ def check():
     return torchtitan_check
 
 
-def test_the_trainer_flag_is_checked_on_a_cpu(check, capsys):
-    check.main([*TRAINER_ARGS, f'{GMLP_EXPERTS}={{"recipe": "bf16", "scale_mode": "floor"}}'])
+@pytest.mark.parametrize("settings,said", [
+    ('{"grad_format": "e5m2"}', "recipe=mxfp8, scale_mode=rceil, grad_format=e5m2, strict=None"),
+    ('{"recipe": "fp8_blockwise", "strict": true}',
+     "recipe=fp8_blockwise, grad_format=e4m3, power_of_two_scales=True, strict=True"),
+    ('{"recipe": "bf16", "scale_mode": "floor"}', "recipe=bf16, strict=None"),  # bf16 quantizes nothing
+], ids=["mxfp8", "fp8_blockwise", "bf16"])
+def test_the_trainer_flag_is_checked_on_a_cpu(check, capsys, settings, said):
+    """The report names the settings each recipe runs with, and only those."""
+    check.main([*TRAINER_ARGS, f"{GMLP_EXPERTS}={settings}"])
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == "8 of 8 experts modules run gmlp's experts (recipe=bf16, scale_mode=floor, grad_format=e4m3, strict=None)"
+    assert last == f"8 of 8 experts modules run gmlp's experts ({said})"
 
 
 @pytest.mark.parametrize("settings,said", [

@@ -22,6 +22,7 @@ from gmlp.dispatch.providers.cutedsl_sm100 import composition_reason
 from gmlp.dispatch.sites import BLOCKWISE_SITES, Op
 from gmlp.fp8_blockwise.tensor import FP8BlockwiseQuantized, FP8BlockwiseTensor
 from tests.support.backends import kernel_device
+from tests.support.cases import parametrize_quick
 
 EXPERTS, HIDDEN, FFN = 4, 256, 128
 SPLITS = [0, 129, 43, 128]  # an empty expert, one past a 128-token block, one exactly a block
@@ -48,9 +49,9 @@ def _step(mlp: gmlp.GroupedMLP, dtype=torch.bfloat16, splits=SPLITS, call=None):
     return {"y": y.detach(), "x": x.grad, "probs": probs.grad, **grads}
 
 
-@pytest.mark.parametrize("recipe", [gmlp.FP8BlockwiseRecipe(), gmlp.FP8BlockwiseRecipe("e5m2", False)],
-                         ids=["e4m3-pow2", "e5m2-fp32-scales"])
-@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@parametrize_quick("recipe", [gmlp.FP8BlockwiseRecipe(), gmlp.FP8BlockwiseRecipe("e5m2", False)],
+                   ids=["e4m3-pow2", "e5m2-fp32-scales"])
+@parametrize_quick("activation", ["swiglu", "srelu"])
 def test_every_op_agrees_with_the_torch_path_and_the_layer_with_the_unquantized_one(recipe, activation):
     """Each op's kernel against its torch twin (the cross-check raises on any element beyond its
     bound, the quantizes compared bit for bit), and the whole step within fp8's error of the
@@ -86,6 +87,7 @@ def test_the_plan_names_the_blockwise_ops_and_why_cutedsl_does_not_run_them():
     assert "blockwise recipe runs on Triton" in composition_reason(problem).message
 
 
+@pytest.mark.slow
 def test_compiled_fullgraph_equals_eager():
     mlp = _module()
     want = _step(mlp)
@@ -100,6 +102,7 @@ def test_compiled_fullgraph_equals_eager():
         assert torch.equal(value, want[name]), name
 
 
+@pytest.mark.slow
 def test_main_grad_accumulation():
     mlp = _module(accumulate_main_grad=True)
     for param in mlp.parameters():
@@ -122,6 +125,7 @@ def test_argument_errors():
         gmlp.FP8BlockwiseRecipe(power_of_two_scales=1)
 
 
+@pytest.mark.slow
 def test_weight_cache_reuses_the_first_micro_batchs_tiles():
     """weight_cache="update" keeps the weights' tiles, "reuse" takes them: the same bits as a step
     that quantizes them again; a weight changed in place since is refused."""
@@ -145,6 +149,7 @@ def test_weight_cache_reuses_the_first_micro_batchs_tiles():
         mlp(x, torch.tensor([4, 0, 0, 0], device=device), weight_cache="reuse")
 
 
+@pytest.mark.slow
 def test_deterministic():
     """Two steps on the same inputs give the same bits (no atomics: dprobs and db1 are summed in
     a fixed order)."""
@@ -210,7 +215,7 @@ def _planted(output, where: list):
     return output
 
 
-@pytest.mark.parametrize("site", list(BLOCKWISE_SITES))
+@parametrize_quick("site", list(BLOCKWISE_SITES))
 def test_one_planted_element_is_caught_and_located(monkeypatch, site):
     """One wrong element in the output of a site's chosen path (Triton) is reported against the
     torch path, with its index: every blockwise site's comparison has teeth."""
@@ -239,6 +244,7 @@ def test_one_planted_element_is_caught_and_located(monkeypatch, site):
     assert ", ".join(f"{axis} {value}" for axis, value in zip(axes, where[0])) in message, message
 
 
+@pytest.mark.slow
 def test_a_planted_byte_in_the_columnwise_padding_is_caught(monkeypatch):
     """Q_col(a)'s block padding must hold zeros (a weight gradient reads it as it is): one byte
     there in FC1's chosen path is reported as a mismatch of the padding."""
@@ -267,7 +273,7 @@ def test_a_planted_byte_in_the_columnwise_padding_is_caught(monkeypatch):
     assert "block padding" in str(error.value) and " 1 of " in str(error.value), str(error.value)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@parametrize_quick("dtype", [torch.bfloat16, torch.float32])
 def test_empty_batches_fp32_parameters_and_meta_tensors(dtype):
     """An idle rank's empty batch runs forward and backward (zero weight gradients); fp32
     parameters are quantized from fp32 (outputs and gradients in fp32); meta tensors give meta

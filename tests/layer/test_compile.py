@@ -15,7 +15,6 @@ import torch._dynamo.testing
 import torch._dynamo.utils
 
 import gmlp
-import gmlp.debug.crosscheck
 from gmlp.debug import cross_check
 from gmlp.dispatch.paths import Path
 from tests.support.backends import kernel_device
@@ -116,33 +115,28 @@ def test_a_fresh_module_compiles_fullgraph(recipe):
 
 
 @parametrize_quick("recipe", RECIPES, ids=RECIPE_IDS)
-def test_cross_check_runs_inside_a_compiled_call(recipe, monkeypatch):
+def test_cross_check_runs_inside_a_compiled_call(recipe):
     """The ops run eagerly inside the graph, so the cross-check (a context variable read by the
-    op) compares the same ops as in eager mode, and a clean run raises nothing: the kernels
-    (Triton, interpreted on the CPU; CuTeDSL on a Hopper GPU) against the next path down."""
+    op) compares the same ops as in eager mode, and records them in the block's report, and a
+    clean run raises nothing: the kernels (Triton, interpreted on the CPU; CuTeDSL on a Hopper
+    GPU) against the next path down."""
     device = kernel_device()
     mlp = _module(recipe, device)
     if mlp.plan(torch.zeros(1, HIDDEN, device=device, dtype=torch.bfloat16)).path("fc1") is Path.TORCH:
         pytest.skip("fc1 runs on torch here, the last path (no GPU and no Triton interpreter): nothing to compare it with")
-    comparisons = []
-    real = gmlp.debug.crosscheck._compare
-
-    def counting(op, *args, **kwargs):
-        comparisons.append(op.value)
-        return real(op, *args, **kwargs)
-
-    monkeypatch.setattr(gmlp.debug.crosscheck, "_compare", counting)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gmlp.debug.CrossCheckWarning)  # an op on its last path: nothing to compare
-        with cross_check(action="raise"):
+        with cross_check(action="raise") as eager:
             _step(mlp, mlp, ROUTINGS[0], device)
-        eager = list(comparisons)
-        comparisons.clear()
         compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager", dynamic=True)
-        with cross_check(action="raise"):
+        with cross_check(action="raise") as traced:
             _step(compiled, mlp, ROUTINGS[0], device)
-    assert eager, "the eager cross-check compared nothing"
-    assert sorted(comparisons) == sorted(eager)
+
+    def calls(report):  # (site, paths, calls) of every op compared
+        return sorted((r.site, r.path, r.reference, r.calls) for r in report.compared)
+
+    assert eager.compared, "the eager cross-check compared nothing"
+    assert calls(traced) == calls(eager) and traced.mismatches == 0
     assert not _graph_breaks()
 
 
@@ -193,7 +187,7 @@ def _opcheck_args(recipe):
     return (x, split_sizes, probs, mlp.w1, None, None, mlp.w2, None, [], mlp._encoded_config(None))
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+@parametrize_quick("recipe", RECIPES, ids=RECIPE_IDS)
 def test_opcheck_forward_op(recipe):
     """The fake implementation agrees with the real op (shapes, dtypes, strides of y and of the
     flattened state), the schema (no mutation, no aliasing) and the autograd registration hold."""
@@ -202,6 +196,7 @@ def test_opcheck_forward_op(recipe):
     assert result == {name: "SUCCESS" for name in utils}, result
 
 
+@pytest.mark.slow
 def test_opcheck_forward_op_with_dynamic_shapes():
     """AOTDispatcher with every size symbolic, weights' included (a functional caller compiled
     with dynamic=True passes the weights as plain inputs)."""

@@ -11,6 +11,7 @@ import torch
 
 import gmlp
 from tests.support.backends import kernel_device
+from tests.support.cases import parametrize_quick
 
 EXPERTS, HIDDEN, FFN = 4, 64, 32
 RECIPES = {"bf16": None, "mxfp8": gmlp.MXFP8Recipe(),
@@ -31,7 +32,7 @@ def _gradient(form: str, y: torch.Tensor) -> torch.Tensor | None:
 
 @pytest.mark.parametrize("form", ["sum", "zeros", "transposed"])
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b or "dispatched")
-@pytest.mark.parametrize("recipe", RECIPES, ids=str)
+@parametrize_quick("recipe", RECIPES, keep=2, ids=str)
 def test_an_empty_batch_runs_forward_and_backward(recipe, backend, form, monkeypatch):
     device = kernel_device()
     if backend is None and device.type == "cpu":

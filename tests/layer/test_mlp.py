@@ -114,6 +114,7 @@ def test_main_grad_accumulates_in_fp32(monkeypatch):
     assert torch.equal(mlp.b2.main_grad, once.db2 * 2)
 
 
+@pytest.mark.slow
 def test_deterministic_and_state_dict_round_trip():
     mlp, x, split_sizes, probs = _module_and_inputs(activation="geglu")
     clone = gmlp.GroupedMLP(len(SPLITS), HIDDEN, FFN, activation="geglu", bias=True)

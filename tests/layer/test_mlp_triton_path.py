@@ -119,6 +119,7 @@ def test_forward_and_backward_capture_in_a_cuda_graph(monkeypatch):
     assert torch.equal(y, eager_y) and torch.equal(x.grad, eager_dx)
 
 
+@pytest.mark.slow
 def test_strided_inputs_equal_their_contiguous_copies():
     """Router outputs are often strided views (a column of (T, k) scores, a transposed x): the
     layer gives the kernels contiguous tensors, so y and every gradient are those of the
@@ -199,7 +200,7 @@ def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
+@parametrize_quick("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
 def test_a_step_computes_the_expert_offsets_once(monkeypatch, recipe):
     """Host time: the device prefix sums of the split sizes (about 20 small launches) are computed
     once per forward + backward and handed to every op, the quantizes of x and dy included."""
@@ -234,6 +235,7 @@ def test_a_step_computes_the_expert_offsets_once(monkeypatch, recipe):
     assert calls == ["expert_groups"]  # one Triton launch where the Triton kernels run
 
 
+@pytest.mark.slow
 def test_a_step_poisons_no_scales_its_split_check_covers(monkeypatch):
     """Host time: the layer checks its split sizes before any kernel reads them (a host error, or a
     device-side assert that stops the stream first), so its quantizes poison no scales (a masked

@@ -94,7 +94,9 @@ def test_reuse_is_refused_without_matching_kept_weights(quantize_calls):
         mlp(x, split_sizes, weight_cache="reuse")
     with pytest.raises(ValueError, match="must be None, 'update' or 'reuse'"):
         mlp(x, split_sizes, weight_cache="yes")
-    with pytest.raises(ValueError, match="needs an MXFP8 recipe"):
+    # both quantized recipes take a weight cache (the FP8 blockwise one: tests/layer/test_blockwise_layer.py)
+    with pytest.raises(ValueError, match=r"needs a quantized recipe \(gmlp.MXFP8Recipe or gmlp.FP8BlockwiseRecipe\), "
+                                         "got recipe=None"):
         gmlp.GroupedMLP(3, 64, 64, recipe=None)(x, split_sizes, weight_cache="update")
 
 

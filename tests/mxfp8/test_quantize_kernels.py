@@ -55,7 +55,7 @@ def test_adversarial_blocks(path, element_format, scale_mode, dtype):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda p: p.value)
-@pytest.mark.parametrize("split_case", list(SPLIT_CASES), ids=str)
+@parametrize_quick("split_case", list(SPLIT_CASES), keep=3, ids=str)
 @parametrize_quick("swizzle", [True, False], ids=["swizzled", "compact"])
 @parametrize_quick("distribution", ["normal", "uniform_wide", "outliers", "lognormal"])
 def test_grouped_random(path, split_case, swizzle, distribution):

@@ -124,7 +124,7 @@ def parametrize_quick(argnames: str, argvalues, keep: int = 1, **kwargs):
     marked ``slow`` (the quick run, ``-m "not slow"``, leaves them out; the full run keeps them).
     A test with several such axes is quick only at the combination of their kept values."""
     argvalues = list(argvalues)
-    several = len(argnames.split(",")) > 1
+    several = len(argnames.split(",") if isinstance(argnames, str) else argnames) > 1
 
     def slow(value):
         return pytest.param(*(value if several else (value,)), marks=pytest.mark.slow)

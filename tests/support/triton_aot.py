@@ -1,7 +1,8 @@
 """Compile the Triton kernels ahead of time for sm_90a / sm_100a, no GPU needed.
 
-Run as ``python -m tests.support.triton_aot OUT_DIR`` in a process where TRITON_INTERPRET is unset (the
-interpreter replaces @triton.jit functions at import time); writes OUT_DIR/NAME.ptx per config.
+Run as ``python -m tests.support.triton_aot OUT_DIR [NAME ...]`` in a process where TRITON_INTERPRET is unset
+(the interpreter replaces @triton.jit functions at import time); writes OUT_DIR/NAME.ptx per config of
+``configs()``, or of the NAMEs given.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, capability: int, num_
     return compiled.asm["ptx"]
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, names: list[str] | None = None) -> None:
+    """Write OUT_DIR/NAME.ptx for the configs named (every config of ``configs()`` by default)."""
     from gmlp.triton_ref._blockwise_fc1_kernel import fc1_blockwise_kernel
     from gmlp.triton_ref._blockwise_fc2_dgrad_kernel import fc2_dgrad_blockwise_kernel
     from gmlp.triton_ref._blockwise_gemm_kernel import grouped_gemm_blockwise_kernel, wgrad_blockwise_kernel
@@ -169,9 +171,14 @@ def main(out_dir: str) -> None:
                "blockwise_gemm": grouped_gemm_blockwise_kernel, "blockwise_fc1": fc1_blockwise_kernel,
                "blockwise_fc2_dgrad": fc2_dgrad_blockwise_kernel, "blockwise_wgrad": wgrad_blockwise_kernel}
     folder = pathlib.Path(out_dir)
-    for name, (kernel, signature, constexprs, capability, num_warps) in configs().items():
+    table = configs()
+    unknown = sorted(set(names or ()) - set(table))
+    if unknown:
+        raise ValueError(f"names: expected configs of tests.support.triton_aot.configs(), given unknown {unknown}")
+    for name in names or table:
+        kernel, signature, constexprs, capability, num_warps = table[name]
         (folder / f"{name}.ptx").write_text(compile_ptx(kernels[kernel], signature, constexprs, capability, num_warps))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

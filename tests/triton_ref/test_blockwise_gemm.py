@@ -18,6 +18,7 @@ from gmlp.fp8_blockwise.reference import (
 from gmlp.fp8_blockwise.tensor import absolute
 from tests.support.backends import kernel_device, triton_op
 from tests.support.blockwise import on_device, summation_error
+from tests.support.cases import parametrize_quick
 
 SPLITS = {"edges": [0, 1, 127, 128, 129, 0], "one-expert": [200], "all-on-one": [0, 0, 256]}
 
@@ -50,8 +51,8 @@ def _operands(tokens: int, features: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["forward", "dgrad"])
-@pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
-@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+@parametrize_quick("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
+@parametrize_quick("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_grouped_gemm_within_the_derived_bound(splits, power_of_two, transposed):
     gemm = triton_op("blockwise_gemm", "grouped_gemm_fp8_blockwise")
     tokens, experts, k, n = sum(splits), len(splits), 256, 384
@@ -77,8 +78,8 @@ def test_grouped_gemm_within_the_derived_bound(splits, power_of_two, transposed)
         _assert_within_bound(got, want, magnitude, k, 2.0**-8)
 
 
-@pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
-@pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
+@parametrize_quick("grad_format", ["e4m3", "e5m2"])
+@parametrize_quick("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_grouped_wgrad_within_the_derived_bound(splits, grad_format):
     wgrad = triton_op("blockwise_wgrad", "grouped_wgrad_fp8_blockwise")
     tokens, m, n = sum(splits), 384, 256

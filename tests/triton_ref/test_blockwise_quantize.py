@@ -15,6 +15,7 @@ from gmlp.fp8_blockwise.reference import (
 )
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.backends import kernel_device, triton_op
+from tests.support.cases import parametrize_quick
 
 SPLITS = {"ungrouped": None, "edges": [0, 1, 127, 128, 129, 0], "all-on-one": [0, 257, 0], "empty": [0, 0]}
 
@@ -53,8 +54,8 @@ def _assert_same(got, want) -> None:
         assert torch.equal(a.scale_inv.view(torch.int32).cpu(), b.scale_inv.view(torch.int32)), f"{axis} scales"
 
 
-@pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
-@pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
+@parametrize_quick("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
+@parametrize_quick("element_format", list(ElementFormat), ids=lambda f: f.value)
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 def test_token_operands_match_the_spec(quantize, splits, element_format, power_of_two):
     rows = 150 if splits is None else sum(splits)
@@ -80,7 +81,7 @@ def test_each_orientation_alone(quantize):
         _assert_same(got, type(want)(want.rowwise if rowwise else None, want.columnwise if columnwise else None))
 
 
-@pytest.mark.parametrize("blocks_per_program", [1, 2, 4])
+@parametrize_quick("blocks_per_program", [1, 2, 4])
 def test_every_tiling_gives_the_same_bytes(quantize, blocks_per_program):
     """Three 128-column blocks: programs of 2 blocks leave one of 1, of 4 one program of 3; the
     experts' tiles end in either 64-row half."""
@@ -108,8 +109,8 @@ def test_invalid_split_sizes_poison_every_scale(quantize):
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["tiles", "transposed"])
-@pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
-@pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
+@parametrize_quick("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
+@parametrize_quick("element_format", list(ElementFormat), ids=lambda f: f.value)
 def test_weight_tiles_match_the_spec(element_format, power_of_two, transposed):
     """Bit for bit the spec's tiles; transposed, the spec's tiles transposed (an (E, N, K) stack
     of N != K, so that a transposed index into the wrong expert or tile shows)."""

@@ -1,4 +1,5 @@
-"""The Triton kernels compiled for sm_90a and sm_100a without a GPU, with checks on their PTX."""
+"""The Triton kernels compiled for sm_90a and sm_100a without a GPU, with checks on their PTX (the quick run
+compiles and checks the first config of each test)."""
 
 from __future__ import annotations
 
@@ -9,23 +10,27 @@ import sys
 
 import pytest
 
+from tests.support.cases import parametrize_quick
 from tests.support.triton_aot import configs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ptx_dir(tmp_path_factory) -> pathlib.Path:
+def ptx_dir(request, tmp_path_factory) -> pathlib.Path:
+    """The PTX of the configs that this module's selected tests read, compiled in one process (all 33
+    configs: about 50 s of CPU, which every xdist worker that runs one of these tests pays)."""
+    names = sorted({item.callspec.params["name"] for item in request.session.items if item.module is request.module})
     folder = tmp_path_factory.mktemp("ptx")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "0"
-    result = subprocess.run([sys.executable, "-m", "tests.support.triton_aot", str(folder)], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "tests.support.triton_aot", str(folder), *names], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"ahead-of-time compile failed:\n{result.stdout}\n{result.stderr}"
     return folder
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("quantize")])
+@parametrize_quick("name", [n for n in configs() if n.startswith("quantize")])
 def test_quantize_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     capability = configs()[name][3]
@@ -39,7 +44,7 @@ def test_quantize_kernel_ptx(ptx_dir, name):
     assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_quantize", "blockwise_weights"))])
+@parametrize_quick("name", [n for n in configs() if n.startswith(("blockwise_quantize", "blockwise_weights"))])
 def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     assert ".target sm_90a" in ptx
@@ -51,8 +56,8 @@ def test_blockwise_quantize_kernel_ptx(ptx_dir, name):
     assert ".ftz" not in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("blockwise_gemm", "blockwise_wgrad",
-                                                                            "blockwise_fc1", "blockwise_fc2"))])
+@parametrize_quick("name", [n for n in configs() if n.startswith(("blockwise_gemm", "blockwise_wgrad",
+                                                                    "blockwise_fc1", "blockwise_fc2"))])
 def test_blockwise_gemms_use_fp8_wgmma(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     assert ".ftz" not in ptx  # scales below 2**-126 (fp32 subnormals) are applied, not flushed
@@ -61,7 +66,7 @@ def test_blockwise_gemms_use_fp8_wgmma(ptx_dir, name):
     assert "wgmma.mma_async" in ptx and f".f32.{operands}" in ptx, name
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith("dequantize")])
+@parametrize_quick("name", [n for n in configs() if n.startswith("dequantize")])
 def test_dequantize_kernel_ptx(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     assert f".target sm_{configs()[name][3]}a" in ptx
@@ -70,7 +75,7 @@ def test_dequantize_kernel_ptx(ptx_dir, name):
     assert "cvt.rn.bf16" in ptx or "cvt.rn.bf16x2" in ptx
 
 
-@pytest.mark.parametrize("name", [n for n in configs() if n.startswith(("fc1", "gemm", "dgrad", "wgrad"))])
+@parametrize_quick("name", [n for n in configs() if n.startswith(("fc1", "gemm", "dgrad", "wgrad"))])
 def test_gemm_kernels_use_tensor_cores(ptx_dir, name):
     ptx = (ptx_dir / f"{name}.ptx").read_text()
     capability = configs()[name][3]

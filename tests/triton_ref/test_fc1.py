@@ -35,7 +35,7 @@ def fc1_forward():
 ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKind.QGEGLU, limit=0.5)]
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
+@parametrize_quick("activation", ACTIVATIONS, ids=lambda a: a if isinstance(a, str) else "qgeglu-clamped")
 @pytest.mark.parametrize("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
 @parametrize_quick("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
 def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs):
@@ -78,7 +78,7 @@ def test_fc1_matches_reference(fc1_forward, activation, recipe, bias, with_probs
 
 
 @pytest.mark.parametrize("layout", list(GateUpLayout), ids=lambda layout: layout.value)
-@pytest.mark.parametrize("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
+@parametrize_quick("recipe", [None, MXFP8Recipe()], ids=["bf16", "mxfp8"])
 def test_fc1_reads_every_gate_up_layout_in_place(fc1_forward, layout, recipe):
     """W1's gate and up in any ``gmlp.contract.gate_up`` layout, read through strided views: outputs bit for
     bit those of gmlp's (E, 2F, H) halves with the same values."""

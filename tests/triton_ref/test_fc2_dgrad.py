@@ -30,7 +30,7 @@ def fc2_dgrad():
 
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
+@parametrize_quick("activation", ["swiglu", "geglu", "qgeglu", "srelu"])
 @pytest.mark.parametrize("recipe", [None, MXFP8Recipe(), MXFP8Recipe(grad_format=ElementFormat.E5M2)],
                          ids=["bf16", "mxfp8", "mxfp8-e5m2-grads"])
 @parametrize_quick("with_probs", [True, False], ids=["probs", "no-probs"])

@@ -11,7 +11,7 @@ from gmlp.mxfp8.reference import quantize_dequantize_mxfp8_ref, quantize_mxfp8_r
 from gmlp.mxfp8.routing import device_groups
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from tests.support.backends import kernel_device, triton_op
-from tests.support.cases import adversarial_matrix
+from tests.support.cases import adversarial_matrix, parametrize_quick
 
 AXES = ("rowwise", "columnwise")
 
@@ -40,8 +40,8 @@ def _check(qdq, x: torch.Tensor, **kwargs) -> None:
 
 @pytest.mark.parametrize("splits", [None, [0, 37, 64, 1, 90], [129, 0, 31, 33, 32]], ids=["ungrouped", "grouped",
                                                                                         "block-edges"])
-@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
-@pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
+@parametrize_quick("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@parametrize_quick("element_format", list(ElementFormat), ids=lambda f: f.value)
 def test_values_match_the_spec(qdq, splits, scale_mode, element_format):
     device = kernel_device()
     rows = sum(splits) if splits else 150
@@ -50,8 +50,8 @@ def test_values_match_the_spec(qdq, splits, scale_mode, element_format):
     _check(qdq, x, split_sizes=split_sizes, element_format=element_format, scale_mode=scale_mode)
 
 
-@pytest.mark.parametrize("scale_mode", list(ScaleMode), ids=lambda m: m.value)
-@pytest.mark.parametrize("element_format", list(ElementFormat), ids=lambda f: f.value)
+@parametrize_quick("scale_mode", list(ScaleMode), ids=lambda m: m.value)
+@parametrize_quick("element_format", list(ElementFormat), ids=lambda f: f.value)
 def test_adversarial_blocks(qdq, element_format, scale_mode):
     """NaN and Inf inputs, saturating and 2**-127 scales, all-zero blocks, results below bf16's
     smallest subnormal: the same bits as quantize then dequantize."""

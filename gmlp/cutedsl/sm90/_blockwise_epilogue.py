@@ -13,7 +13,8 @@ reused from it: the NaN-ignoring amax keys, the column reduce-scatter and all-ga
 transposed smem tile ``sQ`` and the transposed store.
 
 - Scale (``blockwise_scale``): s = fmax / amax by ``div.rn.f32`` (IEEE, no flush: a subnormal
-  amax or scale_inv is kept), inf -> the largest fp32, s = 1 for amax 0 or inf, the power-of-two
+  amax or scale_inv is kept), inf -> the largest fp32, s = 1 for amax 0, s = fmax / inf = 0 for
+  an amax of inf (the spec's non-finite block: NaN elements, scale_inv inf), the power-of-two
   truncation by masking the mantissa, scale_inv = 1 / s by ``div.rn.f32``: the Triton kernels'
   fp64 divisions rounded to fp32 give the same correctly rounded quotients.
 - Rowwise: a row's 128 columns are 32 values in each lane of a quad: an in-thread key max, two
@@ -82,7 +83,7 @@ def blockwise_scale(amax: Uint32, fmax: float, power_of_two: bool):
     quotient_bits = _select(_as_u32(quotient) == Uint32(_FP32_INF_BITS), _as_u32(Float32(_FP32_MAX)),
                             _as_u32(quotient))
     one = _as_u32(Float32(1.0))
-    bits = _select((amax == Uint32(0)) | (amax == Uint32(_FP32_INF_BITS)), one, quotient_bits)
+    bits = _select(amax == Uint32(0), one, quotient_bits)  # amax inf: quotient +0, scale_inv inf
     if const_expr(power_of_two):
         bits = bits & Uint32(_SIGN_EXPONENT)
     s = _as_f32(bits)

@@ -16,7 +16,10 @@ A launcher given None for a knob takes ``choose``'s value, built in four steps:
 cutlass-dsl: the dispatcher reads it on any machine.
 
 ``GMLP_SM90_CONFIG``: items separated by commas, each ``op.knob=value``, or ``knob=value`` for every
-op that has the knob: ``store=regs``, ``grouped_gemm.tile_n=128,grouped_gemm.pingpong=1``.
+op that has the knob: ``store=regs``, ``grouped_gemm.tile_n=128,grouped_gemm.pingpong=1``. The
+module declares it (``gmlp.system.env``), so that its syntax, ops, knobs and values are checked
+wherever a plan is made, on any machine; a forced knob a launch's variant does not take is an
+error where the launch is chosen (``choose``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import os
 from dataclasses import dataclass
 
 from gmlp.cutedsl.sm90 import tuned
-from gmlp.system.env import FALSE_WORDS, TRUE_WORDS
+from gmlp.system.env import FALSE_WORDS, TRUE_WORDS, declare, setting
 
 __all__ = ["ENV", "STORES", "TILE_WIDTHS", "QUANTIZED_TILE_N", "DEFAULTS", "LaunchChoice", "check_store",
            "forced_options", "candidates", "choose", "launch_options", "describe"]
@@ -68,24 +71,31 @@ class LaunchChoice:
 
 def forced_options(value: str | None = None) -> dict[str, dict[str, object]]:
     """op -> {knob: value} forced by ``GMLP_SM90_CONFIG`` (or ``value``); empty when unset. Raises
-    naming the item for an unknown op, knob or value."""
-    return {op: dict(items) for op, items in _parsed(os.environ.get(ENV, "") if value is None else value)}
+    naming the variable, its value and the item for bad syntax or an unknown op, knob or value."""
+    return {op: dict(items) for op, items in (setting(ENV) if value is None else _parsed(value))}
 
 
-@functools.lru_cache(maxsize=8)  # read at every launch: parsed once per value of the variable
+@functools.lru_cache(maxsize=8)  # parsed once per value of the variable
 def _parsed(value: str) -> tuple[tuple[str, tuple[tuple[str, object], ...]], ...]:
+    try:
+        return _items(value)
+    except ValueError as error:
+        raise ValueError(f"environment variable {ENV}={value!r}: {error}") from None
+
+
+def _items(value: str) -> tuple[tuple[str, tuple[tuple[str, object], ...]], ...]:
     forced: dict[str, dict[str, object]] = {}
     for item in filter(None, (part.strip() for part in value.split(","))):
         name, equals, text = item.partition("=")
         op, _, knob = name.strip().rpartition(".")
         if not equals:
-            raise ValueError(f"{ENV}: {item!r} is not knob=value or op.knob=value")
+            raise ValueError(f"{item!r} is not knob=value or op.knob=value (items separated by commas)")
         if op and op not in DEFAULTS:
-            raise ValueError(f"{ENV}: {item!r} names op {op!r}; the ops are {tuple(DEFAULTS)}")
+            raise ValueError(f"{item!r} names op {op!r}; the ops are {tuple(DEFAULTS)}")
         ops = [op] if op else [o for o, knobs in DEFAULTS.items() if knob in knobs]
         if not ops or knob not in DEFAULTS[ops[0]]:
             known = tuple(DEFAULTS[op]) if op else tuple(dict.fromkeys(k for ks in DEFAULTS.values() for k in ks))
-            raise ValueError(f"{ENV}: {item!r} names knob {knob!r}; the knobs{f' of {op}' if op else ''} are {known}")
+            raise ValueError(f"{item!r} names knob {knob!r}; the knobs{f' of {op}' if op else ''} are {known}")
         parsed = _knob_value(knob, text.strip(), item)
         for o in ops:
             forced.setdefault(o, {})[knob] = parsed
@@ -95,15 +105,19 @@ def _parsed(value: str) -> tuple[tuple[str, tuple[tuple[str, object], ...]], ...
 def _knob_value(knob: str, text: str, item: str) -> object:
     if knob == "store":
         if text not in STORES:
-            raise ValueError(f"{ENV}: {item!r} asks for store {text!r}; the stores are {STORES}")
+            raise ValueError(f"{item!r} asks for store {text!r}; the stores are {STORES}")
         return text
     if knob == "tile_n":
         if text not in map(str, TILE_WIDTHS):
-            raise ValueError(f"{ENV}: {item!r} asks for tile_n {text!r}; the widths are {TILE_WIDTHS}")
+            raise ValueError(f"{item!r} asks for tile_n {text!r}; the widths are {TILE_WIDTHS}")
         return int(text)
     if text.lower() not in _BOOLEANS:
-        raise ValueError(f"{ENV}: {item!r}: {knob} takes one of {tuple(_BOOLEANS)}, got {text!r}")
+        raise ValueError(f"{item!r}: {knob} takes one of {tuple(_BOOLEANS)}, got {text!r}")
     return _BOOLEANS[text.lower()]
+
+
+declare(ENV, "force the SM90 kernels' launch knobs (op.knob=value or knob=value, comma-separated; ops: "
+        f"{', '.join(DEFAULTS)})", _parsed, default=())
 
 
 def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool, decoded: bool,
@@ -166,7 +180,7 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     if entry is not None:
         from_table = {knob: value for knob, value in entry.options.items() if knob in options}
         options.update(from_table)
-    forced = forced_options().get(op, {}) if ENV in os.environ else {}  # the check first: no dict at every launch
+    forced = forced_options().get(op, {})
     options.update(forced)
     options.update(given)
     notes = []

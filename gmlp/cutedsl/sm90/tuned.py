@@ -3,11 +3,13 @@
 ``_grouped_mm`` over balanced and skewed routing), with the shape they were measured at.
 
 The table is ``tuned_sm90.json`` beside this module, as the tuner wrote it (its measurements are
-in ``bench_results/``); ``GMLP_SM90_TUNED`` names another table file instead. A launch's shape
-class is the tuned shape of its op nearest to it in log space over (N, K, rows per expert): each
-factor of 2 in one of them counts 1, so a shape between two tuned ones takes the closer. The table
-gives preferences only: ``gmlp.cutedsl.sm90.launch_options`` applies what the launch's variant
-fixes and what ``GMLP_SM90_CONFIG`` forces. No cutlass-dsl import: the dispatcher reads it anywhere.
+in ``bench_results/``); ``GMLP_SM90_TUNED`` names another table file instead (declared here in
+``gmlp.system.env``: a file that is missing or not a table is an error wherever a plan is made,
+on any machine). A launch's shape class is the tuned shape of its op nearest to it in log space
+over (N, K, rows per expert): each factor of 2 in one of them counts 1, so a shape between two
+tuned ones takes the closer. The table gives preferences only: ``gmlp.cutedsl.sm90.launch_options``
+applies what the launch's variant fixes and what ``GMLP_SM90_CONFIG`` forces. No cutlass-dsl
+import: the dispatcher reads it anywhere.
 
 File format: ``{"device", "commit", "date", "measurements", "entries": [{"op", "site", "shape",
 "n", "k", "rows_per_expert", "options": {knob: value}, "ratios": {routing: ratio to torch}}]}``.
@@ -18,9 +20,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from gmlp.system.env import declare, setting
 
 __all__ = ["ENV", "TABLE_FILE", "TunedEntry", "Table", "read_table", "table", "lookup"]
 
@@ -76,15 +79,28 @@ def read_table(path: Path) -> Table:
         raise ValueError(f"the SM90 tuned table {path} cannot be read: {type(error).__name__}: {error}") from error
 
 
-@functools.lru_cache(maxsize=4)
-def _table_at(path: str) -> Table | None:
-    return read_table(Path(path)) if Path(path).exists() or path != str(TABLE_FILE) else None
+@functools.lru_cache(maxsize=1)
+def _package_table() -> Table | None:
+    return read_table(TABLE_FILE) if TABLE_FILE.exists() else None
+
+
+def _named_table(path: str) -> Table:
+    """The table in the file ``GMLP_SM90_TUNED`` names (its parser: read once per value)."""
+    try:
+        return read_table(Path(path))
+    except ValueError as error:
+        raise ValueError(f"environment variable {ENV}={path!r}: {error}; expected the path of a tuned table file "
+                         "(python -m gmlp.bench tune --table PATH writes one), or unset for the package's") from error
+
+
+declare(ENV, "read the SM90 kernels' launch knobs from this tuned table instead of the package's", _named_table)
 
 
 def table() -> Table | None:
     """The table in use (``GMLP_SM90_TUNED``'s file, else ``TABLE_FILE``); None when the package
     has none yet. A named file that is missing or malformed raises."""
-    return _table_at(os.environ.get(ENV) or str(TABLE_FILE))
+    named = setting(ENV)
+    return named if named is not None else _package_table()
 
 
 @functools.lru_cache(maxsize=256)

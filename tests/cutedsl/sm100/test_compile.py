@@ -63,6 +63,7 @@ def test_every_kernel_of_the_layer_compiles_for_sm100(shape, launcher):
         assert SCALE_ROUNDED_UP.search(launcher.ptx[site]) and "cvt.rn.satfinite.e4m3x2.f32" in launcher.ptx[site], site
 
 
+@pytest.mark.slow
 @parametrize_quick("activation", ["qgeglu", "srelu"])
 def test_the_other_activations_compile_for_sm100(activation, launcher):
     """The clamped GeGLU (the GLU kernels' "geglu") and srelu (the srelu kernels), and a layer

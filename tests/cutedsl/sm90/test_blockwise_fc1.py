@@ -17,6 +17,7 @@ from gmlp.contract.activations import Activation, ActivationKind, activation_fro
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
+from tests.support.cases import parametrize_quick
 from tests.support.sm90 import check_fp8_binary, on_sm90
 from tests.support.warp import THREADS, WarpOps, amax_keys, amax_of_keys
 
@@ -24,10 +25,10 @@ _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 
-@pytest.mark.parametrize(("activation", "bias", "probs", "power_of_two"),
-                         [("swiglu", torch.float32, torch.float32, True),
-                          ("srelu", torch.bfloat16, torch.bfloat16, True), ("geglu", None, None, False)],
-                         ids=["swiglu-fp32", "srelu-bf16", "geglu-fp32-scales"])
+@parametrize_quick(("activation", "bias", "probs", "power_of_two"),
+                   [("swiglu", torch.float32, torch.float32, True),
+                    ("srelu", torch.bfloat16, torch.bfloat16, True), ("geglu", None, None, False)],
+                   ids=["swiglu-fp32", "srelu-bf16", "geglu-fp32-scales"])
 def test_compiles_to_fp8_wgmma_with_no_spills(activation, bias, probs, power_of_two):
     from gmlp.cutedsl.sm90.blockwise_fc1 import BlockwiseFC1Config, compile_blockwise_fc1
 
@@ -155,7 +156,7 @@ def test_epilogue_model_equals_the_spec(valid_rows, element_format, power_of_two
     fmt = ElementFormat(element_format)
     torch.manual_seed(valid_rows)
     tile = torch.randn(128, 128) * 2.0 ** torch.randint(-20, 20, (128, 1)).float()  # rows of any magnitude
-    tile[3, 5], tile[9, 9] = float("nan"), float("inf")  # NaN ignored by the amax; inf saturates
+    tile[3, 5], tile[9, 9] = float("nan"), float("inf")  # NaN ignored by the amax; inf: a NaN block, scale_inv inf
     row_data, row_scales, col_scales, transposed = blockwise_epilogue_model(tile, valid_rows, fmt, power_of_two)
     masked = torch.where(torch.arange(128)[:, None] < valid_rows, tile, torch.zeros(()))
     want_rows, want_row_scales = quantize_blocks(masked[:valid_rows], fmt, power_of_two)

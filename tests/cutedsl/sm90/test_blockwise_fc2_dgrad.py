@@ -16,16 +16,17 @@ from gmlp.contract.activations import Activation, ActivationKind, activation_fro
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
+from tests.support.cases import parametrize_quick
 from tests.support.sm90 import check_fp8_binary, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 
-@pytest.mark.parametrize(("activation", "grad_format", "probs", "bias_grad"),
-                         [("swiglu", "e4m3", torch.float32, True), ("srelu", "e5m2", None, False),
-                          ("geglu", "e4m3", torch.bfloat16, True)],
-                         ids=["swiglu-probs-db1", "srelu-e5m2", "geglu-bf16"])
+@parametrize_quick(("activation", "grad_format", "probs", "bias_grad"),
+                   [("swiglu", "e4m3", torch.float32, True), ("srelu", "e5m2", None, False),
+                    ("geglu", "e4m3", torch.bfloat16, True)],
+                   ids=["swiglu-probs-db1", "srelu-e5m2", "geglu-bf16"])
 def test_compiles_to_fp8_wgmma_with_no_spills(activation, grad_format, probs, bias_grad):
     from gmlp.cutedsl.sm90.blockwise_fc2_dgrad import BlockwiseFC2DgradConfig, compile_blockwise_fc2_dgrad
 

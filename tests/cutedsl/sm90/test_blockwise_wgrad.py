@@ -13,6 +13,7 @@ import torch
 
 from gmlp.cutedsl import import_error
 from tests.support.blockwise import summation_error
+from tests.support.cases import parametrize_quick
 from tests.support.sm90 import check_fp8_binary, on_sm90
 
 _IMPORT_ERROR = import_error()
@@ -23,7 +24,7 @@ CONFIGS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "main-grad": 
            "wide-bf16": dict(wide=True, out_dtype=torch.bfloat16)}
 
 
-@pytest.mark.parametrize("options", list(CONFIGS.values()), ids=list(CONFIGS))
+@parametrize_quick("options", list(CONFIGS.values()), ids=list(CONFIGS))
 def test_compiles_to_fp8_wgmma_with_no_spills(options):
     from gmlp.cutedsl.sm90.blockwise_wgrad import (
         BlockwiseWgradConfig,

@@ -161,6 +161,7 @@ def test_decoded_configs_compile(fmt, tile_n, b_k_major):
     assert config.num_stages() == (4 if tile_n == 256 else 7)
 
 
+@pytest.mark.slow
 @parametrize_quick("quantized", [False, True], ids=["bf16-a", "mxfp8-a"])
 @parametrize_quick("activation", ["swiglu", "srelu"])
 def test_decoded_fc1_compiles(activation, quantized):
@@ -179,6 +180,7 @@ def test_decoded_fc1_compiles(activation, quantized):
         (act.gated, quantized)]
 
 
+@pytest.mark.slow
 @parametrize_quick("quantized", [False, True], ids=["bf16-dh", "mxfp8-dh"])
 @parametrize_quick("fmt", FORMATS)
 def test_decoded_fc2_dgrad_compiles(fmt, quantized):
@@ -405,6 +407,7 @@ def test_decoding_kernels_are_deterministic_syncless_and_replay_in_a_cuda_graph(
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @parametrize_quick("accumulate", [False, True], ids=["store", "main-grad"])
 @parametrize_quick("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=["e4m3-grads", "e5m2-grads"])
 def test_decoded_wgrad_compiles(formats, accumulate):

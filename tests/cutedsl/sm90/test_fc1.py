@@ -89,6 +89,7 @@ def test_layer_configs_compile(knobs):
     check_activation_math(compiled.ptx, compiled.config.activation)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **variant) for variant in VARIANTS
                              for activation in VARIANT_ACTIVATIONS], ids=config_id)
 def test_variant_configs_compile(knobs):
@@ -96,6 +97,7 @@ def test_variant_configs_compile(knobs):
     check_fc1_ptx(compiled, gated=compiled.config.activation.gated, b_k_major=compiled.config.b_k_major)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", tuned_knobs("fc1_forward"), ids=config_id)
 def test_tuned_configs_compile(knobs):
     """Every config the tuned table chooses for FC1 (``gmlp.cutedsl.sm90.tuned``)."""
@@ -104,6 +106,7 @@ def test_tuned_configs_compile(knobs):
     check_activation_math(compiled.ptx, compiled.config.activation)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **LAYER, fused_b=True)
                              for activation in ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)]],
                    ids=config_id)
@@ -121,6 +124,7 @@ def test_fused_b_configs_compile(knobs):
     assert len(re.findall(tma, compiled.ptx)) == len(re.findall(tma, plain.ptx))
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **LAYER, b_k_major=b_k_major, store="tma")
                              for activation, b_k_major in (("swiglu", False), ("srelu", True))], ids=config_id)
 def test_tma_store_configs_compile(knobs):
@@ -200,6 +204,7 @@ def _quantized(scale_mode: ScaleMode) -> dict:
 VARIANT_SCALE_MODES = [ScaleMode.RCEIL, ScaleMode.RCEIL, ScaleMode.FLOOR, ScaleMode.RCEIL]
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **LAYER, **_quantized(scale_mode))
                              for scale_mode in ScaleMode for activation in ACTIVATIONS], ids=config_id)
 def test_layer_configs_compile_mxfp8(knobs):
@@ -210,6 +215,7 @@ def test_layer_configs_compile_mxfp8(knobs):
     check_quantized_ptx(compiled, floor_scales=compiled.config.floor_scales)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **variant, **_quantized(scale_mode))
                              for variant, scale_mode in zip(VARIANTS, VARIANT_SCALE_MODES)
                              for activation in VARIANT_ACTIVATIONS], ids=config_id)

@@ -107,6 +107,7 @@ def test_layer_configs_compile(knobs):
     check_activation_math(compiled)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **variant) for variant in VARIANTS
                              for activation in VARIANT_ACTIVATIONS], ids=config_id)
 def test_variant_configs_compile(knobs):
@@ -115,6 +116,7 @@ def test_variant_configs_compile(knobs):
     check_activation_math(compiled)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", tuned_knobs("fc2_dgrad"), ids=config_id)
 def test_tuned_configs_compile(knobs):
     """Every config the tuned table chooses for FC2 dgrad (``gmlp.cutedsl.sm90.tuned``)."""
@@ -123,6 +125,7 @@ def test_tuned_configs_compile(knobs):
     check_activation_math(compiled)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **LAYER, tile_n=tile_n, store="tma")
                              for tile_n in (128, 256) for activation in ("swiglu", "srelu")]
                    + [dict(activation="geglu", tile_n=256, store="tma")], ids=config_id)
@@ -154,6 +157,7 @@ def _quantized(grad_recipe: str) -> dict:
                 **({"floor_scales": True} if mode is ScaleMode.FLOOR else {}))
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **LAYER, **_quantized(grad_recipe))
                              for grad_recipe in ("e4m3-rceil", "e5m2-floor") for activation in ACTIVATIONS],
                    ids=config_id)
@@ -166,6 +170,7 @@ def test_layer_configs_compile_mxfp8(knobs):
     check_quantized_ptx(compiled)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(activation=activation, **variant, **_quantized(grad_recipe))
                              for variant, grad_recipe in zip(VARIANTS, VARIANT_GRAD_RECIPES)
                              for activation in VARIANT_ACTIVATIONS], ids=config_id)

@@ -17,7 +17,7 @@ from gmlp.contract.activations import activation_from
 from gmlp.contract.gate_up import GateUpLayout, gate_up_views
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.recipe import MXFP8Recipe
-from tests.support.cases import stored_gate_up
+from tests.support.cases import parametrize_quick, stored_gate_up
 from tests.support.sm90 import SPLITS, assert_same_bits, check_fc1_ptx, check_ptx, on_sm90
 
 _IMPORT_ERROR = import_error()
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kern
 _TMA_LOADS = r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes"
 
 
-@pytest.mark.parametrize("variant", [{}, dict(store="tma"), dict(fused_b=True)], ids=["regs", "tma-store", "fused-b"])
+@parametrize_quick("variant", [{}, dict(store="tma"), dict(fused_b=True)], ids=["regs", "tma-store", "fused-b"])
 def test_fc1_with_up_apart_compiles(variant):
     """FC1 with gate and up apart: the same wgmmas as from one W1, the B loads as many (3-D TMA
     loads of each expert's tiles, a second descriptor for the up tiles), no spills."""
@@ -52,7 +52,7 @@ def test_up_apart_is_refused_where_it_cannot_run():
         FC1Config(activation_from("swiglu"), up_apart=True, b_k_major=False)
 
 
-@pytest.mark.parametrize("b_k_major", [False, True], ids=["n-major", "k-major"])
+@parametrize_quick("b_k_major", [False, True], ids=["n-major", "k-major"])
 def test_grouped_gemm_with_k_split_compiles(b_k_major):
     """FC1 dgrad's B in two parts along K: the grouped GEMM's PTX checks, twice the B loads of one
     B's kernel (each k-tile's loads sit once in the producer's loop per part)."""

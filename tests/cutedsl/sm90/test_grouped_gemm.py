@@ -58,6 +58,7 @@ TILINGS = [(128, False), (256, False), (128, True)]
 TILING_IDS = ["128", "256", "128-pingpong"]
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(tile_n=tile_n, **({"pingpong": True} if pingpong else {}),
                                   bias_dtype=torch.float32, stages=3) for tile_n, pingpong in TILINGS], ids=config_id)
 def test_tiling_configs_compile(knobs):
@@ -66,6 +67,7 @@ def test_tiling_configs_compile(knobs):
     check_ptx(compiled, tile_n=config.tile_n, b_k_major=True, pingpong=config.pingpong)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(store="tma", tile_n=256), dict(store="tma", tile_n=128, b_k_major=False)],
                    ids=config_id)
 def test_tma_store_configs_compile(knobs):
@@ -82,6 +84,7 @@ def test_tma_store_configs_compile(knobs):
     assert config.num_stages() == {256: 4, 128: 6}[config.tile_n]
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", tuned_knobs("grouped_gemm"), ids=config_id)
 def test_tuned_configs_compile(knobs):
     """Every config the tuned table chooses for FC2 and FC1 dgrad (``gmlp.cutedsl.sm90.tuned``)."""
@@ -99,6 +102,7 @@ def test_design_and_odd_shapes_are_supported():
     assert {shape: problem_support(*shape) for shape in shapes} == dict.fromkeys(shapes)
 
 
+@pytest.mark.slow
 @parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
 def test_pingpong_compiles_with_its_turn_barriers(b_k_major):
     """Ping-pong: the two consumer warpgroups' mainloops take turns through two mbarriers (every

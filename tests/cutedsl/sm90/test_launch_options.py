@@ -119,7 +119,7 @@ def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
 
 
 @pytest.mark.parametrize("value,match", [
-    ("fc3.store=tma", r"GMLP_SM90_CONFIG: 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
+    ("fc3.store=tma", r"GMLP_SM90_CONFIG='fc3.store=tma': 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
     ("grouped_gemm.fused_b=1",
      r"names knob 'fused_b'; the knobs of grouped_gemm are \('tile_n', 'pingpong', 'store'\)"),
     ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'fused_b', 'ragged_tma'\)"),

@@ -24,6 +24,7 @@ import torch
 
 from gmlp.cutedsl import import_error
 from gmlp.system.versions import package_version
+from tests.support.cases import parametrize_quick
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -78,7 +79,7 @@ def _recorded() -> dict:
     return json.loads(GOLDEN.read_text())
 
 
-@pytest.mark.parametrize("config_id", list(CONFIGS))
+@parametrize_quick("config_id", list(CONFIGS))
 def test_ptx_is_the_recorded_one(config_id):
     recorded = _recorded()
     version = package_version("nvidia-cutlass-dsl")

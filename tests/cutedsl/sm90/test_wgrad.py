@@ -101,6 +101,7 @@ def test_layer_configs_compile(knobs):
     check_ptx(_compiled(knobs))
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(tile_n=tile_n, stages=3, **OUTPUTS[output], **K_TAILS[k_tail])
                              for k_tail in K_TAILS for output in OUTPUTS for tile_n in (128, 256)], ids=config_id)
 def test_three_stage_configs_compile(knobs):
@@ -108,12 +109,14 @@ def test_three_stage_configs_compile(knobs):
     check_ptx(_compiled(knobs))
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(tile_n=128, pingpong=True, **OUTPUTS[output]) for output in OUTPUTS], ids=config_id)
 def test_pingpong_configs_compile(knobs):
     """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only)."""
     check_ptx(_compiled(knobs))
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", tuned_knobs("grouped_wgrad"), ids=config_id)
 def test_tuned_configs_compile(knobs):
     """Every config the tuned table chooses for the weight gradients (``gmlp.cutedsl.sm90.tuned``)."""
@@ -121,6 +124,7 @@ def test_tuned_configs_compile(knobs):
     (check_tma_store_ptx if compiled.config.store == "tma" else check_ptx)(compiled)
 
 
+@pytest.mark.slow
 @parametrize_quick("knobs", [dict(tile_n=256, store="tma", **OUTPUTS[output]) for output in OUTPUTS]
                    + [dict(tile_n=128, store="tma")], ids=config_id)
 def test_tma_store_configs_compile(knobs):
