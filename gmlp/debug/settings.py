@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 from gmlp.debug.crosscheck import CrossCheckSettings
 from gmlp.debug.record import CrossCheckReport
-from gmlp.system.env import env_setting
+from gmlp.system.env import setting
 
 __all__ = ["cross_check", "active_settings", "environment_report"]
 
@@ -65,7 +65,7 @@ def active_settings() -> CrossCheckSettings | None:
         return settings
     if _OPEN_BLOCKS:
         return _OPEN_BLOCKS[-1]
-    value = env_setting("GMLP_CROSSCHECK", ("warn", "raise"))
+    value = setting("GMLP_CROSSCHECK")
     if value is None or value is False:
         return None
     return CrossCheckSettings(action="warn" if value is True else value, report=_ENVIRONMENT_REPORT)

@@ -1,8 +1,7 @@
 """The environment variables gmlp reads: each declared once, with its parser and what it means.
 
 Every variable is read through ``setting(name)``, which parses its value once per value (cached)
-and raises ``ValueError`` naming the variable, the value given and the accepted values
-(``gmlp.debug`` reads ``GMLP_CROSSCHECK`` through ``env_setting``, with the same words). The
+and raises ``ValueError`` naming the variable, the value given and the accepted values. The
 dispatcher calls ``check_environment()`` wherever a plan is made (a layer's first call with a
 new shape or a new environment, ``explain``, ``quantize_mxfp8``), so that a typo is an error on
 any machine, also where the path that reads it (a GPU's, a fallback's) never runs; ``report()``
@@ -50,7 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 __all__ = ["TRUE_WORDS", "FALSE_WORDS", "PREFIX", "Variable", "SetVariable", "declare", "variables", "parse_setting",
-           "env_setting", "setting", "raw_values", "check_environment", "report"]
+           "setting", "raw_values", "check_environment", "report"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -76,12 +75,6 @@ def parse_setting(name: str, raw: str, words: tuple[str, ...] = (), booleans: bo
     accepted = ", ".join((*words, *spellings))
     raise ValueError(f"environment variable {name}={raw!r}: expected one of {accepted} (any case), "
                      "or unset / empty for the default")
-
-
-def env_setting(name: str, words: tuple[str, ...] = ()) -> bool | str | None:
-    """The value of the environment variable ``name`` as ``parse_setting`` reads it (words or a
-    boolean spelling; None when unset or empty)."""
-    return parse_setting(name, os.environ.get(name, ""), words)
 
 
 @dataclass(frozen=True)
