@@ -168,3 +168,32 @@ def test_the_performance_doc_holds_the_standings_of_the_committed_results():
     assert standings.replace_block(text, generated, str(doc)) == text, (
         "docs/performance.md's standings differ from bench_results/: run "
         "`python -m gmlp.bench standings --write docs/performance.md`")
+
+
+def _standings_rows() -> dict[tuple[str, str, str, str], tuple[str, str, str]]:
+    """(card, recipe, shape, routing) -> (vs eager, vs compiled act, date) of docs/performance.md's
+    table (equal to the generator's output: the test above)."""
+    rows = {}
+    for line in (ROOT / "docs" / "performance.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 11 and cells[2].startswith("`"):
+            card, recipe, shape, routing, eager, compiled, _, _, date = cells[:9]
+            rows[card, recipe, shape.strip("`"), routing] = (eager, compiled, date)
+    return rows
+
+
+def test_the_readme_quotes_the_standings():
+    """Each row of README.md's performance table (balanced routing, the three design shapes in
+    order) is the standings' figures of its card and recipe, with their date."""
+    standings_rows = _standings_rows()
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Performance\n"):readme.index("## Blackwell\n")]
+    quoted = [line for line in section.splitlines() if line.startswith("| H")]
+    assert quoted, "README.md's performance section has no table rows"
+    for line in quoted:
+        card_date, recipe, eager, compiled = (cell.strip() for cell in line.strip().strip("|").split("|"))
+        card, date = (part.strip() for part in card_date.split(","))
+        want = [standings_rows[card, recipe, shape, "balanced"] for shape in SHAPES]
+        assert eager.split(" / ") == [row[0] for row in want], line
+        assert compiled.split(" / ") == [row[1] for row in want], line
+        assert {row[2] for row in want} == {date}, line
