@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on the H200 (see README)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on an H100 or H200 (see README)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
