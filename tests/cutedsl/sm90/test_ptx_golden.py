@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
+from gmlp.mxfp8.spec import ElementFormat
 from gmlp.system.versions import package_version
 from tests.support.cases import parametrize_quick
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kern
 GOLDEN = pathlib.Path(__file__).with_name("ptx_golden.json")
 
 # config id -> (kernel module of gmlp.cutedsl.sm90, config class, its knobs): what the layer runs
-# (bf16 and MXFP8, both weight layouts) and each epilogue store
+# (bf16 and MXFP8, both weight layouts) and each epilogue store; then the FP8 blockwise kernels
 CONFIGS = {
     "gemm-tma-k-major": ("grouped_gemm", "KernelConfig", dict(store="tma")),
     "gemm-tma-n-major-128": ("grouped_gemm", "KernelConfig", dict(store="tma", b_k_major=False, tile_n=128)),
@@ -50,6 +51,20 @@ CONFIGS = {
                                                           bias_grad=True, tile_n=256, store="tma")),
     "fc2-dgrad-mxfp8": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
                                                             bias_grad=True, quantized=True)),
+    # the FP8 blockwise recipe's kernels, as its layer runs them (wide items where N % 256 == 0)
+    "blockwise-gemm-wide": ("blockwise_gemm", "BlockwiseGemmConfig", dict(wide=True)),
+    "blockwise-gemm-bias-e5m2": ("blockwise_gemm", "BlockwiseGemmConfig",
+                                 dict(bias_dtype=torch.float32, a_format=ElementFormat.E5M2)),
+    "blockwise-wgrad-fp32": ("blockwise_wgrad", "BlockwiseWgradConfig", dict()),
+    "blockwise-wgrad-wide-accumulate": ("blockwise_wgrad", "BlockwiseWgradConfig", dict(wide=True, accumulate=True)),
+    "blockwise-fc1-swiglu-probs": ("blockwise_fc1", "BlockwiseFC1Config",
+                                   dict(activation="swiglu", probs_dtype=torch.float32)),
+    "blockwise-fc1-geglu-bias-fp32-scales": ("blockwise_fc1", "BlockwiseFC1Config",
+                                             dict(activation="geglu", bias_dtype=torch.bfloat16, power_of_two=False)),
+    "blockwise-fc2-dgrad-swiglu-probs-db1": ("blockwise_fc2_dgrad", "BlockwiseFC2DgradConfig",
+                                             dict(activation="swiglu", probs_dtype=torch.float32, bias_grad=True)),
+    "blockwise-fc2-dgrad-srelu-e5m2": ("blockwise_fc2_dgrad", "BlockwiseFC2DgradConfig",
+                                       dict(activation="srelu", grad_format=ElementFormat.E5M2)),
 }
 
 
