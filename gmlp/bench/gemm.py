@@ -9,12 +9,11 @@ FC2, FC1 dgrad, FC2 dgrad with the fused activation backward, the two weight gra
   the bf16 GEMM that follows them (and FC1's and FC2 dgrad's quantized outputs), each tiling;
 - ``cutedsl``: the CuTeDSL SM90 kernel (``gmlp.cutedsl.sm90``) on bf16 operands, each of its
   configurations (an H100/H200 with cutlass-dsl only);
-- ``cutedsl-dequant`` and ``cutedsl-decode``: the MXFP8 layer's step with its activation
-  operands (FC1, FC2, FC1 dgrad, FC2 dgrad: the token-row A, Q_row of x, a, dh, dy; the weight
-  gradients: both Q_col operands) dequantized by the Triton pass then the SM90 kernel, against
-  the SM90 kernel decoding them itself (``gmlp.cutedsl.sm90._decode``); the token-row GEMMs read
-  the weight dequantized beforehand (once per step in the layer, not timed here), FC1 and FC2
-  dgrad write their quantized outputs;
+- ``cutedsl-dequant``: the MXFP8 layer's step with its activation operands (FC1, FC2, FC1 dgrad,
+  FC2 dgrad: the token-row A, Q_row of x, a, dh, dy; the weight gradients: both Q_col operands)
+  dequantized by the Triton pass then the SM90 kernel; the token-row GEMMs read the weight
+  dequantized beforehand (once per step in the layer, not timed here), FC1 and FC2 dgrad write
+  their quantized outputs;
 - ``fp8-blockwise`` and ``cutedsl-fp8-blockwise``: the FP8 blockwise recipe's kernels
   (``gmlp.fp8_blockwise``) on its quantized operands (1 x 128 token rows, 128 x 1 per-expert
   columns for the weight gradients, 128 x 128 weight tiles; FC1 and FC2 dgrad with their fused
@@ -117,9 +116,6 @@ def sm90_configs(op: str) -> list[dict]:
     return [dict(), *launch_options.candidates(op)]
 
 
-SM90_DECODE_CONFIGS = [dict(tile_n=256), dict(tile_n=128)]  # the grouped GEMM decoding A: no ping-pong
-
-
 # the FP8 blockwise Triton kernels with fused epilogues (FC1, FC2 dgrad): the launcher's default
 # (8 warps, 3 stages) first, then the warps and software-pipeline depths tried against it
 BLOCKWISE_EPILOGUE_CONFIGS = [dict(), dict(num_stages=2), dict(num_stages=4), dict(num_warps=16), dict(num_warps=4)]
@@ -149,16 +145,13 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         mxfp8=lambda c: lambda: run(deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), c),
         cutedsl=lambda c: lambda: _sm90("wgrad").grouped_wgrad(t[a], t[b], splits, out_dtype=torch.bfloat16, **c),
         **{"cutedsl-dequant": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
-               deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), splits, out_dtype=torch.bfloat16, **c),
-           "cutedsl-decode": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
-               t[f"{a}_col"], t[f"{b}_col"], splits, out_dtype=torch.bfloat16, **c)},
+               deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), splits, out_dtype=torch.bfloat16, **c)},
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
         **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits),
            "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_wgrad").grouped_wgrad_fp8_blockwise(
                t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits, **c)},
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
-        configs=sm90_configs("grouped_wgrad"), decode_configs=[dict(tile_n=128)],
-        cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS)
+        configs=sm90_configs("grouped_wgrad"), cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS)
 
 
 def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
@@ -187,7 +180,6 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             cutedsl=lambda c: lambda: _sm90("fc1").fc1_forward(t["x"], t["w1"], splits, ffn_hidden_size=ffn,
                                                              activation=SWIGLU, recipe=None, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc1(deq(t["x_row"]), **c),
-               "cutedsl-decode": lambda c: lambda: sm90_fc1(t["x_row"], **c),
                "fp8-blockwise": lambda c: lambda: fc1_forward_blockwise(t["x_bw_row"], t["w1_bw"], splits,
                                                                         ffn_hidden_size=ffn, activation=SWIGLU, **c),
                "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_fc1").fc1_forward_blockwise(
@@ -202,14 +194,12 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             mxfp8=lambda c: lambda: grouped_gemm(deq(t["a_row"]), deq(t["w2_row"]).view(t["w2"].shape), splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["a"], t["w2"], splits, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["a_row"]), w2_deq, splits, **c),
-               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["a_row"], w2_deq, splits, **c),
                "fp8-blockwise": lambda c: lambda: grouped_gemm_fp8_blockwise(t["a_bw_row"], t["w2_bw"], splits),
                "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["a_bw_row"], t["w2_bw"], splits, **c)},
             quack=lambda c: lambda: _quack_gemm()(t["a"], t["w2"].transpose(1, 2), cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["a"].shape[0] * hidden * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS,
-            cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS),
+            configs=sm90_configs("grouped_gemm"), cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS),
         "fc1_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dh"], t["w1"], offs=offsets),
             bf16=lambda c: lambda: grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, tiling=c),
@@ -217,14 +207,12 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
                                                  splits, tiling=c),
             cutedsl=lambda c: lambda: _sm90("grouped_gemm").grouped_gemm(t["dh"], w1t_view(t["w1"]), splits, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_gemm(deq(t["dh_row"]), w1t_deq, splits, **c),
-               "cutedsl-decode": lambda c: lambda: sm90_gemm(t["dh_row"], w1t_deq, splits, **c),
                "fp8-blockwise": lambda c: lambda: grouped_gemm_fp8_blockwise(t["dh_bw_row"], t["w1t_bw"], splits),
                "cutedsl-fp8-blockwise": lambda c: lambda: sm90_blockwise(t["dh_bw_row"], t["w1t_bw"], splits, **c)},
             quack=lambda c: lambda: _quack_gemm()(t["dh"], t["w1"], cu_seqlens_m=t["cu_seqlens"], **c),
             flops=2 * t["dh"].shape[0] * hidden * 2 * ffn,
             tilings=(GEMM_CANDIDATES, dict(bf16=GROUPED_GEMM_TILING, mxfp8=GROUPED_GEMM_TILING)),
-            configs=sm90_configs("grouped_gemm"), decode_configs=SM90_DECODE_CONFIGS,
-            cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS),
+            configs=sm90_configs("grouped_gemm"), cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS),
         "fc2_dgrad": dict(
             baseline=lambda: torch._grouped_mm(t["dy"], t["w2"], offs=offsets),
             bf16=lambda c: lambda: fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits, activation=SWIGLU,
@@ -235,7 +223,6 @@ def _gemms(t: dict, hidden: int, ffn: int) -> dict[str, dict[str, Callable]]:
             cutedsl=lambda c: lambda: _sm90("fc2_dgrad").fc2_dgrad(t["dy"], t["w2"].transpose(1, 2), t["c"], splits,
                                                            activation=SWIGLU, recipe=None, **c),
             **{"cutedsl-dequant": lambda c: lambda: sm90_fc2_dgrad(deq(t["dy_row"]), **c),
-               "cutedsl-decode": lambda c: lambda: sm90_fc2_dgrad(t["dy_row"], **c),
                "fp8-blockwise": lambda c: lambda: fc2_dgrad_blockwise(t["dy_bw_row"], t["w2t_bw"], t["c"], splits,
                                                                       activation=SWIGLU, **c),
                "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_fc2_dgrad").fc2_dgrad_blockwise(
@@ -260,13 +247,13 @@ def _time(fn: Callable) -> tuple[float | None, str | None]:
 def variant_tilings(gemm: dict, variant: str) -> list:
     """The configurations ``variant`` of ``gemm`` (an entry of ``_gemms``) is timed at, its
     default first: the layer's tiling for the Triton kernels, each CuTeDSL kernel's default
-    configuration, the blockwise launchers' defaults."""
+    configuration (``cutedsl-dequant``: the layer's), the blockwise launchers' defaults."""
     if variant == "fp8-blockwise":
         return gemm.get("blockwise_configs", [dict()])
     if variant == "cutedsl-fp8-blockwise":
         return gemm.get("cutedsl_blockwise_configs", [dict()])
     if variant.startswith("cutedsl"):
-        return gemm["configs"] if variant == "cutedsl" else gemm.get("decode_configs", [dict()])
+        return gemm["configs"] if variant == "cutedsl" else [dict()]
     if variant == "quack":
         return QUACK_CONFIGS
     candidates, defaults = gemm["tilings"]
@@ -280,8 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
     parser.add_argument("--variants", default="bf16,mxfp8",
                         help="bf16: Triton on bf16 operands; mxfp8: MXFP8 operands dequantized first; "
-                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; cutedsl-dequant / cutedsl-decode: "
-                             "MXFP8 activation operands dequantized first / decoded in the SM90 kernel; "
+                             "cutedsl: the SM90 CuTeDSL kernels on bf16 operands; cutedsl-dequant: "
+                             "MXFP8 activation operands dequantized first, then the SM90 kernel; "
                              "fp8-blockwise / cutedsl-fp8-blockwise: the FP8 blockwise recipe's Triton / SM90 "
                              "CuTeDSL kernels on its quantized operands; quack: QuACK's varlen GEMM")
     add_out_argument(parser)

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="deepseek-v3-rank", help="one of bench mlp's SHAPES")
     parser.add_argument("--gemms", default="fc1,fc2,fc1_dgrad,fc2_dgrad,fc2_wgrad,fc1_wgrad")
-    parser.add_argument("--variants", default="cutedsl", help="bench gemm's variants beside torch, e.g. cutedsl-decode")
+    parser.add_argument("--variants", default="cutedsl", help="bench gemm's variants beside torch, e.g. cutedsl,quack")
     parser.add_argument("--config", default="{}", type=json.loads,
                         help='JSON of launcher options over each kernel\'s default, e.g. \'{"store": "tma"}\'')
     parser.add_argument("--kernels", default=None,

@@ -37,13 +37,27 @@ GEMM_NAMES = {"fc1": "fc1", "fc2": "fc2", "fc2 dgrad": "fc2_dgrad", "fc1 dgrad":
               "fc1 wgrad": "fc1_wgrad"}
 
 
+def current_options(site: str, options: dict) -> dict | None:
+    """A measured candidate's ``options`` as the site's op takes them now: a knob the op no longer
+    has (a removed variant, such as FC1's fused_b) is dropped where it was off (False: the kernel
+    as it runs now); None where it was on (a variant that no longer exists)."""
+    knobs = launch_options.DEFAULTS[SITES[site].op.value]
+    if any(value is not False for knob, value in options.items() if knob not in knobs):
+        return None
+    return {knob: value for knob, value in options.items() if knob in knobs}
+
+
 def choose(rows: list[dict]) -> dict[tuple[str, str], dict]:
     """(shape, site) -> its best candidate's row (``options``, ``ratios`` per routing, their
     geometric mean): the candidate with the best geometric mean over ``ROUTINGS`` among those
-    that ran at every routing. Raises naming the site if none did."""
+    that ran at every routing, its options as the op takes them now (``current_options``; rows
+    of removed variants are left out). Raises naming the site if none did."""
     by_site: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
     for row in rows:
-        key = json.dumps(row["options"], sort_keys=True)
+        options = current_options(row["site"], row["options"])
+        if options is None:
+            continue
+        key = json.dumps(options, sort_keys=True)
         by_site.setdefault((row["shape"], row["site"]), {}).setdefault(key, {})
         if row["ratio"]:
             by_site[(row["shape"], row["site"])][key][row["routing"]] = row["ratio"]

@@ -53,9 +53,6 @@ class LayerPlan:
     decisions: dict[str, Decision]  # site name -> decision, in the order the sites run
     references: dict[str, Path | None]  # site name -> the next path down that runs it (cross-check), if any
     sm100: bool = False  # the GEMM sites run as the SM100 composition (gmlp.cutedsl.sm100.layer)
-    # sites whose chosen kernel reads its MXFP8 operands as they are, decoding them (no dequantize
-    # pass for them; the weight gradients' only where decodable: ``layer._wgrad_operands``)
-    decoding_sites: frozenset[str] = frozenset()
     capability: tuple[int, int] | None = None  # the device's (None: not a GPU), which picks each path's provider
     # site -> how its SM90 kernel launches (its knobs and where they come from), for the sites on the SM90 kernels
     launch_notes: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -80,11 +77,8 @@ class LayerPlan:
                  "each op of the layer and the path it runs on (the fastest that can: cutedsl, triton, torch):"]
         skipped: dict[tuple[Path, str], list[str]] = {}  # (path, reason) -> the ops that skipped it for it
         for name, decision in self.decisions.items():
-            decoded = "" if name not in self.decoding_sites else (
-                ", MXFP8 operands decoded in the kernel where T is a multiple of 16 (else dequantized)"
-                if decision.op == Op.WGRAD.value else ", MXFP8 operands decoded in the kernel")
             launch = f", {self.launch_notes[name]}" if name in self.launch_notes else ""
-            lines.append(f"  {name:<{width}}  {decision.op:<{op_width}} -> {decision.path.value}{decoded}{launch}")
+            lines.append(f"  {name:<{width}}  {decision.op:<{op_width}} -> {decision.path.value}{launch}")
             for path, reason in decision.skipped:
                 skipped.setdefault((path, str(reason)), []).append(name)
         if skipped:
@@ -123,33 +117,24 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: Strict) -
         references[name] = next_path_down(decision.path, device, problem_reason)
     if sm100 and any(decisions[name].path is not Path.CUTEDSL for name in decisions if SITES[name].op in GEMM_OPS):
         raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
-    decoding_sites = frozenset()
-    if problem.mxfp8 and not sm100:
-        undecodable = set(sm90_support.DECODING_SITES) - set(sm90_support.DECODABLE_SITES)
-        if undecodable:
-            raise AssertionError(f"DECODING_SITES lists {sorted(undecodable)}, whose MXFP8 operand the layer does not "
-                                 f"make (decodable: {sm90_support.DECODABLE_SITES})")
-        decoding_sites = frozenset(name for name in sm90_support.DECODING_SITES if decisions[name].path is Path.CUTEDSL)
     launch_notes = {}
     if capability is not None and capability[0] == 9:
-        launch_notes = {name: _sm90_launch(name, problem, name in decoding_sites)
+        launch_notes = {name: _sm90_launch(name, problem)
                         for name, decision in decisions.items()
                         if decision.path is Path.CUTEDSL and not problem.blockwise and SITES[name].op in GEMM_OPS}
-    return LayerPlan(decisions, references, sm100=sm100, decoding_sites=decoding_sites, capability=capability,
+    return LayerPlan(decisions, references, sm100=sm100, capability=capability,
                      launch_notes=launch_notes, blockwise=problem.blockwise)
 
 
-def _sm90_launch(name: str, problem: LayerProblem, decoded: bool) -> str:
+def _sm90_launch(name: str, problem: LayerProblem) -> str:
     """The knobs of the SM90 kernel of site ``name`` and where they come from
     (``launch_options.describe``), as the layer launches it: FC2 adds b2, FC1 and FC2 dgrad
     quantize their outputs in an MXFP8 layer."""
     op = SITES[name].op
-    variant = dict(decoded=decoded)
+    variant = {}
     if op in (Op.FC1, Op.FC2_DGRAD):
         variant["quantized"] = problem.mxfp8
     gated = problem.activation != "srelu"
-    if op is Op.FC1:
-        variant["gated"] = gated
     if name == "fc2":
         variant["bias"] = problem.bias
     gemm = sm90_support.site_gemm(name, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)

@@ -154,27 +154,6 @@ def _bf16(run: OpRunner, value: torch.Tensor | MXFP8Tensor, groups: DeviceGroups
     return run("dequantize", value, groups) if isinstance(value, MXFP8Tensor) else value
 
 
-def _a_operand(run: OpRunner, site: str, value: torch.Tensor | MXFP8Tensor) -> torch.Tensor | MXFP8Tensor:
-    """The token-row operand A (x, a, dy, dh) of the GEMM at ``site``: as it is where the site's
-    kernel decodes an MXFP8 A (``LayerPlan.decoding_sites``), else its bf16 values."""
-    plan = getattr(run, "plan", None)  # a plain function runs no plan
-    return value if plan is not None and site in plan.decoding_sites else _bf16(run, value)
-
-
-def _wgrad_operands(run: OpRunner, site: str, a: torch.Tensor | MXFP8Tensor, b: torch.Tensor | MXFP8Tensor,
-                    groups: DeviceGroups) -> tuple:
-    """The two operands of the weight gradient at ``site``: the columnwise MXFP8 tensors as they
-    are where the site's kernel decodes them (``LayerPlan.decoding_sites``) and can at this T (the
-    SM90 kernel's ``decoded_wgrad_reason``: T a multiple of 16), else their bf16 values."""
-    plan = getattr(run, "plan", None)
-    if plan is not None and site in plan.decoding_sites:
-        from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
-
-        if decoded_wgrad_reason(a, b) is None:
-            return a, b
-    return _bf16(run, a, groups), _bf16(run, b, groups)
-
-
 def _stacked_rows(view: torch.Tensor, name: str) -> torch.Tensor:
     """The (E * F, H) rows of W1's gate or up view as one strided matrix (a view: no copy)."""
     if view.shape[0] > 1 and view.stride(0) != view.shape[1] * view.stride(1):
@@ -239,14 +218,14 @@ def grouped_mlp_forward(
     else:
         xq = run("quantize x", x, rowwise=True, columnwise=True, swizzle=False, split_sizes=split_sizes,
                  scale_mode=recipe.scale_mode, groups=groups)
-        x_fc1, x_col = _a_operand(run, "fc1", xq.rowwise), xq.columnwise
+        x_fc1, x_col = _bf16(run, xq.rowwise), xq.columnwise
         del xq  # Q_row(x) is not kept once FC1's operand is made
     fc1 = run("fc1", x_fc1, w1_fc1, split_sizes, ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1,
               probs=probs, groups=groups)
     del x_fc1, w1_fc1  # an MXFP8 layer's bf16 copies: freed before FC2's are made (W2's values only now)
     w2_fc2 = _weight_values(run, "qdq w2", w2, recipe, transposed=False)
     a_row = fc1.a if recipe is None else fc1.a_rowwise
-    y = run("fc2", _a_operand(run, "fc2", a_row), w2_fc2, split_sizes, bias=b2, groups=groups)
+    y = run("fc2", _bf16(run, a_row), w2_fc2, split_sizes, bias=b2, groups=groups)
     # a weight cache keeps W^T's values too (made here, after the forward's GEMMs, or reused)
     cache = recipe is not None and getattr(run, "caches_weights", False)
     saved = LayerSaved(
@@ -293,7 +272,7 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     dprobs, db1 = dgrad.dprobs, dgrad.db1
     dh_row, dh_col = (dgrad.dh, dgrad.dh) if recipe is None else (dgrad.dh_rowwise, dgrad.dh_columnwise)
     del dgrad
-    dx = run("fc1 dgrad", _a_operand(run, "fc1 dgrad", dh_row),
+    dx = run("fc1 dgrad", _bf16(run, dh_row),
              _transposed_weight(run, "qdq w1^T", saved.w1, saved.w1t, recipe), split_sizes, groups=groups)
     del dh_row
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)  # added to in the kernel
@@ -301,11 +280,11 @@ def grouped_mlp_backward(run: OpRunner, dy: torch.Tensor, saved: LayerSaved, act
     # copies are what the GEMM reads), before its output is allocated. FC1's first: dh (and its
     # quantized forms) dies with it, so the step's peak, at the second weight gradient, holds
     # neither dh nor FC1 wgrad's operands (the larger pair: T x (2F + H) against FC2's T x (H + F))
-    operands = _wgrad_operands(run, "fc1 wgrad", dh_col, release(saved, "x_col"), groups)
+    operands = _bf16(run, dh_col, groups), _bf16(run, release(saved, "x_col"), groups)
     del dh_col
     dw1 = run("fc1 wgrad", *operands, split_sizes, out=dw1_out, out_dtype=weight_grad_dtype, groups=groups, **apart)
     del operands
-    operands = _wgrad_operands(run, "fc2 wgrad", dy_values("qdq dy^T", "columnwise"), release(saved, "a_col"), groups)
+    operands = _bf16(run, dy_values("qdq dy^T", "columnwise"), groups), _bf16(run, release(saved, "a_col"), groups)
     dw2 = run("fc2 wgrad", *operands, split_sizes, out=dw2_out, out_dtype=weight_grad_dtype, groups=groups)
     del operands
     db2 = run("bias grad", dy, groups.row_start) if saved.has_b2 else None

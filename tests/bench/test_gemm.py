@@ -8,10 +8,10 @@ from gmlp.bench.gemm import BLOCKWISE_EPILOGUE_CONFIGS, BLOCKWISE_GEMM_CONFIGS, 
 
 def test_each_variant_is_timed_from_its_default_configuration():
     gemm = dict(tilings=(["c1", "layer", "c2"], dict(bf16="layer")), configs=[dict(tile_n=256), dict(tile_n=128)],
-                decode_configs=[dict(tile_n=128)], blockwise_configs=BLOCKWISE_EPILOGUE_CONFIGS)
+                blockwise_configs=BLOCKWISE_EPILOGUE_CONFIGS)
     assert variant_tilings(gemm, "bf16") == ["layer", "c1", "c2"]  # the layer's tiling first, once
     assert variant_tilings(gemm, "cutedsl") == [dict(tile_n=256), dict(tile_n=128)]
-    assert variant_tilings(gemm, "cutedsl-decode") == [dict(tile_n=128)]
+    assert variant_tilings(gemm, "cutedsl-dequant") == [dict()]  # the layer's configuration
     assert variant_tilings(gemm, "quack") == QUACK_CONFIGS
     assert variant_tilings(gemm, "fp8-blockwise")[0] == dict()  # the launcher's defaults
     assert variant_tilings(gemm, "cutedsl-fp8-blockwise") == [dict()]  # no sweep given: the default only

@@ -25,7 +25,7 @@ def test_the_best_geometric_mean_over_both_routings_wins():
     assert best[("qwen3-30b-a3b", "fc2")]["options"] == narrow
     assert best[("qwen3-30b-a3b", "fc2")]["geomean"] == pytest.approx(0.95)
     with pytest.raises(RuntimeError, match=r"no candidate ran at every routing for \('qwen3-30b-a3b', 'fc1'\)"):
-        tune.choose([_row("fc1", wide, "balanced", 1.0)])
+        tune.choose([_row("fc1", dict(store="tma"), "balanced", 1.0)])
 
 
 def test_entries_carry_each_sites_launch_shape():
@@ -57,14 +57,23 @@ def test_the_table_merges_and_reads_back(tmp_path):
     assert [entry.options for entry in tuned.read_table(path).entries] == [DEFAULTS["grouped_gemm"]] * 2  # replaced
 
 
-@pytest.mark.parametrize("op,count", [("grouped_gemm", 5), ("fc1_forward", 3), ("fc2_dgrad", 4), ("grouped_wgrad", 9)])
+@pytest.mark.parametrize("op,count", [("grouped_gemm", 5), ("fc1_forward", 2), ("fc2_dgrad", 4), ("grouped_wgrad", 9)])
 def test_candidates_are_the_consistent_knob_combinations(op, count):
     found = candidates(op)
     assert found[0] == DEFAULTS[op] and len(found) == count
     assert len({json.dumps(c, sort_keys=True) for c in found}) == count
     for c in found:
         assert not (c.get("pingpong") and (c["tile_n"] != 128 or c["store"] != "regs"))
-        assert not (c.get("fused_b") and c["store"] != "regs")
+
+
+def test_measurements_of_a_removed_knob_count_as_the_kernel_runs_now():
+    """A committed run timed FC1's fused_b (removed): its rows with the knob off are the kernel as
+    it runs now (the knob dropped), those with it on a variant that no longer exists (left out)."""
+    fused, apart = dict(fused_b=True, store="regs"), dict(fused_b=False, store="tma")
+    rows = [_row("fc1", fused, "balanced", 2.0), _row("fc1", fused, "skewed", 2.0),
+            _row("fc1", apart, "balanced", 0.9), _row("fc1", apart, "skewed", 0.9)]
+    assert tune.choose(rows)[("qwen3-30b-a3b", "fc1")]["options"] == dict(store="tma")
+    assert tune.current_options("fc1", fused) is None
 
 
 def test_the_committed_table_is_what_the_committed_measurements_choose():

@@ -287,23 +287,6 @@ def test_sm90_takes_its_kernels_site_by_site(monkeypatch):
         assert dict(fp32.decisions[site].skipped)[Path.CUTEDSL].kind is ReasonKind.RECIPE, site
 
 
-def test_sm90_decoded_a_sites(monkeypatch):
-    """The sites listed in ``support.DECODING_SITES`` get their MXFP8 operands as they are where they take
-    CuTeDSL (none by default); a bf16 layer, or a site on Triton, decodes nothing."""
-    from gmlp.cutedsl.sm90 import support
-
-    _with_cutedsl()
-    device = _gpu(monkeypatch, (9, 0))
-    assert _plan(device).decoding_sites == frozenset()
-    monkeypatch.setattr(support, "DECODING_SITES", ("fc2", "fc1 dgrad", "fc1 wgrad"))
-    plan = _plan(device)
-    assert plan.decoding_sites == {"fc2", "fc1 dgrad", "fc1 wgrad"}
-    assert "fc1 dgrad" in plan.explain() and plan.explain().count("MXFP8 operands decoded in the kernel") == 3
-    assert _plan(device, recipe=None).decoding_sites == frozenset()
-    monkeypatch.setenv("GMLP_BACKEND", "triton")
-    assert _plan(device).decoding_sites == frozenset()
-
-
 def test_sm90_shape_and_import_reasons(monkeypatch):
     """A problem an SM90 kernel cannot take (too many experts for its tile search) falls back to
     Triton with the kernel's shape reason; a kernel module that fails to import is a system reason

@@ -148,58 +148,6 @@ def test_strided_inputs_equal_their_contiguous_copies():
                     ffn_hidden_size=64, activation=activation_from("swiglu"), recipe=None, probs=scores[:96, 0])
 
 
-@pytest.mark.slow
-def test_sites_given_their_mxfp8_a_equal_the_dequantized_path(monkeypatch):
-    """A site in ``LayerPlan.decoding_sites`` gets its MXFP8 A as it is (no dequantize site for A):
-    with the kernels here (Triton / torch, which dequantize such an A themselves) the layer's
-    outputs are bit for bit those of the plan without it, and the cross-check compares those
-    sites on the MXFP8 A (its bounds from the dequantized values) and passes."""
-    import dataclasses
-
-    from gmlp.debug.crosscheck import CrossCheck, CrossCheckSettings
-    from gmlp.layer.steps import OpRunner, grouped_mlp_backward, grouped_mlp_forward
-
-    device = kernel_device()
-    torch.manual_seed(0)
-    mlp = gmlp.GroupedMLP(len(SPLITS), 64, 64, bias=True, recipe=gmlp.MXFP8Recipe(), device=device)
-    split_sizes = torch.tensor(SPLITS, device=device)
-    x = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
-    dy = torch.randn(sum(SPLITS), 64, device=device, dtype=torch.bfloat16)
-    probs = torch.rand(sum(SPLITS), device=device)
-    plan = mlp.plan(x, split_sizes)
-    sites = ("fc1", "fc2", "fc1 dgrad", "fc1 wgrad")  # the decodable ones: dy's GEMMs get dy's values
-    decoded = dataclasses.replace(plan, decoding_sites=frozenset(sites))
-    assert decoded.explain().count("MXFP8 operands decoded in the kernel") == 4
-    # the weight gradient's Q_col operands decode only at T a multiple of 16: the plan says so
-    assert decoded.explain().count("where T is a multiple of 16 (else dequantized)") == 1
-    assert sum(SPLITS) % 16 == 0  # the weight gradients' Q_col operands are decodable at this T
-    seen = []
-
-    def step(run):
-        params = (mlp.w1.detach(), mlp.b1.detach(), mlp.w2.detach(), mlp.b2.detach())
-        y, saved = grouped_mlp_forward(run, x, split_sizes, probs, params[0], params[1], params[2], params[3],
-                                       mlp.activation, mlp.recipe)
-        return y, grouped_mlp_backward(run, dy, saved, mlp.activation, mlp.recipe)
-
-    class Recording(OpRunner):
-        def __call__(self, site, *args, **kwargs):
-            seen.append((site, type(args[0]).__name__ if args else None))
-            return super().__call__(site, *args, **kwargs)
-
-    want_y, want = step(OpRunner(plan))
-    check = CrossCheck(decoded, CrossCheckSettings(action="raise"), split_sizes)
-    got_y, got = step(Recording(decoded, check))
-    for site in sites:
-        assert (site, "MXFP8Tensor") in seen, site
-    # 6 dequantized operands (x, a forward; dh, then a, dh, x columnwise for the weight gradients;
-    # the weights' and dy's values come from quantize-dequantize passes), less the five the GEMMs
-    # decode: Q_col(a) of FC2 wgrad is left
-    assert [s for s, _ in seen].count("dequantize") == 1
-    assert torch.equal(got_y, want_y)
-    for name in ("dx", "dprobs", "dw1", "db1", "dw2", "db2"):
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
-
-
 @parametrize_quick("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
 def test_a_step_computes_the_expert_offsets_once(monkeypatch, recipe):
     """Host time: the device prefix sums of the split sizes (about 20 small launches) are computed

@@ -1,6 +1,6 @@
 """What the SM90 kernels' tests share: the GPU check, the routings and operands of the GPU tests,
 bitwise comparison, what every config's PTX must show per kernel (grouped GEMM, FC1, FC2
-dgrad), which the decoding variants' tests check too, and the configs of the tuned table."""
+dgrad), and the configs of the tuned table."""
 
 from __future__ import annotations
 
@@ -83,21 +83,19 @@ def expert_weights(experts: int, n: int, k: int, transposed: bool) -> torch.Tens
     return (torch.randn(experts, k, n, device="cuda") / 8).bfloat16().transpose(1, 2)
 
 
-def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: bool = False) -> None:
+def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True) -> None:
     """What every config's PTX must show: the target, 384 threads (a producer warpgroup and two
     consumer warpgroups), bf16 m64n128k16 wgmma with fp32 accumulators (two per k-block and
-    warpgroup when gated: gate and up share the A descriptor; with fused_b one m64n256k16 on the
-    256-row [gate; up] tile), TMA loads, no local memory, no spills (the cubin's resources where
-    a cuobjdump reads them), no predicated R2UR in the SASS."""
+    warpgroup when gated: gate and up share the A descriptor), TMA loads, no local memory, no
+    spills (the cubin's resources where a cuobjdump reads them), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
-    n = 256 if fused_b else 128
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
-    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, "
                         r"(%rd\d+), (%rd\d+), %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == len(wgmmas)  # no other shape
-    pairs = gated and not fused_b
+    pairs = gated
     if pairs:  # each A descriptor feeds two wgmmas (gate, up) with different B descriptors
         by_a = {}
         for a_desc, b_desc, *_ in wgmmas:
@@ -109,7 +107,7 @@ def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True, fused_b: boo
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:
-        assert f"HGMMA.64x{n}x16.F32.BF16" in code
+        assert "HGMMA.64x128x16.F32.BF16" in code
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
     resources = kernel_resources(compiled.cubin)
     check_register_split(ptx, resources)

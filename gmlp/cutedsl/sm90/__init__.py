@@ -14,7 +14,7 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
 
 Shared machinery: ``_schedule`` (persistent work items over experts, found on the device),
 ``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
-``_decode`` (MXFP8 operands decoded to bf16 in the mainloop), ``_epilogue_math`` (the activations
+``_epilogue_math`` (the activations
 forward and backward in the Triton epilogues' fp32 operation order), ``_quantize_epilogue`` (MXFP8
 Q_row and Q_col of a 128 x 128 accumulator tile with the quantize kernel's block math and
 transposed store), ``_compile`` (the cached compile of a config, ahead of time without a GPU for

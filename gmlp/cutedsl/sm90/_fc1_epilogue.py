@@ -21,19 +21,18 @@ class ActivationEpilogue:
     """FC1's pass over a tile's accumulators (module docstring)."""
 
     @cute.jit
-    def activation_pass(self, acc, acc_up, up_offset: int, tCcD, limits, col0, g, ffn, mBias, row_probs, pair,
+    def activation_pass(self, acc, acc_up, tCcD, limits, col0, g, ffn, mBias, row_probs, pair,
                         pair_bits, regs, store):
-        """One pass over the thread's pairs (fused_b: ``up_offset``, where the up values start in
-        ``acc``): ``regs`` (tCgC, tCgU, tCgA: c gate's, c up's and a's pair words, None where not
-        written) stores from the registers, ``store`` (tile_store, c_stage, up_stage, a_stage,
-        order, destinations, subtiles_done) stages each 32-column subtile for the TMA store.
-        Returns the TMA store's subtile count (None without it)."""
+        """One pass over the thread's pairs: ``regs`` (tCgC, tCgU, tCgA: c gate's, c up's and a's
+        pair words, None where not written) stores from the registers, ``store`` (tile_store,
+        c_stage, up_stage, a_stage, order, destinations, subtiles_done) stages each 32-column
+        subtile for the TMA store. Returns the TMA store's subtile count (None without it)."""
         tCgC, tCgU, tCgA = regs if const_expr(regs is not None) else (None, None, None)
         if const_expr(self.tma_store):
             tile_store, c_stage, up_stage, a_stage, order, destinations, subtiles_done = store
         else:
             subtiles_done = None
-        for i in cutlass.range_constexpr(cute.size(tCcD) // 2 - up_offset // 2):
+        for i in cutlass.range_constexpr(cute.size(tCcD) // 2):
             staged = 2 * (i % 8)  # the pair's place in its subtile's staging
             if const_expr(self.tma_store):  # a masked pair's values are never stored
                 for stage in (c_stage, up_stage, a_stage):
@@ -41,7 +40,7 @@ class ActivationEpilogue:
             if cute.elem_less(tCcD[2 * i], limits):
                 col = col0 + tCcD[2 * i][1]
                 gate = (acc[2 * i], acc[2 * i + 1])
-                up = (acc_up[up_offset + 2 * i], acc_up[up_offset + 2 * i + 1])
+                up = (acc_up[2 * i], acc_up[2 * i + 1])
                 if const_expr(self.has_bias):
                     gate = (gate[0] + mBias[g, col].to(Float32), gate[1] + mBias[g, col + 1].to(Float32))
                     if const_expr(self.gated):
@@ -56,7 +55,7 @@ class ActivationEpilogue:
                     tCgC[i] = pair_bits[0]
                     if const_expr(self.gated):
                         pair[0], pair[1] = up[0].to(BFloat16), up[1].to(BFloat16)
-                        tCgU[up_offset // 2 + i] = pair_bits[0]
+                        tCgU[i] = pair_bits[0]
                 act = (activation_forward(self.activation, gate[0], up[0]),
                        activation_forward(self.activation, gate[1], up[1]))
                 if const_expr(self.has_probs):

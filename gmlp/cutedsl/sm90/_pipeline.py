@@ -151,7 +151,7 @@ def mainloop_fields(stages: int, a_smem_layout: cute.ComposedLayout, b_smem_layo
                     a_dtype=BFloat16, b_dtype=BFloat16, turns: bool = False) -> dict:
     """The first fields of a kernel's ``shared_storage``: the full and empty mbarriers of the
     slots, with ``turns`` the two ping-pong ones (``make_turns``), then the staged A and B tiles
-    (``slot_tensors``). A kernel adds its own after them (more B tiles, epilogue, decode buffers)."""
+    (``slot_tensors``). A kernel adds its own after them (more B tiles, epilogue buffers)."""
     fields = dict(pipeline_barriers=cute.struct.MemRange[cutlass.Int64, stages * 2])  # full, empty
     if turns:
         fields["order_barriers"] = cute.struct.MemRange[cutlass.Int64, 2]  # whose mainloop is next
@@ -162,7 +162,7 @@ def mainloop_fields(stages: int, a_smem_layout: cute.ComposedLayout, b_smem_layo
 
 def shared_storage(fields: dict):
     """A ``cute.struct`` of ``fields`` (name -> MemRange / Align annotation, in order): the shared
-    memory of a kernel whose optional parts (an epilogue's buffers, decode buffers) come and go
+    memory of a kernel whose optional parts (more B tiles, an epilogue's buffers) come and go
     with its config."""
     return cute.struct(type("SharedStorage", (), {"__annotations__": dict(fields)}))
 
@@ -200,16 +200,11 @@ def b_is_k_major(name: str, b: torch.Tensor) -> bool:
 
 
 def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages: int,
-                           atom_layout_mnk: tuple[int, int, int], b_box_rows: int | None = None,
-                           a_dtype=BFloat16) -> MainloopOperands:
+                           atom_layout_mnk: tuple[int, int, int]) -> MainloopOperands:
     """Tiles (128, tile_n, 64) of A (T, K) and B (E, N, K), B read as the (N, K, E) tensor of the
     dense Hopper GEMMs (L = experts: ``b_tiles``' coordinates); the tiled MMA covers (64 *
     atom_layout_mnk[0], tile_n) per call (one m64 wgmma per consumer warpgroup and repeated over
-    the tile's remaining rows). B's TMA box is ``b_box_rows`` x 64 (default tile_n): a B tile of
-    several boxes is filled by several loads (FC1's gate and up rows into one 256-row tile; the
-    boxes must then be stacked row blocks of the smem tile, which holds for K-major B).
-    ``a_dtype`` Uint8: A's slots hold the fp8 bytes of an MXFP8 A (64B-swizzled, decoded to bf16
-    by the consumers: ``_decode``); the MMA stays bf16."""
+    the tile's remaining rows)."""
     mB_nke = _nke(mB)
     tile_shape_mnk = (TILE_M, tile_n, TILE_K)
     a_layout = utils.LayoutEnum.from_tensor(mA)
@@ -218,13 +213,13 @@ def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages
         BFloat16, BFloat16, a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode(), Float32,
         atom_layout_mnk, tiler_mn=(64, tile_n),
     )
-    a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, a_dtype, stages)
+    a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, BFloat16, stages)
     b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, BFloat16, stages)
     tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
         (TILE_M, TILE_K),
     )
-    tma_atom_b, tma_b = make_b_tma(mB, b_smem_layout, tile_n, b_box_rows)
+    tma_atom_b, tma_b = make_b_tma(mB, b_smem_layout, tile_n)
     return MainloopOperands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
 
 
@@ -233,17 +228,12 @@ def _nke(mB: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
 
 
-def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int, b_box_rows: int | None = None):
+def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int):
     """(TMA atom, TMA coordinates (N, K, E)) of B (E, N, K) into ``b_smem_layout``'s (tile_n, 64)
-    tiles, by boxes of ``b_box_rows`` x 64 (default tile_n; see ``make_mainloop_operands``). A
-    second B of a K split (``KSplit``) gets its own from here, into the same slots."""
-    mB_nke = _nke(mB)
-    box_rows = tile_n if b_box_rows is None else b_box_rows
-    box_layout = b_smem_layout if box_rows == tile_n else sm90_utils.make_smem_layout_b(
-        utils.LayoutEnum.from_tensor(mB_nke), (TILE_M, box_rows, TILE_K), BFloat16, 1)
+    tiles. A second B of a K split (``KSplit``) gets its own from here, into the same slots."""
     return cute.nvgpu.cpasync.make_tiled_tma_atom(
-        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(box_layout, (None, None, 0)),
-        (box_rows, TILE_K),
+        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), _nke(mB), cute.slice_(b_smem_layout, (None, None, 0)),
+        (tile_n, TILE_K),
     )
 
 

@@ -41,7 +41,7 @@ __all__ = ["STAGES", "BARRIER", "EPI_BYTES", "epi_tile", "smem_bytes", "StoreOpe
 STAGES = 4  # shared-memory buffers of the subtiles in flight
 EPI_BYTES = 64  # bytes of a subtile's row: 32 bf16 or 16 fp32 columns
 # named barrier of the consumer warpgroups' epilogue (0 is the CTA's, 1 the quantizing
-# epilogues', 2-3 the decode's: _decode.FIRST_BARRIER)
+# epilogues'; 2-3 were the removed in-kernel decode's, kept free so that the PTX stays as recorded)
 BARRIER = 4
 
 

@@ -1,5 +1,5 @@
 """The SM90 weight gradient's problem: which (T, M, N, E) the kernel runs, and its launcher's
-operands checked and unpacked (bf16 matrices, or the columnwise MXFP8 quantizations it decodes)."""
+operands checked and unpacked."""
 
 from __future__ import annotations
 
@@ -12,21 +12,15 @@ from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases
 from gmlp.cutedsl.sm90._pipeline import ALIGN, ELEMENT_ALIGN
 from gmlp.cutedsl.sm90._tma import BIG
-from gmlp.cutedsl.sm90.support import decoded_wgrad_reason
-from gmlp.mxfp8.spec import ElementFormat
-from gmlp.mxfp8.tensor import MXFP8Tensor
 
 OUT_DTYPES = (torch.float32, torch.bfloat16)  # of a new result (wgrad.py maps them to cutlass dtypes)
 
 
 class WgradOperands(NamedTuple):
-    """A and B as the kernel takes them: bf16 (T, M) and (T, N), or the fp8 bytes (M, T) and
-    (N, T) of Q_col with their ``scales`` and element ``formats`` (None for bf16)."""
+    """A and B as the kernel takes them: bf16 (T, M) and (T, N)."""
 
     a: torch.Tensor
     b: torch.Tensor
-    scales: tuple[torch.Tensor | None, torch.Tensor | None]
-    formats: tuple[ElementFormat, ElementFormat] | None
     tokens: int
     m: int
     n: int
@@ -54,21 +48,14 @@ def tma_rows(t: torch.Tensor) -> bool:
 def wgrad_operands(name: str, a, b, experts: int, out: torch.Tensor | None, out_dtype: torch.dtype) -> WgradOperands:
     """``grouped_wgrad``'s arguments checked (raising with what was expected and what was given)
     and unpacked for the kernel."""
-    if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
-        reason = decoded_wgrad_reason(a, b)
-        if reason is not None:
-            raise ValueError(f"the sm90 grouped wgrad cannot decode these operands: {reason.message}")
-        (m, tokens), (n, _) = a.data.shape, b.data.shape
-        operands = WgradOperands(a.data.view(torch.uint8), b.data.view(torch.uint8), (a.scales, b.scales),
-                                 (a.element_format, b.element_format), tokens, m, n)
-    elif not (a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and tma_rows(a) and tma_rows(b)):
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype == torch.bfloat16
+            and a.dim() == b.dim() == 2 and tma_rows(a) and tma_rows(b)):
         raise TypeError(f"a and b must be bf16 (T, M) and (T, N) matrices with contiguous rows and row strides "
                         f"multiples of {ELEMENT_ALIGN}, got a {describe(a)}, b {describe(b)}")
-    else:
-        (tokens, m), (b_tokens, n) = a.shape, b.shape
-        if b_tokens != tokens:
-            raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
-        operands = WgradOperands(a, b, (None, None), None, tokens, m, n)
+    (tokens, m), (b_tokens, n) = a.shape, b.shape
+    if b_tokens != tokens:
+        raise ValueError(f"a and b must have the same rows, got {tokens} and {b_tokens}")
+    operands = WgradOperands(a, b, tokens, m, n)
     if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (experts, m, n)
                             or out.dtype != torch.float32 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")

@@ -246,7 +246,7 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
                 if const_expr(self.has_probs):
                     load_row_probs(row_probs, mProbs, rows, first_row, limits[0])
                 tCgC, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
-                self.activation_pass(accs[0], accs[halves - 1], 0, tCcD, limits, col0, g, ffn, mBias, row_probs, pair,
+                self.activation_pass(accs[0], accs[halves - 1], tCcD, limits, col0, g, ffn, mBias, row_probs, pair,
                                      pair_bits, (tCgC, tCgU, None), None)
                 # a (over the gate accumulator), zero in the rows past the expert's end
                 values = [cutlass.select_(tCcD[v][0] < limits[0], accs[0][v], Float32(0.0))

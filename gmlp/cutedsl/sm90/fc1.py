@@ -26,12 +26,6 @@ Kernel design (one compiled kernel per ``FC1Config``; T, H, F, E are runtime val
   the gate and up values of one (row, column) sit in the same thread at the same accumulator
   index, and W1 is read in place in its stored [gate; up] order (no interleaved copy). srelu: one
   B tile, one accumulator.
-- ``FC1Config.fused_b`` (gated, K-major W1, bf16 a): the slot's gate and up rows are the two
-  halves of one 256-row B tile (the same two TMA loads, into stacked row blocks), and each
-  k-block is one m64n256k16 wgmma per warpgroup into one 128-value accumulator, gate values
-  first (``FUSED_UP_OFFSET``: value v + 64 is the up value of gate value v, checked at trace time
-  by ``check_fused_pairs``). An m64n256 wgmma reads the A fragment once where two m64n128 read it
-  twice. Not yet run on a GPU; not the default.
 - Slot: A 16 KB + 2 x 16 KB (gated) -> 4 stages; 32 KB (srelu) -> 7 stages. The MXFP8 epilogue
   takes 20 KB more (below): gated still 4 stages, srelu 6 (one fewer).
 - Epilogue, from the accumulator registers, per thread pair of adjacent columns (c, c+1) of one
@@ -65,13 +59,14 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
+from cutlass import BFloat16, Float32, Int32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.gate_up import GateUp
+from gmlp.contract.operands import token_operand
 from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
+from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     FLOAT_DTYPES,
     SUPPORTED_ARCHS,
@@ -109,6 +104,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_b_tma,
     make_mainloop_operands,
     make_mainloop_pipeline,
+    mma_k_tiles,
     mma_thread,
     produce_token_items,
     register_split,
@@ -123,7 +119,6 @@ from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["FC1Config", "FC1ForwardSm90", "compile_fc1", "problem_support", "fc1_forward", "SUPPORTED_ARCHS"]
 
@@ -132,32 +127,6 @@ TILE_N = 128  # a columns per work item (gated: 2 x 128 h columns)
 _CONSUMER_WARPGROUPS = 2  # 64 rows each
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads (quantizing epilogue); 0 is the CTA's
 A_FORMAT = ElementFormat.E4M3  # MXFP8: a is quantized in E4M3 (the recipe's activation format)
-
-# fused_b: value v + 64 of a thread's 128 accumulators is the up value of gate value v (v < 64): the
-# m64n256 fragment's column groups 16..31 are groups 0..15 plus 128 columns (check_fused_pairs)
-FUSED_UP_OFFSET = 64
-_CHECKED_FUSED_LAYOUTS: set[str] = set()
-
-
-def check_fused_pairs(tiled_mma: cute.TiledMma) -> None:
-    """Trace time: for every consumer thread of the 256-wide tiled MMA, accumulator value
-    v + FUSED_UP_OFFSET sits in the same row as value v, 128 columns to its right (v < 64), so the
-    epilogue reads a gate value's up value from the same thread (evaluated once per layout)."""
-    key = str(tiled_mma.tv_layout_C)
-    if key in _CHECKED_FUSED_LAYOUTS:
-        return
-    identity = cute.make_identity_tensor((TILE_M, 2 * TILE_N))
-    for t in range(_CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP):
-        coordinates = tiled_mma.get_slice(t).partition_C(identity)
-        if cute.size(coordinates) != 2 * FUSED_UP_OFFSET:
-            raise ValueError(f"unexpected accumulator fragment {coordinates.shape} of thread {t}")
-        for v in range(FUSED_UP_OFFSET):
-            gate, up = tuple(coordinates[v]), tuple(coordinates[v + FUSED_UP_OFFSET])
-            if gate[1] >= TILE_N or up != (gate[0], gate[1] + TILE_N):
-                raise ValueError(f"thread {t}: accumulator {v} at {gate} and {v + FUSED_UP_OFFSET} at {up}; the "
-                                 "fused epilogue assumes the up value 128 columns right of its gate value")
-    _CHECKED_FUSED_LAYOUTS.add(key)
-
 
 @dataclass(frozen=True)
 class FC1Config(StagedConfig):
@@ -170,10 +139,6 @@ class FC1Config(StagedConfig):
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     quantized: bool = False  # MXFP8: a written as Q_row(a) and Q_col(a) (E4M3, compact scales), not bf16
     floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
-    # gated, K-major W1, bf16 a: gate and up rows as the two halves of one 256-row B tile, one
-    # m64n256 wgmma per k-block and warpgroup instead of two m64n128 (see the module docstring)
-    fused_b: bool = False
-    a_format: ElementFormat | None = None  # an MXFP8 x (rowwise, compact scales) decoded in the kernel
     # bf16 c and a's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
     # shared memory and TMA-stored, c gate, c up and a of a subtile as one bulk group (``_store``)
     store: str = "regs"
@@ -185,11 +150,6 @@ class FC1Config(StagedConfig):
         check_activation(self.activation)
         if self.floor_scales and not self.quantized:
             raise ValueError("floor_scales needs quantized=True (a bf16 a has no scales)")
-        if self.fused_b and not (self.activation.gated and self.b_k_major and not self.quantized):
-            raise ValueError("fused_b needs a gated activation, a K-major W1 (its two row boxes are stacked row blocks "
-                             "of the smem tile only then) and the bf16 epilogue (the quantizing one reads 128-column "
-                             f"fragments), got {self.activation.name}, b_k_major={self.b_k_major}, "
-                             f"quantized={self.quantized}")
         for name in ("bias_dtype", "probs_dtype"):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in FLOAT_DTYPES:
@@ -198,10 +158,9 @@ class FC1Config(StagedConfig):
             raise ValueError(f"up_apart needs a gated activation and K-major gate and up views, got "
                              f"{self.activation.name}, b_k_major={self.b_k_major}")
         launch_options.check_store(self.store)
-        if self.store == "tma" and (self.quantized or self.fused_b or self.a_format is not None):
-            raise ValueError(f"store='tma' needs a bf16 a, two B tiles and a bf16 x (the TMA-store epilogue has "
-                             f"neither the quantized outputs, the fused tile's pairs nor the decode buffers yet), got "
-                             f"quantized={self.quantized}, fused_b={self.fused_b}, a_format={self.a_format}")
+        if self.store == "tma" and self.quantized:
+            raise ValueError("store='tma' needs a bf16 a (the TMA-store epilogue has no quantized outputs yet), got "
+                             "quantized=True")
         self.check_stages()
 
     @property
@@ -210,13 +169,12 @@ class FC1Config(StagedConfig):
         return 2 if self.activation.gated else 1
 
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: an A tile (bf16, or fp8 when decoded) and the bf16 B tiles."""
-        return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.b_tiles * TILE_N * TILE_K * 2
+        """Shared memory of one pipeline slot: the bf16 A tile and B tiles."""
+        return TILE_M * TILE_K * 2 + self.b_tiles * TILE_N * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """Outside the slot ring: the epilogue's and the decoded x's bf16 buffers."""
-        decode = _decode.buffers_bytes(1) if self.a_format is not None else 0
-        return self.epilogue_bytes() + decode
+        """Outside the slot ring: the epilogue's buffers."""
+        return self.epilogue_bytes()
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
@@ -248,20 +206,15 @@ class FC1ForwardSm90(ActivationEpilogue):
         self.has_probs = config.probs_dtype is not None
         self.quantized = config.quantized
         self.floor_scales = config.floor_scales
-        self.fused_b = config.fused_b
-        self.mma_n = 2 * TILE_N if config.fused_b else TILE_N  # columns of the tiled MMA (and accumulator)
         self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
-        self.decoded = config.a_format is not None
-        self.a_dtype = Uint8 if self.decoded else BFloat16
         self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
         self,
-        mX: cute.Tensor,  # (T, H) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
-        mXScales: cute.Tensor | None,  # decoded: (T, H / 32) uint8 E8M0 bytes of x's rows
+        mX: cute.Tensor,  # (T, H) bf16, row-major
         mW: cute.Tensor,  # (E, N1, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, N1'))
         mWUp: cute.Tensor | None,  # up_apart: W1's up weights (E, F, H), K-major; mW is then the gate's (E, F, H)
         mBias: cute.Tensor | None,  # (E, N1) bf16/fp32, row-major
@@ -278,20 +231,16 @@ class FC1ForwardSm90(ActivationEpilogue):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mX, mW, self.mma_n, self.stages, self.atom_layout_mnk, b_box_rows=TILE_N,
-                                     a_dtype=self.a_dtype)
+        ops = make_mainloop_operands(mX, mW, TILE_N, self.stages, self.atom_layout_mnk)
         tma_atom_u = tma_u = None
         if const_expr(self.config.up_apart):
-            tma_atom_u, tma_u = make_b_tma(mWUp, ops.b_smem_layout, self.mma_n, TILE_N)
-        a16_layout = _decode.buffer_layout(mX, (TILE_M, self.mma_n, TILE_K))  # decoded: x's bf16 buffers
-        # sB: the gate tile (h for srelu; fused_b: gate and up)
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
-        if const_expr(self.gated and not self.fused_b):
+            tma_atom_u, tma_u = make_b_tma(mWUp, ops.b_smem_layout, TILE_N)
+        # sB: the gate tile (h for srelu)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
+        if const_expr(self.gated):
             fields["sU"] = smem_array(BFloat16, cute.cosize(ops.b_smem_layout))  # up
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
             fields.update(_quantize_epilogue.smem_fields())
-        if const_expr(self.decoded):
-            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         c_store = a_store = None  # store="tma": the TMA stores of c's and a's ragged views
         if const_expr(self.tma_store):
             c_store = _store.make_store_operands(ragged_rows(mC), _CONSUMER_WARPGROUPS)
@@ -300,13 +249,11 @@ class FC1ForwardSm90(ActivationEpilogue):
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        if const_expr(self.fused_b):
-            check_fused_pairs(ops.tiled_mma)  # where the epilogue finds a gate value's up value
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mXScales, ops.tma_atom_b, ops.tma_b, tma_atom_u, tma_u, mBias,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, tma_atom_u, tma_u, mBias,
                            mProbs, mRowStart,
                            mTileStart, mBlockStart, mC, mAct, mRowData, mRowScale, mColData, mColScale,
                            *_store.kernel_arguments(c_store), *_store.kernel_arguments(a_store)[:2],
-                           ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, a16_layout),
+                           ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -314,7 +261,6 @@ class FC1ForwardSm90(ActivationEpilogue):
         self,
         tma_atom_a: cute.CopyAtom,
         mX: cute.Tensor,  # TMA coordinates of x (T, H)
-        mXScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
         mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E), or (up_apart) of its gate weights (F, H, E)
         tma_atom_u: cute.CopyAtom | None,  # up_apart: the up weights' TMA load
@@ -336,17 +282,15 @@ class FC1ForwardSm90(ActivationEpilogue):
         tma_atom_act: cute.CopyAtom | None,  # store="tma": a's subtile stores
         mAct_tma: cute.Tensor | None,  # store="tma": TMA coordinates of a's ragged view (BIG, F, MAX, MAX)
         tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
-        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         atoms = ((tma_atom_a, tma_atom_b, tma_atom_c, tma_atom_act) if const_expr(self.tma_store)
                  else (tma_atom_a, tma_atom_b)) + ((tma_atom_u,) if const_expr(self.config.up_apart) else ())
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        # a slot: A and the B tile(s): gate and up (gated), or the fused 256-row tile holding both
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout,
-                                           1 if const_expr(self.fused_b) else self.num_b, a_dtype=self.a_dtype)
+        # a slot: A and the B tile(s): gate and up (gated)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, self.num_b)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 
@@ -358,16 +302,11 @@ class FC1ForwardSm90(ActivationEpilogue):
         # the up weights)
         up_source = (tma_atom_u, mWUp, 0) if const_expr(self.config.up_apart) else (tma_atom_b, mW, ffn)
         smem_b = (sB,)
-        if const_expr(self.fused_b):  # rows [0, 128) of the 256-row tile: gate; [128, 256): up
-            b_parts = (b_tiles(tma_atom_b, mW, cute.local_tile(sB, (TILE_N, TILE_K), (0, 0, None)), TILE_N),
-                       b_tiles(up_source[0], up_source[1], cute.local_tile(sB, (TILE_N, TILE_K), (1, 0, None)),
-                               TILE_N, row_offset=up_source[2]))
-        else:
-            b_parts = (b_tiles(tma_atom_b, mW, sB, TILE_N),)
-            if const_expr(self.gated):
-                sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
-                b_parts += (b_tiles(up_source[0], up_source[1], sU, TILE_N, row_offset=up_source[2]),)
-                smem_b = (sB, sU)
+        b_parts = (b_tiles(tma_atom_b, mW, sB, TILE_N),)
+        if const_expr(self.gated):
+            sU = storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner)
+            b_parts += (b_tiles(up_source[0], up_source[1], sU, TILE_N, row_offset=up_source[2]),)
+            smem_b = (sB, sU)
 
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(self.registers[0])
@@ -377,27 +316,15 @@ class FC1ForwardSm90(ActivationEpilogue):
         if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
             mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
-            # decoded: the wgmmas read x's bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mXScales, mma_warpgroup,
-                                                   _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
-                                                   self.config.a_format)
-            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, smem_b)
+            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA, smem_b)
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
-            # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups; fused_b:
-            # 32 column groups of a 256-wide tile, up values FUSED_UP_OFFSET after their gate's
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.mma_n)))
+            # ((2 columns, 2 rows, 16 column groups), 1, 1) for two m64n128 warpgroups
+            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
             fragment = pair_fragment(tCcD.shape)
-            acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h); fused_b: gate, then up
-            if const_expr(self.fused_b):
-                acc_up = acc
-                up_offset = FUSED_UP_OFFSET
-                operands = ((acc, tCrBs[0]),)
-            else:
-                acc_up = cute.make_rmem_tensor(fragment, Float32)
-                up_offset = 0
-                operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
+            acc = cute.make_rmem_tensor(fragment, Float32)  # gate (or h)
+            acc_up = cute.make_rmem_tensor(fragment, Float32)
+            operands = ((acc, tCrBs[0]), (acc_up, tCrBs[1])) if const_expr(self.gated) else ((acc, tCrBs[0]),)
             if const_expr(self.quantized):
                 smem_q = _quantize_epilogue.smem_tensors(storage)
             pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
@@ -418,9 +345,8 @@ class FC1ForwardSm90(ActivationEpilogue):
             item = bidx
             while item < items.count:
                 g, m_tile, n_tile, first_row, end_row = items.tile(item)
-                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
-                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
-                    decoded)
+                tiled_mma, read_state, release_state = mma_k_tiles(tiled_mma, mainloop, read_state, release_state,
+                                                                   k_tiles, tCrA, operands)
 
                 # Epilogue at rows first_row + [0, 128), a columns col0 + [0, 128): only rows <
                 # end_row (this expert's) and columns < F are written. Accumulators 2i, 2i+1 of a
@@ -429,12 +355,8 @@ class FC1ForwardSm90(ActivationEpilogue):
                 limits = (end_row - first_row, ffn - col0)
                 if const_expr(self.has_probs):
                     load_row_probs(row_probs, mProbs, (tCcD[0][0], tCcD[2][0]), first_row, limits[0])
-                # the global tiles are partitioned like the accumulators (tile of the MMA's width);
-                # fused_b: pair i < 32 is a gate column, pair i + 32 its up column, so c's up
-                # tile is taken 128 columns early (its pairs i + 32 land on columns F + col0 +
-                # [0, 128); the pairs i < 32 of that view, which may point before the row, are
-                # never touched)
-                tile = (TILE_M, self.mma_n)
+                # the global tiles are partitioned like the accumulators (tile of the MMA's width)
+                tile = (TILE_M, TILE_N)
                 if const_expr(self.tma_store):
                     # by subtiles of 32 columns (pairs 8s + [0, 8)): c gate at col0, c up at F +
                     # col0, a at col0 of the ragged views (rows from end_row on unwritten)
@@ -453,10 +375,9 @@ class FC1ForwardSm90(ActivationEpilogue):
                         gA = cute.local_tile(cute.domain_offset((first_row, col0), mAct), tile, (0, 0))
                         tCgA = cute.recast_tensor(thr_mma.partition_C(gA), Int32)
                     if const_expr(self.gated):
-                        up_col = ffn + col0 - (TILE_N if const_expr(self.fused_b) else 0)
-                        gU = cute.local_tile(cute.domain_offset((first_row, up_col), mC), tile, (0, 0))
+                        gU = cute.local_tile(cute.domain_offset((first_row, ffn + col0), mC), tile, (0, 0))
                         tCgU = cute.recast_tensor(thr_mma.partition_C(gU), Int32)
-                pass_args = (acc, acc_up, up_offset, tCcD, limits, col0, g, ffn, mBias, row_probs, pair, pair_bits)
+                pass_args = (acc, acc_up, tCcD, limits, col0, g, ffn, mBias, row_probs, pair, pair_bits)
                 if const_expr(self.tma_store):
                     subtiles_done = self.activation_pass(*pass_args, None, (tile_store, c_stage, up_stage, a_stage,
                                                                             order, destinations, subtiles_done))
@@ -485,7 +406,7 @@ def _fake_arguments(config: FC1Config) -> tuple:
     rows, hidden = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts = cute.sym_int(), cute.sym_int()
-    x, x_scales = _decode.fake_token_operand(rows, hidden, config.a_format)
+    x = fake_matrix(BFloat16, rows, hidden)
     w, w_up = fake_experts(experts, n1, hidden, config.b_k_major), None
     if config.up_apart:  # the gate and up views, each (E, F, H) with its own strides
         w, w_up = fake_experts(experts, ffn, hidden, True), fake_experts(experts, ffn, hidden, True)
@@ -497,7 +418,7 @@ def _fake_arguments(config: FC1Config) -> tuple:
     row_start, tile_start = fake_vector(Int32, starts), fake_vector(Int32, starts)
     c = fake_matrix(BFloat16, rows, n1)
     block_start, outputs = _quantize_epilogue.fake_outputs(rows, ffn, starts, config.quantized)  # a's
-    return (x, x_scales, w, w_up, bias, probs, row_start, tile_start, block_start, c, *outputs, Int32(1), fake_stream())
+    return (x, w, w_up, bias, probs, row_start, tile_start, block_start, c, *outputs, Int32(1), fake_stream())
 
 
 _compile = config_compiler(FC1ForwardSm90, _fake_arguments)  # (config, arch) -> CompiledKernel, cached
@@ -529,7 +450,7 @@ def compile_fc1(
 
 
 def fc1_forward(
-    x: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(x) (decoded in the kernel)
+    x: torch.Tensor,  # (T, H) bf16
     w1: torch.Tensor | GateUp,  # W1_g (N1, H) per expert: bf16 (E, N1, H), K-major or N-major; or its gate and up views
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -541,23 +462,20 @@ def fc1_forward(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
     # the knobs (FC1Config); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
-    fused_b: bool | None = None,  # one 256-row B tile and m64n256 wgmmas
     store: str | None = None,  # bf16 c and a's stores, "regs" or "tma"
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
     ``MXFP8Recipe`` writes c and ``a`` as Q_row(a) and Q_col(a) (E4M3, the recipe's scale mode,
-    compact scales; ``FC1Output.a`` is None), bit for bit the Triton kernel's. ``x`` may be a
-    rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
-    as on its Triton-dequantized bf16 values. A gated W1 may come in any ``gmlp.contract.gate_up``
-    layout, as the two (E, F, H) views of a ``GateUp`` (rows contiguous: K-major), read in place."""
+    compact scales; ``FC1Output.a`` is None), bit for bit the Triton kernel's. A gated W1 may come
+    in any ``gmlp.contract.gate_up`` layout, as the two (E, F, H) views of a ``GateUp`` (rows
+    contiguous: K-major), read in place."""
     # validate
     check_recipe(recipe)
     check_activation(activation)
     experts, ffn = split_sizes.numel(), ffn_hidden_size
     n1 = (2 if activation.gated else 1) * ffn
-    x_data, x_scales, x_format = _decode.token_operand("x", x)
-    tokens, hidden = x_data.shape
+    tokens, hidden = token_operand("x", x, None)
     w_gate, w_up = (w1.gate, w1.up) if isinstance(w1, GateUp) else (w1, None)
     if w_up is not None:
         if not activation.gated:
@@ -570,29 +488,28 @@ def fc1_forward(
         expert_matrices("w1", w1, experts, N1=n1, H=hidden)
     check_problem(_NAME, problem_support(tokens, hidden, ffn, experts, gated=activation.gated))
     b_k_major = b_is_k_major("w1", w_gate)  # a layout TMA reads, else ValueError
-    check_tma_bases(x=x_data, w1=w_gate)
+    check_tma_bases(x=x, w1=w_gate)
     check_optional("b1", b1, (experts, n1))
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     knobs = launch_options.launch_options("fc1_forward", tokens, n1, hidden, experts,
-                                          dict(fused_b=fused_b, store=store), quantized=quantized,
-                                          decoded=x_format is not None, gated=activation.gated)
-    fused_b, store = knobs["fused_b"], knobs["store"]
+                                          dict(store=store), quantized=quantized)
+    store = knobs["store"]
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
-                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, fused_b=fused_b,
-                       a_format=x_format, store=store, up_apart=w_up is not None)
+                       floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR,
+                       store=store, up_apart=w_up is not None)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
-    device = x_data.device
+    device = x.device
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
     quantized_a, outputs = _quantize_epilogue.output_arguments(tokens, ffn, experts, A_FORMAT if quantized else None,
                                                                device)
     block_start = groups.block_start if quantized else None
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, TILE_N), device)
-    run(_compile, config, device, num_ctas, x_data, x_scales, w_gate, w_up, b1, probs, groups.row_start,
+    run(_compile, config, device, num_ctas, x, w_gate, w_up, b1, probs, groups.row_start,
         groups.tile_start, block_start, c, *outputs)
     if not quantized:
         return FC1Output(c=c, a=outputs[0], a_rowwise=None, a_columnwise=None)

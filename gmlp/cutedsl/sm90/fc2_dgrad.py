@@ -87,12 +87,13 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
+from cutlass import BFloat16, Float32, Int32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
+from gmlp.contract.operands import token_operand
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl.sm90 import _decode, _quantize_epilogue, _schedule, _store, launch_options
+from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     FLOAT_DTYPES,
     SUPPORTED_ARCHS,
@@ -131,6 +132,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     mainloop_fields,
     make_mainloop_operands,
     make_mainloop_pipeline,
+    mma_k_tiles,
     mma_thread,
     produce_token_items,
     register_split,
@@ -145,7 +147,6 @@ from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat, ScaleMode
-from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_support", "fc2_dgrad",
            "SUPPORTED_ARCHS", "WARPS_PER_TILE", "QUANTIZED_TILE_N"]
@@ -183,7 +184,6 @@ class FC2DgradConfig(StagedConfig):
     quantized: bool = False  # MXFP8: dh written as Q_row(dh) and Q_col(dh) (compact scales), not bf16
     e5m2: bool = False  # the gradient format E5M2 instead of E4M3 (quantized only)
     floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
-    a_format: ElementFormat | None = None  # an MXFP8 dy (rowwise, compact scales) decoded in the kernel
     # a bf16 dh's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
     # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
     store: str = "regs"
@@ -199,20 +199,18 @@ class FC2DgradConfig(StagedConfig):
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
             raise ValueError(_quantized_tile_n_reason(self.tile_n))
         launch_options.check_store(self.store)
-        if self.store == "tma" and (self.quantized or self.a_format is not None):
-            raise ValueError(f"store='tma' needs a bf16 dh and a bf16 dy (the TMA-store epilogue has neither the "
-                             f"quantized outputs nor the decode buffers yet), got quantized={self.quantized}, "
-                             f"a_format={self.a_format}")
+        if self.store == "tma" and self.quantized:
+            raise ValueError("store='tma' needs a bf16 dh (the TMA-store epilogue has no quantized outputs yet), got "
+                             "quantized=True")
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: a dy tile (bf16, or fp8 when decoded) and a bf16 w2t tile."""
-        return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.tile_n * TILE_K * 2
+        """Shared memory of one pipeline slot: a bf16 dy tile and a bf16 w2t tile."""
+        return TILE_M * TILE_K * 2 + self.tile_n * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """Outside the slot ring: the epilogue's and the decoded dy's bf16 buffers."""
-        decode = _decode.buffers_bytes(1) if self.a_format is not None else 0
-        return self.epilogue_bytes() + decode
+        """Outside the slot ring: the epilogue's buffers."""
+        return self.epilogue_bytes()
 
     def epilogue_bytes(self) -> int:
         """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
@@ -223,8 +221,7 @@ class FC2DgradConfig(StagedConfig):
         return _store.smem_bytes(_CONSUMER_WARPGROUPS) if self.store == "tma" else 0
 
     def slot_name(self) -> str:
-        return (f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
-                f"{' (decoded dy)' if self.a_format is not None else ''}")
+        return f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
 
 
 
@@ -252,8 +249,6 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
         self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads, QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) \
             if config.quantized else register_split(self.threads)
-        self.decoded = config.a_format is not None
-        self.a_dtype = Uint8 if self.decoded else BFloat16
         self.tma_store = config.store == "tma"
         # bf16 dh: c is loaded in batches of column groups (a group: a thread's 2 pairs in 8
         # columns), a batch ahead, the first before the item's mainloop; with db1 at tile_n 256
@@ -263,8 +258,7 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
     @cute.jit
     def __call__(
         self,
-        mDy: cute.Tensor,  # (T, H) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
-        mDyScales: cute.Tensor | None,  # decoded: (T, H / 32) uint8 E8M0 bytes of dy's rows
+        mDy: cute.Tensor,  # (T, H) bf16, row-major
         mW: cute.Tensor,  # (E, F, H) bf16: K-major (strides (., H', 1)) or N-major (strides (., 1, F'))
         mC: cute.Tensor,  # (T, N1) bf16, row-major
         mProbs: cute.Tensor | None,  # (T,) fp32/bf16
@@ -281,13 +275,10 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
-        a16_layout = _decode.buffer_layout(mDy, (TILE_M, self.tile_n, TILE_K))  # decoded: dy's bf16 buffers
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype)
+        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, self.atom_layout_mnk)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
             fields.update(_quantize_epilogue.smem_fields())
-        if const_expr(self.decoded):
-            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
         store = None  # store="tma": the subtiles' smem layout and TMA store of dh's ragged view
         if const_expr(self.tma_store):
             store = _store.make_store_operands(ragged_rows(mDh), _CONSUMER_WARPGROUPS)
@@ -295,10 +286,10 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
         self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mDyScales, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart,
                            mTileStart, mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData,
                            mColScale, *_store.kernel_arguments(store), ops.tiled_mma, ops.a_smem_layout,
-                           ops.b_smem_layout, a16_layout),
+                           ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -306,7 +297,6 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
         self,
         tma_atom_a: cute.CopyAtom,
         mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
-        mDyScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
         mW: cute.Tensor,  # TMA coordinates of w2t (F, H, E)
         mC: cute.Tensor,
@@ -325,14 +315,13 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
         mDh_tma: cute.Tensor | None,  # store="tma": TMA coordinates of dh's ragged view (BIG, N1, MAX, MAX)
         h_smem_layout: cute.ComposedLayout | None,  # store="tma": (128, 32, _store.STAGES) bf16
         tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
-        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         atoms = (tma_atom_a, tma_atom_b, tma_atom_h) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
                                           stage_bytes)
 
@@ -351,12 +340,7 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
             mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
             lane = mma_tidx % 32
             tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
-            # decoded: the wgmmas read dy's bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mDyScales, mma_warpgroup,
-                                                   _CONSUMER_WARPGROUPS, mma_tidx % THREADS_PER_WARPGROUP,
-                                                   self.config.a_format)
-            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
+            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
             # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
@@ -402,9 +386,8 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
                 # c's first batch before the mainloop: the bf16 pass's first batch, or a gated half's pairs
                 self.load_c_pairs(c_words, 0, C_WORD_PAIRS if const_expr(self.quantized) else 2 * self.c_batch,
                                   tCgG, tCgU, tCcD, limits)
-                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
-                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, operands, first_row,
-                    decoded)
+                tiled_mma, read_state, release_state = mma_k_tiles(tiled_mma, mainloop, read_state, release_state,
+                                                                   k_tiles, tCrA, operands)
 
                 if const_expr(self.tma_store):
                     # dh's tile by subtiles of 32 columns (4 column groups j each), d gate at
@@ -459,7 +442,7 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
     rows, hidden = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
     ffn, n1 = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
     starts, experts, n_tiles, sum_rows = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-    dy, dy_scales = _decode.fake_token_operand(rows, hidden, config.a_format)
+    dy = fake_matrix(BFloat16, rows, hidden)
     w = fake_experts(experts, ffn, hidden, config.b_k_major)
     c = fake_matrix(BFloat16, rows, n1)
     probs = dprobs_partial = warp_sums = None
@@ -470,7 +453,7 @@ def _fake_arguments(config: FC2DgradConfig) -> tuple:
         warp_sums = fake_matrix(Float32, sum_rows, n1, divisibility=1, align=4)
     row_start, tile_start = fake_vector(Int32, starts), fake_vector(Int32, starts)
     block_start, outputs = _quantize_epilogue.fake_outputs(rows, n1, starts, config.quantized)  # dh's
-    return (dy, dy_scales, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, *outputs, Int32(1),
+    return (dy, w, c, probs, row_start, tile_start, block_start, dprobs_partial, warp_sums, *outputs, Int32(1),
             fake_stream())
 
 
@@ -504,7 +487,7 @@ def compile_fc2_dgrad(
 
 
 def fc2_dgrad(
-    dy: torch.Tensor | MXFP8Tensor,  # (T, H) bf16, or Q_row(dy) (decoded in the kernel)
+    dy: torch.Tensor,  # (T, H) bf16
     w2t: torch.Tensor,  # W2_g^T per expert: bf16 (E, F, H), K-major or N-major (a transposed view of W2)
     c: torch.Tensor,  # (T, 2F | F) bf16
     split_sizes: torch.Tensor,  # (E,) int, on the device
@@ -523,16 +506,13 @@ def fc2_dgrad(
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
     writes dh as Q_row(dh) and Q_col(dh) in ``recipe.grad_format`` with the recipe's scale mode
     (compact scales; ``FC2DgradOutput.dh`` is None), bit for bit the Triton kernel's where the da
-    accumulations agree (tile_n must be 128); dprobs and db1 fp32 either way. ``dy`` may be a
-    rowwise ``MXFP8Tensor`` (compact scales): decoded in the kernel, the same result bit for bit
-    as on its Triton-dequantized bf16 values."""
+    accumulations agree (tile_n must be 128); dprobs and db1 fp32 either way."""
     # validate
     check_recipe(recipe)
     if recipe is not None and tile_n not in (None, QUANTIZED_TILE_N):
         raise ValueError(_quantized_tile_n_reason(tile_n))
     check_activation(activation)
-    dy_data, dy_scales, dy_format = _decode.token_operand("dy", dy)
-    tokens, hidden = dy_data.shape
+    tokens, hidden = token_operand("dy", dy, None)
     experts = split_sizes.numel()
     ffn = expert_matrices("w2t", w2t, experts, F=None, H=hidden).n
     n1 = (2 if activation.gated else 1) * ffn
@@ -542,22 +522,21 @@ def fc2_dgrad(
                          f"got {c.dtype} {tuple(c.shape)} strides {c.stride()}")
     check_problem(_NAME, problem_support(tokens, hidden, ffn, experts, gated=activation.gated))
     b_k_major = b_is_k_major("w2t", w2t)  # a layout TMA reads, else ValueError
-    check_tma_bases(dy=dy_data, w2t=w2t, c=c)
+    check_tma_bases(dy=dy, w2t=w2t, c=c)
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
     knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts, dict(tile_n=tile_n, store=store),
-                                          quantized=quantized, decoded=dy_format is not None)
+                                          quantized=quantized)
     tile_n, store = knobs["tile_n"], knobs["store"]
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,
-                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, a_format=dy_format,
-                            store=store)
+                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, store=store)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
-    device = dy_data.device
+    device = dy.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = scale_layout.max_row_tiles(tokens, experts)
     n_tiles = scale_layout.ceil_div(ffn, tile_n)
@@ -569,7 +548,7 @@ def fc2_dgrad(
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
                  if bias_grad else None)
     num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
-    run(_compile, config, device, num_ctas, dy_data, dy_scales, w2t, c, probs, groups.row_start, groups.tile_start,
+    run(_compile, config, device, num_ctas, dy, w2t, c, probs, groups.row_start, groups.tile_start,
         block_start, dprobs_partial, warp_sums, *outputs)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic
     db1 = None

@@ -55,10 +55,11 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
+from cutlass import BFloat16, Float32, Int32, const_expr
 
+from gmlp.contract.operands import token_operand
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _decode, _schedule, _store, launch_options
+from gmlp.cutedsl.sm90 import _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     FLOAT_DTYPES,
     SUPPORTED_ARCHS,
@@ -94,6 +95,7 @@ from gmlp.cutedsl.sm90._pipeline import (
     make_mainloop_operands,
     make_mainloop_pipeline,
     make_turns,
+    mma_k_tiles,
     mma_thread,
     produce_token_items,
     register_split,
@@ -106,8 +108,6 @@ from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
-from gmlp.mxfp8.spec import BLOCK_SIZE, ElementFormat
-from gmlp.mxfp8.tensor import MXFP8Tensor
 
 _NAME = "grouped GEMM"  # in the errors of compile_grouped_gemm and grouped_gemm
 
@@ -135,8 +135,6 @@ class KernelConfig(StagedConfig):
     tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     pingpong: bool = False  # tile_n = 128 only: two consumer warpgroups on alternate work items
-    # MXFP8 A (rowwise, compact scales) decoded to bf16 in the kernel (``_decode``); None: bf16 A
-    a_format: ElementFormat | None = None
     # the epilogue's stores: "regs", predicated bf16 pairs from the registers; "tma", subtiles
     # staged in shared memory and stored by TMA, overlapped with what follows (``_store``)
     store: str = "regs"
@@ -149,10 +147,6 @@ class KernelConfig(StagedConfig):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
         if self.pingpong and self.tile_n != 128:
             raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), got {self.tile_n}")
-        if self.a_format is not None and self.pingpong:
-            raise ValueError("a decoded MXFP8 A (a_format) needs pingpong=False (one warpgroup's bf16 buffers per tile)")
-        if self.a_format is not None and self.k_split:
-            raise ValueError("a decoded MXFP8 A (a_format) needs k_split=False (its scales follow one B's k-tiles)")
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_store(self.store)
@@ -162,13 +156,12 @@ class KernelConfig(StagedConfig):
         self.check_stages()
 
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: an A tile (bf16, or fp8 when decoded) and a bf16 B tile."""
-        return TILE_M * TILE_K * (1 if self.a_format is not None else 2) + self.tile_n * TILE_K * 2
+        """Shared memory of one pipeline slot: a bf16 A tile and a bf16 B tile."""
+        return TILE_M * TILE_K * 2 + self.tile_n * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The decoded A's bf16 buffers and the TMA-store epilogue's subtiles, outside the slot ring."""
-        return ((_decode.buffers_bytes(1) if self.a_format is not None else 0)
-                + (_store.smem_bytes(self.tile_n // 128) if self.store == "tma" else 0))
+        """The TMA-store epilogue's subtiles, outside the slot ring."""
+        return _store.smem_bytes(self.tile_n // 128) if self.store == "tma" else 0
 
 
 
@@ -187,21 +180,17 @@ class GroupedGemmSm90:
         self.num_consumers = 2 if config.pingpong else self.num_mma_warpgroups
         self.stages = config.num_stages()
         self.has_bias = config.bias_dtype is not None
-        self.tile_shape_mnk = (TILE_M, config.tile_n, TILE_K)
         # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
         # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
         self.threads = (1 + self.num_consumers) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
-        self.decoded = config.a_format is not None
-        self.a_dtype = Uint8 if self.decoded else BFloat16
         self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
         self,
-        mA: cute.Tensor,  # (T, K) bf16, row-major; decoded (a_format): the fp8 bytes as uint8
-        mScales: cute.Tensor | None,  # decoded: (T, K / 32) uint8 E8M0 bytes of A's rows, row-major
+        mA: cute.Tensor,  # (T, K) bf16, row-major
         mB: cute.Tensor,  # (E, N, K) bf16: K-major (strides (., K', 1)) or N-major (strides (., 1, N'))
         mB1: cute.Tensor | None,  # k_split: (E, N, K - K0) bf16, B's columns from K0 = mB's K on
         mBias: cute.Tensor | None,  # (E, N) bf16/fp32, row-major
@@ -211,23 +200,20 @@ class GroupedGemmSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, self.atom_layout_mnk, a_dtype=self.a_dtype)
+        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, self.atom_layout_mnk)
         tma_atom_b1 = tma_b1 = None
         if const_expr(self.config.k_split):
             tma_atom_b1, tma_b1 = make_b_tma(mB1, ops.b_smem_layout, self.tile_n)
-        a16_layout = _decode.buffer_layout(mA, self.tile_shape_mnk)  # decoded: the bf16 buffers of A
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, self.a_dtype, turns=self.pingpong)
-        if const_expr(self.decoded):
-            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, turns=self.pingpong)
         store = None  # store="tma": the subtiles' smem layout and TMA store
         if const_expr(self.tma_store):
             store = _store.make_store_operands(ragged_rows(mD), self.num_mma_warpgroups)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, mScales, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
+        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
                            mRowStart, mTileStart,
                            mD, *(_store.kernel_arguments(store)), ops.tiled_mma, ops.a_smem_layout,
-                           ops.b_smem_layout, a16_layout),
+                           ops.b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -235,7 +221,6 @@ class GroupedGemmSm90:
         self,
         tma_atom_a: cute.CopyAtom,
         mA: cute.Tensor,  # TMA coordinates of A (T, K)
-        mScales: cute.Tensor | None,
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B (N, K, E), or of its first K0 columns (k_split)
         tma_atom_b1: cute.CopyAtom | None,  # k_split: the second B's TMA load
@@ -248,15 +233,14 @@ class GroupedGemmSm90:
         mD_tma: cute.Tensor | None,  # store="tma": TMA coordinates of D's ragged view (BIG, N, MAX, MAX)
         d_smem_layout: cute.ComposedLayout | None,  # store="tma": (epi rows, epi cols, _store.STAGES) bf16
         tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages), bf16 or (decoded) fp8 bytes
+        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
-        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
     ):
         atoms = (tma_atom_a, tma_atom_b) + ((tma_atom_d,) if const_expr(self.tma_store) else ()) \
             + ((tma_atom_b1,) if const_expr(self.config.k_split) else ())
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.a_dtype)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
         # a slot is released by the warpgroups that read it: both halves of a BN = 256 tile, or
         # with ping-pong the one warpgroup whose item it holds
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
@@ -283,12 +267,7 @@ class GroupedGemmSm90:
             cute.arch.setmaxregister_increase(self.registers[1])
             # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
             mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
-            # decoded: the wgmmas read the bf16 buffers, which the decoder fills
-            sA_mma, decoder = _decode.make_decoder(storage, sA, a_smem_layout, a16_layout, mScales, mma_warpgroup,
-                                                   self.num_mma_warpgroups, tidx % THREADS_PER_WARPGROUP,
-                                                   self.config.a_format)
-            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB,))
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
@@ -318,9 +297,8 @@ class GroupedGemmSm90:
                 g, _, n_tile, first_row, end_row = items.tile(item)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
-                tiled_mma, read_state, release_state, decoded = _decode.mainloop(
-                    decoder, tiled_mma, mainloop, read_state, release_state, k_tiles, tCrA, ((acc, tCrB),),
-                    first_row, decoded)
+                tiled_mma, read_state, release_state = mma_k_tiles(tiled_mma, mainloop, read_state, release_state,
+                                                                   k_tiles, tCrA, ((acc, tCrB),))
                 if const_expr(self.pingpong):
                     # the other warpgroup's mainloop may start; its item's slots are skipped here
                     order_state = order.arrive(order_state)
@@ -378,12 +356,11 @@ def store_bf16_pairs(acc: cute.Tensor, out: cute.Tensor, thr_mma, tCcD: cute.Ten
 
 def _fake_arguments(config: KernelConfig) -> tuple:
     """Symbolic stand-ins of the kernel's arguments, in order: T, N, K, E are runtime values;
-    alignments are what the launcher guarantees (16-byte bases; K, N and strides multiples of 8,
-    K of 32 for a decoded A)."""
+    alignments are what the launcher guarantees (16-byte bases; K, N and strides multiples of 8)."""
     rows, n = cute.sym_int(), cute.sym_int(divisibility=ELEMENT_ALIGN)
     starts, experts = cute.sym_int(), cute.sym_int()  # E + 1, E
-    k = cute.sym_int(divisibility=BLOCK_SIZE if config.a_format is not None else ELEMENT_ALIGN)
-    a, scales = _decode.fake_token_operand(rows, k, config.a_format)
+    k = cute.sym_int(divisibility=ELEMENT_ALIGN)
+    a = fake_matrix(BFloat16, rows, k)
     b, b1 = fake_experts(experts, n, k, config.b_k_major), None
     if config.k_split:  # K = K0 + K1, each a multiple of 8
         k0, k1 = cute.sym_int(divisibility=ELEMENT_ALIGN), cute.sym_int(divisibility=ELEMENT_ALIGN)
@@ -391,7 +368,7 @@ def _fake_arguments(config: KernelConfig) -> tuple:
     bias = None
     if config.bias_dtype is not None:
         bias = fake_matrix(FLOAT_DTYPES[config.bias_dtype], experts, n, divisibility=1, align=4)
-    return (a, scales, b, b1, bias, fake_vector(Int32, starts), fake_vector(Int32, starts), fake_matrix(BFloat16, rows, n),
+    return (a, b, b1, bias, fake_vector(Int32, starts), fake_vector(Int32, starts), fake_matrix(BFloat16, rows, n),
             Int32(1), fake_stream())
 
 
@@ -433,7 +410,7 @@ _b_layout = functools.partial(b_is_k_major, "b")  # True: K-major B (E, N, K); F
 
 
 def grouped_gemm(
-    a: torch.Tensor | MXFP8Tensor,  # (T, K) bf16, contiguous, rows grouped by expert; or Q_row(A)
+    a: torch.Tensor,  # (T, K) bf16, contiguous, rows grouped by expert
     b: torch.Tensor | tuple[torch.Tensor, torch.Tensor],  # B_g (N, K) per expert: bf16 (E, N, K), K-major or N-major
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
@@ -446,14 +423,11 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
-    of 8 and 16-byte aligned bases (TMA). ``a`` may be a rowwise ``MXFP8Tensor`` (compact
-    scales): decoded to bf16 in the kernel, the result is bit for bit that of its Triton-
-    dequantized bf16 values (``tile_n`` then without ``pingpong``). ``b`` may be a pair (B, B2) of
+    of 8 and 16-byte aligned bases (TMA). ``b`` may be a pair (B, B2) of
     (E, N, K1) and (E, N, K - K1) operands of one layout, B_g = [B_g | B2_g] along K (W1^T with its
     gate and up stored apart), read in place."""
     # validate
-    a, scales, a_format = _decode.token_operand("a", a)
-    (tokens, k), experts = a.shape, split_sizes.numel()
+    (tokens, k), experts = token_operand("a", a, None), split_sizes.numel()
     b0, b1 = b if isinstance(b, tuple) else (b, None)
     n = expert_matrices("b", b0, experts, N=None, K=None if b1 is not None else k).n
     if b1 is not None:
@@ -470,14 +444,14 @@ def grouped_gemm(
     check_optional("bias", bias, (experts, n))
     knobs = launch_options.launch_options("grouped_gemm", tokens, n, k, experts,
                                           dict(tile_n=tile_n, pingpong=pingpong, store=store),
-                                          bias=bias is not None, decoded=a_format is not None)
+                                          bias=bias is not None)
     tile_n, pingpong, store = knobs["tile_n"], knobs["pingpong"], knobs["store"]
     config = KernelConfig(b_k_major=_b_layout(b0), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
-                          pingpong=pingpong, a_format=a_format, store=store, k_split=b1 is not None)
+                          pingpong=pingpong, store=store, k_split=b1 is not None)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.device)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, tile_n), a.device)
-    run(_compile, config, a.device, num_ctas, a, scales, b0, b1, bias, groups.row_start, groups.tile_start, out)
+    run(_compile, config, a.device, num_ctas, a, b0, b1, bias, groups.row_start, groups.tile_start, out)
     return out

@@ -1,5 +1,5 @@
 """The SM90 kernels' launch options, chosen in one place: each kernel's knobs (the tile width, the
-ping-pong schedule, the epilogue's store, FC1's fused B tile, the weight gradient's K tail), from
+ping-pong schedule, the epilogue's store, the weight gradient's K tail), from
 its defaults, the tuned table, a forced choice, and what the launch's variant allows.
 
 A launcher given None for a knob takes ``choose``'s value, built in four steps:
@@ -8,7 +8,7 @@ A launcher given None for a knob takes ``choose``'s value, built in four steps:
 2. the tuned table's entry for the nearest tuned shape of the op (``gmlp.cutedsl.sm90.tuned``);
 3. ``GMLP_SM90_CONFIG``'s items for the op;
 4. what the variant fixes (``_fixes``): a knob the launch's variant does not take (an MXFP8
-   output, a decoded operand, a bias, ping-pong's tile width) takes the one value it allows. A
+   output, a bias, ping-pong's tile width) takes the one value it allows. A
    tuned choice so replaced is said in the choice's notes; a forced one is an error naming both,
    never a silent change.
 
@@ -44,7 +44,7 @@ QUANTIZED_TILE_N = 128  # FC2 dgrad's quantizing epilogue: the MXFP8 block tile'
 # bench gemm, docs/performance.md). The TMA store is every op's default where it applies.
 DEFAULTS: dict[str, dict[str, object]] = {
     "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma"),
-    "fc1_forward": dict(fused_b=False, store="tma"),
+    "fc1_forward": dict(store="tma"),
     "fc2_dgrad": dict(tile_n=256, store="tma"),
     "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma"),
 }
@@ -120,38 +120,22 @@ declare(ENV, "force the SM90 kernels' launch knobs (op.knob=value or knob=value,
         f"{', '.join(DEFAULTS)})", _parsed, default=())
 
 
-def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool, decoded: bool,
-           gated: bool) -> dict[str, tuple[object, str]]:
+def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool) -> dict[str, tuple[object, str]]:
     """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes,
-    given the knobs chosen so far (ping-pong and the fused B tile fix others)."""
+    given the knobs chosen so far (ping-pong fixes others)."""
     fixed: dict[str, tuple[object, str]] = {}
-    if decoded:
-        fixed["store"] = ("regs", f"{op}'s TMA store does not take a decoded MXFP8 operand yet")
-        if "pingpong" in options:
-            fixed["pingpong"] = (False, "a decoded operand's bf16 buffers serve one warpgroup's tiles")
-        if op in ("grouped_wgrad", "fc2_dgrad"):
-            fixed["tile_n"] = (128, "a decoded operand runs 128-wide tiles (the width its GPU tests cover)")
-        if op == "fc1_forward":
-            fixed["fused_b"] = (False, "the fused B tile needs a bf16 x")
     if quantized:
         fixed["store"] = ("regs", f"{op}'s TMA store does not take MXFP8 outputs yet")
         if op == "fc2_dgrad":
             fixed["tile_n"] = (QUANTIZED_TILE_N, "the quantizing epilogue's tile is 128 columns wide")
-        if op == "fc1_forward":
-            fixed["fused_b"] = (False, "the quantizing epilogue reads 128-column fragments")
     if bias and op == "grouped_gemm":
         fixed["store"] = ("regs", f"{op}'s TMA store does not take a bias yet")
-    if op == "fc1_forward" and not gated:
-        fixed["fused_b"] = (False, "the fused B tile holds gate and up rows (a gated activation)")
-    pingpong = fixed.get("pingpong", (options.get("pingpong", False),))[0]
-    if pingpong:
+    if options.get("pingpong", False):
         fixed.setdefault("tile_n", (128, "ping-pong runs one 128 x 128 tile per warpgroup"))
         if op == "grouped_wgrad":
             fixed.setdefault("ragged_tma", (True, "ping-pong's K tail is TMA's zero fill (smem zeroing syncs both "
                                                   "warpgroups)"))
         fixed.setdefault("store", ("regs", f"{op}'s TMA store does not take ping-pong yet"))
-    if fixed.get("fused_b", (options.get("fused_b", False),))[0]:
-        fixed.setdefault("store", ("regs", f"{op}'s TMA store does not take the fused B tile yet"))
     return fixed
 
 
@@ -161,13 +145,13 @@ def candidates(op: str) -> list[dict[str, object]]:
     values = {"tile_n": TILE_WIDTHS, "store": STORES}  # the others are booleans
     knobs = list(DEFAULTS[op])
     combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
-    plain = dict(bias=False, quantized=False, decoded=False, gated=True)
+    plain = dict(bias=False, quantized=False)
     consistent = [c for c in combos if all(c[k] == v for k, (v, _) in _fixes(op, c, **plain).items())]
     return sorted(consistent, key=lambda c: c != DEFAULTS[op])
 
 
 def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[tuple[str, object], ...] = (),
-           bias: bool = False, quantized: bool = False, decoded: bool = False, gated: bool = True) -> LaunchChoice:
+           bias: bool = False, quantized: bool = False) -> LaunchChoice:
     """The knobs of a launch of ``op`` on a (tokens x k) by (k x n) product per expert group (the
     weight gradient: its (n, k) are dW's (M, N)), for the variant the flags give. ``given``: the
     knobs the caller set, kept as they are (the kernel's config checks them). Raises when
@@ -184,8 +168,7 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     options.update(forced)
     options.update(given)
     notes = []
-    for knob, (value, why) in _fixes(op, options, bias=bias, quantized=quantized, decoded=decoded,
-                                     gated=gated).items():
+    for knob, (value, why) in _fixes(op, options, bias=bias, quantized=quantized).items():
         if options[knob] == value or knob in dict(given):
             continue
         if knob in forced:

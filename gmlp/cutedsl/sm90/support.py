@@ -16,14 +16,12 @@ import importlib
 from typing import TYPE_CHECKING, Callable
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.mxfp8.tensor import MXFP8Tensor, QuantAxis
 from gmlp.system.versions import missing_package_hint, package_version
 
 if TYPE_CHECKING:
     from gmlp.contract.problem import LayerProblem
 
-__all__ = ["KERNEL_MODULES", "FFN_OPS", "DECODABLE_SITES", "DECODING_SITES", "DECODED_TOKEN_ALIGN",
-           "decoded_wgrad_reason", "import_error", "launcher", "site_gemm", "site_reason"]
+__all__ = ["KERNEL_MODULES", "FFN_OPS", "import_error", "launcher", "site_gemm", "site_reason"]
 
 # op name (gmlp.dispatch.sites.Op's value) -> the kernel module of gmlp.cutedsl.sm90 and its launcher
 KERNEL_MODULES = {
@@ -39,35 +37,6 @@ KERNEL_MODULES = {
 # the ops whose kernels' problem_support takes the layer's (T, H, F, E) (FC1 and FC2 dgrad, with
 # their activation epilogues); the others take their GEMM's (T, N, K, E)
 FFN_OPS = ("fc1_forward", "fc2_dgrad", "fc1_forward_blockwise", "fc2_dgrad_blockwise")
-
-# GEMM sites of an MXFP8 layer whose SM90 kernel is given its MXFP8 operands as they are and
-# decodes them (``gmlp.cutedsl.sm90._decode``) instead of reading the Triton dequantize's bf16
-# copies: the token-row operand (x, a, dh) of FC1, FC2 and FC1 dgrad, both Q_col operands of
-# FC1's weight gradient (where T is a multiple of 16); of ``DECODABLE_SITES``, since dy's GEMMs
-# (FC2 dgrad, FC2 wgrad) get dy's values from one quantize-dequantize pass over dy, which has no
-# fp8 form to decode. None is listed until its GPU tests pass and ``bench gemm``'s cutedsl-decode
-# variant measures faster than cutedsl-dequant (docs/design.md, section 8).
-DECODABLE_SITES = ("fc1", "fc2", "fc1 dgrad", "fc1 wgrad")
-DECODING_SITES: tuple[str, ...] = ()
-
-
-DECODED_TOKEN_ALIGN = 16  # T of a decoded Q_col: its data rows (T bytes) are TMA row strides
-
-def decoded_wgrad_reason(a, b) -> Reason | None:
-    """None if ``a`` and ``b`` are MXFP8 operands the kernel decodes (columnwise quantizations,
-    compact grouped scales, contiguous, T a multiple of 16), else why not."""
-    for name, value in (("a", a), ("b", b)):
-        if not isinstance(value, MXFP8Tensor) or value.axis is not QuantAxis.COLUMNWISE or value.swizzled:
-            return Reason(ReasonKind.SHAPE, f"{name} must be a columnwise MXFP8Tensor with compact scales, got {value!r}")
-        if not (value.data.is_contiguous() and value.scales.is_contiguous()):
-            return Reason(ReasonKind.SHAPE, f"{name}'s data and scales must be contiguous")
-        if value.data.shape[1] % DECODED_TOKEN_ALIGN:
-            return Reason(ReasonKind.SHAPE, f"T={value.data.shape[1]}: a decoded Q_col needs T a multiple of "
-                                            f"{DECODED_TOKEN_ALIGN} (its rows are TMA strides)")
-    if a.data.shape[1] != b.data.shape[1]:
-        return Reason(ReasonKind.SHAPE, f"a and b must have the same tokens, got {a.data.shape[1]} and {b.data.shape[1]}")
-    return None
-
 
 def _module(op: str):
     return importlib.import_module(f"gmlp.cutedsl.sm90.{KERNEL_MODULES[op][0]}")

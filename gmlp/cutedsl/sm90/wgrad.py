@@ -30,24 +30,13 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
   ``stages`` slots of an A and a B tile, full/empty mbarriers (``PipelineTmaAsync``); the
   producer runs ahead across items, so the next tile's loads overlap this tile's epilogue.
-- Epilogue (``WgradConfig.store``): "tma", the default for bf16 operands without ping-pong,
+- Epilogue (``WgradConfig.store``): "tma", the default without ping-pong,
   stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
   at M and N, or with ``accumulate`` TMA-reduce-adds them into the fp32 out (``_store``); "regs"
   stores from the accumulator registers, predicated at the M and N tails: a thread's adjacent
   column pair is one 64-bit store (fp32) or 32-bit store (bf16), and with ``accumulate`` the fp32
   pair of ``out`` is loaded, added and stored back. Either way an empty expert's tile adds
   nothing, and the sum is the single fp32 add ``old + acc``: the two give the same bytes.
-- Decoded operands (``WgradConfig.a_format`` / ``b_format``, BN = 128): A and B given as the
-  columnwise MXFP8 quantizations the layer keeps (Q_col data (features, T), K-major along the
-  tokens; compact scales, each expert's 32-token blocks from its first token at
-  ``block_start[g]``). Plain 2-D TMA boxes of fp8 bytes (the ragged view cannot serve: its wrap
-  stride would be odd in bytes), so T must be a multiple of 16 (the rows are TMA strides), and a
-  box's inner start must be 16-byte aligned: an expert's k-tiles start at ``first - shift``,
-  ``shift = first % 16`` (``_decode.shifted_k_tiles`` of them). The consumer warpgroup decodes
-  both tiles into K-major bf16 buffers (``gmlp.cutedsl.sm90._decode``), writing the columns
-  outside the expert's tokens as 0 (the plain view reads the neighbours' there), each column with
-  its 32-token block's scale counted from the expert's first token (a column of a 16-byte chunk
-  may belong to either of two blocks), one barrier a k-step; the wgmmas then read the buffers.
 - Ping-pong (``WgradConfig.pingpong``, BN = 128, the ragged TMA view): the two consumer
   warpgroups take alternate items, each a whole 128 x 128 tile, their mainloops in turns, each
   skipping the other's k-steps (its expert's count) in the shared slot ring; the scheme and why
@@ -71,11 +60,11 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, const_expr
+from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
-from gmlp.cutedsl.sm90 import _decode, _store, launch_options
+from gmlp.cutedsl.sm90 import _store, launch_options
 from gmlp.cutedsl.sm90._compile import (
     SUPPORTED_ARCHS,
     CompiledKernel,
@@ -116,10 +105,7 @@ from gmlp.cutedsl.sm90._wgrad_operands import (
     wgrad_operands,
 )
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
-from gmlp.cutedsl.sm90.support import DECODED_TOKEN_ALIGN
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
-from gmlp.mxfp8.spec import ElementFormat
-from gmlp.mxfp8.tensor import MXFP8Tensor
 
 __all__ = [
     "WgradConfig",
@@ -133,10 +119,7 @@ __all__ = [
 
 _NAME = "grouped wgrad"  # in the errors of compile_wgrad and grouped_wgrad
 TILE_M = 128  # output rows (features of A) per tile; TILE_K (64) token rows per k-step
-# out pairs loaded together by the accumulating epilogue: no spills at 32; 8 with decoded operands,
-# whose k-tiles' shift keeps more registers live (32 spilled 96 bytes around the epilogue, 16 spilled 16)
-_ADD_CHUNK = 32
-_DECODED_ADD_CHUNK = 8
+_ADD_CHUNK = 32  # out pairs loaded together by the accumulating epilogue: no spills at 32
 _OUT_DTYPES = dict(zip(OUT_DTYPES, (Float32, BFloat16)))  # torch -> cutlass dtype of the result
 
 
@@ -152,10 +135,6 @@ class WgradConfig(StagedConfig):
     # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
     ragged_tma: bool = True
     pingpong: bool = False  # tile_n = 128, ragged_tma: two consumer warpgroups on alternate items
-    # MXFP8 A and B given as their columnwise quantizations (Q_col data (features, T), K-major,
-    # compact grouped scales), decoded in the kernel (``_decode``); tile_n = 128, no ping-pong
-    a_format: ElementFormat | None = None
-    b_format: ElementFormat | None = None
     # the epilogue's stores: "regs", predicated pairs from the registers (accumulate: loaded,
     # added, stored); "tma", subtiles staged in shared memory and TMA-stored, or TMA reduce-added
     # with accumulate (``_store``)
@@ -167,39 +146,24 @@ class WgradConfig(StagedConfig):
         if self.pingpong and (self.tile_n != 128 or not self.ragged_tma):
             raise ValueError(f"pingpong needs tile_n=128 and ragged_tma=True (the smem zeroing syncs all consumer "
                              f"threads), got tile_n={self.tile_n}, ragged_tma={self.ragged_tma}")
-        if (self.a_format is None) != (self.b_format is None):
-            raise ValueError("a_format and b_format: both operands decoded, or neither")
-        if self.decoded and (self.tile_n != 128 or self.pingpong):
-            raise ValueError(f"decoded operands need tile_n=128 and pingpong=False (one warpgroup decodes both "
-                             f"tiles), got tile_n={self.tile_n}, pingpong={self.pingpong}")
         if self.out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
         launch_options.check_store(self.store)
-        if self.store == "tma" and (self.pingpong or self.decoded):
-            raise ValueError(f"store='tma' needs pingpong=False and bf16 operands (the TMA-store epilogue has neither "
-                             f"yet), got pingpong={self.pingpong}, a_format={self.a_format}")
+        if self.store == "tma" and self.pingpong:
+            raise ValueError("store='tma' needs pingpong=False (the TMA-store epilogue has no ping-pong yet), got "
+                             "pingpong=True")
         self.check_stages()
 
-    @property
-    def decoded(self) -> bool:
-        return self.a_format is not None
-
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: an A tile and a B tile, bf16 (or fp8 when decoded)."""
-        return (TILE_M + self.tile_n) * TILE_K * (1 if self.decoded else 2)
+        """Shared memory of one pipeline slot: a bf16 A tile and a bf16 B tile."""
+        return (TILE_M + self.tile_n) * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The decoded A's and B's bf16 buffers and the TMA-store epilogue's subtiles, outside the slot ring."""
-        return ((_decode.buffers_bytes(2) if self.decoded else 0)
-                + (_store.smem_bytes(self.tile_n // 128, _OUT_DTYPES[self.out_dtype]) if self.store == "tma" else 0))
+        """The TMA-store epilogue's subtiles, outside the slot ring."""
+        return _store.smem_bytes(self.tile_n // 128, _OUT_DTYPES[self.out_dtype]) if self.store == "tma" else 0
 
-
-
-def _identity(tensor: cute.Tensor) -> cute.Tensor:
-    """A decoded operand's (features, T) fp8 bytes, read as they are (plain TMA view)."""
-    return tensor
 
 
 def _transposed(tensor: cute.Tensor) -> cute.Tensor:
@@ -223,44 +187,33 @@ class GroupedWgradSm90(RegisterPaths):
         # BN = 256: two consumer warpgroups, each 64 rows of M x 256 (128 fp32 accumulators a
         # thread); BN = 128: one warpgroup, two m64 wgmmas per k-block (also 128 accumulators).
         self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
-        self.add_chunk = _DECODED_ADD_CHUNK if config.decoded else _ADD_CHUNK
+        self.add_chunk = _ADD_CHUNK
         self.ragged_tma = config.ragged_tma
         self.consumer_threads = self.num_mma_warpgroups * THREADS_PER_WARPGROUP
         self.pingpong = config.pingpong
         self.threads = (1 + (2 if config.pingpong else self.num_mma_warpgroups)) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
-        self.decoded = config.decoded
-        self.operand_dtype = Uint8 if config.decoded else BFloat16
         self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
         self,
-        mA: cute.Tensor,  # (T, M) bf16, row-major; decoded: Q_col(A)'s fp8 bytes (M, T) as uint8
-        mB: cute.Tensor,  # (T, N) bf16, row-major; decoded: Q_col(B)'s fp8 bytes (N, T) as uint8
-        mAScales: cute.Tensor | None,  # decoded: (M, blocks) uint8, each expert's 32-token blocks from its start
-        mBScales: cute.Tensor | None,  # decoded: (N, blocks) uint8
-        mBlockStart: cute.Tensor | None,  # decoded: (E + 1,) int32: sum_{h<g} ceil(m_h / 32)
+        mA: cute.Tensor,  # (T, M) bf16, row-major
+        mB: cute.Tensor,  # (T, N) bf16, row-major
         mRowStart: cute.Tensor,  # (E + 1,) int32: sum_{h<g} m_h
         mOut: cute.Tensor,  # (E, M, N) fp32 / bf16, row-major
         num_ctas: Int32,  # persistent grid: min(#SMs, E * m_tiles * n_tiles)
         stream,
     ):
-        # Both operands MN-major: the contraction (token) dimension is their row dimension. Decoded:
-        # K-major (Q_col's data is (features, T)), in the fp8 slots and in the bf16 buffers.
-        major = utils.LayoutEnum.ROW_MAJOR if const_expr(self.decoded) else utils.LayoutEnum.COL_MAJOR
+        # Both operands MN-major: the contraction (token) dimension is their row dimension.
+        major = utils.LayoutEnum.COL_MAJOR
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, major.sm90_mma_major_mode(), major.sm90_mma_major_mode(), Float32,
             self.atom_layout_mnk, tiler_mn=(64, self.tile_n),
         )
-        a_smem_layout = sm90_utils.make_smem_layout_a(major, self.tile_shape_mnk, self.operand_dtype, self.stages)
-        b_smem_layout = sm90_utils.make_smem_layout_b(major, self.tile_shape_mnk, self.operand_dtype, self.stages)
-        a16_layout = sm90_utils.make_smem_layout_a(major, self.tile_shape_mnk, BFloat16, _decode.DECODE_BUFFERS)
-        b16_layout = sm90_utils.make_smem_layout_b(major, self.tile_shape_mnk, BFloat16, _decode.DECODE_BUFFERS)
-        if const_expr(self.decoded):
-            view = _identity
-        else:
-            view = ragged_tokens if const_expr(self.ragged_tma) else _transposed
+        a_smem_layout = sm90_utils.make_smem_layout_a(major, self.tile_shape_mnk, BFloat16, self.stages)
+        b_smem_layout = sm90_utils.make_smem_layout_b(major, self.tile_shape_mnk, BFloat16, self.stages)
+        view = ragged_tokens if const_expr(self.ragged_tma) else _transposed
         tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mA),
             cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
@@ -270,20 +223,15 @@ class GroupedWgradSm90(RegisterPaths):
             cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
         )
 
-        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, self.operand_dtype, self.operand_dtype,
-                                 turns=self.pingpong)
-        if const_expr(self.decoded):  # the wgmmas' bf16 A and B buffers
-            fields["sA16"] = smem_array(BFloat16, cute.cosize(a16_layout))
-            fields["sB16"] = smem_array(BFloat16, cute.cosize(b16_layout))
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, turns=self.pingpong)
         store = None  # store="tma": the subtiles' smem layout and TMA store (reduce-add with accumulate)
         if const_expr(self.tma_store):
             out_mne = cute.make_tensor(mOut.iterator, cute.select(mOut.layout, mode=[1, 2, 0]))  # (M, N, E)
             store = _store.make_store_operands(out_mne, self.num_mma_warpgroups, self.out_dtype, reduce=self.accumulate)
             fields["sD"] = smem_array(self.out_dtype, cute.cosize(store.smem_layout))
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, mAScales, mBScales, mBlockStart, mRowStart, mOut,
-                           *_store.kernel_arguments(store), tiled_mma, a_smem_layout, b_smem_layout, a16_layout,
-                           b16_layout),
+        launch(self.kernel(tma_atom_a, tma_a, tma_atom_b, tma_b, mRowStart, mOut,
+                           *_store.kernel_arguments(store), tiled_mma, a_smem_layout, b_smem_layout),
                num_ctas, self.threads, stream)
 
     @cute.kernel
@@ -293,9 +241,6 @@ class GroupedWgradSm90(RegisterPaths):
         mA: cute.Tensor,  # TMA coordinates of A's ragged view (M, BIG, MAX, MAX), or (M, T)
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,  # TMA coordinates of B's ragged view (N, BIG, MAX, MAX), or (N, T)
-        mAScales: cute.Tensor | None,
-        mBScales: cute.Tensor | None,
-        mBlockStart: cute.Tensor | None,
         mRowStart: cute.Tensor,
         mOut: cute.Tensor,
         tma_atom_d: cute.CopyAtom | None,  # store="tma": the subtiles' TMA store or reduce-add
@@ -304,16 +249,13 @@ class GroupedWgradSm90(RegisterPaths):
         tiled_mma: cute.TiledMma,
         a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
         b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
-        a16_layout: cute.ComposedLayout,  # decoded: (BM, BK, DECODE_BUFFERS) bf16
-        b16_layout: cute.ComposedLayout,  # decoded: (BN, BK, DECODE_BUFFERS) bf16
     ):
         atoms = (tma_atom_a, tma_atom_b, tma_atom_d) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         # full[s]: armed by the producer with the slot's TMA bytes (zero-filled rows count too);
         # empty[s]: one arrive per consumer warp once its wgmmas reading slot s completed.
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, a_dtype=self.operand_dtype,
-                                           b_dtype=self.operand_dtype)
+        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, self.num_mma_warpgroups,
                                           stage_bytes)  # initializes the mbarriers and syncs the CTA
         if const_expr(self.pingpong):  # the mainloops' turns
@@ -340,15 +282,9 @@ class GroupedWgradSm90(RegisterPaths):
                 rows = mRowStart[g + 1] - first_row
                 # (BM, BK, RestK) / (BN, BK, RestK) tiles of the expert's rows (zero past its end
                 # with the ragged view; else the consumers zero them)
-                if const_expr(self.ragged_tma and not self.decoded):
+                if const_expr(self.ragged_tma):
                     mA_g = expert_tokens(mA, first_row, rows)
                     mB_g = expert_tokens(mB, first_row, rows)
-                elif const_expr(self.decoded):
-                    # fp8 boxes start at 16-byte boundaries (TMA faults otherwise): the expert's
-                    # k-tiles start at the multiple of 16 tokens at or below its first token
-                    shift = first_row % DECODED_TOKEN_ALIGN
-                    mA_g = cute.domain_offset((0, first_row - shift), mA)
-                    mB_g = cute.domain_offset((0, first_row - shift), mB)
                 else:
                     mA_g = cute.domain_offset((0, first_row), mA)
                     mB_g = cute.domain_offset((0, first_row), mB)
@@ -358,8 +294,7 @@ class GroupedWgradSm90(RegisterPaths):
                     tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                 tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                     tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-                k_tiles = (_decode.shifted_k_tiles(rows, shift) if const_expr(self.decoded)
-                           else (rows + TILE_K - 1) // TILE_K)
+                k_tiles = (rows + TILE_K - 1) // TILE_K
                 state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
                                         ((tma_atom_b, tBgB, tBsB),))
                 item += grid
@@ -369,21 +304,8 @@ class GroupedWgradSm90(RegisterPaths):
             cute.arch.setmaxregister_increase(self.registers[1])
             # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
             mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
-            sA_mma, sB_mma = sA, sB
-            if const_expr(self.decoded):  # the wgmmas read the bf16 buffers the consumer threads fill
-                sA_mma = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-                sB_mma = storage.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
-                split_a = _decode.DecodeSplit(1, self.config.a_format is ElementFormat.E5M2)
-                split_b = _decode.DecodeSplit(1, self.config.b_format is ElementFormat.E5M2)
-                decode_row, decode_chunk = split_a.thread_position(1, mma_tidx)
-                sA8w, sB8w = _decode.chunks(storage.sA, cute.cosize(a_smem_layout)), _decode.chunks(
-                    storage.sB, cute.cosize(b_smem_layout))
-                sA16w, sB16w = _decode.chunks(storage.sA16, cute.cosize(a16_layout)), _decode.chunks(
-                    storage.sB16, cute.cosize(b16_layout))
-                scales = cute.make_rmem_tensor((3,), cutlass.Uint32)  # blocks 2k - 1 .. 2k + 1 of k-tile k
-            decoded = Int32(0)  # bf16 buffers filled so far (decoded only)
-            # A/B smem descriptors are per warpgroup, (MMA, MMA_M | N, MMA_K, stages | buffers); C fragments per thread
-            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA_mma, (sB_mma,))
+            # A/B smem descriptors are per warpgroup, (MMA, MMA_M | N, MMA_K, stages); C fragments per thread
+            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
             thr_mma = tiled_mma.get_slice(mma_tidx)
             # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
             tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
@@ -417,44 +339,21 @@ class GroupedWgradSm90(RegisterPaths):
                 n_tile = rest - m_tile * n_tiles
                 rows = mRowStart[g + 1] - mRowStart[g]
                 k_tiles = (rows + TILE_K - 1) // TILE_K
-                if const_expr(self.decoded):  # the producer's shifted k-tiles
-                    shift = mRowStart[g] % DECODED_TOKEN_ALIGN
-                    k_tiles = _decode.shifted_k_tiles(rows, shift)
                 if const_expr(self.pingpong):
                     order.wait(order_state)
 
                 # Mainloop: zeroed accumulators (an empty expert's tile stays zero); one k-step
                 # of wgmmas in flight, a slot released once the wgmmas that read it completed.
                 acc.fill(0.0)
-                if const_expr(self.decoded):  # the expert's 32-token blocks in the scales' columns
-                    block0 = mBlockStart[g]
-                    blocks = (block0, block0 + (rows + _decode.BLOCK - 1) // _decode.BLOCK)
                 for k_tile in range(k_tiles):
                     mainloop.consumer_wait(read_state)
-                    operand_index = read_state.index
-                    if const_expr(self.decoded):
-                        # both tiles into the next bf16 buffers, tokens past the expert's end as 0
-                        # (the plain view reads the next expert's there); the rotation and its one
-                        # barrier are _decode's (wait_group(1) below comes after every k-tile)
-                        operand_index = decoded % _decode.DECODE_BUFFERS
-                        # the k-tile's columns of this expert's tokens
-                        valid = (shift - k_tile * TILE_K, shift + rows - k_tile * TILE_K)
-                        for sources, split, mScales, feature0 in (
-                                ((sA8w, sA16w), split_a, mAScales, m_tile * TILE_M),
-                                ((sB8w, sB16w), split_b, mBScales, n_tile * self.tile_n)):
-                            _decode.load_scales(split, mScales, decode_row, decode_chunk, feature0, k_tile, scales,
-                                                blocks, shifted=True)
-                            _decode.decode_rows(split, sources[0], sources[1], decode_row, decode_chunk,
-                                                read_state.index, operand_index, scales, valid, shift)
-                        _decode.publish(_decode.barrier_id(1), THREADS_PER_WARPGROUP)
-                        decoded += 1
-                    elif const_expr(not self.ragged_tma):
+                    if const_expr(not self.ragged_tma):
                         tail = rows - k_tile * TILE_K  # the expert's rows left; < BK on its last step
                         if tail < TILE_K:
                             self.zero_rows(sA, sB, read_state.index, tail, mma_tidx)
                     cute.nvgpu.warpgroup.fence()
                     for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, operand_index)
+                        slot = (None, None, k_block, read_state.index)
                         cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
@@ -505,18 +404,11 @@ def _fake_arguments(config: WgradConfig) -> tuple:
     rows = cute.sym_int()
     m, n = cute.sym_int(divisibility=ELEMENT_ALIGN), cute.sym_int(divisibility=ELEMENT_ALIGN)
     experts, starts = cute.sym_int(), cute.sym_int()  # E, E + 1
-    if config.decoded:  # Q_col's fp8 bytes (features, T): T a multiple of 16 for TMA's row stride
-        tokens = cute.sym_int(divisibility=16)
-        a, a_scales = _decode.fake_operand(m, tokens, row_alignment=16)
-        b, b_scales = _decode.fake_operand(n, tokens, row_alignment=16)
-        block_start = fake_vector(Int32, starts)
-    else:
-        a, b = fake_matrix(BFloat16, rows, m), fake_matrix(BFloat16, rows, n)
-        a_scales = b_scales = block_start = None
+    a, b = fake_matrix(BFloat16, rows, m), fake_matrix(BFloat16, rows, n)
     row_start = fake_vector(Int32, starts)
     out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(sym_stride(), sym_stride(), 1),
                            assumed_align=ALIGN)
-    return (a, b, a_scales, b_scales, block_start, row_start, out, Int32(1), fake_stream())
+    return (a, b, row_start, out, Int32(1), fake_stream())
 
 
 CompiledWgrad = CompiledKernel  # the callable (runs on a matching GPU), its PTX and cubin
@@ -541,8 +433,8 @@ def compile_wgrad(
 
 
 def grouped_wgrad(
-    a: torch.Tensor | MXFP8Tensor,  # (T, M) bf16: dy (FC2) or dh (FC1), contiguous; or Q_col of it
-    b: torch.Tensor | MXFP8Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous; or Q_col of it
+    a: torch.Tensor,  # (T, M) bf16: dy (FC2) or dh (FC1), contiguous
+    b: torch.Tensor,  # (T, N) bf16: a (FC2) or x (FC1), contiguous
     split_sizes: torch.Tensor,  # (E,) int, on the device
     *,
     out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,  # (E, M, N) fp32 to accumulate into
@@ -550,25 +442,22 @@ def grouped_wgrad(
     split_rows: int | None = None,  # return rows [0, split_rows) and the rest of each dW_g apart
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     # the knobs (WgradConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
-    tile_n: int | None = None,  # 256 or 128 (decoded operands take 128 only)
+    tile_n: int | None = None,  # 256 or 128
     ragged_tma: bool | None = None,  # K tail: TMA zero fill past the expert (else smem zeroing)
     pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
-    multiples of 8 and 16-byte aligned bases (TMA). ``a`` and ``b`` may both be columnwise
-    ``MXFP8Tensor``s (``support.decoded_wgrad_reason``): decoded in the kernel, the same result bit for
-    bit as on their Triton-dequantized bf16 values where every expert starts at a multiple of 16
-    tokens, else within the fp32 order bound (the k-tiles regroup tokens). With ``split_rows`` (bf16 operands;
-    ``out`` then a pair), each dW_g's first ``split_rows`` rows and the rest are two (E, ., N)
-    tensors (dW1's gate and up, the gradients of two weights: ``gmlp.contract.gate_up``): two
-    launches, one per part of A's columns (the same sums, bit for bit, as one launch's rows)."""
+    multiples of 8 and 16-byte aligned bases (TMA). With ``split_rows`` (``out`` then a pair),
+    each dW_g's first ``split_rows`` rows and the rest are two (E, ., N) tensors (dW1's gate and
+    up, the gradients of two weights: ``gmlp.contract.gate_up``): two launches, one per part of
+    A's columns (the same sums, bit for bit, as one launch's rows)."""
     if split_rows is not None:
         return _split_wgrad(a, b, split_sizes, split_rows, out=out, out_dtype=out_dtype, groups=groups,
                             tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store)
     experts = split_sizes.numel()
-    a, b, scales, formats, tokens, m, n = wgrad_operands(_NAME, a, b, experts, out, out_dtype)
+    a, b, tokens, m, n = wgrad_operands(_NAME, a, b, experts, out, out_dtype)
 
     # allocate; no tokens: zeros (nothing added to out), else launch over min(#SMs, tiles) CTAs
     accumulate = out is not None
@@ -577,20 +466,16 @@ def grouped_wgrad(
         if tokens == 0:
             return out.zero_()
     knobs = launch_options.launch_options("grouped_wgrad", tokens, m, n, experts,
-                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store),
-                                          decoded=formats is not None)
+                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store))
     tile_n, ragged_tma, pingpong, store = knobs["tile_n"], knobs["ragged_tma"], knobs["pingpong"], knobs["store"]
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
-                             pingpong=pingpong, a_format=None if formats is None else formats[0],
-                             b_format=None if formats is None else formats[1], store=store)
+                             pingpong=pingpong, store=store)
         if store == "tma":
             check_tma_bases(out=out)  # the TMA store's destination
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
-        block_start = groups.block_start if formats is not None else None
-        run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, *scales, block_start,
-            groups.row_start, out)
+        run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, groups.row_start, out)
     return out
 
 
@@ -598,8 +483,6 @@ def _split_wgrad(a, b, split_sizes: torch.Tensor, split_rows: int, *, out, **opt
     """``grouped_wgrad`` with ``split_rows``: dW_g's rows [0, split_rows) from A's columns [0,
     split_rows), the rest from the others, each part a launch into its own (E, ., N) result or
     ``out`` of the pair."""
-    if isinstance(a, MXFP8Tensor) or isinstance(b, MXFP8Tensor):
-        raise ValueError("split_rows needs bf16 operands (the decoded operands' columns are not split)")
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         raise TypeError(f"a must be a bf16 (T, M) matrix, got {describe(a)}")
     m = a.shape[1]

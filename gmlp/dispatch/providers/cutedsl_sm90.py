@@ -1,7 +1,6 @@
 """The CuTeDSL path's provider on Hopper (sm_90a): our TMA + wgmma grouped GEMM kernels
 (``gmlp.cutedsl.sm90``), site by site, on bf16 operands (an MXFP8 layer's operands dequantized
-first, or decoded in the kernel at ``gmlp.cutedsl.sm90.support.DECODING_SITES``), and the
-CuTeDSL quantize."""
+first), and the CuTeDSL quantize."""
 
 from __future__ import annotations
 

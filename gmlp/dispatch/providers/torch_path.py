@@ -8,7 +8,7 @@ from typing import Callable
 
 from gmlp.contract.reasons import Reason
 from gmlp.dispatch.providers import Provider
-from gmlp.dispatch.providers.adapters import dequantize_ref, dequantizing_a, without
+from gmlp.dispatch.providers.adapters import dequantize_ref, without
 from gmlp.dispatch.sites import Op, Site
 
 __all__ = ["PROVIDER"]
@@ -34,10 +34,10 @@ def _load(site: Site) -> Callable:
         Op.QUANTIZE: without("groups")(quantize_mxfp8_ref),
         Op.DEQUANTIZE: dequantize_ref,
         Op.QUANTIZE_DEQUANTIZE: without("groups")(quantize_dequantize_mxfp8_ref),
-        Op.FC1: dequantizing_a(launch_only(reference.fc1_forward_ref), dequantize_ref),
-        Op.GROUPED_GEMM: dequantizing_a(launch_only(reference.grouped_gemm_ref), dequantize_ref),
-        Op.FC2_DGRAD: dequantizing_a(launch_only(reference.fc2_dgrad_ref), dequantize_ref),
-        Op.WGRAD: dequantizing_a(launch_only(reference.grouped_wgrad_ref), dequantize_ref, 2),
+        Op.FC1: launch_only(reference.fc1_forward_ref),
+        Op.GROUPED_GEMM: launch_only(reference.grouped_gemm_ref),
+        Op.FC2_DGRAD: launch_only(reference.fc2_dgrad_ref),
+        Op.WGRAD: launch_only(reference.grouped_wgrad_ref),
         Op.SEGMENT_SUM: reference.segment_sum_ref,
         Op.BLOCKWISE_QUANTIZE: blockwise_launch_only(quantize_fp8_blockwise_ref),
         Op.BLOCKWISE_WEIGHTS: quantize_weights_fp8_blockwise_ref,

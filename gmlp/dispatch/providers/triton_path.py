@@ -9,7 +9,6 @@ from typing import Callable
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.dispatch.providers import Provider
-from gmlp.dispatch.providers.adapters import dequantizing_a
 from gmlp.dispatch.sites import BLOCKWISE_OPS, GEMM_OPS, Op, Site
 from gmlp.system.versions import package_version, too_old
 
@@ -68,12 +67,7 @@ def _load(site: Site) -> Callable:
         from gmlp.triton_ref.quantize import DEFAULT_QUANTIZE_CONFIG, WEIGHT_QUANTIZE_CONFIG, quantize_mxfp8
 
         return functools.partial(quantize_mxfp8, config=WEIGHT_QUANTIZE_CONFIG if site.weight_stack else DEFAULT_QUANTIZE_CONFIG)
-    run = getattr(importlib.import_module(f"gmlp.triton_ref.{op.module}"), op.launcher)
-    if op not in GEMM_OPS:
-        return run
-    from gmlp.triton_ref.dequantize import dequantize_mxfp8
-
-    return dequantizing_a(run, dequantize_mxfp8, 2 if op is Op.WGRAD else 1)
+    return getattr(importlib.import_module(f"gmlp.triton_ref.{op.module}"), op.launcher)
 
 
 PROVIDER = Provider("Triton", None, _system, _supports, _load)

@@ -102,26 +102,8 @@ def test_variant_configs_compile(knobs):
 def test_tuned_configs_compile(knobs):
     """Every config the tuned table chooses for FC1 (``gmlp.cutedsl.sm90.tuned``)."""
     compiled = _compiled(knobs)
-    check_fc1_ptx(compiled, gated=True, b_k_major=compiled.config.b_k_major, fused_b=compiled.config.fused_b)
+    check_fc1_ptx(compiled, gated=True, b_k_major=compiled.config.b_k_major)
     check_activation_math(compiled.ptx, compiled.config.activation)
-
-
-@pytest.mark.slow
-@parametrize_quick("knobs", [dict(activation=activation, **LAYER, fused_b=True)
-                             for activation in ["swiglu", "geglu", Activation(ActivationKind.QGEGLU, limit=0.5)]],
-                   ids=config_id)
-def test_fused_b_configs_compile(knobs):
-    """fused_b: gate and up rows as the halves of one 256-row B tile (two 128-row TMA boxes), one
-    m64n256 wgmma per k-block and warpgroup, the same epilogue math and stores."""
-    compiled = _compiled(knobs)
-    config = compiled.config
-    check_fc1_ptx(compiled, gated=True, fused_b=True)
-    check_activation_math(compiled.ptx, config.activation)
-    assert config.num_stages() == _config(config.activation).num_stages() == 4  # the same slot bytes
-    # two TMA loads of W1 per slot (gate rows, up rows), as without fused_b
-    plain = _compiled({**knobs, "fused_b": False})
-    tma = r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile"
-    assert len(re.findall(tma, compiled.ptx)) == len(re.findall(tma, plain.ptx))
 
 
 @pytest.mark.slow
@@ -140,15 +122,6 @@ def test_tma_store_configs_compile(knobs):
     assert len(re.findall(r"stmatrix\.sync\.aligned", ptx)) == 4 * 2 * (3 if config.activation.gated else 2)
     assert "st.global" not in ptx
     assert config.num_stages() == (4 if config.activation.gated else 6)
-
-
-def test_fused_b_is_refused_where_it_cannot_run():
-    with pytest.raises(ValueError, match=r"fused_b needs a gated activation.*got srelu"):
-        _config("srelu", fused_b=True)
-    with pytest.raises(ValueError, match=r"fused_b needs.*b_k_major=False"):
-        _config("swiglu", fused_b=True, b_k_major=False)
-    with pytest.raises(ValueError, match=r"fused_b needs.*quantized=True"):
-        _config("swiglu", fused_b=True, quantized=True)
 
 
 def check_quantized_ptx(compiled, *, floor_scales: bool) -> None:
@@ -403,8 +376,7 @@ GPU_ACTIVATIONS = ["swiglu", "geglu", "qgeglu", "srelu", Activation(ActivationKi
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
-def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, transposed,
-                                          fused_b=False):
+def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, transposed):
     """Tolerance of tests/triton_ref/test_fc1.py (bf16 recipe): c within one bf16 step (2**-7 |v|) +
     delta_h = H * 2**-24 * max sum_k |x_k w_k| of the fp64 reference, a within one bf16 step +
     delta_a = delta_h * (2 max|h| + 2); against the Triton kernel the same bound (both are fp32
@@ -420,7 +392,7 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
     tokens, experts = sum(splits), len(splits)
     n1 = (2 if activation.gated else 1) * ffn
     kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=None, b1=b1, probs=probs)
-    got = fc1_forward(x, w1, split_sizes, fused_b=fused_b, **kwargs)
+    got = fc1_forward(x, w1, split_sizes, **kwargs)
     want = fc1_forward_ref(x, w1, split_sizes, **kwargs)
     twin = triton_fc1_forward(x, w1, split_sizes, **kwargs)
     magnitude = max((x.float().abs() @ w1[g].float().abs().t()).max().item() for g in range(experts))
@@ -439,22 +411,6 @@ def test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, 
 def test_fc1_over_several_bands(activation):
     """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert."""
     test_fc1_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False)
-    if activation != "srelu":
-        test_fc1_matches_reference_and_triton(activation, True, True, 256, 384, BANDED_SPLITS, False, True)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("activation", ["swiglu", "geglu", "qgeglu", Activation(ActivationKind.QGEGLU, limit=0.5)],
-                         ids=["swiglu", "geglu", "qgeglu", "qgeglu-clamped"])
-@pytest.mark.parametrize("bias,with_probs", [(True, True), (False, False)], ids=["bias-probs", "plain"])
-@pytest.mark.parametrize("hidden,ffn", [(64, 96), (96, 160), (512, 256)], ids=["H64-F96", "H96-F160", "H512-F256"])
-@pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]],
-                         ids=["ragged-with-empty", "many-tiny"])
-def test_fc1_fused_b_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits):
-    """fused_b (m64n256 on the [gate; up] tile, c's up tile addressed 128 columns early): the
-    same bounds, partial n-tiles (F = 96, 160) included."""
-    test_fc1_matches_reference_and_triton(activation, bias, with_probs, hidden, ffn, splits, False, True)
 
 
 @pytest.mark.gpu
@@ -490,7 +446,7 @@ def test_fc1_is_deterministic_and_syncless():
     w1 = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
     probs = torch.rand(436, device="cuda")
     kwargs = dict(ffn_hidden_size=256, activation=SWIGLU, recipe=None, probs=probs)
-    for options in (dict(fused_b=False), dict(fused_b=True), dict(store="tma")):
+    for options in (dict(store="regs"), dict(store="tma")):
         first, second = twice_without_sync(lambda: fc1_forward(x, w1, splits, **options, **kwargs))
         assert torch.equal(first.c, second.c) and torch.equal(first.a, second.a), options
 

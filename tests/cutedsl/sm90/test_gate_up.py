@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kern
 _TMA_LOADS = r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes"
 
 
-@parametrize_quick("variant", [{}, dict(store="tma"), dict(fused_b=True)], ids=["regs", "tma-store", "fused-b"])
+@parametrize_quick("variant", [{}, dict(store="tma")], ids=["regs", "tma-store"])
 def test_fc1_with_up_apart_compiles(variant):
     """FC1 with gate and up apart: the same wgmmas as from one W1, the B loads as many (3-D TMA
     loads of each expert's tiles, a second descriptor for the up tiles), no spills."""
@@ -36,7 +36,7 @@ def test_fc1_with_up_apart_compiles(variant):
     knobs = dict(probs_dtype=torch.float32, **variant)
     apart = compile_fc1("sm_90a", FC1Config(activation, up_apart=True, **knobs))
     together = compile_fc1("sm_90a", FC1Config(activation, **knobs))
-    check_fc1_ptx(apart, gated=True, fused_b=bool(variant.get("fused_b")))
+    check_fc1_ptx(apart, gated=True)
     assert len(re.findall(_TMA_LOADS, apart.ptx)) == len(re.findall(_TMA_LOADS, together.ptx))
     # the kernel takes the two descriptors: one more prefetched than with one W1
     assert len(re.findall(r"prefetch\.tensormap", apart.ptx)) == len(re.findall(r"prefetch\.tensormap",
@@ -65,14 +65,6 @@ def test_grouped_gemm_with_k_split_compiles(b_k_major):
     assert len(re.findall(_TMA_LOADS, split.ptx)) == 2 * b_loads
 
 
-def test_k_split_is_refused_with_a_decoded_a():
-    from gmlp.cutedsl.sm90.grouped_gemm import KernelConfig
-    from gmlp.mxfp8.spec import ElementFormat
-
-    with pytest.raises(ValueError, match="needs k_split=False"):
-        KernelConfig(k_split=True, a_format=ElementFormat.E4M3)
-
-
 def _gate_up(experts: int, ffn: int, hidden: int, layout: GateUpLayout):
     """gmlp's (E, 2F, H) W1 and the same values' views in ``layout``."""
     gate, up = ((torch.randn(experts, ffn, hidden, device="cuda") / 8).bfloat16() for _ in range(2))
@@ -86,8 +78,8 @@ LAYOUTS = [GateUpLayout.INTERLEAVED, GateUpLayout.SEPARATE]
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.value)
-@pytest.mark.parametrize("variant", [dict(store="regs"), dict(store="tma"), dict(fused_b=True, store="regs"),
-                                     dict(recipe=MXFP8Recipe())], ids=["regs", "tma-store", "fused-b", "mxfp8"])
+@pytest.mark.parametrize("variant", [dict(store="regs"), dict(store="tma"), dict(recipe=MXFP8Recipe())],
+                         ids=["regs", "tma-store", "mxfp8"])
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (512, 256)], ids=["H64-F96", "H512-F256"])
 @pytest.mark.parametrize("splits", [SPLITS["ragged-with-empty"], SPLITS["many-tiny"]], ids=["ragged", "many-tiny"])
 @pytest.mark.parametrize("activation", ["swiglu", "geglu"])

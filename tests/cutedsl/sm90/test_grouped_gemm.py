@@ -171,8 +171,8 @@ def test_launcher_refuses_bad_operands():
         grouped_gemm(a, b, splits)
     with pytest.raises(ValueError, match=r"b must hold 2 experts' \(N, K=64\) matrices, got \(16, 32\) each"):
         grouped_gemm(a, b[:, :, :32], splits)
-    with pytest.raises(TypeError, match=r"a must be a contiguous bf16 \(T, K\) matrix or a rowwise MXFP8Tensor, "
-                                        r"got torch.float32 \(8, 64\)"):
+    with pytest.raises(TypeError, match=r"a must be a contiguous bf16 \(T, features\) tensor, got torch.float32 "
+                                        r"\(8, 64\)"):
         grouped_gemm(a.float(), b, splits)
     with pytest.raises(TypeError, match=r"got torch.bfloat16 \(64, 8\) \(not contiguous\)"):
         grouped_gemm(a.t(), b, splits)

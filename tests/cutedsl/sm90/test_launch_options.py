@@ -61,11 +61,6 @@ def test_the_nearest_tuned_shape_gives_the_knobs(two_shapes):
 
 
 def test_a_variant_replaces_a_tuned_knob_and_says_so(two_shapes):
-    choice = choose("grouped_gemm", *QWEN3_FC2, decoded=True)
-    # ping-pong is fixed off by the decoded operand, so the tile width is the table's again
-    assert choice.options == dict(tile_n=128, pingpong=False, store="regs")
-    assert choice.notes == ("pingpong=False, not the table's True: a decoded operand's bf16 buffers serve one "
-                            "warpgroup's tiles",)
     assert choose("grouped_gemm", *DEEPSEEK_FC2, bias=True).options["store"] == "regs"
     assert describe("fc2_dgrad", *DEEPSEEK_FC2, quantized=True) == (
         "tile_n=128, store=regs (defaults; store=regs, not the default tma: fc2_dgrad's TMA store does not take "
@@ -76,9 +71,7 @@ def test_a_variant_replaces_a_tuned_knob_and_says_so(two_shapes):
 
 @pytest.mark.parametrize("op,variant,fixed", [
     ("fc2_dgrad", dict(quantized=True), dict(tile_n=128, store="regs")),
-    ("fc1_forward", dict(quantized=True), dict(fused_b=False, store="regs")),
-    ("fc1_forward", dict(gated=False), dict(fused_b=False)),
-    ("grouped_wgrad", dict(decoded=True), dict(tile_n=128, pingpong=False, store="regs")),
+    ("fc1_forward", dict(quantized=True), dict(store="regs")),
     ("grouped_gemm", dict(bias=True), dict(store="regs")),
 ])
 def test_what_each_variant_fixes(no_table, monkeypatch, op, variant, fixed):
@@ -87,7 +80,7 @@ def test_what_each_variant_fixes(no_table, monkeypatch, op, variant, fixed):
     options = choose(op, *DEEPSEEK_FC2, **variant).options
     assert {knob: options[knob] for knob in fixed} == fixed
     knob, value = next(iter(fixed.items()))
-    other = {"store": "tma", "fused_b": True, "pingpong": True, "tile_n": 256}[knob]
+    other = {"store": "tma", "tile_n": 256}[knob]
     monkeypatch.setenv(ENV, f"{op}.{knob}={str(other).lower()}")
     with pytest.raises(ValueError, match=rf"{ENV} forces {op}.{knob}={other}, but .* \({knob}={value}\)"):
         choose(op, *DEEPSEEK_FC2, **variant)
@@ -120,9 +113,9 @@ def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
 
 @pytest.mark.parametrize("value,match", [
     ("fc3.store=tma", r"GMLP_SM90_CONFIG='fc3.store=tma': 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
-    ("grouped_gemm.fused_b=1",
-     r"names knob 'fused_b'; the knobs of grouped_gemm are \('tile_n', 'pingpong', 'store'\)"),
-    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'fused_b', 'ragged_tma'\)"),
+    ("grouped_gemm.ragged_tma=1",
+     r"names knob 'ragged_tma'; the knobs of grouped_gemm are \('tile_n', 'pingpong', 'store'\)"),
+    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'ragged_tma'\)"),
     ("store=smem", r"'store=smem' asks for store 'smem'; the stores are \('regs', 'tma'\)"),
     ("tile_n=64", r"'tile_n=64' asks for tile_n '64'; the widths are \(128, 256\)"),
     ("pingpong=maybe", r"'pingpong=maybe': pingpong takes one of \('1', 'true'"),
