@@ -9,7 +9,7 @@ that can run, compared with the spec bit for bit. ``doctor`` prints versions, th
 device, the gmlp environment variables that are set (each one's value and meaning, or its error),
 and which path each op takes and why. ``cache`` reports the persistent cache of compiled
 CuTeDSL kernels (``gmlp.cutedsl.compile_cache``); ``cache clear`` empties it; ``cache warm --shape
-E,T,H,F --recipes mxfp8,bf16`` runs one forward + backward of such a layer on the GPU so that
+E,T,H,F --recipes mxfp8,bf16`` (or ``fp8_blockwise``) runs one forward + backward of such a layer on the GPU so that
 every kernel it needs is compiled and kept before a training run starts.
 """
 
@@ -26,7 +26,9 @@ from gmlp.contract.reference import unquantized_mlp_fp64
 from gmlp.debug import CrossCheckError, cross_check
 from gmlp.dispatch.paths import PATHS_FASTEST_FIRST, Path, system_reason
 from gmlp.dispatch.quantize import launcher, plan_quantize
+from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
 from gmlp.layer.module import GroupedMLP
+from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.reference import quantize_mxfp8_ref
 from gmlp.mxfp8.spec import ElementFormat, ScaleMode
 from gmlp.mxfp8.tensor import MXFP8Quantized
@@ -200,11 +202,14 @@ def cache_clear() -> int:
     return 0
 
 
+# cache warm's recipe names (torchtitan's flag spells them so too) -> the layer's recipe argument
+WARM_RECIPES = {"mxfp8": MXFP8Recipe, "bf16": lambda: None, "fp8_blockwise": FP8BlockwiseRecipe}
+
+
 def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
-    """One forward + backward of a (E, T, H, F) layer per recipe on the GPU, balanced routing, so
-    that every kernel its plan runs is compiled into the cache; 1 without a GPU."""
+    """One forward + backward of a (E, T, H, F) layer per recipe (``WARM_RECIPES``) on the GPU,
+    balanced routing, so that every kernel its plan runs is compiled into the cache; 1 without a GPU."""
     from gmlp.cutedsl import compile_cache
-    from gmlp.mxfp8.recipe import MXFP8Recipe
 
     if not torch.cuda.is_available():
         print("cache warm: no CUDA GPU here; the CuTeDSL kernels are compiled for the GPU they run on")
@@ -218,7 +223,7 @@ def cache_warm(shape: tuple[int, int, int, int], recipes: list[str]) -> int:
     probs, split_sizes = router_probs(tokens, device), split_sizes_for("balanced", experts, tokens, device)
     for name in recipes:
         start = time.perf_counter()
-        mlp = GroupedMLP(experts, hidden, ffn, recipe=MXFP8Recipe() if name == "mxfp8" else None, device=device)
+        mlp = GroupedMLP(experts, hidden, ffn, recipe=WARM_RECIPES[name](), device=device)
         mlp(x, split_sizes, probs).backward(dy)
         torch.cuda.synchronize()
         print(f"{name}: forward + backward of (E, T, H, F) = {shape} in {time.perf_counter() - start:.1f} s")
@@ -248,13 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", type=_shape, default=(8, 4096, 1024, 1024),
                         help="cache warm: the layer's experts,tokens,hidden,ffn or a bench host preset "
                              "(default 8,4096,1024,1024)")
-    parser.add_argument("--recipes", default="mxfp8,bf16", help="cache warm: of mxfp8,bf16 (default both)")
+    parser.add_argument("--recipes", default="mxfp8,bf16",
+                        help=f"cache warm: comma-separated, of {','.join(WARM_RECIPES)} (default mxfp8,bf16)")
     args = parser.parse_args(argv)
     if args.action is not None and args.command != "cache":
         parser.error(f"{args.action!r} is an action of the cache command, not of {args.command!r}")
     recipes = [name for name in args.recipes.split(",") if name]
-    if not recipes or set(recipes) - {"mxfp8", "bf16"}:
-        parser.error(f"--recipes takes mxfp8 and/or bf16, comma-separated, got {args.recipes!r}")
+    if not recipes or set(recipes) - set(WARM_RECIPES):
+        parser.error(f"--recipes takes {', '.join(WARM_RECIPES)}, comma-separated, got {args.recipes!r}")
     if args.command == "cache":
         if args.action == "clear":
             return cache_clear()

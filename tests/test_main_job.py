@@ -125,12 +125,14 @@ def test_the_cache_command_reports_and_clears_the_compile_cache(tmp_path, monkey
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer: a GPU warms the cache")
 def test_cache_warm_without_a_gpu_says_why_it_cannot(capsys):
     assert main_job.main(["cache", "warm"]) == 1
+    assert main_job.main(["cache", "warm", "--recipes", "fp8_blockwise,bf16"]) == 1  # every recipe is taken
     assert "no CUDA GPU here" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, expected", [(["doctor", "clear"], "an action of the cache command"),
                                             (["cache", "warm", "--shape", "8,64"], "four positive integers"),
-                                            (["cache", "warm", "--recipes", "fp4"], "--recipes takes mxfp8")])
+                                            (["cache", "warm", "--recipes", "fp4"],
+                                             "--recipes takes mxfp8, bf16, fp8_blockwise")])
 def test_bad_cache_arguments_are_named(argv, expected, capsys):
     with pytest.raises(SystemExit):
         main_job.main(argv)
