@@ -10,9 +10,16 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
   bf16 or (MXFP8, tile_n 128) quantized both ways in the gradient format (Q_row(dh), Q_col(dh), bit
   for bit the Triton kernel's);
 - ``wgrad``: ``dW_g = A_g^T @ B_g`` over each expert's rows (a ragged K), stored or added into
-  an fp32 ``main_grad``.
+  an fp32 ``main_grad``;
+- ``blockwise_gemm``, ``blockwise_fc1``, ``blockwise_fc2_dgrad``, ``blockwise_wgrad``: the same
+  sites in the FP8 blockwise recipe (1 x 128 tokens, 128 x 128 weight tiles, promoted fp32 sums).
 
-Shared machinery: ``_schedule`` (persistent work items over experts, found on the device),
+Every kernel is a site of one engine, ``_engine.GroupedGemmEngine``: one kernel skeleton (roles,
+slot ring, cooperative or ping-pong schedule, the work-item loop) into which a site plugs its
+operands, operand policy (producer and k-loop: bf16, FP8 promoted 1D2D in ``_blockwise_mainloop``,
+1D1D for the blockwise weight gradient) and epilogue; ``configs`` holds what each kernel is
+compiled for. Shared machinery: ``_schedule`` (persistent work items over experts, found on the
+device: ``TokenItems`` over ragged rows, ``ExpertTiles`` over a ragged K),
 ``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
 ``_epilogue_math`` (the activations
 forward and backward in the Triton epilogues' fp32 operation order), ``_quantize_epilogue`` (MXFP8

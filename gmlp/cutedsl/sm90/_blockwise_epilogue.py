@@ -38,37 +38,18 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8, Uint16, Uint32, const_expr
+from cutlass import Float32, Int32, Uint16, Uint32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
-from gmlp.cutedsl._quantize_kernel import (
-    _amax_keys,
-    _amax_of_keys,
-    _as_f32,
-    _as_u32,
-    _elem_address,
-    _quantize,
-    _select,
-    store_transposed,
-)
+from gmlp.cutedsl._quantize_kernel import (_amax_keys, _amax_of_keys, _as_f32, _as_u32, _elem_address, _quantize,
+                                           _select, store_transposed)
 from gmlp.cutedsl.sm90._blockwise_mainloop import fake_token_rows
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
 from gmlp.cutedsl.sm90._epilogue_math import ptx_f32
 from gmlp.cutedsl.sm90._pipeline import ALIGN
-from gmlp.cutedsl.sm90._quantize_epilogue import (
-    CONSUMER_THREADS,
-    COLUMN_GROUPS,
-    TILE_COLS,
-    TILE_ROWS,
-    WARPS,
-    DeviceOps,
-    _all_gather,
-    _value,
-    column_keys_to_smem,
-    column_offsets,
-    owned_column,
-    quantize_into_sq,
-)
+from gmlp.cutedsl.sm90._quantize_epilogue import (COLUMN_GROUPS, CONSUMER_THREADS, TILE_COLS, TILE_ROWS, WARPS,
+                                                  DeviceOps, _all_gather, _value, column_keys_to_smem, column_offsets,
+                                                  owned_column, quantize_into_sq)
 
 __all__ = ["blockwise_scale", "quantize_tile_blockwise", "store_unused_blocks", "fake_both_ways"]
 

@@ -1,5 +1,6 @@
 """The promoted fp8 mainloop of the sm_90a FP8 blockwise token-row kernels (the grouped GEMM,
-FC1, FC2 dgrad): DeepGEMM's 1D2D form, one or two 128-column halves a work item.
+FC1, FC2 dgrad): DeepGEMM's 1D2D form, one or two 128-column halves a work item; as the engine's
+operand policy (``_engine``), the hooks of ``PromotedTokenRows``.
 
 - Producer (warp 0): per work item and k-tile, one slot with A's (128 rows, 128) fp8 k-tile at
   the expert's first row and one (128, 128) B k-tile a half, from weight tile rows ``BRows``
@@ -25,6 +26,7 @@ FC1, FC2 dgrad): DeepGEMM's 1D2D form, one or two 128-column halves a work item.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -32,18 +34,20 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import Float8E4M3FN, Float32, Int32, Uint8, const_expr
+from cutlass import Float32, Float8E4M3FN, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
+from gmlp.cutedsl.sm90._engine import Slots
 from gmlp.cutedsl.sm90._pipeline import ALIGN, mainloop_fields, produce_k_tiles, slot_tensors, smem_array
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
 
 __all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "SCALE_BOX_ROWS", "BRows", "Operands", "slot_bytes", "make_operands",
            "scale_smem_layout", "storage_fields", "scaled_slot_tensors", "check_token_scales", "fake_token_rows",
-           "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles"]
+           "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles", "PromotedArgs",
+           "PromotedOperands", "PromotedTokenRows"]
 
 TILE_N = 128  # one weight tile row: one B scale per k-tile
 TILE_K = 128  # fp8 elements: one 128-byte swizzle row, one scale block
@@ -270,3 +274,83 @@ def _b_scales(mBScale: cute.Tensor, g: Int32, rows_b: tuple, halves: cutlass.Con
     if const_expr(halves == 2):
         b1 = mBScale[g, rows_b[1], k_tile]
     return b0, b1
+
+
+class PromotedArgs(NamedTuple):
+    """The promoted mainloop's kernel arguments: the first field, ``operands``, of a blockwise
+    token-row site's ``args``."""
+
+    tma_atom_a: cute.CopyAtom
+    mA: cute.Tensor  # TMA coordinates of A (T, K)
+    tma_atom_sa: cute.CopyAtom
+    mAScale: cute.Tensor  # TMA coordinates of A's scales (pad4(T), K/128)
+    tma_atom_b: cute.CopyAtom
+    mB: cute.Tensor  # TMA coordinates of B (N, K, E)
+    mBScale: cute.Tensor  # (E, N/128, K/128) fp32: B's tiles' scales
+
+    @staticmethod
+    def of(ops: Operands, mBScale: cute.Tensor) -> PromotedArgs:
+        return PromotedArgs(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b, mBScale)
+
+
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class PromotedOperands:
+    """A consumer thread's operands of the promoted mainloop, built once before the item loop."""
+
+    tCrA: cute.Tensor
+    tCrBs: tuple
+    accs: tuple  # one fp32 fragment a half
+    partial: cute.Tensor  # a k-tile's products before the promotion
+    sAScale: cute.Tensor
+    rows: tuple  # the thread's two accumulator rows (m64 layout: elements 4j, 4j+1 and 4j+2, 4j+3)
+
+
+class PromotedTokenRows:
+    """The operand policy of the blockwise token-row sites, as engine hooks: the slots (A's
+    k-tile, its scale box and ``halves`` E4M3 B tiles), the producer and the promoted mainloop.
+    A site sets ``a_dtype`` and ``halves`` and supplies ``b_rows(args)`` (its ``BRows``); its
+    ``args`` start with the ``PromotedArgs`` as ``operands``; its consumer record holds the
+    ``PromotedOperands`` as ``mma``."""
+
+    def tma_atoms(self, args: tuple) -> tuple:
+        return (args.operands.tma_atom_a, args.operands.tma_atom_sa, args.operands.tma_atom_b)
+
+    def storage_fields(self, ops: Operands) -> dict:
+        """Host side: the shared memory of the slot ring (a second half's B tiles as ``sB1``)."""
+        fields = storage_fields(self.stages, ops, self.a_dtype)
+        if const_expr(self.halves == 2):
+            fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))
+        return fields
+
+    def slots(self, storage, args: tuple, a_smem_layout: cute.ComposedLayout,
+              b_smem_layout: cute.ComposedLayout) -> Slots:
+        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
+                                                           self.halves, self.a_dtype)
+        sBs = (sB,)
+        if const_expr(self.halves == 2):
+            sBs = (sB, storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
+        return Slots(sA, sBs, stage_bytes, (sAScale,))
+
+    def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: tuple, slots: Slots):
+        ops = args.operands
+        produce_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, ops.tma_atom_a, ops.mA, slots.sA,
+                      ops.tma_atom_sa, ops.mAScale, slots.scales[0], ops.tma_atom_b, ops.mB, list(slots.sBs),
+                      self.b_rows(args))
+
+    def promoted_operands(self, slots: Slots, tCrA: cute.Tensor, tCrBs: tuple, tCcD: cute.Tensor,
+                          fragment) -> PromotedOperands:
+        """The consumer's operands: ``fragment`` the accumulators' shape (one fragment a half)."""
+        accs = tuple(cute.make_rmem_tensor(fragment, Float32) for _ in range(self.halves))
+        return PromotedOperands(tCrA, tCrBs, accs, cute.make_rmem_tensor(fragment, Float32), slots.scales[0],
+                                (tCcD[0][0], tCcD[2][0]))
+
+    @cute.jit
+    def mainloop(self, consumer, args: tuple, tiled_mma: cute.TiledMma, mainloop, read_state, release_state,
+                 work: TokenItems, tile: tuple):
+        """``promoted_k_tiles`` of the item; a slot is released in it as it is read."""
+        g, _, n_tile, first_row, _ = tile
+        mma = consumer.mma
+        tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, work.k_tiles, mma.tCrA, mma.tCrBs,
+                                                 mma.accs, mma.partial, mma.sAScale, args.operands.mBScale, g,
+                                                 self.b_rows(args).of(n_tile, self.halves), first_row, mma.rows)
+        return tiled_mma, read_state, release_state

@@ -21,7 +21,7 @@ from gmlp.cutedsl.sm90._launch import check_problem
 from gmlp.cutedsl.sm90._pipeline import ALIGN, ELEMENT_ALIGN
 
 __all__ = ["SUPPORTED_ARCHS", "FLOAT_DTYPES", "CompiledKernel", "sym_stride", "fake_stream", "fake_matrix",
-           "fake_vector", "fake_experts", "compile_kernel", "config_compiler", "compile_ahead"]
+           "fake_vector", "fake_experts", "compile_kernel", "config_compiler", "compile_ahead", "ahead_compiler"]
 
 SUPPORTED_ARCHS = ("sm_90a",)
 _OPTIONS = "--enable-tvm-ffi"
@@ -103,3 +103,24 @@ def compile_ahead(kernel: str, compile_config, config, arch: str, shape_reason: 
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch=}")
     check_problem(kernel, shape_reason)
     return compile_config(config, arch)
+
+
+def ahead_compiler(kernel: str, compile_config, default_config, problem_support: Callable, shape_names: str,
+                   gated: bool = False) -> Callable[..., CompiledKernel]:
+    """A kernel module's public ``compile_*(arch="sm_90a", config=None, *, shape=None)``: its
+    cached ``compile_config`` of ``config`` (None: ``default_config``) for ``arch``, without a
+    GPU, with the PTX and cubin kept. The code is shape-generic, so one compile serves every
+    shape of a config; ``shape`` (``shape_names``), when given, is checked against the module's
+    ``problem_support`` (``gated``: which also takes the config's activation's ``gated``)."""
+
+    def compile_for(arch: str = "sm_90a", config=None, *, shape: tuple[int, ...] | None = None) -> CompiledKernel:
+        config = config if config is not None else default_config
+        reason = None
+        if shape is not None:
+            reason = problem_support(*shape, gated=config.activation.gated) if gated else problem_support(*shape)
+        return compile_ahead(kernel, compile_config, config, arch, reason)
+
+    compile_for.__doc__ = (f"Compile the sm90 {kernel} for ``arch`` without a GPU (default config: {default_config}); "
+                           f"returns it with its PTX and cubin. ``shape`` ({shape_names}), when given, is checked "
+                           "against ``problem_support``.")
+    return compile_for

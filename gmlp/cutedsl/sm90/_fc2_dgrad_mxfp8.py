@@ -1,10 +1,44 @@
-"""FC2 dgrad's MXFP8 epilogue (``gmlp.cutedsl.sm90.fc2_dgrad``'s docstring, "MXFP8 epilogue"): the
+"""FC2 dgrad's MXFP8 epilogue (``gmlp.cutedsl.sm90.fc2_dgrad``'s MXFP8 recipe): the
 fp32 dh of a tile quantized both ways from the registers, in 64-column halves of the da tile when
 gated, with its db1 warp sums. A mixin of ``FC2DgradSm90``, which supplies the config attributes
 (``gated``, ``bias_grad``, ``e5m2``, ``floor_scales``) and, from ``_fc2_dgrad_epilogue``,
 ``pair_backward``, the activation backward both epilogues share, and ``load_c_pairs``: c's words
 come in batches of ``C_WORD_PAIRS`` pairs (a gated half's), every load of a batch issued before
-the first is used, the first batch before the item's mainloop.
+the first is used, the first batch before the item's mainloop (``quantize_tile_both_ways`` with
+``segments`` and ``column_first``).
+
+- What is quantized is the fp32 dh, as Triton's ``store_quantized_both_ways(d_gate, ...)`` and
+  ``(d_up, ...)`` get it (no bf16 step); dprobs (of da before the probs scale) and db1 (of the
+  fp32 dh) as in the bf16 path. The dh expression trees are Triton's (``_epilogue_math``); c is
+  read as 32-bit words whose bf16 halves are widened by shifts (exact, the values of cvt.f32.bf16).
+- Registers decide the shape of the epilogue. Quantizing needs a tile's 64 values in a thread
+  (plus keys, scales, addresses); holding a thread's d gate and d up of the whole 128-wide tile
+  (64 + 64, one half over the accumulators) before quantizing them as two 128-column tiles was
+  tried: ptxas spills, even with the stale-value and key-order fixes below (swiglu: 36 bytes of
+  spill stores, 264 with probs and db1; at 240 registers 20 and 184). So gated, the da tile is
+  done in two 64-column halves q: a pass over half q's 32 da values writes its 32 d gate and 32 d
+  up values into one 64-value quantized tile (columns [0, 64) d gate, [64, 128) d up:
+  ``dh_segments``), which is quantized with the two output ranges as ``segments`` (its 32-column
+  blocks and transposed rows never straddle them), then the other half (skipped when it has no
+  valid column). Peak: the quantized tile's 64 values, the other half's 32 da values and the
+  quantization's temporaries. srelu: one pass over the 64 values, one quantized tile. Masked pairs
+  write 0 into the tile (else the previous half's or item's values stay live through the mainloop:
+  LLVM cannot see that the quantization masks them). The consumer warpgroups run at 240 registers,
+  the producer at 24 (``QUANTIZED_*_REGISTERS``; 128 x 24 + 256 x 240 = 384 x 168, the launch allocation:
+  ``_pipeline.register_split``): at 232 / 40 a few
+  configurations (db1 without probs) spill one register. ptxas -v (sm_90a): 0 bytes stack, 0
+  spills in every configuration the tests compile (the highest register of the consumers' code
+  R237 gated, R209 srelu).
+- Q_col's per-column keys are reduced and stored before Q_row (``column_first``; ptxas otherwise
+  keeps the 64 per-value keys live through Q_row's stores).
+- db1: after each quantized tile, per column its two rows (masked), the warp's 8 quads by
+  butterflies, lanes 0-3 store to ``dh_warp_sums`` as in the bf16 path (same rows, columns).
+- Shared memory: the epilogue's 20 KB (16 KB transposed fp8 tile + 4 KB amax keys,
+  ``_quantize_epilogue.SMEM_BYTES``, reused by every quantized tile: its two named barriers order
+  the reuse) leave 6 stages of 32 KB (``FC2DgradConfig.max_stages``).
+- tile_n = 256 is refused with a recipe: a thread would hold 128 da values through the epilogue,
+  96 of them live beside a quantized tile's 64 values (about 64 registers more than the 128-wide
+  tile's peak, which is at the 240 limit already).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The warp-specialized TMA + wgmma mainloop shared by the sm_90a kernels (grouped GEMM, FC1, FC2
-dgrad; the weight gradient takes its CTA skeleton and k-loops, with its own operands and schedule).
+"""The parts of the warp-specialized TMA + wgmma pipeline that the engine (``_engine``) and its
+sites assemble: roles, register split, the slot ring's shared memory and mbarriers, TMA
+partitions, the token-row producer and the bf16 k-loop.
 
 One CTA: warpgroup 0 holds the TMA producer (warp 0; the warpgroup's registers lowered to
 ``PRODUCER_REGISTERS``), the next warpgroups are the consumers issuing ``wgmma`` (bf16 x bf16 ->
@@ -27,16 +28,15 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float32, Int32, const_expr
 
-from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90._schedule import TILE_K, TILE_M, TokenItems
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
-           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles", "mma_thread",
-           "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline", "make_turns",
-           "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major", "a_tiles",
-           "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "skip_k_tiles",
+           "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
+           "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
+           "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
+           "a_tiles", "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles",
            "consumer_fragments"]
 
-TILE_K = 64  # one 128-byte swizzle row of bf16
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
 ELEMENT_ALIGN = ALIGN // 2  # bf16 elements
 SMEM_BYTES = 232448 - 1024  # sm_90 227 KB per CTA, less mbarriers and alignment slack
@@ -400,12 +400,3 @@ def mma_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, release_state, k
     mainloop.consumer_release(release_state)
     release_state.advance()
     return tiled_mma, read_state, release_state
-
-
-@cute.jit
-def skip_k_tiles(state, k_tiles: Int32):
-    """``state`` advanced past ``k_tiles`` slots without waiting on them: the slots of an item
-    that another consumer warpgroup reads (ping-pong). Returns the state (the caller rebinds it)."""
-    for _ in range(k_tiles):
-        state.advance()
-    return state

@@ -58,20 +58,10 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float32, Int32, Uint8, Uint16, Uint32, const_expr
+from cutlass import BFloat16, Float32, Int32, Uint16, Uint32, Uint8, const_expr
 
-from gmlp.cutedsl._quantize_kernel import (
-    _amax_keys,
-    _amax_of_keys,
-    _as_u32,
-    _fp8x4,
-    _multiplier,
-    _quantize,
-    _scale_byte,
-    _select,
-    sq_position,
-    store_transposed,
-)
+from gmlp.cutedsl._quantize_kernel import (_amax_keys, _amax_of_keys, _as_u32, _fp8x4, _multiplier, _quantize,
+                                           _scale_byte, _select, sq_position, store_transposed)
 from gmlp.cutedsl.sm90._compile import fake_matrix, fake_vector
 from gmlp.cutedsl.sm90._pipeline import smem_array
 from gmlp.mxfp8.buffers import QuantizeBuffers, compact_buffers

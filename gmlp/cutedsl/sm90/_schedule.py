@@ -30,9 +30,10 @@ from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items",
-           "TokenItems", "grid_size", "expert_count_reason", "sm_count"]
+           "TokenItems", "ExpertTiles", "advance", "grid_size", "expert_count_reason", "sm_count"]
 
 TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
+TILE_K = 64  # one 128-byte swizzle row of bf16 (the k-tiles of the slots)
 GROUP_M = 8  # m-tiles per band of the item order (L2 reuse of B tiles; see the module docstring)
 SEARCH_STEPS = 12  # binary search over tile_start: up to 2**12 experts
 MAX_EXPERTS = 2**SEARCH_STEPS
@@ -78,22 +79,93 @@ def num_work_items(mTileStart: cute.Tensor, n_tiles: Int32) -> Int32:
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
 class TokenItems:
     """The work items of one launch (built in the kernel, ``of``): the m-tiles of ``tile_start`` x
-    the n-tiles of N, ``count`` of them (read on the device); ``tile(item)`` is ``work_tile``."""
+    the n-tiles of N, ``count`` of them (read on the device); ``tile(item)`` is ``work_tile``;
+    every item has the same ``k_tiles`` (the contraction is the tokens' feature dimension): the
+    ``tile_k``-wide k-tiles (64 bf16, 128 fp8) of each part of K (one part, or two when B is given
+    as two tensors side by side along K, ``_pipeline.KSplit``)."""
 
     mRowStart: cute.Tensor
     mTileStart: cute.Tensor
     num_experts: Int32
     n_tiles: Int32
     count: Int32
+    k_tiles: Int32
 
     @staticmethod
-    def of(mRowStart: cute.Tensor, mTileStart: cute.Tensor, n: Int32, tile_n: int) -> TokenItems:
+    def of(mRowStart: cute.Tensor, mTileStart: cute.Tensor, n: Int32, tile_n: int, k_parts: tuple,
+           tile_k: int = TILE_K) -> TokenItems:
         num_experts = mTileStart.shape[0] - 1
         n_tiles = (n + tile_n - 1) // tile_n
-        return TokenItems(mRowStart, mTileStart, num_experts, n_tiles, num_work_items(mTileStart, n_tiles))
+        count = num_work_items(mTileStart, n_tiles)
+        k_tiles = (k_parts[0] + tile_k - 1) // tile_k
+        for part in k_parts[1:]:
+            k_tiles = k_tiles + (part + tile_k - 1) // tile_k
+        return TokenItems(mRowStart, mTileStart, num_experts, n_tiles, count, k_tiles)
 
     def tile(self, item: Int32):
         return work_tile(self.mRowStart, self.mTileStart, item, self.n_tiles, self.num_experts)
+
+    @cute.jit
+    def skip(self, read_state, release_state, item: Int32):
+        """Ping-pong: both consumer states advanced past item ``item``'s slots (the other
+        warpgroup's), without waiting on them."""
+        return advance(read_state, self.k_tiles), advance(release_state, self.k_tiles)
+
+
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class ExpertTiles:
+    """The work items of a weight gradient (built in the kernel, ``of``): the output tiles (expert
+    g, m-tile, n-tile) of the E experts' (M, N) results, item ``(g * m_tiles + m_tile) * n_tiles +
+    n_tile`` (n fastest: CTAs running together share expert g's A panel), a host-known count (no
+    tile search). The contraction is the expert's tokens, from ``mStart[g]`` to ``mStart[g + 1]``
+    (token rows, or 128-token blocks of the FP8 recipe): ``tile(item)`` is (g, m-tile, n-tile,
+    first, extent, k-tiles), ceil(extent / k_tile) k-tiles (none for an empty expert)."""
+
+    mStart: cute.Tensor
+    n_tiles: Int32
+    tiles_per_expert: Int32
+    count: Int32
+    k_tile: int
+
+    @staticmethod
+    def of(mStart: cute.Tensor, num_experts: Int32, m: Int32, n: Int32, tile_m: int, tile_n: int,
+           k_tile: int = TILE_K) -> ExpertTiles:
+        m_tiles = (m + tile_m - 1) // tile_m
+        n_tiles = (n + tile_n - 1) // tile_n
+        tiles_per_expert = m_tiles * n_tiles
+        return ExpertTiles(mStart, n_tiles, tiles_per_expert, num_experts * tiles_per_expert, k_tile)
+
+    def tile(self, item: Int32):
+        g = item // self.tiles_per_expert
+        rest = item - g * self.tiles_per_expert
+        m_tile = rest // self.n_tiles
+        n_tile = rest - m_tile * self.n_tiles
+        first = self.mStart[g]
+        extent = self.mStart[g + 1] - first
+        return g, m_tile, n_tile, first, extent, self.k_tiles(extent)
+
+    def k_tiles(self, extent: Int32) -> Int32:
+        return extent if self.k_tile == 1 else (extent + self.k_tile - 1) // self.k_tile
+
+    @cute.jit
+    def skip(self, read_state, release_state, item: Int32):
+        """Ping-pong: both consumer states advanced past item ``item``'s slots (none past the last
+        item), without waiting on them."""
+        if item < self.count:
+            g = item // self.tiles_per_expert
+            k_tiles = self.k_tiles(self.mStart[g + 1] - self.mStart[g])
+            read_state = advance(read_state, k_tiles)
+            release_state = advance(release_state, k_tiles)
+        return read_state, release_state
+
+
+@cute.jit
+def advance(state, slots: Int32):
+    """A pipeline state moved ``slots`` slots on without waiting on them; returns it (the caller
+    rebinds it)."""
+    for _ in range(slots):
+        state.advance()
+    return state
 
 
 def expert_count_reason(num_experts: int) -> Reason | None:

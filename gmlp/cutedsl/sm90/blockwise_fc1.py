@@ -24,11 +24,12 @@ Kernel design:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, const_expr
+from cutlass import BFloat16, Float32, Float8E4M3FN, Int32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
@@ -36,48 +37,19 @@ from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._blockwise_epilogue import fake_both_ways, quantize_tile_blockwise, store_unused_blocks
-from gmlp.cutedsl.sm90._blockwise_mainloop import (
-    MMA_WARPGROUPS,
-    TILE_K,
-    TILE_N,
-    BRows,
-    check_token_scales,
-    fake_token_rows,
-    fake_weight_tiles,
-    ffn_problem_support,
-    make_operands,
-    produce_items,
-    promoted_k_tiles,
-    scaled_slot_tensors,
-    slot_bytes,
-    storage_fields,
-)
-from gmlp.cutedsl.sm90._compile import (
-    FLOAT_DTYPES,
-    CompiledKernel,
-    compile_ahead,
-    config_compiler,
-    fake_matrix,
-    fake_stream,
-    fake_vector,
-)
+from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
+                                                   PromotedOperands, PromotedTokenRows, check_token_scales,
+                                                   fake_token_rows, fake_weight_tiles, ffn_problem_support,
+                                                   make_operands)
+from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, ahead_compiler, config_compiler, fake_matrix, fake_stream,
+                                        fake_vector)
+from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._epilogue_math import c_pair_views, load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc1_epilogue import ActivationEpilogue
 from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (
-    THREADS_PER_WARPGROUP,
-    StagedConfig,
-    consumer_fragments,
-    consumer_states,
-    cta_roles,
-    launch,
-    make_mainloop_pipeline,
-    register_split,
-    shared_storage,
-    smem_array,
-)
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90.configs import BlockwiseFC1Config
 from gmlp.fp8_blockwise.buffers import both_ways_buffers, no_token_columnwise, wrap_both_ways
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -91,55 +63,52 @@ _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA
 A_FORMAT = ElementFormat.E4M3  # the recipe quantizes a in E4M3
 
 
-@dataclass(frozen=True)
-class BlockwiseFC1Config(StagedConfig):
-    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+class BlockwiseFC1Args(NamedTuple):
+    """The kernel's arguments (the engine's ``args``; A is x, B is W1)."""
 
-    activation: Activation
-    bias_dtype: torch.dtype | None = None  # None: no b1
-    probs_dtype: torch.dtype | None = None  # None: no probs
-    power_of_two: bool = True  # a's scales truncated to powers of two (the recipe's default)
-    stages: int | None = None  # smem pipeline depth; None: as many as fit
-
-    def __post_init__(self):
-        check_activation(self.activation)
-        for name in ("bias_dtype", "probs_dtype"):
-            dtype = getattr(self, name)
-            if dtype is not None and dtype not in FLOAT_DTYPES:
-                raise ValueError(f"{name} must be one of {tuple(FLOAT_DTYPES)}, got {dtype}")
-        self.check_stages()
-
-    @property
-    def halves(self) -> int:
-        """B tiles a slot: gate and up for the gated activations, h for srelu."""
-        return 2 if self.activation.gated else 1
-
-    def stage_bytes(self) -> int:
-        """One slot: x's k-tile and a W1 k-tile a half, of fp8 bytes, and x's scale box."""
-        return slot_bytes(self.halves)
-
-    def fixed_bytes(self) -> int:
-        return _quantize_epilogue.SMEM_BYTES  # the transposed fp8 tile and the amax keys
-
-    def slot_name(self) -> str:
-        return self.activation.name
+    operands: PromotedArgs  # the promoted mainloop's
+    mBias: cute.Tensor | None  # (E, N1) bf16 or fp32
+    mProbs: cute.Tensor | None  # (T,) fp32 or bf16
+    mRowStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} m_h
+    mTileStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+    mC: cute.Tensor  # (T, N1) bf16
+    mRowData: cute.Tensor  # (T, F) uint8: Q_row(a)'s E4M3 bytes
+    mRowScale: cute.Tensor  # (F/128, pad4(T)) fp32
+    mColData: cute.Tensor  # (F, 128 n_blocks) uint8: Q_col(a)'s E4M3 bytes, block-aligned
+    mColScale: cute.Tensor  # (F, pad4(n_blocks)) fp32
 
 
-class BlockwiseFC1Sm90(ActivationEpilogue):
-    """The jit code (``__call__`` the host side, ``kernel`` the device side; module docstring)."""
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class _Consumer:
+    """A consumer thread's state, built once before the item loop."""
+
+    mma: PromotedOperands  # accs: gate (h), up
+    thr_mma: cute.ThrMma
+    mma_tidx: Int32
+    # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
+    # ((2 columns, 2 rows, 16 column groups), 1, 1)
+    tCcD: cute.Tensor
+    smem_q: tuple  # the quantizing epilogue's smem
+    pair: cute.Tensor  # staging of one bf16 pair
+    pair_bits: cute.Tensor
+    row_probs: cute.Tensor
+
+
+class BlockwiseFC1Sm90(PromotedTokenRows, GroupedGemmEngine, ActivationEpilogue):
+    """Blockwise FC1 on the engine (module docstring): ``__call__`` the host side; the operand
+    policy is ``PromotedTokenRows``, the epilogue this site's."""
 
     quantized = True  # the activation pass leaves the fp32 a in the gate accumulator
     tma_store = False  # c's pairs from the registers
+    a_dtype = Float8E4M3FN
 
     def __init__(self, config: BlockwiseFC1Config):
-        self.config = config
+        self.setup_engine(config, MMA_WARPGROUPS)
+        self.halves = config.halves
         self.activation = config.activation
         self.gated = config.activation.gated
         self.has_bias = config.bias_dtype is not None
         self.has_probs = config.probs_dtype is not None
-        self.stages = config.num_stages()
-        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
-        self.registers = register_split(self.threads)
 
     @cute.jit
     def __call__(
@@ -161,102 +130,54 @@ class BlockwiseFC1Sm90(ActivationEpilogue):
         stream,
     ):
         ops = make_operands(mX, mXScale, mW, Float8E4M3FN, self.stages)
-        fields = storage_fields(self.stages, ops, Float8E4M3FN)
-        if const_expr(self.gated):
-            fields["sU"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the up tiles
+        fields = self.storage_fields(ops)  # the up tiles as sB1 (gated)
         fields.update(_quantize_epilogue.smem_fields())
-        self.shared_storage = shared_storage(fields)
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
-                           mWScale, mBias, mProbs, mRowStart, mTileStart, mC, mRowData, mRowScale, mColData,
-                           mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
-               num_ctas, self.threads, stream)
+        args = BlockwiseFC1Args(PromotedArgs.of(ops, mWScale), mBias, mProbs, mRowStart, mTileStart, mC, mRowData,
+                                mRowScale, mColData, mColScale)
+        self.launch_engine(args, fields, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, num_ctas, stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_atom_a: cute.CopyAtom,
-        mX: cute.Tensor,  # TMA coordinates of x (T, H)
-        tma_atom_sa: cute.CopyAtom,
-        mXScale: cute.Tensor,  # TMA coordinates of its scales (pad4(T), K/128)
-        tma_atom_b: cute.CopyAtom,
-        mW: cute.Tensor,  # TMA coordinates of W1 (N1, H, E)
-        mWScale: cute.Tensor,
-        mBias: cute.Tensor | None,
-        mProbs: cute.Tensor | None,
-        mRowStart: cute.Tensor,
-        mTileStart: cute.Tensor,
-        mC: cute.Tensor,
-        mRowData: cute.Tensor,
-        mRowScale: cute.Tensor,
-        mColData: cute.Tensor,
-        mColScale: cute.Tensor,
-        tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,
-        b_smem_layout: cute.ComposedLayout,
-    ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        halves = self.config.halves
-        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
-                                                           halves, Float8E4M3FN)
-        sBs = [sB]
-        if const_expr(self.gated):
-            sBs.append(storage.sU.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
-                                          stage_bytes)
-        ffn = mRowData.shape[1]
-        items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
-        k_tiles = (mX.shape[1] + TILE_K - 1) // TILE_K
-        b_rows = BRows(1, ffn // TILE_N)  # the gate tile row n, the up tile row F / 128 + n
+    def b_rows(self, args: BlockwiseFC1Args) -> BRows:
+        return BRows(1, args.mRowData.shape[1] // TILE_N)  # the gate tile row n, the up tile row F / 128 + n
 
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (x, W1 gate [, up]) k-tile of this CTA's items
-            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mX, sA, tma_atom_sa,
-                          mXScale, sAScale, tma_atom_b, mW, sBs, b_rows)
+    def work(self, args: BlockwiseFC1Args) -> TokenItems:
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.mRowData.shape[1], TILE_N,
+                             (args.operands.mA.shape[1],), TILE_K)
 
-        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, sBs)
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
-            # ((2 columns, 2 rows, 16 column groups), 1, 1)
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            fragment = pair_fragment(tCcD.shape)
-            accs = [cute.make_rmem_tensor(fragment, Float32) for _ in range(halves)]  # gate (h), up
-            partial = cute.make_rmem_tensor(fragment, Float32)
-            smem_q = _quantize_epilogue.smem_tensors(storage)
-            pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
-            pair_bits = cute.recast_tensor(pair, Int32)
-            row_probs = cute.make_rmem_tensor((2,), Float32)
-            read_state, _ = consumer_states(self.stages)
-            rows = (tCcD[0][0], tCcD[2][0])  # the thread's two accumulator rows
-            outputs = (mRowData, mRowScale, mColData, mColScale)
-            item = bidx
-            while item < items.count:
-                g, m_tile, n_tile, first_row, end_row = items.tile(item)
-                tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, accs,
-                                                         partial, sAScale, mWScale, g, b_rows.of(n_tile, halves),
-                                                         first_row, rows)
-                # epilogue at rows first_row + [0, 128) (those < end_row are the expert's), a columns col0 + [0, 128)
-                col0 = n_tile * TILE_N
-                limits = (end_row - first_row, ffn - col0)
-                if const_expr(self.has_probs):
-                    load_row_probs(row_probs, mProbs, rows, first_row, limits[0])
-                tCgC, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
-                self.activation_pass(accs[0], accs[halves - 1], tCcD, limits, col0, g, ffn, mBias, row_probs, pair,
-                                     pair_bits, (tCgC, tCgU, None), None)
-                # a (over the gate accumulator), zero in the rows past the expert's end
-                values = [cutlass.select_(tCcD[v][0] < limits[0], accs[0][v], Float32(0.0))
-                          for v in range(cute.size(partial))]
-                quantize_tile_blockwise(values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, col0, limits[0],
-                                        m_tile, A_FORMAT.max_normal, False, self.config.power_of_two,
-                                        _EPILOGUE_BARRIER)
-                item += grid
-            store_unused_blocks(mColData, mColScale, mTileStart[items.num_experts], items.n_tiles, bidx, grid,
-                                mma_tidx)
+    def consumer_setup(self, args: BlockwiseFC1Args, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
+                       tCrBs) -> _Consumer:
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+        mma = self.promoted_operands(slots, tCrA, tCrBs, tCcD, pair_fragment(tCcD.shape))
+        pair = cute.make_rmem_tensor((2,), BFloat16)
+        return _Consumer(mma, thr_mma, mma_tidx, tCcD, _quantize_epilogue.smem_tensors(storage), pair,
+                         cute.recast_tensor(pair, Int32), cute.make_rmem_tensor((2,), Float32))
+
+    @cute.jit
+    def epilogue(self, consumer: _Consumer, args: BlockwiseFC1Args, tile: tuple, ahead, stores: Int32) -> Int32:
+        """Rows first_row + [0, 128) (those < end_row are the expert's), a columns col0 + [0, 128)."""
+        g, m_tile, n_tile, first_row, end_row = tile
+        ffn = args.mRowData.shape[1]
+        accs, tCcD, thr_mma = consumer.mma.accs, consumer.tCcD, consumer.thr_mma
+        col0 = n_tile * TILE_N
+        limits = (end_row - first_row, ffn - col0)
+        if const_expr(self.has_probs):
+            load_row_probs(consumer.row_probs, args.mProbs, consumer.mma.rows, first_row, limits[0])
+        tCgC, tCgU = c_pair_views(thr_mma, args.mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
+        self.activation_pass(accs[0], accs[self.halves - 1], tCcD, limits, col0, g, ffn, args.mBias,
+                             consumer.row_probs, consumer.pair, consumer.pair_bits, (tCgC, tCgU, None), None)
+        # a (over the gate accumulator), zero in the rows past the expert's end
+        values = [cutlass.select_(tCcD[v][0] < limits[0], accs[0][v], Float32(0.0))
+                  for v in range(cute.size(consumer.mma.partial))]
+        quantize_tile_blockwise(values, tCcD, thr_mma, consumer.mma_tidx,
+                                (args.mRowData, args.mRowScale, args.mColData, args.mColScale), consumer.smem_q,
+                                first_row, col0, limits[0], m_tile, A_FORMAT.max_normal, False,
+                                self.config.power_of_two, _EPILOGUE_BARRIER)
+        return stores
+
+    def finish(self, consumer: _Consumer, args: BlockwiseFC1Args, work: TokenItems, bidx: Int32, grid: Int32):
+        store_unused_blocks(args.mColData, args.mColScale, args.mTileStart[work.num_experts], work.n_tiles, bidx,
+                            grid, consumer.mma_tidx)
 
 
 def _fake_arguments(config: BlockwiseFC1Config) -> tuple:
@@ -287,14 +208,8 @@ def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gate
     return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated)
 
 
-def compile_blockwise_fc1(arch: str = "sm_90a", config: BlockwiseFC1Config | None = None, *,
-                          shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
-    """Compile the kernel for ``arch`` without a GPU (default config: swiglu, no bias, no probs);
-    returns it with its PTX and cubin. ``shape`` (T, H, F, E), when given, is checked against
-    ``problem_support``."""
-    config = config if config is not None else BlockwiseFC1Config(Activation(ActivationKind.SWIGLU))
-    reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    return compile_ahead(_NAME, _compile, config, arch, reason)
+compile_blockwise_fc1 = ahead_compiler(_NAME, _compile, BlockwiseFC1Config(Activation(ActivationKind.SWIGLU)),
+                                       problem_support, "T, H, F, E", gated=True)
 
 
 def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,

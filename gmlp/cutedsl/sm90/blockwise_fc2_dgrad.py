@@ -31,11 +31,12 @@ Kernel design:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint32, const_expr
+from cutlass import BFloat16, Float32, Float8E4M3FN, Float8E5M2, Int32, Uint32, const_expr
 
 from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
@@ -43,49 +44,21 @@ from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
 from gmlp.cutedsl.sm90._blockwise_epilogue import fake_both_ways, quantize_tile_blockwise, store_unused_blocks
-from gmlp.cutedsl.sm90._blockwise_mainloop import (
-    MMA_WARPGROUPS,
-    TILE_K,
-    TILE_N,
-    BRows,
-    check_token_scales,
-    fake_token_rows,
-    fake_weight_tiles,
-    ffn_problem_support,
-    make_operands,
-    produce_items,
-    promoted_k_tiles,
-    scaled_slot_tensors,
-    slot_bytes,
-    storage_fields,
-)
-from gmlp.cutedsl.sm90._compile import (
-    FLOAT_DTYPES,
-    CompiledKernel,
-    compile_ahead,
-    config_compiler,
-    fake_matrix,
-    fake_stream,
-    fake_vector,
-)
+from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
+                                                   PromotedOperands, PromotedTokenRows, check_token_scales,
+                                                   fake_token_rows, fake_weight_tiles, ffn_problem_support,
+                                                   make_operands)
+from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, ahead_compiler, config_compiler, fake_matrix, fake_stream,
+                                        fake_vector)
+from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._epilogue_math import c_pair_views, load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS, DhEpilogue
 from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import _bf16_pair
 from gmlp.cutedsl.sm90._launch import check_activation, check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (
-    ELEMENT_ALIGN,
-    THREADS_PER_WARPGROUP,
-    StagedConfig,
-    consumer_fragments,
-    consumer_states,
-    cta_roles,
-    launch,
-    make_mainloop_pipeline,
-    register_split,
-    shared_storage,
-)
+from gmlp.cutedsl.sm90._pipeline import ELEMENT_ALIGN
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90.configs import BlockwiseFC2DgradConfig
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.buffers import both_ways_buffers, no_token_columnwise, wrap_both_ways
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
@@ -99,53 +72,55 @@ _NAME = "blockwise fc2 dgrad kernel"
 _EPILOGUE_BARRIER = 1  # named barrier of the 256 consumer threads; 0 is the CTA's
 WARPS_PER_TILE = 8  # db1: one row of warp sums per consumer warp and tile
 _PRODUCER_REGISTERS, _CONSUMER_REGISTERS = 24, 240  # 128 x 24 + 256 x 240 = 384 x 168
-_GRAD_FORMATS = (ElementFormat.E4M3, ElementFormat.E5M2)
 
 
-@dataclass(frozen=True)
-class BlockwiseFC2DgradConfig(StagedConfig):
-    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+class BlockwiseFC2DgradArgs(NamedTuple):
+    """The kernel's arguments (the engine's ``args``; A is dy, B is W2^T)."""
 
-    activation: Activation
-    grad_format: ElementFormat = ElementFormat.E4M3  # dy's and dh's fp8 format
-    probs_dtype: torch.dtype | None = None  # None: no probs (and no dprobs)
-    bias_grad: bool = False  # db1's warp sums
-    power_of_two: bool = True  # dh's scales truncated to powers of two (the recipe's default)
-    stages: int | None = None  # smem pipeline depth; None: as many as fit
-
-    def __post_init__(self):
-        check_activation(self.activation)
-        if self.grad_format not in _GRAD_FORMATS:
-            raise ValueError(f"grad_format must be one of {[f.value for f in _GRAD_FORMATS]}, got {self.grad_format}")
-        if self.probs_dtype is not None and self.probs_dtype not in FLOAT_DTYPES:
-            raise ValueError(f"probs_dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.probs_dtype}")
-        self.check_stages()
-
-    def stage_bytes(self) -> int:
-        """One slot: dy's k-tile and a W2^T k-tile, of fp8 bytes, and dy's scale box."""
-        return slot_bytes(1)
-
-    def fixed_bytes(self) -> int:
-        return _quantize_epilogue.SMEM_BYTES  # the transposed fp8 tile and the amax keys
-
-    def slot_name(self) -> str:
-        return self.activation.name
+    operands: PromotedArgs  # the promoted mainloop's
+    mC: cute.Tensor  # (T, N1) bf16: the saved pre-activation
+    mProbs: cute.Tensor | None  # (T,) fp32 or bf16
+    mRowStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} m_h
+    mTileStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+    mDprobsPartial: cute.Tensor | None  # (T, F/128) fp32
+    mWarpSums: cute.Tensor | None  # (max tiles * 8, N1) fp32, zero-filled
+    mRowData: cute.Tensor  # (T, N1) uint8: Q_row(dh)'s bytes
+    mRowScale: cute.Tensor  # (N1/128, pad4(T)) fp32
+    mColData: cute.Tensor  # (N1, 128 n_blocks) uint8: Q_col(dh)'s bytes, block-aligned
+    mColScale: cute.Tensor  # (N1, pad4(n_blocks)) fp32
 
 
-class BlockwiseFC2DgradSm90(DhEpilogue):
-    """The jit code (``__call__`` the host side, ``kernel`` the device side; module docstring)."""
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class _Consumer:
+    """A consumer thread's state, built once before the item loop."""
+
+    mma: PromotedOperands  # accs: (da, then d up; srelu: dh)
+    thr_mma: cute.ThrMma
+    mma_tidx: Int32
+    # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
+    # ((2 columns, 2 rows, 16 column groups), 1, 1)
+    tCcD: cute.Tensor
+    d_gate: cute.Tensor  # gated: d gate's values (srelu: the accumulator itself)
+    c_words: cute.Tensor  # c's gate and up words of 16 pairs
+    row_probs: cute.Tensor
+    row_dprobs: cute.Tensor
+    smem_q: tuple  # the quantizing epilogue's smem
+
+
+class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
+    """Blockwise FC2 dgrad on the engine (module docstring): ``__call__`` the host side; the
+    operand policy is ``PromotedTokenRows``, the epilogue this site's."""
+
+    halves = 1
 
     def __init__(self, config: BlockwiseFC2DgradConfig):
-        self.config = config
+        self.setup_engine(config, MMA_WARPGROUPS, registers=(_PRODUCER_REGISTERS, _CONSUMER_REGISTERS))
         self.activation = config.activation
         self.gated = config.activation.gated
         self.has_probs = config.probs_dtype is not None
         self.bias_grad = config.bias_grad
         self.e5m2 = config.grad_format is ElementFormat.E5M2
-        self.dy_dtype = Float8E5M2 if self.e5m2 else Float8E4M3FN
-        self.stages = config.num_stages()
-        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
-        self.registers = register_split(self.threads, _PRODUCER_REGISTERS, _CONSUMER_REGISTERS)
+        self.a_dtype = Float8E5M2 if self.e5m2 else Float8E4M3FN  # dy's
 
     @cute.jit
     def __call__(
@@ -167,121 +142,80 @@ class BlockwiseFC2DgradSm90(DhEpilogue):
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mDy, mDyScale, mW, self.dy_dtype, self.stages)
-        fields = storage_fields(self.stages, ops, self.dy_dtype)
+        ops = make_operands(mDy, mDyScale, mW, self.a_dtype, self.stages)
+        fields = self.storage_fields(ops)
         fields.update(_quantize_epilogue.smem_fields())
-        self.shared_storage = shared_storage(fields)
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
-                           mWScale, mC, mProbs, mRowStart, mTileStart, mDprobsPartial, mWarpSums, mRowData,
-                           mRowScale, mColData, mColScale, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout),
-               num_ctas, self.threads, stream)
+        args = BlockwiseFC2DgradArgs(PromotedArgs.of(ops, mWScale), mC, mProbs, mRowStart, mTileStart,
+                                     mDprobsPartial, mWarpSums, mRowData, mRowScale, mColData, mColScale)
+        self.launch_engine(args, fields, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, num_ctas, stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_atom_a: cute.CopyAtom,
-        mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
-        tma_atom_sa: cute.CopyAtom,
-        mDyScale: cute.Tensor,  # TMA coordinates of its scales (pad4(T), K/128)
-        tma_atom_b: cute.CopyAtom,
-        mW: cute.Tensor,  # TMA coordinates of W2^T (F, H, E)
-        mWScale: cute.Tensor,
-        mC: cute.Tensor,
-        mProbs: cute.Tensor | None,
-        mRowStart: cute.Tensor,
-        mTileStart: cute.Tensor,
-        mDprobsPartial: cute.Tensor | None,
-        mWarpSums: cute.Tensor | None,
-        mRowData: cute.Tensor,
-        mRowScale: cute.Tensor,
-        mColData: cute.Tensor,
-        mColScale: cute.Tensor,
-        tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,
-        b_smem_layout: cute.ComposedLayout,
-    ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
-                                                           1, self.dy_dtype)
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
-                                          stage_bytes)
-        ffn = mW.shape[0]
-        items = TokenItems.of(mRowStart, mTileStart, ffn, TILE_N)
-        k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
+    def b_rows(self, args: BlockwiseFC2DgradArgs) -> BRows:
+        return BRows(1, 0)  # weight tile row n
 
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (dy, W2^T) k-tile of this CTA's items
-            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, tma_atom_sa,
-                          mDyScale, sAScale, tma_atom_b, mW, [sB], BRows(1, 0))
+    def work(self, args: BlockwiseFC2DgradArgs) -> TokenItems:
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.operands.mB.shape[0], TILE_N,
+                             (args.operands.mA.shape[1],), TILE_K)
 
-        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
-            lane = mma_tidx % 32
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, (sB,))
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators:
-            # ((2 columns, 2 rows, 16 column groups), 1, 1)
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            fragment = pair_fragment(tCcD.shape)
-            acc = cute.make_rmem_tensor(fragment, Float32)  # da, then d up (srelu: dh)
-            partial = cute.make_rmem_tensor(fragment, Float32)
-            d_gate = cute.make_rmem_tensor(fragment, Float32) if const_expr(self.gated) else acc
-            c_words = cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32)  # c's gate and up words of 16 pairs
-            row_probs = cute.make_rmem_tensor((2,), Float32)
-            row_dprobs = cute.make_rmem_tensor((2,), Float32)
-            smem_q = _quantize_epilogue.smem_tensors(storage)
-            read_state, _ = consumer_states(self.stages)
-            rows = (tCcD[0][0], tCcD[2][0])  # the thread's two accumulator rows
-            outputs = (mRowData, mRowScale, mColData, mColScale)
-            fmax = self.config.grad_format.max_normal
-            pairs = cute.size(tCcD) // 2
-            item = bidx
-            while item < items.count:
-                g, m_tile, n_tile, first_row, end_row = items.tile(item)
-                tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, [acc],
-                                                         partial, sAScale, mWScale, g, (n_tile, n_tile), first_row,
-                                                         rows)
-                # epilogue at rows first_row + [0, 128) (those < end_row are the expert's), da columns col0 + [0, 128)
-                col0 = n_tile * TILE_N
-                limits = (end_row - first_row, ffn - col0)
-                if const_expr(self.has_probs):
-                    load_row_probs(row_probs, mProbs, rows, first_row, limits[0], row_dprobs)
-                tCgG, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
-                for i in cutlass.range_constexpr(pairs):  # pair i: row slot i % 2 of column group i // 2
-                    if const_expr(i % C_WORD_PAIRS == 0):
-                        self.load_c_pairs(c_words, i, C_WORD_PAIRS, tCgG, tCgU, tCcD, limits)
-                    if cute.elem_less(tCcD[2 * i], limits):
-                        word = 2 * (i % C_WORD_PAIRS)
-                        gate = _bf16_pair(Uint32(c_words[word]))
-                        up = _bf16_pair(Uint32(c_words[word + 1])) if const_expr(self.gated) else gate
-                        # (d gate, d up) of the pair's two columns (srelu: (dh, None))
-                        d0, d1 = self.pair_backward(gate, up, (acc[2 * i], acc[2 * i + 1]), i % 2, row_probs,
-                                                    row_dprobs)
-                        d_gate[2 * i], d_gate[2 * i + 1] = d0[0], d1[0]
-                        if const_expr(self.gated):
-                            acc[2 * i], acc[2 * i + 1] = d0[1], d1[1]
-                    else:  # rows past the expert's end: zeros in both tiles
-                        d_gate[2 * i], d_gate[2 * i + 1] = Float32(0.0), Float32(0.0)
-                        if const_expr(self.gated):
-                            acc[2 * i], acc[2 * i + 1] = Float32(0.0), Float32(0.0)
-                if const_expr(self.has_probs):
-                    self.store_dprobs_partials(row_dprobs, tCcD, lane, limits, mDprobsPartial, first_row, n_tile)
-                sums_row = m_tile * WARPS_PER_TILE + mma_tidx // 32
-                halves = ((d_gate, col0), (acc, ffn + col0)) if const_expr(self.gated) else ((d_gate, col0),)
-                for h in cutlass.range_constexpr(len(halves)):
-                    values = [halves[h][0][v] for v in range(cute.size(partial))]
-                    quantize_tile_blockwise(values, tCcD, thr_mma, mma_tidx, outputs, smem_q, first_row, halves[h][1],
-                                            limits[0], m_tile, fmax, self.e5m2, self.config.power_of_two,
-                                            _EPILOGUE_BARRIER)
-                    if const_expr(self.bias_grad):
-                        _warp_column_sums(values, tCcD, lane, mWarpSums, sums_row, halves[h][1])
-                item += grid
-            store_unused_blocks(mColData, mColScale, mTileStart[items.num_experts], mRowData.shape[1] // TILE_N,
-                                bidx, grid, mma_tidx)
+    def consumer_setup(self, args: BlockwiseFC2DgradArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
+                       tCrBs) -> _Consumer:
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+        fragment = pair_fragment(tCcD.shape)
+        mma = self.promoted_operands(slots, tCrA, tCrBs, tCcD, fragment)
+        d_gate = cute.make_rmem_tensor(fragment, Float32) if const_expr(self.gated) else mma.accs[0]
+        return _Consumer(mma, thr_mma, mma_tidx, tCcD, d_gate, cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32),
+                         cute.make_rmem_tensor((2,), Float32), cute.make_rmem_tensor((2,), Float32),
+                         _quantize_epilogue.smem_tensors(storage))
+
+    @cute.jit
+    def epilogue(self, consumer: _Consumer, args: BlockwiseFC2DgradArgs, tile: tuple, ahead, stores: Int32) -> Int32:
+        """Rows first_row + [0, 128) (those < end_row are the expert's), da columns col0 + [0, 128)."""
+        g, m_tile, n_tile, first_row, end_row = tile
+        ffn = args.operands.mB.shape[0]
+        acc, d_gate, c_words = consumer.mma.accs[0], consumer.d_gate, consumer.c_words
+        tCcD, thr_mma, mma_tidx = consumer.tCcD, consumer.thr_mma, consumer.mma_tidx
+        lane = mma_tidx % 32
+        col0 = n_tile * TILE_N
+        limits = (end_row - first_row, ffn - col0)
+        if const_expr(self.has_probs):
+            load_row_probs(consumer.row_probs, args.mProbs, consumer.mma.rows, first_row, limits[0],
+                           consumer.row_dprobs)
+        tCgG, tCgU = c_pair_views(thr_mma, args.mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
+        for i in cutlass.range_constexpr(cute.size(tCcD) // 2):  # pair i: row slot i % 2 of column group i // 2
+            if const_expr(i % C_WORD_PAIRS == 0):
+                self.load_c_pairs(c_words, i, C_WORD_PAIRS, tCgG, tCgU, tCcD, limits)
+            if cute.elem_less(tCcD[2 * i], limits):
+                word = 2 * (i % C_WORD_PAIRS)
+                gate = _bf16_pair(Uint32(c_words[word]))
+                up = _bf16_pair(Uint32(c_words[word + 1])) if const_expr(self.gated) else gate
+                # (d gate, d up) of the pair's two columns (srelu: (dh, None))
+                d0, d1 = self.pair_backward(gate, up, (acc[2 * i], acc[2 * i + 1]), i % 2, consumer.row_probs,
+                                            consumer.row_dprobs)
+                d_gate[2 * i], d_gate[2 * i + 1] = d0[0], d1[0]
+                if const_expr(self.gated):
+                    acc[2 * i], acc[2 * i + 1] = d0[1], d1[1]
+            else:  # rows past the expert's end: zeros in both tiles
+                d_gate[2 * i], d_gate[2 * i + 1] = Float32(0.0), Float32(0.0)
+                if const_expr(self.gated):
+                    acc[2 * i], acc[2 * i + 1] = Float32(0.0), Float32(0.0)
+        if const_expr(self.has_probs):
+            self.store_dprobs_partials(consumer.row_dprobs, tCcD, lane, limits, args.mDprobsPartial, first_row, n_tile)
+        sums_row = m_tile * WARPS_PER_TILE + mma_tidx // 32
+        halves = ((d_gate, col0), (acc, ffn + col0)) if const_expr(self.gated) else ((d_gate, col0),)
+        for h in cutlass.range_constexpr(len(halves)):
+            values = [halves[h][0][v] for v in range(cute.size(consumer.mma.partial))]
+            quantize_tile_blockwise(values, tCcD, thr_mma, mma_tidx,
+                                    (args.mRowData, args.mRowScale, args.mColData, args.mColScale), consumer.smem_q,
+                                    first_row, halves[h][1], limits[0], m_tile, self.config.grad_format.max_normal,
+                                    self.e5m2, self.config.power_of_two, _EPILOGUE_BARRIER)
+            if const_expr(self.bias_grad):
+                _warp_column_sums(values, tCcD, lane, args.mWarpSums, sums_row, halves[h][1])
+        return stores
+
+    def finish(self, consumer: _Consumer, args: BlockwiseFC2DgradArgs, work: TokenItems, bidx: Int32, grid: Int32):
+        store_unused_blocks(args.mColData, args.mColScale, args.mTileStart[work.num_experts],
+                            args.mRowData.shape[1] // TILE_N, bidx, grid, consumer.mma_tidx)
 
 
 @cute.jit
@@ -329,14 +263,9 @@ def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gate
     return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated)
 
 
-def compile_blockwise_fc2_dgrad(arch: str = "sm_90a", config: BlockwiseFC2DgradConfig | None = None, *,
-                                shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
-    """Compile the kernel for ``arch`` without a GPU (default config: swiglu, E4M3, no probs, no
-    bias_grad); returns it with its PTX and cubin. ``shape`` (T, H, F, E), when given, is checked
-    against ``problem_support``."""
-    config = config if config is not None else BlockwiseFC2DgradConfig(Activation(ActivationKind.SWIGLU))
-    reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    return compile_ahead(_NAME, _compile, config, arch, reason)
+compile_blockwise_fc2_dgrad = ahead_compiler(_NAME, _compile,
+                                             BlockwiseFC2DgradConfig(Activation(ActivationKind.SWIGLU)),
+                                             problem_support, "T, H, F, E", gated=True)
 
 
 def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor, split_sizes: torch.Tensor,

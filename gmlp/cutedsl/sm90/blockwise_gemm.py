@@ -8,7 +8,8 @@ A is E4M3, or E5M2 (FC1 dgrad's dh under ``grad_format=E5M2``: fp8 ``wgmma`` mix
 formats); B is E4M3. Compiled for sm_90a on the CPU (its PTX checked), run against the Triton twin
 on the H100/H200; the layer's FC2 and FC1 dgrad sites take it on 9.x.
 
-Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barriers):
+Kernel design (a site of the engine, ``_engine``: ``_schedule``'s work items, the skeleton's roles,
+slots and barriers):
 
 - Tiles: BM = 128 rows (an expert-aligned tile), BN = 128 columns (one weight tile row: one B
   scale per k-tile), BK = 128 fp8 elements: one 128-byte swizzle row and one scale block.
@@ -26,64 +27,26 @@ Kernel design (``_schedule``'s work items, ``_pipeline``'s roles, slots and barr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, const_expr
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Int32
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _schedule
-from gmlp.cutedsl.sm90._blockwise_mainloop import (
-    MMA_WARPGROUPS,
-    TILE_K,
-    TILE_N,
-    BRows,
-    check_token_scales,
-    fake_token_rows,
-    fake_weight_tiles,
-    make_operands,
-    produce_items,
-    promoted_k_tiles,
-    scaled_slot_tensors,
-    slot_bytes,
-    storage_fields,
-)
-from gmlp.cutedsl.sm90._compile import (
-    FLOAT_DTYPES,
-    CompiledKernel,
-    compile_ahead,
-    config_compiler,
-    fake_matrix,
-    fake_stream,
-    fake_vector,
-)
-from gmlp.cutedsl.sm90._launch import (
-    check_optional,
-    check_problem,
-    check_tma_bases,
-    run,
-)
-from gmlp.cutedsl.sm90._pipeline import (
-    THREADS_PER_WARPGROUP,
-    StagedConfig,
-    WideItems,
-    consumer_fragments,
-    consumer_states,
-    cta_roles,
-    launch,
-    make_mainloop_pipeline,
-    register_split,
-    shared_storage,
-    smem_array,
-)
+from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
+                                                   PromotedOperands, PromotedTokenRows, check_token_scales,
+                                                   fake_token_rows, fake_weight_tiles, make_operands)
+from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, ahead_compiler, config_compiler, fake_matrix, fake_stream,
+                                        fake_vector)
+from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
+from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, run
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90.grouped_gemm import store_bf16_pairs
-from gmlp.fp8_blockwise.tensor import (
-    BlockShape,
-    FP8BlockwiseTensor,
-    require_block_shape,
-)
+from gmlp.cutedsl.sm90.configs import BlockwiseGemmConfig
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -94,34 +57,34 @@ __all__ = ["BlockwiseGemmConfig", "BlockwiseGemmSm90", "compile_blockwise_gemm",
 _NAME = "blockwise GEMM"
 
 
-@dataclass(frozen=True)
-class BlockwiseGemmConfig(StagedConfig, WideItems):
-    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+class BlockwiseGemmArgs(NamedTuple):
+    """The kernel's arguments (the engine's ``args``)."""
 
-    bias_dtype: torch.dtype | None = None  # FC2's b2 (E, N), bf16 or fp32, added before the rounding; None: none
-    a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
-    stages: int | None = None  # smem pipeline depth; None: as many as fit
-    wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
-
-    def __post_init__(self):
-        if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
-            raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
-        self.check_stages()
-
-    def stage_bytes(self) -> int:
-        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and A's scale box."""
-        return slot_bytes(self.halves)
+    operands: PromotedArgs  # the promoted mainloop's
+    mBias: cute.Tensor | None  # (E, N) bf16 or fp32
+    mRowStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} m_h
+    mTileStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+    mD: cute.Tensor  # (T, N) bf16, row-major
 
 
-class BlockwiseGemmSm90:
-    """The jit code (``__call__`` the host side, ``kernel`` the device side; see the module docstring)."""
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class _Consumer:
+    """A consumer thread's state, built once before the item loop."""
+
+    mma: PromotedOperands
+    thr_mma: cute.ThrMma
+    tCcD: cute.Tensor  # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+    out: cute.Tensor  # staging of the bf16 pairs
+
+
+class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
+    """The blockwise grouped GEMM on the engine (see the module docstring): ``__call__`` the host
+    side; the operand policy is ``PromotedTokenRows``, the epilogue this site's."""
 
     def __init__(self, config: BlockwiseGemmConfig):
-        self.config = config
-        self.stages = config.num_stages()
+        self.setup_engine(config, MMA_WARPGROUPS)
+        self.halves = config.halves
         self.a_dtype = Float8E5M2 if config.a_format is ElementFormat.E5M2 else Float8E4M3FN
-        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
-        self.registers = register_split(self.threads)
 
     @cute.jit
     def __call__(
@@ -138,75 +101,32 @@ class BlockwiseGemmSm90:
         stream,
     ):
         ops = make_operands(mA, mAScale, mB, self.a_dtype, self.stages)
-        fields = storage_fields(self.stages, ops, self.a_dtype)
-        if const_expr(self.config.wide):
-            fields["sB1"] = smem_array(Float8E4M3FN, cute.cosize(ops.b_smem_layout))  # the second half's B tiles
-        self.shared_storage = shared_storage(fields)
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_sa, ops.tma_sa, ops.tma_atom_b, ops.tma_b,
-                           mBScale, mBias, mRowStart, mTileStart, mD, ops.tiled_mma, ops.a_smem_layout,
-                           ops.b_smem_layout),
-               num_ctas, self.threads, stream)
+        args = BlockwiseGemmArgs(PromotedArgs.of(ops, mBScale), mBias, mRowStart, mTileStart, mD)
+        self.launch_engine(args, self.storage_fields(ops), ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
+                           num_ctas, stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_atom_a: cute.CopyAtom,
-        mA: cute.Tensor,  # TMA coordinates of A (T, K)
-        tma_atom_sa: cute.CopyAtom,
-        mAScale: cute.Tensor,  # TMA coordinates of its scales (pad4(T), K/128)
-        tma_atom_b: cute.CopyAtom,
-        mB: cute.Tensor,  # TMA coordinates of B (N, K, E)
-        mBScale: cute.Tensor,
-        mBias: cute.Tensor | None,
-        mRowStart: cute.Tensor,
-        mTileStart: cute.Tensor,
-        mD: cute.Tensor,
-        tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,
-        b_smem_layout: cute.ComposedLayout,
-    ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_sa, tma_atom_b))
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        halves = self.config.halves
-        sA, sB, sAScale, stage_bytes = scaled_slot_tensors(storage, self.stages, a_smem_layout, b_smem_layout,
-                                                           halves, self.a_dtype)
-        sBs = [sB]
-        if const_expr(halves == 2):
-            sBs.append(storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
-                                          stage_bytes)
-        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], TILE_N * halves)
-        k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
+    def b_rows(self, args: BlockwiseGemmArgs) -> BRows:
+        return BRows(self.halves, 1)  # weight tile rows 2n and 2n + 1 (wide), or n
 
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            produce_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, tma_atom_sa,
-                          mAScale, sAScale, tma_atom_b, mB, sBs, BRows(halves, 1))
+    def work(self, args: BlockwiseGemmArgs) -> TokenItems:
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.mD.shape[1], TILE_N * self.halves,
+                             (args.operands.mA.shape[1],), TILE_K)
 
-        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
-            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, sA, sBs)
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-            accs = [cute.make_rmem_tensor(tCcD.shape, Float32) for _ in range(halves)]
-            partial = cute.make_rmem_tensor(tCcD.shape, Float32)
-            out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
-            read_state, _ = consumer_states(self.stages)
-            # the thread's two accumulator rows (m64 layout: elements 4j, 4j+1 and 4j+2, 4j+3)
-            rows = (tCcD[0][0], tCcD[2][0])
-            item = bidx
-            while item < items.count:
-                g, _, n_tile, first_row, end_row = items.tile(item)
-                rows_b = BRows(halves, 1).of(n_tile, halves)
-                tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, k_tiles, tCrA, tCrBs, accs,
-                                                         partial, sAScale, mBScale, g, rows_b, first_row, rows)
-                for h in cutlass.range_constexpr(halves):
-                    store_bf16_pairs(accs[h], out, thr_mma, tCcD, mD, mBias, g, rows_b[h], first_row, end_row,
-                                     TILE_N)
-                item += grid
+    def consumer_setup(self, args: BlockwiseGemmArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
+                       tCrBs) -> _Consumer:
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
+        return _Consumer(self.promoted_operands(slots, tCrA, tCrBs, tCcD, tCcD.shape), thr_mma, tCcD,
+                         cute.make_rmem_tensor(tCcD.shape, BFloat16))
+
+    @cute.jit
+    def epilogue(self, consumer: _Consumer, args: BlockwiseGemmArgs, tile: tuple, ahead, stores: Int32) -> Int32:
+        g, _, n_tile, first_row, end_row = tile
+        rows_b = self.b_rows(args).of(n_tile, self.halves)
+        for h in cutlass.range_constexpr(self.halves):
+            store_bf16_pairs(consumer.mma.accs[h], consumer.out, consumer.thr_mma, consumer.tCcD, args.mD, args.mBias,
+                             g, rows_b[h], first_row, end_row, TILE_N)
+        return stores
 
 
 def _fake_arguments(config: BlockwiseGemmConfig) -> tuple:
@@ -239,10 +159,7 @@ def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> Reason |
     return None
 
 
-def compile_blockwise_gemm(arch: str = "sm_90a", config: BlockwiseGemmConfig = BlockwiseGemmConfig(), *,
-                           shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
-    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin."""
-    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
+compile_blockwise_gemm = ahead_compiler(_NAME, _compile, BlockwiseGemmConfig(), problem_support, "T, N, K, E")
 
 
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,

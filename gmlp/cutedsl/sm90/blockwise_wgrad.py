@@ -8,7 +8,8 @@ zeros, scales (features, pad4(n_blocks)); same promotion ``acc += (sa[m] * sb[n]
 up to the summation order). Compiled for sm_90a on the CPU (its PTX checked), run against the
 Triton twin on the H100; the layer's weight-gradient sites take it on 9.x.
 
-Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers):
+Kernel design (DeepGEMM's 1D1D form as a site of the engine, ``_engine``: its own producer and
+k-loop on the skeleton's roles, slots and barriers):
 
 - Work items: output tiles (expert g, m-tile, n-tile) of 128 x 128, item ``(g * m_tiles +
   m_tile) * n_tiles + n_tile`` (n fastest: CTAs running together share expert g's A panel); a
@@ -42,6 +43,7 @@ Kernel design (DeepGEMM's 1D1D form on ``_pipeline``'s roles, slots and barriers
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -49,91 +51,76 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Float32, Int32, Uint8, const_expr
+from cutlass import Float32, Int32, Uint8, const_expr
 from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90._compile import (
-    CompiledKernel,
-    compile_ahead,
-    config_compiler,
-    fake_matrix,
-    fake_stream,
-    fake_vector,
-    sym_stride,
-)
+from gmlp.cutedsl.sm90._compile import (ahead_compiler, config_compiler, fake_matrix, fake_stream, fake_vector,
+                                        sym_stride)
+from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (
-    ALIGN,
-    THREADS_PER_WARPGROUP,
-    StagedConfig,
-    WideItems,
-    consumer_states,
-    cta_roles,
-    launch,
-    mainloop_fields,
-    make_mainloop_pipeline,
-    register_split,
-    shared_storage,
-    slot_tensors,
-    smem_array,
-)
-from gmlp.cutedsl.sm90._schedule import sm_count
+from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, mainloop_fields, slot_tensors, smem_array
+from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
+from gmlp.cutedsl.sm90.configs import (BLOCKWISE_TILE as TILE, FP8_DTYPES, OUT_DTYPES_DSL, SCALE_BOX,
+                                       BlockwiseWgradConfig)
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
-from gmlp.mxfp8.spec import ElementFormat
 
 __all__ = ["BlockwiseWgradConfig", "BlockwiseWgradSm90", "compile_blockwise_wgrad", "problem_support",
            "grouped_wgrad_fp8_blockwise"]
 
 _NAME = "blockwise wgrad"
-TILE = 128  # BM = BN = BK: output rows and columns (features), and one scale block of tokens
-SCALE_BOX = 4  # blocks of a scale box: 16 bytes of fp32, TMA's smallest inner extent and its alignment
 MMA_WARPGROUPS = 2  # each 64 rows of the tile
-_OUT_DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16}  # torch -> cutlass dtype of the result
 _ADD_CHUNK = 16  # out pairs loaded together by the accumulating epilogue (32 spilled 104 bytes; 16 none)
 _WIDE_ADD_CHUNK = 4  # the same with a second half's accumulators alive (16 spilled 272 bytes, 8 40; 4 none)
-_FP8 = {ElementFormat.E4M3: Float8E4M3FN, ElementFormat.E5M2: Float8E5M2}
 
 
-@dataclass(frozen=True)
-class BlockwiseWgradConfig(StagedConfig, WideItems):
-    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+class BlockwiseWgradArgs(NamedTuple):
+    """The kernel's arguments (the engine's ``args``)."""
 
-    out_dtype: torch.dtype = torch.float32  # of a new result (fp32 with accumulate)
-    accumulate: bool = False  # add into an fp32 out (main_grad) instead of storing
-    a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (dy, dh: the gradient format)
-    b_format: ElementFormat = ElementFormat.E4M3  # B's (a, x: E4M3; dh's E5M2 never meets an E5M2 B)
-    stages: int | None = None  # smem pipeline depth; None: as many as fit
-    wide: bool = False  # two 128-column halves an n-tile (N % 256 == 0; see the module docstring)
-
-    def __post_init__(self):
-        if self.out_dtype not in _OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {self.out_dtype}")
-        if self.accumulate and self.out_dtype != torch.float32:
-            raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
-        self.check_stages()
-
-    def stage_bytes(self) -> int:
-        """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and their (128, 4) fp32 scale boxes."""
-        return (1 + self.halves) * (TILE * TILE + TILE * SCALE_BOX * 4)
+    tma_atom_a: cute.CopyAtom
+    mA: cute.Tensor  # TMA coordinates of A (M, W)
+    tma_atom_sa: cute.CopyAtom
+    mAScale: cute.Tensor  # TMA coordinates of A's scales (M, pad4(n_blocks))
+    tma_atom_b: cute.CopyAtom
+    mB: cute.Tensor  # TMA coordinates of B (N, W)
+    tma_atom_sb: cute.CopyAtom
+    mBScale: cute.Tensor  # TMA coordinates of B's scales (N, pad4(n_blocks))
+    mTileStart: cute.Tensor  # (E + 1,) int32: expert g's first block of tokens
+    mOut: cute.Tensor  # (E, M, N) fp32 / bf16, row-major
+    scale_smem_layout: cute.Layout  # a slot's scale box: (feature, block % 4, stages)
 
 
-class BlockwiseWgradSm90(RegisterPaths):
-    """The jit code (``__call__`` the host side, ``kernel`` the device side; see the module docstring)."""
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class _Consumer:
+    """A consumer thread's state, built once before the item loop."""
+
+    tCrA: cute.Tensor
+    tCrBs: tuple  # a half's B tiles
+    sAScale: cute.Tensor
+    sBScales: tuple  # a half's B scale boxes
+    thr_mma: cute.ThrMma
+    tCcD: cute.Tensor  # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+    accs: tuple  # one fp32 fragment a half
+    partial: cute.Tensor  # a k-tile's products before the promotion
+    column_scales: cute.Tensor  # one half: the thread's column scales of the block
+    rows: tuple  # the thread's two accumulator rows
+
+
+class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
+    """The blockwise weight gradient on the engine (see the module docstring): ``__call__`` the host
+    side; its own producer (both operands' scale boxes) and 1D1D promoted k-loop."""
 
     def __init__(self, config: BlockwiseWgradConfig):
-        self.config = config
-        self.stages = config.num_stages()
-        self.threads = (1 + MMA_WARPGROUPS) * THREADS_PER_WARPGROUP
-        self.registers = register_split(self.threads)
-        self.a_dtype, self.b_dtype = _FP8[config.a_format], _FP8[config.b_format]
+        self.setup_engine(config, MMA_WARPGROUPS)
+        self.halves = config.halves
+        self.a_dtype, self.b_dtype = FP8_DTYPES[config.a_format], FP8_DTYPES[config.b_format]
         # RegisterPaths' fields (its epilogue)
         self.tile_shape_mnk = (TILE, TILE, TILE)
         self.tile_n = TILE
-        self.out_dtype = _OUT_DTYPES[config.out_dtype]
+        self.out_dtype = OUT_DTYPES_DSL[config.out_dtype]
         self.accumulate = config.accumulate
         self.add_chunk = _WIDE_ADD_CHUNK if config.wide else _ADD_CHUNK
         self.consumer_threads = MMA_WARPGROUPS * THREADS_PER_WARPGROUP
@@ -177,140 +164,128 @@ class BlockwiseWgradSm90(RegisterPaths):
         if const_expr(self.config.wide):  # the second half's B tiles and scale boxes
             fields["sB1"] = smem_array(self.b_dtype, cute.cosize(b_smem_layout))
             fields["sBScale1"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
-        self.shared_storage = shared_storage(fields)
-        launch(self.kernel(tma_atom_a, tma_a, tma_atom_sa, tma_sa, tma_atom_b, tma_b, tma_atom_sb, tma_sb,
-                           mTileStart, mOut, tiled_mma, a_smem_layout, b_smem_layout, scale_smem_layout),
-               num_ctas, self.threads, stream)
+        args = BlockwiseWgradArgs(tma_atom_a, tma_a, tma_atom_sa, tma_sa, tma_atom_b, tma_b, tma_atom_sb, tma_sb,
+                                  mTileStart, mOut, scale_smem_layout)
+        self.launch_engine(args, fields, tiled_mma, a_smem_layout, b_smem_layout, num_ctas, stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_atom_a: cute.CopyAtom,
-        mA: cute.Tensor,  # TMA coordinates of A (M, W)
-        tma_atom_sa: cute.CopyAtom,
-        mAScale: cute.Tensor,  # TMA coordinates of A's scales (M, pad4(n_blocks))
-        tma_atom_b: cute.CopyAtom,
-        mB: cute.Tensor,  # TMA coordinates of B (N, W)
-        tma_atom_sb: cute.CopyAtom,
-        mBScale: cute.Tensor,  # TMA coordinates of B's scales (N, pad4(n_blocks))
-        mTileStart: cute.Tensor,
-        mOut: cute.Tensor,
-        tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,
-        b_smem_layout: cute.ComposedLayout,
-        scale_smem_layout: cute.Layout,
-    ):
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles((tma_atom_a, tma_atom_b, tma_atom_sa, tma_atom_sb))
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        halves = self.config.halves
-        sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=halves,
+    def tma_atoms(self, args: BlockwiseWgradArgs) -> tuple:
+        return (args.tma_atom_a, args.tma_atom_b, args.tma_atom_sa, args.tma_atom_sb)
+
+    def slots(self, storage, args: BlockwiseWgradArgs, a_smem_layout, b_smem_layout) -> Slots:
+        """A slot: A's k-tile, one B k-tile a half, and each one's scale box; scales = (sAScale,
+        the halves' sBScale)."""
+        sA, sB, tile_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout, b_tiles_per_slot=self.halves,
                                           a_dtype=self.a_dtype, b_dtype=self.b_dtype)
-        sAScale = storage.sAScale.get_tensor(scale_smem_layout)
-        sBs = [sB]
-        sBScales = [storage.sBScale.get_tensor(scale_smem_layout)]
-        if const_expr(halves == 2):
-            sBs.append(storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
-            sBScales.append(storage.sBScale1.get_tensor(scale_smem_layout))
-        scale_bytes = (1 + halves) * cute.size_in_bytes(Float32, cute.slice_(scale_smem_layout, (None, None, 0)))
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, MMA_WARPGROUPS,
-                                          tile_bytes + scale_bytes)
-        num_experts, m, n = mOut.shape
-        m_tiles = (m + TILE - 1) // TILE
-        n_tiles = (n + TILE * halves - 1) // (TILE * halves)
-        tiles_per_expert = m_tiles * n_tiles
-        num_items = num_experts * tiles_per_expert
+        layout = args.scale_smem_layout
+        sBs = (sB,)
+        sBScales = (storage.sBScale.get_tensor(layout),)
+        if const_expr(self.halves == 2):
+            sBs = (sB, storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
+            sBScales = (sBScales[0], storage.sBScale1.get_tensor(layout))
+        scale_bytes = (1 + self.halves) * cute.size_in_bytes(Float32, cute.slice_(layout, (None, None, 0)))
+        return Slots(sA, sBs, tile_bytes + scale_bytes, (storage.sAScale.get_tensor(layout), sBScales))
 
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items, with their scales
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            item = bidx
-            while item < num_items:
-                g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
-                first_block = mTileStart[g]  # the expert's first block of tokens
-                k_tiles = mTileStart[g + 1] - first_block
-                tAsA, tAgA = _tma_tiles(tma_atom_a, cute.domain_offset((0, first_block * TILE), mA), sA, m_tile, TILE)
-                tSAsSA, tSAgSA = _tma_tiles(tma_atom_sa, mAScale, sAScale, m_tile, SCALE_BOX)
-                # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
-                b_loads = [(_tma_tiles(tma_atom_b, cute.domain_offset((0, first_block * TILE), mB), sBs[h],
-                                       n_tile * halves + h, TILE),
-                            _tma_tiles(tma_atom_sb, mBScale, sBScales[h], n_tile * halves + h, SCALE_BOX))
-                           for h in range(halves)]
-                for k_tile in range(k_tiles):
-                    mainloop.producer_acquire(state)
-                    barrier = mainloop.producer_get_barrier(state)
-                    box = (first_block + k_tile) // SCALE_BOX
-                    cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_sa, tSAgSA[(None, box)], tSAsSA[(None, state.index)], tma_bar_ptr=barrier)
-                    for (tBsB, tBgB), (tSBsSB, tSBgSB) in b_loads:
-                        cute.copy(tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
-                        cute.copy(tma_atom_sb, tSBgSB[(None, box)], tSBsSB[(None, state.index)], tma_bar_ptr=barrier)
-                    mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
-                    state.advance()
-                item += grid
-            mainloop.producer_tail(state)
+    def work(self, args: BlockwiseWgradArgs) -> ExpertTiles:
+        num_experts, m, n = args.mOut.shape
+        return ExpertTiles.of(args.mTileStart, num_experts, m, n, TILE, TILE * self.halves, 1)
 
-        if warpgroup > 0:  # consumers: promoted wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(self.registers[1])
-            mma_tidx = tidx - THREADS_PER_WARPGROUP
-            thr_mma_wg = tiled_mma.get_slice((warpgroup - 1) * THREADS_PER_WARPGROUP)
-            tCrA = tiled_mma.make_fragment_A(thr_mma_wg.partition_A(sA))
-            tCrBs = [tiled_mma.make_fragment_B(thr_mma_wg.partition_B(s)) for s in sBs]
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE, TILE)))
-            accs = [cute.make_rmem_tensor(tCcD.shape, Float32) for _ in range(halves)]
-            partial = cute.make_rmem_tensor(tCcD.shape, Float32)
-            pairs = cute.size(partial) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
-            column_scales = cute.make_rmem_tensor((2 * pairs,), Float32)
-            read_state, _ = consumer_states(self.stages)
-            k_blocks = cute.size(tCrA, mode=[2])
-            rows = (tCcD[0][0], tCcD[2][0])  # the thread's two accumulator rows
-            item = bidx
-            while item < num_items:
-                g, m_tile, n_tile = _item_tile(item, tiles_per_expert, n_tiles)
-                first_block = mTileStart[g]
-                k_tiles = mTileStart[g + 1] - first_block
-                for half in cutlass.range_constexpr(halves):
-                    accs[half].fill(0.0)
-                for k_tile in range(k_tiles):
-                    block = first_block + k_tile
-                    in_box = block % SCALE_BOX
-                    mainloop.consumer_wait(read_state)
-                    stage = read_state.index
-                    for half in cutlass.range_constexpr(halves):
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                        cute.nvgpu.warpgroup.fence()
-                        for k_block in cutlass.range_constexpr(k_blocks):
-                            slot = (None, None, k_block, stage)
-                            cute.gemm(tiled_mma, partial, tCrA[slot], tCrBs[half][slot], partial)
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                        cute.nvgpu.warpgroup.commit_group()
-                        # the block's scales, read from the slot while the wgmmas run; with two
-                        # halves the column scales are read as the promotion uses them (32 more
-                        # registers spilled) and the slot is released after the last promotion
-                        upper = sAScale[rows[0], in_box, stage]
-                        lower = sAScale[rows[1], in_box, stage]
-                        if const_expr(halves == 1):
-                            for j in cutlass.range_constexpr(pairs):
-                                for h in cutlass.range_constexpr(2):
-                                    column_scales[2 * j + h] = sBScales[half][tCcD[4 * j + h][1], in_box, stage]
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        if const_expr(halves == 1):
-                            mainloop.consumer_release(read_state)
-                        # promote: acc += sa[row] * sb[col] * partial
-                        for i in cutlass.range_constexpr(cute.size(partial)):
-                            row_scale = upper if (i % 4) < 2 else lower
-                            column_scale = column_scales[2 * (i // 4) + i % 2]
-                            if const_expr(halves == 2):
-                                column_scale = sBScales[half][tCcD[i][1], in_box, stage]
-                            accs[half][i] = accs[half][i] + (row_scale * column_scale) * partial[i]
+    @cute.jit
+    def produce(self, mainloop, work: ExpertTiles, bidx: Int32, grid: Int32, args: BlockwiseWgradArgs,
+                slots: Slots):
+        """TMA loads of every (A, B) k-tile of this CTA's items, with their scale boxes."""
+        sAScale, sBScales = slots.scales
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        item = bidx
+        while item < work.count:
+            g, m_tile, n_tile, first_block, k_tiles, _ = work.tile(item)  # the expert's first block of tokens
+            tAsA, tAgA = _tma_tiles(args.tma_atom_a, cute.domain_offset((0, first_block * TILE), args.mA), slots.sA,
+                                    m_tile, TILE)
+            tSAsSA, tSAgSA = _tma_tiles(args.tma_atom_sa, args.mAScale, sAScale, m_tile, SCALE_BOX)
+            # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
+            b_loads = [(_tma_tiles(args.tma_atom_b, cute.domain_offset((0, first_block * TILE), args.mB), slots.sBs[h],
+                                   n_tile * self.halves + h, TILE),
+                        _tma_tiles(args.tma_atom_sb, args.mBScale, sBScales[h], n_tile * self.halves + h, SCALE_BOX))
+                       for h in range(self.halves)]
+            for k_tile in range(k_tiles):
+                mainloop.producer_acquire(state)
+                barrier = mainloop.producer_get_barrier(state)
+                box = (first_block + k_tile) // SCALE_BOX
+                cute.copy(args.tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                cute.copy(args.tma_atom_sa, tSAgSA[(None, box)], tSAsSA[(None, state.index)], tma_bar_ptr=barrier)
+                for (tBsB, tBgB), (tSBsSB, tSBgSB) in b_loads:
+                    cute.copy(args.tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(args.tma_atom_sb, tSBgSB[(None, box)], tSBsSB[(None, state.index)], tma_bar_ptr=barrier)
+                mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
+                state.advance()
+            item += grid
+        mainloop.producer_tail(state)
+
+    def consumer_setup(self, args: BlockwiseWgradArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
+                       tCrBs) -> _Consumer:
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE, TILE)))
+        accs = tuple(cute.make_rmem_tensor(tCcD.shape, Float32) for _ in range(self.halves))
+        partial = cute.make_rmem_tensor(tCcD.shape, Float32)
+        pairs = cute.size(partial) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
+        return _Consumer(tCrA, tCrBs, *slots.scales, thr_mma, tCcD, accs, partial,
+                         cute.make_rmem_tensor((2 * pairs,), Float32), (tCcD[0][0], tCcD[2][0]))
+
+    @cute.jit
+    def mainloop(self, consumer: _Consumer, args: BlockwiseWgradArgs, tiled_mma, mainloop, read_state, release_state,
+                 work: ExpertTiles, tile: tuple):
+        """Per k-tile and half: the wgmmas into ``partial``, the block's scales read from the slot
+        while they run, then ``acc += sa[row] * sb[col] * partial``; the slot released after the
+        last half's promotion."""
+        _, _, _, first_block, k_tiles, _ = tile
+        halves = self.halves
+        accs, partial, tCcD, rows = consumer.accs, consumer.partial, consumer.tCcD, consumer.rows
+        sAScale, sBScales, column_scales = consumer.sAScale, consumer.sBScales, consumer.column_scales
+        pairs = cute.size(partial) // 4
+        for half in cutlass.range_constexpr(halves):
+            accs[half].fill(0.0)
+        for k_tile in range(k_tiles):
+            in_box = (first_block + k_tile) % SCALE_BOX
+            mainloop.consumer_wait(read_state)
+            stage = read_state.index
+            for half in cutlass.range_constexpr(halves):
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                cute.nvgpu.warpgroup.fence()
+                for k_block in cutlass.range_constexpr(cute.size(consumer.tCrA, mode=[2])):
+                    slot = (None, None, k_block, stage)
+                    cute.gemm(tiled_mma, partial, consumer.tCrA[slot], consumer.tCrBs[half][slot], partial)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                # the block's scales, read from the slot while the wgmmas run; with two halves the
+                # column scales are read as the promotion uses them (32 more registers spilled)
+                # and the slot is released after the last promotion
+                upper = sAScale[rows[0], in_box, stage]
+                lower = sAScale[rows[1], in_box, stage]
+                if const_expr(halves == 1):
+                    for j in cutlass.range_constexpr(pairs):
+                        for h in cutlass.range_constexpr(2):
+                            column_scales[2 * j + h] = sBScales[half][tCcD[4 * j + h][1], in_box, stage]
+                cute.nvgpu.warpgroup.wait_group(0)
+                if const_expr(halves == 1):
+                    mainloop.consumer_release(read_state)
+                # promote: acc += sa[row] * sb[col] * partial
+                for i in cutlass.range_constexpr(cute.size(partial)):
+                    row_scale = upper if (i % 4) < 2 else lower
+                    column_scale = column_scales[2 * (i // 4) + i % 2]
                     if const_expr(halves == 2):
-                        mainloop.consumer_release(read_state)
-                    read_state.advance()
-                for half in cutlass.range_constexpr(halves):
-                    self.store_tile(accs[half], thr_mma, tCcD, mOut, g, m_tile, n_tile * halves + half, k_tiles)
-                item += grid
+                        column_scale = sBScales[half][tCcD[i][1], in_box, stage]
+                    accs[half][i] = accs[half][i] + (row_scale * column_scale) * partial[i]
+            if const_expr(halves == 2):
+                mainloop.consumer_release(read_state)
+            read_state.advance()
+        return tiled_mma, read_state, release_state
+
+    @cute.jit
+    def epilogue(self, consumer: _Consumer, args: BlockwiseWgradArgs, tile: tuple, ahead, stores: Int32) -> Int32:
+        g, m_tile, n_tile, _, k_tiles, _ = tile
+        for half in cutlass.range_constexpr(self.halves):
+            self.store_tile(consumer.accs[half], consumer.thr_mma, consumer.tCcD, args.mOut, g, m_tile,
+                            n_tile * self.halves + half, k_tiles)
+        return stores
 
 
 def _tma_tiles(tma_atom: cute.CopyAtom, source: cute.Tensor, staged: cute.Tensor, row_tile: Int32, columns: int):
@@ -321,15 +296,6 @@ def _tma_tiles(tma_atom: cute.CopyAtom, source: cute.Tensor, staged: cute.Tensor
                                             cute.group_modes(tiles, 0, 2))
 
 
-@cute.jit
-def _item_tile(item: Int32, tiles_per_expert: Int32, n_tiles: Int32):
-    """(expert, m-tile, n-tile) of work item ``item`` (n fastest)."""
-    g = item // tiles_per_expert
-    rest = item - g * tiles_per_expert
-    m_tile = rest // n_tiles
-    return g, m_tile, rest - m_tile * n_tiles
-
-
 def _fake_arguments(config: BlockwiseWgradConfig) -> tuple:
     """Symbolic stand-ins of the kernel's arguments: M, N multiples of 128, W of 128 (whole
     blocks), the scale rows' strides multiples of 4 (16 bytes); E a runtime value."""
@@ -338,7 +304,7 @@ def _fake_arguments(config: BlockwiseWgradConfig) -> tuple:
     a, b = fake_matrix(Uint8, m, width, divisibility=16), fake_matrix(Uint8, n, width, divisibility=16)
     a_scale = make_fake_tensor(Float32, (m, blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
     b_scale = make_fake_tensor(Float32, (n, blocks), stride=(sym_stride(4), 1), assumed_align=ALIGN)
-    out = make_fake_tensor(_OUT_DTYPES[config.out_dtype], (experts, m, n), stride=(sym_stride(), sym_stride(), 1),
+    out = make_fake_tensor(OUT_DTYPES_DSL[config.out_dtype], (experts, m, n), stride=(sym_stride(), sym_stride(), 1),
                            assumed_align=ALIGN)
     return a, a_scale, b, b_scale, fake_vector(Int32, starts), out, Int32(1), fake_stream()
 
@@ -358,10 +324,7 @@ def problem_support(num_rows: int, m: int, n: int, num_experts: int) -> Reason |
     return None
 
 
-def compile_blockwise_wgrad(arch: str = "sm_90a", config: BlockwiseWgradConfig = BlockwiseWgradConfig(), *,
-                            shape: tuple[int, int, int, int] | None = None) -> CompiledKernel:
-    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin."""
-    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
+compile_blockwise_wgrad = ahead_compiler(_NAME, _compile, BlockwiseWgradConfig(), problem_support, "M, N, W, E")
 
 
 def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
@@ -386,8 +349,8 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (experts, m, n)
                             or out.dtype != torch.float32 or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {tuple(_OUT_DTYPES)}, got {out_dtype}")
+    if out_dtype not in OUT_DTYPES_DSL:
+        raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES_DSL)}, got {out_dtype}")
     if wide is None:
         wide = n % (2 * TILE) == 0
     elif wide and n % (2 * TILE):

@@ -17,7 +17,7 @@ deterministic.
 
 Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtime values):
 
-- Schedule and mainloop: the grouped GEMM's (``_schedule``, ``_pipeline``): persistent CTAs over
+- Schedule and mainloop: the engine's (``_engine``, ``_schedule``, ``_pipeline``): persistent CTAs over
   work items (128-row expert tile, BN-column tile of da, BN = ``FC2DgradConfig.tile_n``, 128 or
   256), a TMA producer warp and two consumer warpgroups (64 rows each) issuing bf16 m64n{BN}k16
   ``wgmma`` with fp32 accumulators; one B tile (w2t rows [n, n+BN), K = H) per k-step: 32 KB
@@ -42,49 +42,15 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
   expert's tiles in order (``torch.segment_reduce`` over ``tile_start``): deterministic, no atomics.
 
-MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only; its
-device methods are ``_fc2_dgrad_mxfp8.QuantizedDhEpilogue``;
-``_quantize_epilogue.quantize_tile_both_ways`` with ``segments`` and ``column_first``):
-
-- What is quantized is the fp32 dh, as Triton's ``store_quantized_both_ways(d_gate, ...)`` and
-  ``(d_up, ...)`` get it (no bf16 step); dprobs (of da before the probs scale) and db1 (of the
-  fp32 dh) as in the bf16 path. The dh expression trees are Triton's (``_epilogue_math``); c is
-  read as 32-bit words whose bf16 halves are widened by shifts (exact, the values of cvt.f32.bf16).
-- Registers decide the shape of the epilogue. Quantizing needs a tile's 64 values in a thread
-  (plus keys, scales, addresses); holding a thread's d gate and d up of the whole 128-wide tile
-  (64 + 64, one half over the accumulators) before quantizing them as two 128-column tiles was
-  tried: ptxas spills, even with the stale-value and key-order fixes below (swiglu: 36 bytes of
-  spill stores, 264 with probs and db1; at 240 registers 20 and 184). So gated, the da tile is
-  done in two 64-column halves q: a pass over half q's 32 da values writes its 32 d gate and 32 d
-  up values into one 64-value quantized tile (columns [0, 64) d gate, [64, 128) d up:
-  ``dh_segments``), which is quantized with the two output ranges as ``segments`` (its 32-column
-  blocks and transposed rows never straddle them), then the other half (skipped when it has no
-  valid column). Peak: the quantized tile's 64 values, the other half's 32 da values and the
-  quantization's temporaries. srelu: one pass over the 64 values, one quantized tile. Masked pairs
-  write 0 into the tile (else the previous half's or item's values stay live through the mainloop:
-  LLVM cannot see that the quantization masks them). The consumer warpgroups run at 240 registers,
-  the producer at 24 (``QUANTIZED_*_REGISTERS``; 128 x 24 + 256 x 240 = 384 x 168, the launch allocation:
-  ``_pipeline.register_split``): at 232 / 40 a few
-  configurations (db1 without probs) spill one register. ptxas -v (sm_90a): 0 bytes stack, 0
-  spills in every configuration the tests compile (the highest register of the consumers' code
-  R237 gated, R209 srelu).
-- Q_col's per-column keys are reduced and stored before Q_row (``column_first``; ptxas otherwise
-  keeps the 64 per-value keys live through Q_row's stores).
-- db1: after each quantized tile, per column its two rows (masked), the warp's 8 quads by
-  butterflies, lanes 0-3 store to ``dh_warp_sums`` as in the bf16 path (same rows, columns).
-- Shared memory: the epilogue's 20 KB (16 KB transposed fp8 tile + 4 KB amax keys,
-  ``_quantize_epilogue.SMEM_BYTES``, reused by every quantized tile: its two named barriers order
-  the reuse) leave 6 stages of 32 KB (``FC2DgradConfig.max_stages``).
-- tile_n = 256 is refused with a recipe: a thread would hold 128 da values through the epilogue,
-  96 of them live beside a quantized tile's 64 values (about 64 registers more than the 128-wide
-  tile's peak, which is at the 240 limit already).
+MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only):
+``_fc2_dgrad_mxfp8``, whose docstring tells how registers shape it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float32, Int32, const_expr
@@ -94,55 +60,22 @@ from gmlp.contract.operands import token_operand
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
 from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule, _store, launch_options
-from gmlp.cutedsl.sm90._compile import (
-    FLOAT_DTYPES,
-    SUPPORTED_ARCHS,
-    CompiledKernel,
-    compile_ahead,
-    config_compiler,
-    fake_experts,
-    fake_matrix,
-    fake_stream,
-    fake_vector,
-)
+from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, SUPPORTED_ARCHS, ahead_compiler, config_compiler, fake_experts,
+                                        fake_matrix, fake_stream, fake_vector)
 from gmlp.cutedsl.sm90._epilogue_math import c_pair_views, load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc2_dgrad_epilogue import C_WORD_PAIRS, DhEpilogue
 from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import QuantizedDhEpilogue
-from gmlp.cutedsl.sm90._launch import (
-    check_activation,
-    check_optional,
-    check_problem,
-    check_recipe,
-    check_tma_bases,
-    expert_matrices,
-    ffn_problem_support,
-    run,
-)
-from gmlp.cutedsl.sm90._pipeline import (
-    ELEMENT_ALIGN,
-    THREADS_PER_WARPGROUP,
-    TILE_K,
-    StagedConfig,
-    b_is_k_major,
-    b_tiles,
-    consumer_fragments,
-    consumer_states,
-    cta_roles,
-    launch,
-    mainloop_fields,
-    make_mainloop_operands,
-    make_mainloop_pipeline,
-    mma_k_tiles,
-    mma_thread,
-    produce_token_items,
-    register_split,
-    shared_storage,
-    slot_tensors,
-    smem_array,
-)
+from gmlp.cutedsl.sm90._launch import (check_activation, check_optional, check_problem, check_recipe, check_tma_bases,
+                                       expert_matrices, ffn_problem_support, run)
+from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
+from gmlp.cutedsl.sm90._pipeline import (CONSUMER_REGISTERS, ELEMENT_ALIGN, PRODUCER_REGISTERS, THREADS_PER_WARPGROUP,
+                                         b_is_k_major, b_tiles, mainloop_fields, make_mainloop_operands,
+                                         produce_token_items, smem_array)
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
+from gmlp.cutedsl.sm90.configs import (QUANTIZED_CONSUMER_REGISTERS, QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_TILE_N,
+                                       TOKEN_ROW_WARPGROUPS, FC2DgradConfig, quantized_tile_n_reason)
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
@@ -152,103 +85,77 @@ __all__ = ["FC2DgradConfig", "FC2DgradSm90", "compile_fc2_dgrad", "problem_suppo
            "SUPPORTED_ARCHS", "WARPS_PER_TILE", "QUANTIZED_TILE_N"]
 
 _NAME = "fc2_dgrad kernel"  # in the errors of compile_fc2_dgrad and fc2_dgrad
-TILE_NS = (128, 256)  # da (and dh gate / up) columns per work item: FC2DgradConfig.tile_n
-_CONSUMER_WARPGROUPS = 2  # 64 rows each
-WARPS_PER_TILE = _CONSUMER_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
-# the quantizing epilogue's tile width (_quantize_epilogue.TILE_COLS, 128), the launcher's tile_n
-# with a recipe (launch_options fixes it there; a test checks the two agree)
-QUANTIZED_TILE_N = launch_options.QUANTIZED_TILE_N
-# MXFP8: 8 more registers a consumer thread, 16 fewer a producer one (128 x 24 + 256 x 240 = 384 x 168)
-QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
+WARPS_PER_TILE = TOKEN_ROW_WARPGROUPS * 4  # consumer warps of a 128-row tile: 16 rows each (db1 partials)
 
 
+class FC2DgradArgs(NamedTuple):
+    """The kernel's arguments (the engine's ``args``)."""
 
-def _quantized_tile_n_reason(tile_n: int) -> str:
-    return (f"the sm90 fc2_dgrad MXFP8 epilogue needs tile_n={QUANTIZED_TILE_N}, got tile_n={tile_n}: a thread "
-            f"holds {tile_n // 2} fp32 da accumulators through the epilogue, and quantizing dh needs 64 more (the d "
-            f"gate and d up values of a 128-column quantized tile) while the rest stay live; at tile_n=128 that "
-            f"peaks at 238 of the {QUANTIZED_CONSUMER_REGISTERS} consumer registers, at 256 it would need about 64 "
-            f"more than exist")
-
-
-@dataclass(frozen=True)
-class FC2DgradConfig(StagedConfig):
-    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
-
-    activation: Activation
-    b_k_major: bool = True  # w2t_g (F, H) row-major; False: N-major (the transposed view of W2 (E, H, F))
-    probs_dtype: torch.dtype | None = None  # None: no probs (and no dprobs)
-    bias_grad: bool = False  # per-warp column sums of dh for db1
-    stages: int | None = None  # smem pipeline depth; None: as many as fit
-    tile_n: int = 128  # da columns per work item: 128 (m64n128 wgmmas) or 256 (m64n256)
-    quantized: bool = False  # MXFP8: dh written as Q_row(dh) and Q_col(dh) (compact scales), not bf16
-    e5m2: bool = False  # the gradient format E5M2 instead of E4M3 (quantized only)
-    floor_scales: bool = False  # FLOOR (OCP) scale bytes instead of RCEIL (quantized only)
-    # a bf16 dh's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
-    # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
-    store: str = "regs"
-
-    def __post_init__(self):
-        if self.tile_n not in TILE_NS:
-            raise ValueError(f"tile_n must be one of {TILE_NS}, got {self.tile_n}")
-        check_activation(self.activation)
-        if self.probs_dtype is not None and self.probs_dtype not in FLOAT_DTYPES:
-            raise ValueError(f"probs_dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.probs_dtype}")
-        if (self.e5m2 or self.floor_scales) and not self.quantized:
-            raise ValueError("e5m2 and floor_scales need quantized=True (a bf16 dh has no scales)")
-        if self.quantized and self.tile_n != QUANTIZED_TILE_N:
-            raise ValueError(_quantized_tile_n_reason(self.tile_n))
-        launch_options.check_store(self.store)
-        if self.store == "tma" and self.quantized:
-            raise ValueError("store='tma' needs a bf16 dh (the TMA-store epilogue has no quantized outputs yet), got "
-                             "quantized=True")
-        self.check_stages()
-
-    def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: a bf16 dy tile and a bf16 w2t tile."""
-        return TILE_M * TILE_K * 2 + self.tile_n * TILE_K * 2
-
-    def fixed_bytes(self) -> int:
-        """Outside the slot ring: the epilogue's buffers."""
-        return self.epilogue_bytes()
-
-    def epilogue_bytes(self) -> int:
-        """Shared memory of the epilogue: the quantizing one's transposed fp8 tile and amax keys
-        (20 KB, reused by the d gate and d up halves), the TMA store's subtiles, none for bf16 from
-        the registers."""
-        if self.quantized:
-            return _quantize_epilogue.SMEM_BYTES
-        return _store.smem_bytes(_CONSUMER_WARPGROUPS) if self.store == "tma" else 0
-
-    def slot_name(self) -> str:
-        return f"tile_n={self.tile_n}{' (quantized)' if self.quantized else ''}"
+    tma_atom_a: cute.CopyAtom
+    mDy: cute.Tensor  # TMA coordinates of dy (T, H)
+    tma_atom_b: cute.CopyAtom
+    mW: cute.Tensor  # TMA coordinates of w2t (F, H, E)
+    mC: cute.Tensor  # (T, N1) bf16, row-major
+    mProbs: cute.Tensor | None  # (T,) fp32/bf16
+    mRowStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} m_h
+    mTileStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+    mBlockStart: cute.Tensor | None  # (E + 1,) int32: sum_{h<g} ceil(m_h / 32) (quantized)
+    mDprobsPartial: cute.Tensor | None  # (T, n_tiles) fp32 (with probs)
+    mWarpSums: cute.Tensor | None  # (max tiles * 8, N1) fp32, zero-filled (bias_grad)
+    mDh: cute.Tensor | None  # (T, N1) bf16, row-major (bf16 dh)
+    mRowData: cute.Tensor | None  # (T, N1) uint8: Q_row(dh)'s fp8 bytes (quantized)
+    mRowScale: cute.Tensor | None  # (T, N1 / 32) uint8: its compact scales
+    mColData: cute.Tensor | None  # (N1, T) uint8: Q_col(dh)'s fp8 bytes, transposed
+    mColScale: cute.Tensor | None  # (N1, n_blocks) uint8: its compact grouped scales
+    tma_atom_h: cute.CopyAtom | None  # store="tma": the dh subtiles' TMA store
+    mDh_tma: cute.Tensor | None  # store="tma": TMA coordinates of dh's ragged view (BIG, N1, MAX, MAX)
+    h_smem_layout: cute.ComposedLayout | None  # store="tma": (128, 32, _store.STAGES) bf16
 
 
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class _Consumer:
+    """A consumer thread's state, built once before the item loop."""
 
-# ---------------------------------------------------------------------------------------------
-# The kernel
-# ---------------------------------------------------------------------------------------------
+    tCrA: cute.Tensor
+    operands: tuple  # ((acc, tCrB),)
+    thr_mma: cute.ThrMma
+    mma_tidx: Int32
+    lane: Int32
+    tile_warp: Int32  # rows 16 * tile_warp + [0, 16) of the tile
+    # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column groups), 1,
+    # 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
+    tCcD: cute.Tensor
+    acc: cute.Tensor  # da, then the db1 sums (bf16 dh)
+    values: cute.Tensor | None  # quantized: a quantized tile's fp32 dh
+    smem_q: tuple | None  # quantized: the quantizing epilogue's smem
+    group_sums: cute.Tensor  # bias_grad: a group's d gate, d up column sums
+    pair: cute.Tensor  # staging of one bf16 pair
+    pair_bits: cute.Tensor
+    row_probs: cute.Tensor
+    row_dprobs: cute.Tensor
+    # c's gate and up words of pair i at 2 (i % 16): bf16 dh, two batches of up to 8 pairs;
+    # MXFP8, a batch of 16 (a gated half's pairs)
+    c_words: cute.Tensor
+    tile_store: _store.TileStore | None  # store="tma"
+    staging: tuple | None  # store="tma": d gate and d up subtiles
 
 
-class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
-    """The jit code of FC2 dgrad (see the module docstring); ``__call__`` is the host side that
-    builds the TMA descriptors and launches, ``kernel`` the device side."""
+class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
+    """FC2 dgrad on the engine (see the module docstring): ``__call__`` is the host side that
+    builds the TMA descriptors and launches; the hooks are this site's parts of the skeleton."""
 
     def __init__(self, config: FC2DgradConfig):
-        self.config = config
+        registers = (QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) if config.quantized \
+            else (PRODUCER_REGISTERS, CONSUMER_REGISTERS)
+        self.setup_engine(config, TOKEN_ROW_WARPGROUPS, registers=registers)
         self.activation = config.activation
         self.gated = config.activation.gated
-        self.stages = config.num_stages()
         self.has_probs = config.probs_dtype is not None
         self.bias_grad = config.bias_grad
         self.tile_n = config.tile_n
         self.quantized = config.quantized
         self.e5m2 = config.e5m2
         self.floor_scales = config.floor_scales
-        self.atom_layout_mnk = (_CONSUMER_WARPGROUPS, 1, 1)
-        self.threads = (1 + _CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
-        self.registers = register_split(self.threads, QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) \
-            if config.quantized else register_split(self.threads)
         self.tma_store = config.store == "tma"
         # bf16 dh: c is loaded in batches of column groups (a group: a thread's 2 pairs in 8
         # columns), a batch ahead, the first before the item's mainloop; with db1 at tile_n 256
@@ -275,159 +182,128 @@ class FC2DgradSm90(DhEpilogue, QuantizedDhEpilogue):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, self.atom_layout_mnk)
+        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, (TOKEN_ROW_WARPGROUPS, 1, 1))
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
             fields.update(_quantize_epilogue.smem_fields())
         store = None  # store="tma": the subtiles' smem layout and TMA store of dh's ragged view
         if const_expr(self.tma_store):
-            store = _store.make_store_operands(ragged_rows(mDh), _CONSUMER_WARPGROUPS)
+            store = _store.make_store_operands(ragged_rows(mDh), TOKEN_ROW_WARPGROUPS)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
-        self.shared_storage = shared_storage(fields)
         if const_expr(self.quantized):
             check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart,
-                           mTileStart, mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData,
-                           mColScale, *_store.kernel_arguments(store), ops.tiled_mma, ops.a_smem_layout,
-                           ops.b_smem_layout),
-               num_ctas, self.threads, stream)
+        args = FC2DgradArgs(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, mC, mProbs, mRowStart, mTileStart,
+                            mBlockStart, mDprobsPartial, mWarpSums, mDh, mRowData, mRowScale, mColData, mColScale,
+                            *_store.kernel_arguments(store))
+        self.launch_engine(args, fields, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, num_ctas, stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_atom_a: cute.CopyAtom,
-        mDy: cute.Tensor,  # TMA coordinates of dy (T, H)
-        tma_atom_b: cute.CopyAtom,
-        mW: cute.Tensor,  # TMA coordinates of w2t (F, H, E)
-        mC: cute.Tensor,
-        mProbs: cute.Tensor | None,
-        mRowStart: cute.Tensor,
-        mTileStart: cute.Tensor,
-        mBlockStart: cute.Tensor | None,
-        mDprobsPartial: cute.Tensor | None,
-        mWarpSums: cute.Tensor | None,
-        mDh: cute.Tensor | None,
-        mRowData: cute.Tensor | None,
-        mRowScale: cute.Tensor | None,
-        mColData: cute.Tensor | None,
-        mColScale: cute.Tensor | None,
-        tma_atom_h: cute.CopyAtom | None,  # store="tma": the dh subtiles' TMA store
-        mDh_tma: cute.Tensor | None,  # store="tma": TMA coordinates of dh's ragged view (BIG, N1, MAX, MAX)
-        h_smem_layout: cute.ComposedLayout | None,  # store="tma": (128, 32, _store.STAGES) bf16
-        tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
-        b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
-    ):
-        atoms = (tma_atom_a, tma_atom_b, tma_atom_h) if const_expr(self.tma_store) else (tma_atom_a, tma_atom_b)
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, _CONSUMER_WARPGROUPS,
-                                          stage_bytes)
+    def tma_atoms(self, args: FC2DgradArgs) -> tuple:
+        return (args.tma_atom_a, args.tma_atom_b) + ((args.tma_atom_h,) if const_expr(self.tma_store) else ())
 
-        ffn = mW.shape[0]
-        items = TokenItems.of(mRowStart, mTileStart, ffn, self.tile_n)
-        k_tiles = (mDy.shape[1] + TILE_K - 1) // TILE_K
-        b_parts = (b_tiles(tma_atom_b, mW, sB, self.tile_n),)  # w2t_g rows n_tile * BN + [0, BN)
+    def work(self, args: FC2DgradArgs) -> TokenItems:
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.mW.shape[0], self.tile_n, (args.mDy.shape[1],))
 
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (dy, w2t) k-tile of this CTA's items
-            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mDy, sA, b_parts)
+    def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: FC2DgradArgs, slots: Slots):
+        sA, sBs = slots.sA, slots.sBs
+        b_parts = (b_tiles(args.tma_atom_b, args.mW, sBs[0], self.tile_n),)  # w2t_g rows n_tile * BN + [0, BN)
+        produce_token_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, args.tma_atom_a, args.mDy, sA,
+                            b_parts)
 
-        if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(self.registers[1])
-            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, pingpong=False)
-            lane = mma_tidx % 32
-            tile_warp = mma_tidx // 32  # rows 16 * tile_warp + [0, 16) of the tile
-            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (row, column) of this thread's accumulators: ((2 columns, 2 rows, BN / 8 column
-            # groups), 1, 1): accumulator 4j + c is row r, column f_j + c and 4j + 2 + c row r + 8
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
-            acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # da, then the db1 sums (bf16 dh)
-            operands = ((acc, tCrBs[0]),)
-            if const_expr(self.quantized):
-                values = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)  # a quantized tile's fp32 dh
-                smem_q = _quantize_epilogue.smem_tensors(storage)
-            group_sums = cute.make_rmem_tensor((4,), Float32)  # bias_grad: a group's d gate, d up column sums
-            pair = cute.make_rmem_tensor((2,), BFloat16)  # staging of one bf16 pair
-            pair_bits = cute.recast_tensor(pair, Int32)
-            row_probs = cute.make_rmem_tensor((2,), Float32)
-            row_dprobs = cute.make_rmem_tensor((2,), Float32)
-            read_state, release_state = consumer_states(self.stages)
-            if const_expr(self.tma_store):
-                sH = storage.sD.get_tensor(h_smem_layout.outer, swizzle=h_smem_layout.inner)
-                # d gate and d up of a subtile, one bulk group; the first consumer warp stores
-                consumers = _CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
-                tile_store = _store.TileStore.of(tiled_mma, acc, sH, mma_tidx, consumers,
-                                                 _store.epi_tile(_CONSUMER_WARPGROUPS),
-                                                 warp_idx == THREADS_PER_WARPGROUP // 32,
-                                                 outputs=2 if self.gated else 1)
-                gate_stage, up_stage = tile_store.staging(), tile_store.staging()
-                subtiles_done = Int32(0)
+    def consumer_setup(self, args: FC2DgradArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
+                       tCrBs) -> _Consumer:
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
+        acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)
+        values = smem_q = None
+        if const_expr(self.quantized):
+            values = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)
+            smem_q = _quantize_epilogue.smem_tensors(storage)
+        group_sums = cute.make_rmem_tensor((4,), Float32)
+        pair = cute.make_rmem_tensor((2,), BFloat16)
+        pair_bits = cute.recast_tensor(pair, Int32)
+        row_probs = cute.make_rmem_tensor((2,), Float32)
+        row_dprobs = cute.make_rmem_tensor((2,), Float32)
+        tile_store = staging = None
+        if const_expr(self.tma_store):
+            sH = storage.sD.get_tensor(args.h_smem_layout.outer, swizzle=args.h_smem_layout.inner)
+            # d gate and d up of a subtile, one bulk group; the first consumer warp stores
+            tile_store = _store.TileStore.of(tiled_mma, acc, sH, mma_tidx, TOKEN_ROW_WARPGROUPS * THREADS_PER_WARPGROUP,
+                                             _store.epi_tile(TOKEN_ROW_WARPGROUPS),
+                                             warp_idx == THREADS_PER_WARPGROUP // 32,
+                                             outputs=2 if self.gated else 1)
+            staging = (tile_store.staging(), tile_store.staging())
+        c_words = cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32)
+        return _Consumer(tCrA, ((acc, tCrBs[0]),), thr_mma, mma_tidx, mma_tidx % 32, mma_tidx // 32, tCcD, acc,
+                         values, smem_q, group_sums, pair, pair_bits, row_probs, row_dprobs, c_words, tile_store,
+                         staging)
 
-            # c's gate and up words of pair i at 2 (i % 16): bf16 dh, two batches of up to 8 pairs; MXFP8, a
-            # batch of 16 (a gated half's pairs)
-            c_words = cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32)
+    @cute.jit
+    def before_mainloop(self, consumer: _Consumer, args: FC2DgradArgs, tile: tuple):
+        """The epilogue reads rows first_row + [0, 128), columns col0 + [0, BN): only rows <
+        end_row (this expert's) and columns < F are read and written. Accumulators 2i, 2i+1 are
+        columns f, f+1 of one row (f even; F % 32 == 0: both or neither < F). Loaded here: the
+        rows' probs and c's first batch (the bf16 pass's first batch, or a gated half's pairs).
+        Returns (limits, c's gate and up views)."""
+        _, _, n_tile, first_row, end_row = tile
+        ffn = args.mW.shape[0]
+        col0 = n_tile * self.tile_n
+        limits = (end_row - first_row, ffn - col0)
+        tCcD = consumer.tCcD
+        tCgG, tCgU = c_pair_views(consumer.thr_mma, args.mC, first_row, col0, ffn, (TILE_M, self.tile_n), self.gated)
+        if const_expr(self.has_probs):
+            load_row_probs(consumer.row_probs, args.mProbs, (tCcD[0][0], tCcD[2][0]), first_row, limits[0],
+                           consumer.row_dprobs)
+        self.load_c_pairs(consumer.c_words, 0, C_WORD_PAIRS if const_expr(self.quantized) else 2 * self.c_batch,
+                          tCgG, tCgU, tCcD, limits)
+        return limits, tCgG, tCgU
 
-            item = bidx
-            while item < items.count:
-                g, m_tile, n_tile, first_row, end_row = items.tile(item)
-                # The epilogue reads rows first_row + [0, 128), columns col0 + [0, BN): only rows <
-                # end_row (this expert's) and columns < F are read and written. Accumulators 2i,
-                # 2i+1 are columns f, f+1 of one row (f even; F % 32 == 0: both or neither < F).
-                col0 = n_tile * self.tile_n
-                limits = (end_row - first_row, ffn - col0)
-                tile = (TILE_M, self.tile_n)
-                tCgG, tCgU = c_pair_views(thr_mma, mC, first_row, col0, ffn, tile, self.gated)
-                if const_expr(self.has_probs):
-                    load_row_probs(row_probs, mProbs, (tCcD[0][0], tCcD[2][0]), first_row, limits[0], row_dprobs)
-                # c's first batch before the mainloop: the bf16 pass's first batch, or a gated half's pairs
-                self.load_c_pairs(c_words, 0, C_WORD_PAIRS if const_expr(self.quantized) else 2 * self.c_batch,
-                                  tCgG, tCgU, tCcD, limits)
-                tiled_mma, read_state, release_state = mma_k_tiles(tiled_mma, mainloop, read_state, release_state,
-                                                                   k_tiles, tCrA, operands)
+    @cute.jit
+    def epilogue(self, consumer: _Consumer, args: FC2DgradArgs, tile: tuple, ahead: tuple, stores: Int32) -> Int32:
+        g, m_tile, n_tile, first_row, end_row = tile
+        limits, tCgG, tCgU = ahead
+        ffn = args.mW.shape[0]
+        col0 = n_tile * self.tile_n
+        tile_shape = (TILE_M, self.tile_n)
+        thr_mma, tCcD = consumer.thr_mma, consumer.tCcD
+        if const_expr(self.tma_store):
+            # dh's tile by subtiles of 32 columns (4 column groups j each), d gate at col0 and d up
+            # at F + col0 of the ragged view (rows from end_row on unwritten)
+            gH = cute.local_tile(expert_rows(args.mDh_tma, first_row, end_row - first_row), tile_shape, (0, n_tile))
+            outputs = ((args.tma_atom_h, gH),)
+            if const_expr(self.gated):
+                outputs = ((args.tma_atom_h, gH), (args.tma_atom_h, cute.domain_offset((0, ffn), gH)))
+            _, order, destinations = consumer.tile_store.targets(outputs)
+        elif const_expr(not self.quantized):
+            tCgH = cute.recast_tensor(thr_mma.partition_C(
+                cute.local_tile(cute.domain_offset((first_row, col0), args.mDh), tile_shape, (0, 0))), Int32)
+            tCgHU = None
+            if const_expr(self.gated):
+                tCgHU = cute.recast_tensor(thr_mma.partition_C(
+                    cute.local_tile(cute.domain_offset((first_row, ffn + col0), args.mDh), tile_shape, (0, 0))), Int32)
+        if const_expr(self.quantized):
+            # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
+            col_block0 = args.mBlockStart[g] + (m_tile - args.mTileStart[g]) * (TILE_M // BLOCK_SIZE)
+            self.quantized_epilogue(
+                consumer.acc, consumer.values, consumer.c_words, tCcD, thr_mma, consumer.mma_tidx, tCgG, tCgU,
+                consumer.row_probs, consumer.row_dprobs, (args.mRowData, args.mRowScale, args.mColData, args.mColScale),
+                consumer.smem_q, args.mWarpSums, first_row, col0, ffn, limits, col_block0,
+                m_tile * WARPS_PER_TILE + consumer.tile_warp)
 
-                if const_expr(self.tma_store):
-                    # dh's tile by subtiles of 32 columns (4 column groups j each), d gate at
-                    # col0 and d up at F + col0 of the ragged view (rows from end_row on unwritten)
-                    gH = cute.local_tile(expert_rows(mDh_tma, first_row, end_row - first_row), tile, (0, n_tile))
-                    outputs = ((tma_atom_h, gH),)
-                    if const_expr(self.gated):
-                        outputs = ((tma_atom_h, gH), (tma_atom_h, cute.domain_offset((0, ffn), gH)))
-                    _, order, destinations = tile_store.targets(outputs)
-                elif const_expr(not self.quantized):
-                    tCgH = cute.recast_tensor(thr_mma.partition_C(
-                        cute.local_tile(cute.domain_offset((first_row, col0), mDh), tile, (0, 0))), Int32)
-                    tCgHU = None
-                    if const_expr(self.gated):
-                        tCgHU = cute.recast_tensor(thr_mma.partition_C(
-                            cute.local_tile(cute.domain_offset((first_row, ffn + col0), mDh), tile, (0, 0))), Int32)
-                if const_expr(self.quantized):
-                    # the tile's 4 column blocks are blocks 4 * local + [0, 4) of expert g
-                    col_block0 = mBlockStart[g] + (m_tile - mTileStart[g]) * (TILE_M // BLOCK_SIZE)
-                    self.quantized_epilogue(
-                        acc, values, c_words, tCcD, thr_mma, mma_tidx, tCgG, tCgU, row_probs, row_dprobs,
-                        (mRowData, mRowScale, mColData, mColScale), smem_q, mWarpSums, first_row, col0, ffn, limits,
-                        col_block0, m_tile * WARPS_PER_TILE + tile_warp)
+        bf16_pass = (consumer.acc, consumer.c_words, tCgG, tCgU, tCcD, limits, consumer.row_probs, consumer.row_dprobs,
+                     consumer.group_sums, consumer.pair, consumer.pair_bits)
+        if const_expr(self.tma_store):
+            stores = self.bf16_pass(*bf16_pass, None, (consumer.tile_store, *consumer.staging, order, destinations,
+                                                       stores), col0, ffn)
+        elif const_expr(not self.quantized):
+            self.bf16_pass(*bf16_pass, (tCgH, tCgHU), None, col0, ffn)
 
-                bf16_pass = (acc, c_words, tCgG, tCgU, tCcD, limits, row_probs, row_dprobs, group_sums, pair, pair_bits)
-                if const_expr(self.tma_store):
-                    subtiles_done = self.bf16_pass(*bf16_pass, None, (tile_store, gate_stage, up_stage, order,
-                                                                      destinations, subtiles_done), col0, ffn)
-                elif const_expr(not self.quantized):
-                    self.bf16_pass(*bf16_pass, (tCgH, tCgHU), None, col0, ffn)
-
-                if const_expr(self.has_probs):
-                    self.store_dprobs_partials(row_dprobs, tCcD, lane, limits, mDprobsPartial, first_row, n_tile)
-                if const_expr(self.bias_grad and not self.quantized):
-                    self.store_db1_warp_sums(acc, tCcD, lane, limits, mWarpSums, m_tile * WARPS_PER_TILE + tile_warp,
-                                             ffn, col0)
-                item += grid
-            if const_expr(self.tma_store):
-                tile_store.drain()
-
+        if const_expr(self.has_probs):
+            self.store_dprobs_partials(consumer.row_dprobs, tCcD, consumer.lane, limits, args.mDprobsPartial,
+                                       first_row, n_tile)
+        if const_expr(self.bias_grad and not self.quantized):
+            self.store_db1_warp_sums(consumer.acc, tCcD, consumer.lane, limits, args.mWarpSums,
+                                     m_tile * WARPS_PER_TILE + consumer.tile_warp, ffn, col0)
+        return stores
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,18 +343,8 @@ def problem_support(num_rows: int, hidden: int, ffn: int, num_experts: int, gate
     return ffn_problem_support(num_rows, hidden, ffn, num_experts, gated, tile_rows=WARPS_PER_TILE)
 
 
-def compile_fc2_dgrad(
-    arch: str = "sm_90a",
-    config: FC2DgradConfig | None = None,
-    *,
-    shape: tuple[int, int, int, int] | None = None,
-) -> CompiledKernel:
-    """Compile the kernel for ``arch`` without a GPU (default config: swiglu, no probs, no
-    bias_grad); returns it with its PTX and cubin. One compile serves every shape of a config;
-    ``shape`` (T, H, F, E), when given, is checked against ``problem_support``."""
-    config = config if config is not None else FC2DgradConfig(Activation(ActivationKind.SWIGLU))
-    reason = None if shape is None else problem_support(*shape, gated=config.activation.gated)
-    return compile_ahead(_NAME, _compile, config, arch, reason)
+compile_fc2_dgrad = ahead_compiler(_NAME, _compile, FC2DgradConfig(Activation(ActivationKind.SWIGLU)),
+                                   problem_support, "T, H, F, E", gated=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,7 +376,7 @@ def fc2_dgrad(
     # validate
     check_recipe(recipe)
     if recipe is not None and tile_n not in (None, QUANTIZED_TILE_N):
-        raise ValueError(_quantized_tile_n_reason(tile_n))
+        raise ValueError(quantized_tile_n_reason(tile_n))
     check_activation(activation)
     tokens, hidden = token_operand("dy", dy, None)
     experts = split_sizes.numel()

@@ -7,10 +7,11 @@ K-major (B_g (N, K) row-major: stacked weights, FC2's W2) or N-major (a transpos
 fp32; fp32 accumulation. Expert g owns rows ``row_start[g] <= r < row_start[g+1]`` of A and D,
 from the device prefix sums of ``gmlp.mxfp8.routing.device_groups`` (no host sync; any sizes, 0 too).
 
-Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values; the tile
-schedule, the mainloop, the compile and the launcher's common checks are the shared ``_schedule``,
-``_pipeline``, ``_compile`` and ``_launch`` of this package, also used by ``fc1`` and
-``fc2_dgrad``):
+Kernel design (one compiled kernel per ``KernelConfig``; T, N, K, E are runtime values): a site
+of the engine (``_engine``: the skeleton of roles, slot ring, schedule and item loop every SM90
+kernel runs), whose hooks here are its operands, the bf16 mainloop and its epilogue; the tile
+schedule, the compile and the launcher's common checks are ``_schedule``, ``_compile`` and
+``_launch``:
 
 - Tiles: BM = 128 rows (one 128-row tile of ``groups.tile_start``: m-tile ``j`` of the layer is
   local tile ``j - tile_start[g]`` of the expert g with ``tile_start[g] <= j < tile_start[g+1]``,
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -60,52 +62,16 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from gmlp.contract.operands import token_operand
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90 import _schedule, _store, launch_options
-from gmlp.cutedsl.sm90._compile import (
-    FLOAT_DTYPES,
-    SUPPORTED_ARCHS,
-    CompiledKernel,
-    compile_ahead,
-    config_compiler,
-    fake_experts,
-    fake_matrix,
-    fake_stream,
-    fake_vector,
-)
-from gmlp.cutedsl.sm90._launch import (
-    check_optional,
-    check_problem,
-    check_tma_bases,
-    expert_matrices,
-    run,
-)
-from gmlp.cutedsl.sm90._pipeline import (
-    ELEMENT_ALIGN,
-    THREADS_PER_WARPGROUP,
-    TILE_K,
-    KSplit,
-    StagedConfig,
-    b_is_k_major,
-    b_tiles,
-    consumer_fragments,
-    consumer_states,
-    cta_roles,
-    launch,
-    mainloop_fields,
-    make_b_tma,
-    make_mainloop_operands,
-    make_mainloop_pipeline,
-    make_turns,
-    mma_k_tiles,
-    mma_thread,
-    produce_token_items,
-    register_split,
-    shared_storage,
-    skip_k_tiles,
-    slot_tensors,
-    smem_array,
-)
+from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, SUPPORTED_ARCHS, CompiledKernel, ahead_compiler, config_compiler,
+                                        fake_experts, fake_matrix, fake_stream, fake_vector)
+from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
+from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, expert_matrices, run
+from gmlp.cutedsl.sm90._pipeline import (ELEMENT_ALIGN, THREADS_PER_WARPGROUP, KSplit, b_is_k_major, b_tiles,
+                                         mainloop_fields, make_b_tma, make_mainloop_operands, produce_token_items,
+                                         smem_array)
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
+from gmlp.cutedsl.sm90.configs import KernelConfig
 from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 
@@ -126,65 +92,47 @@ __all__ = [
 CompiledGroupedGemm = CompiledKernel  # the grouped GEMM's compiled kernel (config, arch, function, ptx, cubin)
 
 
-@dataclass(frozen=True)
-class KernelConfig(StagedConfig):
-    """What one compiled kernel is specialized on (shapes and expert counts are runtime values)."""
+class GroupedGemmArgs(NamedTuple):
+    """The kernel's arguments (the engine's ``args``)."""
 
-    b_k_major: bool = True  # B_g (N, K) row-major (stacked weights); False: N-major (transposed view)
-    bias_dtype: torch.dtype | None = None  # None: no bias
-    tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
-    stages: int | None = None  # smem pipeline depth; None: as many as fit
-    pingpong: bool = False  # tile_n = 128 only: two consumer warpgroups on alternate work items
-    # the epilogue's stores: "regs", predicated bf16 pairs from the registers; "tma", subtiles
-    # staged in shared memory and stored by TMA, overlapped with what follows (``_store``)
-    store: str = "regs"
-    # B given as two tensors side by side along K (W1^T with its gate and up stored apart, FC1
-    # dgrad; ``_pipeline.KSplit``), both of the b_k_major layout
-    k_split: bool = False
-
-    def __post_init__(self):
-        if self.tile_n not in (128, 256):
-            raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
-        if self.pingpong and self.tile_n != 128:
-            raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), got {self.tile_n}")
-        if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
-            raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
-        launch_options.check_store(self.store)
-        if self.store == "tma" and (self.pingpong or self.bias_dtype is not None):
-            raise ValueError(f"store='tma' needs pingpong=False and no bias (the TMA-store epilogue has neither yet), "
-                             f"got pingpong={self.pingpong}, bias_dtype={self.bias_dtype}")
-        self.check_stages()
-
-    def stage_bytes(self) -> int:
-        """Shared memory of one pipeline slot: a bf16 A tile and a bf16 B tile."""
-        return TILE_M * TILE_K * 2 + self.tile_n * TILE_K * 2
-
-    def fixed_bytes(self) -> int:
-        """The TMA-store epilogue's subtiles, outside the slot ring."""
-        return _store.smem_bytes(self.tile_n // 128) if self.store == "tma" else 0
+    tma_atom_a: cute.CopyAtom
+    mA: cute.Tensor  # TMA coordinates of A (T, K)
+    tma_atom_b: cute.CopyAtom
+    mB: cute.Tensor  # TMA coordinates of B (N, K, E), or of its first K0 columns (k_split)
+    tma_atom_b1: cute.CopyAtom | None  # k_split: the second B's TMA load
+    mB1: cute.Tensor | None  # k_split: TMA coordinates of the second B (N, K - K0, E)
+    mBias: cute.Tensor | None  # (E, N) bf16/fp32, row-major
+    mRowStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} m_h
+    mTileStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
+    mD: cute.Tensor  # (T, N) bf16, row-major
+    tma_atom_d: cute.CopyAtom | None  # store="tma": the subtiles' TMA store
+    mD_tma: cute.Tensor | None  # store="tma": TMA coordinates of D's ragged view (BIG, N, MAX, MAX)
+    d_smem_layout: cute.ComposedLayout | None  # store="tma": (epi rows, epi cols, _store.STAGES) bf16
 
 
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class _Consumer:
+    """A consumer thread's state, built once before the item loop."""
 
-class GroupedGemmSm90:
-    """The jit code of the grouped GEMM (see the module docstring); ``__call__`` is the host side
-    that builds TMA descriptors and launches, ``kernel`` the device side. The schedule and the
-    mainloop are the shared ones of ``_schedule`` and ``_pipeline``; the epilogue is this kernel's."""
+    tCrA: cute.Tensor
+    operands: tuple  # ((acc, tCrB),)
+    thr_mma: cute.ThrMma
+    tCcD: cute.Tensor  # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
+    acc: cute.Tensor
+    out: cute.Tensor  # staging of the bf16 pairs
+    tile_store: _store.TileStore | None  # store="tma"
+
+
+class GroupedGemmSm90(GroupedGemmEngine):
+    """The grouped GEMM on the engine (see the module docstring): ``__call__`` is the host side
+    that builds the TMA descriptors and launches; the hooks are this site's parts of the skeleton."""
 
     def __init__(self, config: KernelConfig):
-        self.config = config
-        self.tile_n = config.tile_n
-        self.pingpong = config.pingpong
-        # warpgroups sharing one tile's wgmmas: 2 for BN = 256, else 1 (also with ping-pong,
-        # where each of the two consumer warpgroups owns a whole 128 x 128 tile)
-        self.num_mma_warpgroups = config.tile_n // 128
-        self.num_consumers = 2 if config.pingpong else self.num_mma_warpgroups
-        self.stages = config.num_stages()
-        self.has_bias = config.bias_dtype is not None
         # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
-        # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators).
-        self.atom_layout_mnk = (self.num_mma_warpgroups, 1, 1)
-        self.threads = (1 + self.num_consumers) * THREADS_PER_WARPGROUP
-        self.registers = register_split(self.threads)  # producer, consumer setmaxnreg counts
+        # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators); with
+        # ping-pong each of the two consumer warpgroups owns a whole 128 x 128 tile
+        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong)
+        self.tile_n = config.tile_n
         self.tma_store = config.store == "tma"
 
     @cute.jit
@@ -200,127 +148,68 @@ class GroupedGemmSm90:
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, self.atom_layout_mnk)
+        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, (self.mma_warpgroups, 1, 1))
         tma_atom_b1 = tma_b1 = None
         if const_expr(self.config.k_split):
             tma_atom_b1, tma_b1 = make_b_tma(mB1, ops.b_smem_layout, self.tile_n)
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, turns=self.pingpong)
         store = None  # store="tma": the subtiles' smem layout and TMA store
         if const_expr(self.tma_store):
-            store = _store.make_store_operands(ragged_rows(mD), self.num_mma_warpgroups)
+            store = _store.make_store_operands(ragged_rows(mD), self.mma_warpgroups)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
-        self.shared_storage = shared_storage(fields)
-        launch(self.kernel(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
-                           mRowStart, mTileStart,
-                           mD, *(_store.kernel_arguments(store)), ops.tiled_mma, ops.a_smem_layout,
-                           ops.b_smem_layout),
-               num_ctas, self.threads, stream)
+        args = GroupedGemmArgs(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
+                               mRowStart, mTileStart, mD, *_store.kernel_arguments(store))
+        self.launch_engine(args, fields, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, num_ctas, stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_atom_a: cute.CopyAtom,
-        mA: cute.Tensor,  # TMA coordinates of A (T, K)
-        tma_atom_b: cute.CopyAtom,
-        mB: cute.Tensor,  # TMA coordinates of B (N, K, E), or of its first K0 columns (k_split)
-        tma_atom_b1: cute.CopyAtom | None,  # k_split: the second B's TMA load
-        mB1: cute.Tensor | None,  # k_split: TMA coordinates of the second B (N, K - K0, E)
-        mBias: cute.Tensor | None,
-        mRowStart: cute.Tensor,
-        mTileStart: cute.Tensor,
-        mD: cute.Tensor,
-        tma_atom_d: cute.CopyAtom | None,  # store="tma": the subtiles' TMA store
-        mD_tma: cute.Tensor | None,  # store="tma": TMA coordinates of D's ragged view (BIG, N, MAX, MAX)
-        d_smem_layout: cute.ComposedLayout | None,  # store="tma": (epi rows, epi cols, _store.STAGES) bf16
-        tiled_mma: cute.TiledMma,
-        a_smem_layout: cute.ComposedLayout,  # (BM, BK, stages)
-        b_smem_layout: cute.ComposedLayout,  # (BN, BK, stages)
-    ):
-        atoms = (tma_atom_a, tma_atom_b) + ((tma_atom_d,) if const_expr(self.tma_store) else ()) \
-            + ((tma_atom_b1,) if const_expr(self.config.k_split) else ())
-        tidx, bidx, grid, warp_idx, warpgroup = cta_roles(atoms)
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        sA, sB, stage_bytes = slot_tensors(storage, a_smem_layout, b_smem_layout)
-        # a slot is released by the warpgroups that read it: both halves of a BN = 256 tile, or
-        # with ping-pong the one warpgroup whose item it holds
-        mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages,
-                                          self.num_mma_warpgroups, stage_bytes)
-        if const_expr(self.pingpong):
-            order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
+    def tma_atoms(self, args: GroupedGemmArgs) -> tuple:
+        return (args.tma_atom_a, args.tma_atom_b) + ((args.tma_atom_d,) if const_expr(self.tma_store) else ()) \
+            + ((args.tma_atom_b1,) if const_expr(self.config.k_split) else ())
 
-        # Work items over the m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule).
-        items = TokenItems.of(mRowStart, mTileStart, mD.shape[1], self.tile_n)
-        k_tiles = (mA.shape[1] + TILE_K - 1) // TILE_K
-        b_parts = (b_tiles(tma_atom_b, mB, sB, self.tile_n),)  # B_g rows n_tile * BN + [0, BN)
+    def work(self, args: GroupedGemmArgs) -> TokenItems:
+        """The m-tiles of tile_start x n-tiles, in bands of m-tiles (see _schedule); with k_split
+        the first B's k-tiles, then the second's."""
+        k_parts = (args.mA.shape[1],)
+        if const_expr(self.config.k_split):
+            k_parts = (args.mB.shape[1], args.mA.shape[1] - args.mB.shape[1])
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.mD.shape[1], self.tile_n, k_parts)
+
+    def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: GroupedGemmArgs, slots: Slots):
+        sA, sBs = slots.sA, slots.sBs
+        b_parts = (b_tiles(args.tma_atom_b, args.mB, sBs[0], self.tile_n),)  # B_g rows n_tile * BN + [0, BN)
         k_split = None
-        if const_expr(self.config.k_split):  # the first B's k-tiles, then the second's
-            k_split = KSplit.of(mB, (b_tiles(tma_atom_b1, mB1, sB, self.tile_n),))
-            k_tiles = k_split.k_tiles + (mA.shape[1] - k_split.k0 + TILE_K - 1) // TILE_K
+        if const_expr(self.config.k_split):
+            k_split = KSplit.of(args.mB, (b_tiles(args.tma_atom_b1, args.mB1, sBs[0], self.tile_n),))
+        produce_token_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, args.tma_atom_a, args.mA, sA,
+                            b_parts, k_split)
 
-        if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(self.registers[0])
-        if warp_idx == 0:  # producer: TMA loads of every (A, B) k-tile of this CTA's items
-            produce_token_items(mainloop, self.stages, items, bidx, grid, k_tiles, tma_atom_a, mA, sA, b_parts,
-                                k_split)
-
-        if warpgroup > 0:  # consumers: wgmma mainloop and epilogue
-            cute.arch.setmaxregister_increase(self.registers[1])
-            # BN = 256: both warpgroups share the tiled MMA; ping-pong: each its own
-            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
-            tCrA, (tCrB,) = consumer_fragments(tiled_mma, mma_warpgroup, sA, (sB,))
-            thr_mma = tiled_mma.get_slice(mma_tidx)
-            # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
-            tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
-            acc = cute.make_rmem_tensor(tCcD.shape, Float32)
-            out = cute.make_rmem_tensor(tCcD.shape, BFloat16)  # staging of the bf16 pairs
-            read_state, release_state = consumer_states(self.stages)
-            if const_expr(self.tma_store):
-                sD = storage.sD.get_tensor(d_smem_layout.outer, swizzle=d_smem_layout.inner)
-                consumers = self.num_mma_warpgroups * THREADS_PER_WARPGROUP
-                # the first consumer warp issues the stores
-                tile_store = _store.TileStore.of(tiled_mma, acc, sD, tidx - THREADS_PER_WARPGROUP, consumers,
-                                                 _store.epi_tile(self.num_mma_warpgroups),
-                                                 warp_idx == THREADS_PER_WARPGROUP // 32)
-                tiles_done = Int32(0)
-
-            item = bidx
-            item_step = grid
-            if const_expr(self.pingpong):
-                # warpgroup 2 takes this CTA's odd items: skip the slots of the first one
-                item_step = 2 * grid
-                if warpgroup == 2:
-                    item = bidx + grid
-                    read_state = skip_k_tiles(read_state, k_tiles)
-                    release_state = skip_k_tiles(release_state, k_tiles)
-                order_state = order.state.clone()  # carried explicitly through the item loop
-            while item < items.count:
-                g, _, n_tile, first_row, end_row = items.tile(item)
-                if const_expr(self.pingpong):
-                    order.wait(order_state)
-                tiled_mma, read_state, release_state = mma_k_tiles(tiled_mma, mainloop, read_state, release_state,
-                                                                   k_tiles, tCrA, ((acc, tCrB),))
-                if const_expr(self.pingpong):
-                    # the other warpgroup's mainloop may start; its item's slots are skipped here
-                    order_state = order.arrive(order_state)
-                    read_state = skip_k_tiles(read_state, k_tiles)
-                    release_state = skip_k_tiles(release_state, k_tiles)
-                if const_expr(self.tma_store):
-                    # the ragged view: rows from end_row on (the next expert's) are not written
-                    gD = cute.local_tile(expert_rows(mD_tma, first_row, end_row - first_row), (TILE_M, self.tile_n),
-                                         (0, n_tile))
-                    tile_store.store(tma_atom_d, gD, tiles_done)
-                    tiles_done += 1
-                else:
-                    self.store_tile(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row)
-                item += item_step
-            if const_expr(self.tma_store):
-                tile_store.drain()
+    def consumer_setup(self, args: GroupedGemmArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
+                       tCrBs) -> _Consumer:
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
+        acc = cute.make_rmem_tensor(tCcD.shape, Float32)
+        tile_store = None
+        if const_expr(self.tma_store):
+            sD = storage.sD.get_tensor(args.d_smem_layout.outer, swizzle=args.d_smem_layout.inner)
+            # the first consumer warp issues the stores
+            tile_store = _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, self.mma_warpgroups * THREADS_PER_WARPGROUP,
+                                             _store.epi_tile(self.mma_warpgroups),
+                                             warp_idx == THREADS_PER_WARPGROUP // 32)
+        return _Consumer(tCrA, ((acc, tCrBs[0]),), thr_mma, tCcD, acc, cute.make_rmem_tensor(tCcD.shape, BFloat16),
+                         tile_store)
 
     @cute.jit
-    def store_tile(self, acc: cute.Tensor, out: cute.Tensor, thr_mma, tCcD: cute.Tensor, mD: cute.Tensor,
-                   mBias: cute.Tensor | None, g: Int32, n_tile: Int32, first_row: Int32, end_row: Int32):
-        """Epilogue: ``store_bf16_pairs`` of the tile."""
-        store_bf16_pairs(acc, out, thr_mma, tCcD, mD, mBias, g, n_tile, first_row, end_row, self.tile_n)
+    def epilogue(self, consumer: _Consumer, args: GroupedGemmArgs, tile: tuple, ahead, stores: Int32) -> Int32:
+        g, _, n_tile, first_row, end_row = tile
+        if const_expr(self.tma_store):
+            # the ragged view: rows from end_row on (the next expert's) are not written
+            gD = cute.local_tile(expert_rows(args.mD_tma, first_row, end_row - first_row), (TILE_M, self.tile_n),
+                                 (0, n_tile))
+            consumer.tile_store.store(args.tma_atom_d, gD, stores)
+            stores = stores + 1
+        else:
+            store_bf16_pairs(consumer.acc, consumer.out, consumer.thr_mma, consumer.tCcD, args.mD, args.mBias, g,
+                             n_tile, first_row, end_row, self.tile_n)
+        return stores
 
 
 @cute.jit
@@ -389,16 +278,7 @@ def problem_support(num_rows: int, n: int, k: int, num_experts: int) -> Reason |
     return None
 
 
-def compile_grouped_gemm(
-    arch: str = "sm_90a",
-    config: KernelConfig = KernelConfig(),
-    *,
-    shape: tuple[int, int, int, int] | None = None,
-) -> CompiledGroupedGemm:
-    """Compile the kernel for ``arch`` without a GPU; returns it with its PTX and cubin. The code
-    is shape-generic (T, N, K, E at run time), so one compile serves every shape of a config;
-    ``shape`` (T, N, K, E), when given, is checked against ``problem_support``."""
-    return compile_ahead(_NAME, _compile, config, arch, None if shape is None else problem_support(*shape))
+compile_grouped_gemm = ahead_compiler(_NAME, _compile, KernelConfig(), problem_support, "T, N, K, E")
 
 
 # ---------------------------------------------------------------------------------------------
