@@ -10,8 +10,9 @@ geometric mean of its ratios over the routings (a candidate that fails at one ro
 
 Writes the measurements (``tune-<date>.json`` in ``--out``, every candidate's time and ratio) and
 merges the choices into ``--table`` (default: the package's ``gmlp/cutedsl/sm90/tuned_sm90.json``),
-replacing the entries of the sites and shapes tuned now and keeping the others. Commit both: the
-table is what every later launch reads (``GMLP_SM90_TUNED`` points a process at another table).
+replacing this card's entries of the sites and shapes tuned now and keeping the others (other
+cards' entries included: a launch reads its own card's, ``gmlp.cutedsl.sm90.tuned``). Commit both:
+the table is what every later launch reads (``GMLP_SM90_TUNED`` points a process at another table).
 """
 
 from __future__ import annotations
@@ -72,27 +73,30 @@ def choose(rows: list[dict]) -> dict[tuple[str, str], dict]:
     return best
 
 
-def table_entries(best: dict[tuple[str, str], dict]) -> list[dict]:
-    """The tuned table's entries for ``choose``'s result: op, site, shape, the launch's (N, K) and
-    rows per expert (what ``tuned.lookup`` measures distance in), the knobs and their ratios."""
+def table_entries(best: dict[tuple[str, str], dict], device: str) -> list[dict]:
+    """The tuned table's entries for ``choose``'s result on the card ``device``: the card, op, site,
+    shape, the launch's (N, K) and rows per expert (what ``tuned.lookup`` measures distance in), the
+    knobs and their ratios."""
     entries = []
     for (shape, site), chosen in best.items():
         experts, tokens, hidden, ffn = SHAPES[shape]
         _, n, k, _ = site_gemm(site, tokens, hidden, ffn, experts)
-        entries.append(dict(op=SITES[site].op.value, site=site, shape=shape, n=n, k=k,
+        entries.append(dict(device=device, op=SITES[site].op.value, site=site, shape=shape, n=n, k=k,
                             rows_per_expert=tokens / experts, options=chosen["options"],
                             ratios={routing: round(ratio, 4) for routing, ratio in chosen["ratios"].items()}))
     return entries
 
 
 def merged_table(path: pathlib.Path, entries: list[dict], env: dict, measurements: str) -> dict:
-    """The table at ``path`` (if any) with ``entries`` replacing those of the same site and shape."""
-    old = json.loads(path.read_text())["entries"] if path.exists() else []
-    tuned_now = {(entry["site"], entry["shape"]) for entry in entries}
-    kept = [entry for entry in old if (entry["site"], entry["shape"]) not in tuned_now]
+    """The table at ``path`` (if any) with ``entries`` replacing those of the same card, site and
+    shape (another card's entries are kept: the table holds every card's)."""
+    old = json.loads(path.read_text()) if path.exists() else dict(entries=[])
+    old_entries = [dict(entry, device=entry.get("device") or old["device"]) for entry in old["entries"]]
+    tuned_now = {(entry["device"], entry["site"], entry["shape"]) for entry in entries}
+    kept = [entry for entry in old_entries if (entry["device"], entry["site"], entry["shape"]) not in tuned_now]
     order = {site: i for i, site in enumerate(GEMM_NAMES)}
-    all_entries = sorted(kept + entries, key=lambda e: (e["shape"], order[e["site"]]))
-    return dict(device=env["device"], commit=env["commit"], cutlass_dsl=env.get("nvidia-cutlass-dsl"),
+    all_entries = sorted(kept + entries, key=lambda e: (e["device"], e["shape"], order[e["site"]]))
+    return dict(commit=env["commit"], cutlass_dsl=env.get("nvidia-cutlass-dsl"),
                 date=datetime.date.today().isoformat(), measurements=measurements, entries=all_entries)
 
 
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     measurements = results.write(dict(environment=env, results=rows, chosen=[
         dict(shape=shape, site=site, **chosen) for (shape, site), chosen in best.items()]), complete=True)
     table_path = pathlib.Path(args.table)
-    table = merged_table(table_path, table_entries(best), env, str(measurements))
+    table = merged_table(table_path, table_entries(best, env["device"]), env, str(measurements))
     table_path.write_text(json.dumps(table, indent=1) + "\n")
     for (shape, site), chosen in best.items():
         ratios = ", ".join(f"{routing} {ratio:.3f}" for routing, ratio in chosen["ratios"].items())

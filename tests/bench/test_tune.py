@@ -31,30 +31,69 @@ def test_the_best_geometric_mean_over_both_routings_wins():
 def test_entries_carry_each_sites_launch_shape():
     best = {("deepseek-v3-rank", site): dict(options=dict(DEFAULTS[op]), ratios=dict(balanced=1.0, skewed=0.9))
             for site, op in (("fc1", "fc1_forward"), ("fc1 dgrad", "grouped_gemm"), ("fc1 wgrad", "grouped_wgrad"))}
-    entries = {entry["site"]: entry for entry in tune.table_entries(best)}
+    entries = {entry["site"]: entry for entry in tune.table_entries(best, "NVIDIA H200")}
     # DeepSeek-V3 rank: E=32, T=32768, H=7168, F=2048
     assert (entries["fc1"]["op"], entries["fc1"]["n"], entries["fc1"]["k"]) == ("fc1_forward", 4096, 7168)
     assert (entries["fc1 dgrad"]["n"], entries["fc1 dgrad"]["k"]) == (7168, 4096)
     assert (entries["fc1 wgrad"]["n"], entries["fc1 wgrad"]["k"]) == (4096, 7168)
-    assert entries["fc1"]["rows_per_expert"] == 1024
+    assert entries["fc1"]["rows_per_expert"] == 1024 and entries["fc1"]["device"] == "NVIDIA H200"
 
 
 def test_the_table_merges_and_reads_back(tmp_path):
     path = tmp_path / "table.json"
     first = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(tile_n=128, pingpong=True, store="regs"),
-                                                               ratios=dict(balanced=1.0, skewed=1.0))})
+                                                               ratios=dict(balanced=1.0, skewed=1.0))}, ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, first, ENV, "bench_results/tune-1.json")))
     second = tune.table_entries({("deepseek-v3-rank", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
-                                                                   ratios=dict(balanced=1.0, skewed=0.98))})
+                                                                   ratios=dict(balanced=1.0, skewed=0.98))},
+                                ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, second, ENV, "bench_results/tune-2.json")))
     table = tuned.read_table(path)
     assert [entry.shape for entry in table.entries] == ["deepseek-v3-rank", "qwen3-30b-a3b"]  # both kept
-    assert table.measurements == "bench_results/tune-2.json" and table.device == "NVIDIA H200"
+    assert table.measurements == "bench_results/tune-2.json"
+    assert {entry.device for entry in table.entries} == {"NVIDIA H200"}
     assert table.entries[1].options == dict(tile_n=128, pingpong=True, store="regs")
     retuned = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
-                                                                 ratios=dict(balanced=1.1, skewed=1.0))})
+                                                                 ratios=dict(balanced=1.1, skewed=1.0))},
+                                 ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, retuned, ENV, "bench_results/tune-3.json")))
     assert [entry.options for entry in tuned.read_table(path).entries] == [DEFAULTS["grouped_gemm"]] * 2  # replaced
+
+
+def test_each_card_keeps_its_entries_and_launches_read_their_own(tmp_path, monkeypatch):
+    """Tuning on an H100 adds its entries beside the H200's (same site and shape, other knobs); a
+    launch reads its own card's, and another card's only where its own has none for the op."""
+    path = tmp_path / "table.json"
+    h100 = dict(ENV, device="NVIDIA H100 80GB HBM3")
+    narrow = dict(tile_n=128, pingpong=True, store="regs")
+    for env, options in ((ENV, DEFAULTS["grouped_gemm"]), (h100, narrow)):
+        entries = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(options),
+                                                                     ratios=dict(balanced=1.0, skewed=1.0))},
+                                     env["device"])
+        path.write_text(json.dumps(tune.merged_table(path, entries, env, "bench_results/tune-x.json")))
+    assert [(e.device, e.options) for e in tuned.read_table(path).entries] == [
+        ("NVIDIA H100 80GB HBM3", narrow), ("NVIDIA H200", DEFAULTS["grouped_gemm"])]
+    monkeypatch.setenv(tuned.ENV, str(path))
+    qwen3_fc2 = (65536, 2048, 768, 128)
+    assert tuned.lookup("grouped_gemm", *qwen3_fc2, card="NVIDIA H100 80GB HBM3").options == narrow
+    assert tuned.lookup("grouped_gemm", *qwen3_fc2, card="NVIDIA H200").options == DEFAULTS["grouped_gemm"]
+    other = tuned.lookup("grouped_gemm", *qwen3_fc2, card="NVIDIA GH200 480GB")  # no entry: another card's
+    assert other is not None and "tuned on the NVIDIA H" in other.words()
+    assert tuned.lookup("fc2_dgrad", *qwen3_fc2, card="NVIDIA H200") is None
+
+
+def test_an_older_table_names_its_card_once():
+    """The format before per-card entries (one table-level device) reads as entries of that card."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "old.json"
+        entry = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
+                                                                   ratios=dict(balanced=1.0, skewed=1.0))}, "x")[0]
+        del entry["device"]
+        path.write_text(json.dumps(dict(device="NVIDIA H200", commit="abc", date="2026-12-04", measurements="m",
+                                        entries=[entry])))
+        assert tuned.read_table(path).entries[0].device == "NVIDIA H200"
 
 
 @pytest.mark.parametrize("op,count", [("grouped_gemm", 5), ("fc1_forward", 2), ("fc2_dgrad", 4), ("grouped_wgrad", 9)])
@@ -78,15 +117,18 @@ def test_measurements_of_a_removed_knob_count_as_the_kernel_runs_now():
 
 def test_the_committed_table_is_what_the_committed_measurements_choose():
     """Each entry of the package's table is the fastest candidate of the latest committed tuner run
-    that timed its site and shape (bench_results/tune-*.json), with that run's ratios and with the
-    (N, K, rows per expert) of its shape: no entry edited by hand, none left from an older run."""
+    on its card that timed its site and shape (bench_results/tune-*.json), with that run's ratios
+    and with the (N, K, rows per expert) of its shape: no entry edited by hand, none left from an
+    older run."""
     runs = sorted(pathlib.Path(__file__).parents[2].glob("bench_results/tune-*.json"))
     assert runs, "no committed tuner measurements (bench_results/tune-*.json)"
-    latest: dict[tuple[str, str], dict] = {}
+    latest: dict[str, dict[tuple[str, str], dict]] = {}  # card -> (shape, site) -> choice
     for run in runs:  # names sort by date: a later run's choice replaces an earlier one's
-        latest.update(tune.choose(json.loads(run.read_text())["results"]))
+        measured = json.loads(run.read_text())
+        latest.setdefault(measured["environment"]["device"], {}).update(tune.choose(measured["results"]))
     table = json.loads(tuned.TABLE_FILE.read_text())["entries"]
-    assert {(entry["shape"], entry["site"]) for entry in table} == set(latest)
-    expected = {(entry["shape"], entry["site"]): entry for entry in tune.table_entries(latest)}
+    expected = {(entry["device"], entry["shape"], entry["site"]): entry
+                for card, best in latest.items() for entry in tune.table_entries(best, card)}
+    assert {(entry["device"], entry["shape"], entry["site"]) for entry in table} == set(expected)
     for entry in table:
-        assert entry == expected[(entry["shape"], entry["site"])], entry
+        assert entry == expected[(entry["device"], entry["shape"], entry["site"])], entry

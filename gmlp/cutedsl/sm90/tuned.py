@@ -5,14 +5,17 @@
 The table is ``tuned_sm90.json`` beside this module, as the tuner wrote it (its measurements are
 in ``bench_results/``); ``GMLP_SM90_TUNED`` names another table file instead (declared here in
 ``gmlp.system.env``: a file that is missing or not a table is an error wherever a plan is made,
-on any machine). A launch's shape class is the tuned shape of its op nearest to it in log space
-over (N, K, rows per expert): each factor of 2 in one of them counts 1, so a shape between two
-tuned ones takes the closer. The table gives preferences only: ``gmlp.cutedsl.sm90.launch_options``
+on any machine). Each entry names the card it was measured on: a launch reads the entries of its
+own card (``torch.cuda.get_device_name``), and another card's only where its own has none for the
+op (the choice's words then name the card it came from). A launch's shape class is the tuned
+shape of its op nearest to it in log space over (N, K, rows per expert): each factor of 2 in one
+of them counts 1, so a shape between two tuned ones takes the closer. The table gives preferences only: ``gmlp.cutedsl.sm90.launch_options``
 applies what the launch's variant fixes and what ``GMLP_SM90_CONFIG`` forces. No cutlass-dsl
 import: the dispatcher reads it anywhere.
 
-File format: ``{"device", "commit", "date", "measurements", "entries": [{"op", "site", "shape",
-"n", "k", "rows_per_expert", "options": {knob: value}, "ratios": {routing: ratio to torch}}]}``.
+File format: ``{"commit", "date", "measurements", "entries": [{"device", "op", "site", "shape",
+"n", "k", "rows_per_expert", "options": {knob: value}, "ratios": {routing: ratio to torch}}]}``
+(a table-level ``"device"``, the older format, is the device of entries that name none).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from gmlp.system.env import declare, setting
 
-__all__ = ["ENV", "TABLE_FILE", "TunedEntry", "Table", "read_table", "table", "lookup"]
+__all__ = ["ENV", "TABLE_FILE", "TunedEntry", "Table", "read_table", "table", "lookup", "current_card"]
 
 ENV = "GMLP_SM90_TUNED"
 TABLE_FILE = Path(__file__).with_name("tuned_sm90.json")
@@ -57,9 +60,8 @@ class TunedEntry:
 
 @dataclass(frozen=True, eq=False)  # one object per file read: the lookup cache keys on it
 class Table:
-    """A tuned table: where it was measured, and its entries."""
+    """A tuned table: its entries (each naming its card) and the run that wrote it last."""
 
-    device: str
     commit: str
     date: str
     measurements: str
@@ -70,11 +72,11 @@ def read_table(path: Path) -> Table:
     """The table in ``path``; raises naming the file and the field for a malformed one."""
     try:
         raw = json.loads(Path(path).read_text())
-        device = raw["device"]
         entries = tuple(TunedEntry(op=e["op"], site=e["site"], shape=e["shape"], n=int(e["n"]), k=int(e["k"]),
                                    rows_per_expert=float(e["rows_per_expert"]), options=dict(e["options"]),
-                                   ratios=dict(e["ratios"]), device=device) for e in raw["entries"])
-        return Table(device, raw["commit"], raw["date"], raw["measurements"], entries)
+                                   ratios=dict(e["ratios"]), device=e.get("device") or raw["device"])
+                        for e in raw["entries"])
+        return Table(raw["commit"], raw["date"], raw["measurements"], entries)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"the SM90 tuned table {path} cannot be read: {type(error).__name__}: {error}") from error
 
@@ -104,12 +106,29 @@ def table() -> Table | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _nearest(current: Table | None, op: str, n: int, k: int, rows_per_expert: float) -> TunedEntry | None:
+def _nearest(current: Table | None, op: str, n: int, k: int, rows_per_expert: float,
+             card: str | None) -> TunedEntry | None:
     candidates = [entry for entry in (current.entries if current else ()) if entry.op == op]
-    return min(candidates, key=lambda entry: entry.distance(n, k, rows_per_expert), default=None)
+    own = [entry for entry in candidates if entry.device == card]
+    return min(own or candidates, key=lambda entry: entry.distance(n, k, rows_per_expert), default=None)
 
 
-def lookup(op: str, tokens: int, n: int, k: int, experts: int) -> TunedEntry | None:
+@functools.lru_cache(maxsize=16)
+def _card_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+def current_card() -> str | None:
+    """The name of the current CUDA device (as the tuner records it), or None without CUDA."""
+    import torch
+
+    return _card_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
+
+
+def lookup(op: str, tokens: int, n: int, k: int, experts: int, card: str | None = None) -> TunedEntry | None:
     """The entry of ``op`` nearest to a launch on ``tokens`` rows over ``experts`` groups with this
-    (N, K), or None when the table has none for ``op``."""
-    return _nearest(table(), op, n, k, tokens / max(experts, 1))
+    (N, K), among those measured on ``card`` (default: ``current_card()``) if there are any, else
+    among every card's; None when the table has none for ``op``."""
+    return _nearest(table(), op, n, k, tokens / max(experts, 1), card if card is not None else current_card())
