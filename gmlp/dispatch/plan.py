@@ -138,7 +138,7 @@ def _sm90_launch(name: str, problem: LayerProblem) -> str:
     if name == "fc2":
         variant["bias"] = problem.bias
     gemm = sm90_support.site_gemm(name, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
-    return launch_options.describe(op.value, *gemm, **variant)
+    return launch_options.describe(op.value, *gemm, site=name, **variant)
 
 
 def _sm100_runs(problem: LayerProblem, device: torch.device, capability: tuple[int, int] | None) -> bool:

@@ -361,6 +361,7 @@ def fc1_forward(
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
     # the knobs (FC1Config); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
     store: str | None = None,  # bf16 c and a's stores, "regs" or "tma"
+    site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
     ``gmlp.triton_ref.fc1.fc1_forward``: ``recipe=None`` writes c and a in bf16; an
@@ -391,7 +392,7 @@ def fc1_forward(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     knobs = launch_options.launch_options("fc1_forward", tokens, n1, hidden, experts,
-                                          dict(store=store), quantized=quantized)
+                                          dict(store=store), site=site, quantized=quantized)
     store = knobs["store"]
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,

@@ -367,6 +367,7 @@ def fc2_dgrad(
     # the knobs (FC2DgradConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
     tile_n: int | None = None,  # da columns per work item
     store: str | None = None,  # a bf16 dh's stores, "regs" or "tma"
+    site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
     ``gmlp.triton_ref.fc2_dgrad.fc2_dgrad``: ``recipe=None`` writes dh in bf16; an ``MXFP8Recipe``
@@ -393,7 +394,7 @@ def fc2_dgrad(
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
     knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts, dict(tile_n=tile_n, store=store),
-                                          quantized=quantized)
+                                          site=site, quantized=quantized)
     tile_n, store = knobs["tile_n"], knobs["store"]
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,

@@ -300,6 +300,7 @@ def grouped_gemm(
     tile_n: int | None = None,  # 128 or 256
     pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
+    site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
     host sync. Same contract as ``gmlp.triton_ref.grouped_gemm``; needs K > 0, K and N multiples
@@ -324,7 +325,7 @@ def grouped_gemm(
     check_optional("bias", bias, (experts, n))
     knobs = launch_options.launch_options("grouped_gemm", tokens, n, k, experts,
                                           dict(tile_n=tile_n, pingpong=pingpong, store=store),
-                                          bias=bias is not None)
+                                          site=site, bias=bias is not None)
     tile_n, pingpong, store = knobs["tile_n"], knobs["pingpong"], knobs["store"]
     config = KernelConfig(b_k_major=_b_layout(b0), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
                           pingpong=pingpong, store=store, k_split=b1 is not None)

@@ -151,14 +151,15 @@ def candidates(op: str) -> list[dict[str, object]]:
 
 
 def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[tuple[str, object], ...] = (),
-           bias: bool = False, quantized: bool = False) -> LaunchChoice:
+           bias: bool = False, quantized: bool = False, site: str | None = None) -> LaunchChoice:
     """The knobs of a launch of ``op`` on a (tokens x k) by (k x n) product per expert group (the
     weight gradient: its (n, k) are dW's (M, N)), for the variant the flags give. ``given``: the
-    knobs the caller set, kept as they are (the kernel's config checks them). Raises when
+    knobs the caller set, kept as they are (the kernel's config checks them). ``site``: the layer's
+    site of the launch (``gmlp.dispatch.sites``), whose tuned entries come first. Raises when
     ``GMLP_SM90_CONFIG`` forces a knob the variant does not take."""
     if op not in DEFAULTS:
         raise ValueError(f"op must be one of {tuple(DEFAULTS)}, got {op!r}")
-    entry = tuned.lookup(op, tokens, n, k, experts)
+    entry = tuned.lookup(op, tokens, n, k, experts, site=site)
     options = dict(DEFAULTS[op])
     from_table = {}
     if entry is not None:
@@ -182,25 +183,25 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
 
 @functools.lru_cache(maxsize=256)  # the layer's launches repeat the same shapes and variants
 def _cached_choice(op: str, tokens: int, n: int, k: int, experts: int, given: tuple[tuple[str, object], ...],
-                   environment: tuple[str | None, str | None], **variant: bool) -> LaunchChoice:
-    return choose(op, tokens, n, k, experts, given=given, **variant)
+                   environment: tuple[str | None, str | None], site: str | None, **variant: bool) -> LaunchChoice:
+    return choose(op, tokens, n, k, experts, given=given, site=site, **variant)
 
 
-def launch_options(op: str, tokens: int, n: int, k: int, experts: int, given: dict[str, object],
-                   **variant: bool) -> dict[str, object]:
+def launch_options(op: str, tokens: int, n: int, k: int, experts: int, given: dict[str, object], *,
+                   site: str | None = None, **variant: bool) -> dict[str, object]:
     """A launcher's knobs: those it was ``given`` (not None) as they are, the others ``choose``'s
     (cached per shape, variant, and values of ``GMLP_SM90_CONFIG`` and ``GMLP_SM90_TUNED``)."""
     if all(value is not None for value in given.values()):
         return given
     fixed = tuple((knob, value) for knob, value in given.items() if value is not None)
     environment = (os.environ.get(ENV), os.environ.get(tuned.ENV))
-    return _cached_choice(op, tokens, n, k, experts, fixed, environment, **variant).options
+    return _cached_choice(op, tokens, n, k, experts, fixed, environment, site, **variant).options
 
 
-def describe(op: str, tokens: int, n: int, k: int, experts: int, **variant: bool) -> str:
+def describe(op: str, tokens: int, n: int, k: int, experts: int, *, site: str | None = None, **variant: bool) -> str:
     """``choose``'s knobs and where they come from, in words: "tile_n=256, store=tma (tuned: ...)"."""
     try:
-        choice = choose(op, tokens, n, k, experts, **variant)
+        choice = choose(op, tokens, n, k, experts, site=site, **variant)
     except ValueError as error:
         return f"{ENV} fails: {error}"
     knobs = ", ".join(f"{knob}={value}" for knob, value in choice.options.items())

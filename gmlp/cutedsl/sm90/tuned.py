@@ -5,13 +5,14 @@
 The table is ``tuned_sm90.json`` beside this module, as the tuner wrote it (its measurements are
 in ``bench_results/``); ``GMLP_SM90_TUNED`` names another table file instead (declared here in
 ``gmlp.system.env``: a file that is missing or not a table is an error wherever a plan is made,
-on any machine). Each entry names the card it was measured on: a launch reads the entries of its
-own card (``torch.cuda.get_device_name``), and another card's only where its own has none for the
-op (the choice's words then name the card it came from). A launch's shape class is the tuned
-shape of its op nearest to it in log space over (N, K, rows per expert): each factor of 2 in one
-of them counts 1, so a shape between two tuned ones takes the closer. The table gives preferences only: ``gmlp.cutedsl.sm90.launch_options``
-applies what the launch's variant fixes and what ``GMLP_SM90_CONFIG`` forces. No cutlass-dsl
-import: the dispatcher reads it anywhere.
+on any machine). Each entry names its site and the card it was measured on: a launch reads the
+entries of its own site (the grouped GEMM runs FC2 and FC1 dgrad, the weight gradient two sites),
+then of those its own card's (``torch.cuda.get_device_name``); another site's or card's only where
+there is none (the choice's words name the site and card it came from). A launch's shape class is
+the tuned shape nearest to it in log space over (N, K, rows per expert): each factor of 2 in one
+of them counts 1, so a shape between two tuned ones takes the closer. The table gives
+preferences only: ``gmlp.cutedsl.sm90.launch_options`` applies what the launch's variant fixes
+and what ``GMLP_SM90_CONFIG`` forces. No cutlass-dsl import: the dispatcher reads it anywhere.
 
 File format: ``{"commit", "date", "measurements", "entries": [{"device", "op", "site", "shape",
 "n", "k", "rows_per_expert", "options": {knob: value}, "ratios": {routing: ratio to torch}}]}``
@@ -106,11 +107,12 @@ def table() -> Table | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _nearest(current: Table | None, op: str, n: int, k: int, rows_per_expert: float,
+def _nearest(current: Table | None, op: str, n: int, k: int, rows_per_expert: float, site: str | None,
              card: str | None) -> TunedEntry | None:
     candidates = [entry for entry in (current.entries if current else ()) if entry.op == op]
-    own = [entry for entry in candidates if entry.device == card]
-    return min(own or candidates, key=lambda entry: entry.distance(n, k, rows_per_expert), default=None)
+    candidates = [entry for entry in candidates if entry.site == site] or candidates
+    candidates = [entry for entry in candidates if entry.device == card] or candidates
+    return min(candidates, key=lambda entry: entry.distance(n, k, rows_per_expert), default=None)
 
 
 @functools.lru_cache(maxsize=16)
@@ -127,8 +129,11 @@ def current_card() -> str | None:
     return _card_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
-def lookup(op: str, tokens: int, n: int, k: int, experts: int, card: str | None = None) -> TunedEntry | None:
+def lookup(op: str, tokens: int, n: int, k: int, experts: int, *, site: str | None = None,
+           card: str | None = None) -> TunedEntry | None:
     """The entry of ``op`` nearest to a launch on ``tokens`` rows over ``experts`` groups with this
-    (N, K), among those measured on ``card`` (default: ``current_card()``) if there are any, else
-    among every card's; None when the table has none for ``op``."""
-    return _nearest(table(), op, n, k, tokens / max(experts, 1), card if card is not None else current_card())
+    (N, K): among the entries of ``site`` (None: any site) if there are any, and of those among the
+    ones measured on ``card`` (default: ``current_card()``) if there are any; None when the table
+    has none for ``op``."""
+    card = card if card is not None else current_card()
+    return _nearest(table(), op, n, k, tokens / max(experts, 1), site, card)

@@ -323,6 +323,7 @@ def grouped_wgrad(
     ragged_tma: bool | None = None,  # K tail: TMA zero fill past the expert (else smem zeroing)
     pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
+    site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
     given. No host sync. Same contract as ``gmlp.triton_ref.wgrad.grouped_wgrad``; needs M and N
@@ -332,7 +333,7 @@ def grouped_wgrad(
     A's columns (the same sums, bit for bit, as one launch's rows)."""
     if split_rows is not None:
         return _split_wgrad(a, b, split_sizes, split_rows, out=out, out_dtype=out_dtype, groups=groups,
-                            tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store)
+                            tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store, site=site)
     experts = split_sizes.numel()
     a, b, tokens, m, n = wgrad_operands(_NAME, a, b, experts, out, out_dtype)
 
@@ -343,7 +344,8 @@ def grouped_wgrad(
         if tokens == 0:
             return out.zero_()
     knobs = launch_options.launch_options("grouped_wgrad", tokens, m, n, experts,
-                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store))
+                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store),
+                                          site=site)
     tile_n, ragged_tma, pingpong, store = knobs["tile_n"], knobs["ragged_tma"], knobs["pingpong"], knobs["store"]
     items = experts * -(-m // TILE_M) * -(-n // tile_n)
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)

@@ -4,6 +4,7 @@ first), and the CuTeDSL quantize."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from gmlp.contract.reasons import Reason
@@ -28,9 +29,13 @@ def _load(site: Site) -> Callable:
     missing = cutedsl_common.no_kernel_reason(site.op)
     if missing is not None:
         raise ValueError(f"{site.op.value} has no CuTeDSL implementation: {missing}")
+    from gmlp.cutedsl.sm90 import launch_options
     from gmlp.cutedsl.sm90.support import launcher
 
-    return launcher(site.op.value)
+    if site.op.value not in launch_options.DEFAULTS:  # no launch knobs to choose
+        return launcher(site.op.value)
+    # the site picks its own tuned launch knobs (the grouped GEMM and the weight gradient serve two)
+    return functools.partial(launcher(site.op.value), site=site.name)
 
 
 PROVIDER = Provider("sm_90a (Hopper)", (9,), cutedsl_common.system, _supports, _load)

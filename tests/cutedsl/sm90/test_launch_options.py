@@ -155,3 +155,32 @@ def test_fc2_dgrads_quantized_tile_width_is_its_epilogues():
     from gmlp.cutedsl.sm90 import _quantize_epilogue, fc2_dgrad
 
     assert launch_options.QUANTIZED_TILE_N == fc2_dgrad.QUANTIZED_TILE_N == _quantize_epilogue.TILE_COLS
+
+
+def test_a_site_takes_its_own_entry_before_a_nearer_one_of_another_site(monkeypatch, tmp_path):
+    """The grouped GEMM runs FC2 and FC1 dgrad: a launch at FC1 dgrad's site reads FC1 dgrad's entry
+    even where FC2's is nearer in shape; without a site (a direct launcher call), the nearest."""
+    monkeypatch.delenv(ENV, raising=False)
+    fc1_dgrad = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 4096, 1024, tile_n=128, pingpong=True,
+                            store="regs"), site="fc1 dgrad")
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path, [
+        _entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=256, pingpong=False, store="tma"),
+        fc1_dgrad]))
+    launch = (32768, 7168, 2048, 32)  # FC2's shape exactly
+    assert choose("grouped_gemm", *launch).options["tile_n"] == 256
+    chosen = choose("grouped_gemm", *launch, site="fc1 dgrad")
+    assert chosen.options == dict(tile_n=128, pingpong=True, store="regs") and "fc1 dgrad" in chosen.source
+    assert choose("grouped_gemm", *launch, site="fc1 wgrad").options["tile_n"] == 256  # no entry: the nearest
+    assert "fc1 dgrad" in describe("grouped_gemm", *launch, site="fc1 dgrad")
+
+
+def test_the_layer_launches_each_sm90_gemm_with_its_site():
+    """The SM90 provider binds the site to the launchers that choose launch knobs (the blockwise
+    ones choose none and take no site)."""
+    pytest.importorskip("cutlass")
+    from gmlp.dispatch.providers.cutedsl_sm90 import PROVIDER
+    from gmlp.dispatch.sites import SITES
+
+    fc1_dgrad = PROVIDER.load(SITES["fc1 dgrad"])
+    assert fc1_dgrad.func.__name__ == "grouped_gemm" and fc1_dgrad.keywords == dict(site="fc1 dgrad")
+    assert PROVIDER.load(SITES["fc2 wgrad"]).keywords == dict(site="fc2 wgrad")
