@@ -38,8 +38,9 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import BFloat16, Int32, const_expr
 
+from gmlp.cutedsl.sm90 import _store
 from gmlp.cutedsl.sm90._pipeline import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, THREADS_PER_WARPGROUP,
                                          consumer_fragments, consumer_states, cta_roles, launch, make_mainloop_pipeline,
                                          make_turns, mma_k_tiles, mma_thread, register_split, shared_storage,
@@ -156,6 +157,25 @@ class GroupedGemmEngine:
         k-tiles); returns (tiled_mma, read_state, release_state)."""
         return mma_k_tiles(tiled_mma, mainloop, read_state, release_state, work.k_tiles, consumer.tCrA,
                            consumer.operands)
+
+    @property
+    def store_rings(self) -> int:
+        """Rings of TMA-store buffers a site's ``sD`` holds: one a warpgroup that runs its own epilogue."""
+        return 2 if self.pingpong else 1
+
+    def tile_store(self, storage, smem_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma, acc: cute.Tensor,
+                   mma_tidx: Int32, warp_idx: Int32, dtype=BFloat16, outputs: int = 1) -> _store.TileStore:
+        """This consumer thread's TMA-store epilogue over the site's ``sD`` buffers (built by
+        ``_store.make_store_operands`` with ``store_rings`` rings). Cooperative: one ring for the
+        warpgroups sharing a tile, stored by the first consumer warp. Ping-pong: a ring per consumer
+        warpgroup, stored by its own first warp behind its own named barrier, so one warpgroup's
+        epilogue and stores never wait on the other's (whose mainloop runs meanwhile)."""
+        sD = storage.sD.get_tensor(smem_layout.outer, swizzle=smem_layout.inner)
+        ring, store_warp = 0, warp_idx == THREADS_PER_WARPGROUP // 32
+        if const_expr(self.pingpong):
+            ring, store_warp = warp_idx // 4 - 1, warp_idx % 4 == 0
+        return _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, self.mma_warpgroups * THREADS_PER_WARPGROUP,
+                                   _store.epi_tile(self.mma_warpgroups, dtype), store_warp, dtype, outputs, ring)
 
     def finish(self, consumer, args: tuple, work, bidx: Int32, grid: Int32) -> None:
         """After the CTA's last item (default: drain the TMA stores, if the site's consumer record

@@ -70,9 +70,9 @@ class KernelConfig(StagedConfig):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_store(self.store)
-        if self.store == "tma" and (self.pingpong or self.bias_dtype is not None):
-            raise ValueError(f"store='tma' needs pingpong=False and no bias (the TMA-store epilogue has neither yet), "
-                             f"got pingpong={self.pingpong}, bias_dtype={self.bias_dtype}")
+        if self.store == "tma" and self.bias_dtype is not None:
+            raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got "
+                             f"bias_dtype={self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -80,8 +80,8 @@ class KernelConfig(StagedConfig):
         return TILE_M * TILE_K * 2 + self.tile_n * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The TMA-store epilogue's subtiles, outside the slot ring."""
-        return _store.smem_bytes(self.tile_n // 128) if self.store == "tma" else 0
+        """The TMA-store epilogue's subtiles, outside the slot ring (a ring a warpgroup with ping-pong)."""
+        return _store.smem_bytes(self.tile_n // 128, rings=2 if self.pingpong else 1) if self.store == "tma" else 0
 
 
 @dataclass(frozen=True)
@@ -232,9 +232,6 @@ class WgradConfig(StagedConfig):
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
         launch_options.check_store(self.store)
-        if self.store == "tma" and self.pingpong:
-            raise ValueError("store='tma' needs pingpong=False (the TMA-store epilogue has no ping-pong yet), got "
-                             "pingpong=True")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -242,8 +239,10 @@ class WgradConfig(StagedConfig):
         return (TILE_M + self.tile_n) * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The TMA-store epilogue's subtiles, outside the slot ring."""
-        return _store.smem_bytes(self.tile_n // 128, OUT_DTYPES_DSL[self.out_dtype]) if self.store == "tma" else 0
+        """The TMA-store epilogue's subtiles, outside the slot ring (a ring a warpgroup with ping-pong)."""
+        if self.store != "tma":
+            return 0
+        return _store.smem_bytes(self.tile_n // 128, OUT_DTYPES_DSL[self.out_dtype], rings=2 if self.pingpong else 1)
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,8 @@ from gmlp.cutedsl.sm90._epilogue_math import load_row_probs, pair_fragment
 from gmlp.cutedsl.sm90._fc1_epilogue import ActivationEpilogue
 from gmlp.cutedsl.sm90._launch import (check_activation, check_optional, check_problem, check_recipe, check_tma_bases,
                                        expert_matrices, ffn_problem_support, run)
-from gmlp.cutedsl.sm90._pipeline import (THREADS_PER_WARPGROUP, b_is_k_major, b_tiles, mainloop_fields, make_b_tma,
-                                         make_mainloop_operands, produce_token_items, slot_tensors, smem_array)
+from gmlp.cutedsl.sm90._pipeline import (b_is_k_major, b_tiles, mainloop_fields, make_b_tma, make_mainloop_operands,
+                                         produce_token_items, slot_tensors, smem_array)
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout, quantize_tile_both_ways
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
@@ -241,12 +241,9 @@ class FC1ForwardSm90(GroupedGemmEngine, ActivationEpilogue):
         row_probs = cute.make_rmem_tensor((2,), Float32)
         tile_store = staging = None
         if const_expr(self.tma_store):
-            sD = storage.sD.get_tensor(args.d_smem_layout.outer, swizzle=args.d_smem_layout.inner)
-            # c gate, c up (gated) and a of a subtile, one bulk group; the first consumer warp stores
-            tile_store = _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, TOKEN_ROW_WARPGROUPS * THREADS_PER_WARPGROUP,
-                                             _store.epi_tile(TOKEN_ROW_WARPGROUPS),
-                                             warp_idx == THREADS_PER_WARPGROUP // 32,
-                                             outputs=3 if self.gated else 2)
+            # c gate, c up (gated) and a of a subtile, one bulk group
+            tile_store = self.tile_store(storage, args.d_smem_layout, tiled_mma, acc, mma_tidx, warp_idx,
+                                         outputs=3 if self.gated else 2)
             staging = (tile_store.staging(), tile_store.staging(), tile_store.staging())
         return _Consumer(tCrA, operands, thr_mma, mma_tidx, tCcD, acc, acc_up, smem_q, pair, pair_bits, row_probs,
                          tile_store, staging)

@@ -68,9 +68,8 @@ from gmlp.cutedsl.sm90._fc2_dgrad_mxfp8 import QuantizedDhEpilogue
 from gmlp.cutedsl.sm90._launch import (check_activation, check_optional, check_problem, check_recipe, check_tma_bases,
                                        expert_matrices, ffn_problem_support, run)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
-from gmlp.cutedsl.sm90._pipeline import (CONSUMER_REGISTERS, ELEMENT_ALIGN, PRODUCER_REGISTERS, THREADS_PER_WARPGROUP,
-                                         b_is_k_major, b_tiles, mainloop_fields, make_mainloop_operands,
-                                         produce_token_items, smem_array)
+from gmlp.cutedsl.sm90._pipeline import (CONSUMER_REGISTERS, ELEMENT_ALIGN, PRODUCER_REGISTERS, b_is_k_major, b_tiles,
+                                         mainloop_fields, make_mainloop_operands, produce_token_items, smem_array)
 from gmlp.cutedsl.sm90._quantize_epilogue import check_fragment_layout
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
@@ -225,12 +224,9 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
         row_dprobs = cute.make_rmem_tensor((2,), Float32)
         tile_store = staging = None
         if const_expr(self.tma_store):
-            sH = storage.sD.get_tensor(args.h_smem_layout.outer, swizzle=args.h_smem_layout.inner)
-            # d gate and d up of a subtile, one bulk group; the first consumer warp stores
-            tile_store = _store.TileStore.of(tiled_mma, acc, sH, mma_tidx, TOKEN_ROW_WARPGROUPS * THREADS_PER_WARPGROUP,
-                                             _store.epi_tile(TOKEN_ROW_WARPGROUPS),
-                                             warp_idx == THREADS_PER_WARPGROUP // 32,
-                                             outputs=2 if self.gated else 1)
+            # d gate and d up of a subtile, one bulk group
+            tile_store = self.tile_store(storage, args.h_smem_layout, tiled_mma, acc, mma_tidx, warp_idx,
+                                         outputs=2 if self.gated else 1)
             staging = (tile_store.staging(), tile_store.staging())
         c_words = cute.make_rmem_tensor((2 * C_WORD_PAIRS,), Int32)
         return _Consumer(tCrA, ((acc, tCrBs[0]),), thr_mma, mma_tidx, mma_tidx % 32, mma_tidx // 32, tCcD, acc,

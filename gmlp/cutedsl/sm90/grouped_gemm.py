@@ -66,9 +66,8 @@ from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, SUPPORTED_ARCHS, CompiledK
                                         fake_experts, fake_matrix, fake_stream, fake_vector)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, expert_matrices, run
-from gmlp.cutedsl.sm90._pipeline import (ELEMENT_ALIGN, THREADS_PER_WARPGROUP, KSplit, b_is_k_major, b_tiles,
-                                         mainloop_fields, make_b_tma, make_mainloop_operands, produce_token_items,
-                                         smem_array)
+from gmlp.cutedsl.sm90._pipeline import (ELEMENT_ALIGN, KSplit, b_is_k_major, b_tiles, mainloop_fields, make_b_tma,
+                                         make_mainloop_operands, produce_token_items, smem_array)
 from gmlp.cutedsl.sm90._schedule import MAX_EXPERTS, TILE_M, TokenItems
 from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
 from gmlp.cutedsl.sm90.configs import KernelConfig
@@ -155,7 +154,7 @@ class GroupedGemmSm90(GroupedGemmEngine):
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, turns=self.pingpong)
         store = None  # store="tma": the subtiles' smem layout and TMA store
         if const_expr(self.tma_store):
-            store = _store.make_store_operands(ragged_rows(mD), self.mma_warpgroups)
+            store = _store.make_store_operands(ragged_rows(mD), self.mma_warpgroups, rings=self.store_rings)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         args = GroupedGemmArgs(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
                                mRowStart, mTileStart, mD, *_store.kernel_arguments(store))
@@ -189,11 +188,7 @@ class GroupedGemmSm90(GroupedGemmEngine):
         acc = cute.make_rmem_tensor(tCcD.shape, Float32)
         tile_store = None
         if const_expr(self.tma_store):
-            sD = storage.sD.get_tensor(args.d_smem_layout.outer, swizzle=args.d_smem_layout.inner)
-            # the first consumer warp issues the stores
-            tile_store = _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, self.mma_warpgroups * THREADS_PER_WARPGROUP,
-                                             _store.epi_tile(self.mma_warpgroups),
-                                             warp_idx == THREADS_PER_WARPGROUP // 32)
+            tile_store = self.tile_store(storage, args.d_smem_layout, tiled_mma, acc, mma_tidx, warp_idx)
         return _Consumer(tCrA, ((acc, tCrBs[0]),), thr_mma, tCcD, acc, cute.make_rmem_tensor(tCcD.shape, BFloat16),
                          tile_store)
 

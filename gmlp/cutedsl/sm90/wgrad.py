@@ -180,7 +180,8 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
         store = None  # store="tma": the subtiles' smem layout and TMA store (reduce-add with accumulate)
         if const_expr(self.tma_store):
             out_mne = cute.make_tensor(mOut.iterator, cute.select(mOut.layout, mode=[1, 2, 0]))  # (M, N, E)
-            store = _store.make_store_operands(out_mne, self.mma_warpgroups, self.out_dtype, reduce=self.accumulate)
+            store = _store.make_store_operands(out_mne, self.mma_warpgroups, self.out_dtype, reduce=self.accumulate,
+                                               rings=self.store_rings)
             fields["sD"] = smem_array(self.out_dtype, cute.cosize(store.smem_layout))
         args = WgradArgs(tma_atom_a, tma_a, tma_atom_b, tma_b, mRowStart, mOut, *_store.kernel_arguments(store))
         self.launch_engine(args, fields, tiled_mma, a_smem_layout, b_smem_layout, num_ctas, stream)
@@ -227,11 +228,8 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)  # the k-loop accumulates into zeroed accumulators
         tile_store = None
         if const_expr(self.tma_store):
-            sD = storage.sD.get_tensor(args.d_smem_layout.outer, swizzle=args.d_smem_layout.inner)
-            # the first consumer warp issues the stores
-            tile_store = _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, self.consumer_threads,
-                                             _store.epi_tile(self.mma_warpgroups, self.out_dtype),
-                                             warp_idx == THREADS_PER_WARPGROUP // 32, self.out_dtype)
+            tile_store = self.tile_store(storage, args.d_smem_layout, tiled_mma, acc, mma_tidx, warp_idx,
+                                         self.out_dtype)
         return _Consumer(tCrA, tCrBs[0], slots.sA, slots.sBs[0], mma_tidx, thr_mma, tCcD, acc, tile_store)
 
     @cute.jit

@@ -53,14 +53,16 @@ def test_layer_configs_compile(knobs):
     check_ptx(compiled, tile_n=compiled.config.tile_n, b_k_major=compiled.config.b_k_major)
 
 
-# (tile_n, pingpong): one or two consumer warpgroups per tile, or two on alternate tiles
-TILINGS = [(128, False), (256, False), (128, True)]
-TILING_IDS = ["128", "256", "128-pingpong"]
+# (tile_n, pingpong, store): one or two consumer warpgroups per tile, or two on alternate tiles
+# (with the register or the TMA-store epilogue: a ring of store buffers a warpgroup)
+TILINGS = [(128, False, None), (256, False, None), (128, True, "regs"), (128, True, "tma")]
+TILING_IDS = ["128", "256", "128-pingpong", "128-pingpong-tma"]
 
 
 @pytest.mark.slow
 @parametrize_quick("knobs", [dict(tile_n=tile_n, **({"pingpong": True} if pingpong else {}),
-                                  bias_dtype=torch.float32, stages=3) for tile_n, pingpong in TILINGS], ids=config_id)
+                                  bias_dtype=torch.float32, stages=3) for tile_n, pingpong, store in TILINGS
+                              if store != "tma"], ids=config_id)
 def test_tiling_configs_compile(knobs):
     compiled = _compiled(knobs)
     config = compiled.config
@@ -123,6 +125,22 @@ def test_pingpong_compiles_with_its_turn_barriers(b_k_major):
     assert count("try_wait.parity", compiled.ptx) == count("try_wait.parity", plain) + 1  # its turn awaited
 
 
+@pytest.mark.slow
+@parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
+def test_pingpong_with_the_tma_store_compiles(b_k_major):
+    """Ping-pong with the TMA-store epilogue: a ring of store buffers a consumer warpgroup (twice
+    the shared memory of one ring), each ring's subtiles behind its own named barrier of 128
+    threads, whose id is the warpgroup's (a register: bar.sync with a register id)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+
+    config = _config(tile_n=128, pingpong=True, store="tma", b_k_major=b_k_major)
+    assert config.fixed_bytes() == 2 * _config(tile_n=128, store="tma").fixed_bytes()
+    compiled = compile_grouped_gemm("sm_90a", config, shape=(192, 40, 96, 5))
+    check_ptx(compiled, tile_n=128, b_k_major=b_k_major, pingpong=True)
+    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", compiled.ptx)
+    assert re.search(r"bar\.sync\s+%r\d+, 128;", compiled.ptx), "the store barrier's id is the warpgroup's"
+
+
 @pytest.mark.parametrize("shape,match", [
     ((64, 12, 64, 2), r"K=64 and N=12 must be positive multiples of 8"),
     ((64, 16, 0, 2), r"K=0 and N=16"),
@@ -144,10 +162,8 @@ def test_invalid_configs_are_refused():
         _config(pingpong=True)
     with pytest.raises(ValueError, match=r"store must be one of \('regs', 'tma'\), got 'smem'"):
         _config(store="smem")
-    with pytest.raises(ValueError, match=r"store='tma' needs pingpong=False and no bias"):
+    with pytest.raises(ValueError, match=r"store='tma' needs no bias"):
         _config(store="tma", bias_dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"store='tma' needs pingpong=False and no bias"):
-        _config(store="tma", tile_n=128, pingpong=True)
 
 
 def test_b_layouts():
@@ -185,12 +201,12 @@ def test_launcher_refuses_bad_operands():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
+@pytest.mark.parametrize("tile_n,pingpong,store", TILINGS, ids=TILING_IDS)
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (264, 64, False), (40, 520, True), (512, 2048, False)],
                          ids=["fc2-like", "dgrad-like", "odd-n-long-k", "wide"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
-def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n, pingpong):
+def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n, pingpong, store):
     """Tolerance of tests/triton_ref/test_grouped_gemm.py: fp32 accumulation orders differ by at most
     delta = K * 2**-24 * max sum_k |a_k b_k|, then one bf16 rounding step (2**-7 |v|). Every row
     is compared, so a row left unwritten (torch.empty) or overwritten by the previous expert's
@@ -204,7 +220,8 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
     a = torch.randn(sum(splits), k, device="cuda").bfloat16()
     b = expert_weights(len(splits), n, k, transposed)
     bias_values = (torch.randn(len(splits), n, device="cuda") * 0.1).bfloat16() if bias else None
-    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n, pingpong=pingpong)
+    store = "regs" if bias else store  # the TMA store takes no bias
+    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n, pingpong=pingpong, store=store)
     want = grouped_gemm_ref(a, b, split_sizes, bias=bias_values)
     twin = triton_grouped_gemm(a, b, split_sizes, bias=bias_values)
     magnitude = max((a.float().abs() @ b[g].float().abs().t()).max().item() for g in range(len(splits)))
@@ -215,11 +232,11 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("tile_n,pingpong", TILINGS, ids=TILING_IDS)
-def test_grouped_gemm_over_several_bands(tile_n, pingpong):
+@pytest.mark.parametrize("tile_n,pingpong,store", TILINGS, ids=TILING_IDS)
+def test_grouped_gemm_over_several_bands(tile_n, pingpong, store):
     """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert; with
     ping-pong both warpgroups get several items (k-tiles > stages, so the turns matter)."""
-    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 1032, True, False, tile_n, pingpong)
+    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 1032, False, False, tile_n, pingpong, store)
 
 
 @pytest.mark.gpu

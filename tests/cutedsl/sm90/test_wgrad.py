@@ -37,6 +37,7 @@ K_TAILS = {"ragged-tma": dict(), "smem-mask": dict(ragged_tma=False)}
 VARIANTS = {f"{tail}-{tile_n}": dict(tile_n=tile_n, **options) for tail, options in K_TAILS.items()
             for tile_n in (128, 256)}
 VARIANTS["pingpong-128"] = dict(tile_n=128, pingpong=True)
+VARIANTS["pingpong-tma-128"] = dict(tile_n=128, pingpong=True, store="tma")
 VARIANTS.update({f"tma-store-{tile_n}": dict(tile_n=tile_n, store="tma") for tile_n in (128, 256)})
 
 
@@ -110,10 +111,18 @@ def test_three_stage_configs_compile(knobs):
 
 
 @pytest.mark.slow
-@parametrize_quick("knobs", [dict(tile_n=128, pingpong=True, **OUTPUTS[output]) for output in OUTPUTS], ids=config_id)
+@parametrize_quick("knobs", [dict(tile_n=128, pingpong=True, store=store, **OUTPUTS[output]) for output in OUTPUTS
+                              for store in ("regs", "tma")], ids=config_id)
 def test_pingpong_configs_compile(knobs):
-    """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only)."""
-    check_ptx(_compiled(knobs))
+    """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only); with the TMA
+    store, a ring of store buffers a warpgroup, each behind the named barrier of its warpgroup's
+    128 threads (its id a register)."""
+    compiled = _compiled(knobs)
+    if compiled.config.store == "tma":
+        check_tma_store_ptx(compiled)
+        assert re.search(r"bar\.sync\s+%r\d+, 128;", compiled.ptx), "the store barrier's id is the warpgroup's"
+    else:
+        check_ptx(compiled)
 
 
 @pytest.mark.slow
@@ -187,8 +196,6 @@ def test_invalid_configs_are_refused():
         compile_wgrad("sm_100a")
     with pytest.raises(ValueError, match=r"store must be one of \('regs', 'tma'\), got 'smem'"):
         _config(store="smem")
-    with pytest.raises(ValueError, match=r"store='tma' needs pingpong=False \(the TMA-store epilogue has no ping-pong"):
-        _config(tile_n=128, pingpong=True, store="tma")
 
 
 def test_no_tokens_gives_zeros_without_a_launch():
@@ -292,7 +299,7 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, variant):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-256", "pingpong-128"])
+@pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-256", "pingpong-128", "pingpong-tma-128"])
 def test_wgrad_design_like_problem(variant):
     """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
     output modes."""
