@@ -71,8 +71,10 @@ def test_each_card_keeps_its_entries_and_launches_read_their_own(tmp_path, monke
                                                                      ratios=dict(balanced=1.0, skewed=1.0))},
                                      env["device"])
         path.write_text(json.dumps(tune.merged_table(path, entries, env, "bench_results/tune-x.json")))
-    assert [(e.device, e.options) for e in tuned.read_table(path).entries] == [
+    table = tuned.read_table(path)
+    assert [(e.device, e.options) for e in table.entries] == [
         ("NVIDIA H100 80GB HBM3", narrow), ("NVIDIA H200", DEFAULTS["grouped_gemm"])]
+    assert table.devices == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
     monkeypatch.setenv(tuned.ENV, str(path))
     qwen3_fc2 = (65536, 2048, 768, 128)
     assert tuned.lookup("grouped_gemm", *qwen3_fc2, card="NVIDIA H100 80GB HBM3").options == narrow

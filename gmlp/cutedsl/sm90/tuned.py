@@ -68,6 +68,11 @@ class Table:
     measurements: str
     entries: tuple[TunedEntry, ...]
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The cards its entries were measured on, in order of first appearance."""
+        return tuple(dict.fromkeys(entry.device for entry in self.entries))
+
 
 def read_table(path: Path) -> Table:
     """The table in ``path``; raises naming the file and the field for a malformed one."""
