@@ -30,7 +30,7 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
   (T, K) tensor at the expert's first row: rows past the expert's end are the next expert's (or
   TMA's zero fill past T); they only reach accumulator rows that are never stored. K tails are
   zero-filled by TMA. B_g is the expert coordinate of a 3-D (N, K, E) descriptor.
-- Epilogue (``KernelConfig.store``): "tma", the default without a bias or ping-pong, rounds to
+- Epilogue (``KernelConfig.store``): "tma", the default without a bias, rounds to
   bf16 into shared-memory subtiles and TMA-stores them through the ragged view of D that ends at
   the expert's last row (``_store``, ``_tma.ragged_rows``), overlapped with the next subtile and
   the next tile's mainloop; "regs" adds the bias (fp32), rounds to bf16 and stores predicated
@@ -42,7 +42,9 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
   in its pipeline state, and their mainloops take turns through two mbarriers
   (``cutlass.pipeline.PipelineOrder``). The turns are required, not only fast: a warpgroup
   waiting on a slot two fills ahead would take the parity of the older fill as its own. Without
-  ping-pong the epilogue is not overlapped with the next mainloop.
+  ping-pong the epilogue is not overlapped with the next mainloop. With the TMA store each
+  warpgroup has its own ring of store buffers (``_engine.GroupedGemmEngine.tile_store``; compiled,
+  not yet run on a GPU: the launch options keep ping-pong on the register store).
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.4, sm_90a): 168
 registers at launch (232 in consumers after setmaxnreg), no spills; see tests/cutedsl/sm90/test_grouped_gemm.py.

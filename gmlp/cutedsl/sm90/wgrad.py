@@ -31,7 +31,8 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
   ``stages`` slots of an A and a B tile, full/empty mbarriers (``PipelineTmaAsync``); the
   producer runs ahead across items, so the next tile's loads overlap this tile's epilogue.
-- Epilogue (``WgradConfig.store``): "tma", the default without ping-pong,
+- Epilogue (``WgradConfig.store``): "tma", the default (with ping-pong a ring of store buffers a
+  warpgroup: compiled, not yet run on a GPU),
   stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
   at M and N, or with ``accumulate`` TMA-reduce-adds them into the fp32 out (``_store``); "regs"
   stores from the accumulator registers, predicated at the M and N tails: a thread's adjacent
@@ -47,8 +48,8 @@ Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.x, sm
 config: 168 registers at launch for BN = 256 (232 for BN = 128; 232 in consumers after
 setmaxnreg), no stack, no spills; HGMMA.64x{BN}x16.F32.BF16 with both transpose bits; 4-D (2-D
 with ``ragged_tma=False``) TMA loads; see tests/cutedsl/sm90/test_wgrad.py. Verified on the H200
-(the ``gpu`` tests there), except ping-pong, which has only been compiled (168 registers at
-launch, none spilled).
+and the H100 (the ``gpu`` tests there; ping-pong with the register store included), except
+ping-pong with the TMA store, which has only been compiled.
 """
 
 from __future__ import annotations
