@@ -112,8 +112,7 @@ class TileStore:
     outputs: int
     store_warp: cutlass.Boolean
     pipeline: pipeline.PipelineTmaStore
-    first_buffer: Int32 | int  # ring * STAGES
-    barrier: Int32 | int  # BARRIER + ring
+    ring: Int32 | int  # buffers [ring * STAGES, (ring + 1) * STAGES) of sD, named barrier BARRIER + ring
 
     @staticmethod
     def of(tiled_mma: cute.TiledMma, acc: cute.Tensor, sD: cute.Tensor, consumer_tidx: Int32, consumers: int,
@@ -131,7 +130,7 @@ class TileStore:
                          pipeline.PipelineTmaStore.create(
                              num_stages=STAGES // outputs,
                              producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers)),
-                         ring * STAGES, BARRIER + ring)
+                         ring)
 
     def staging(self, dtype=None) -> cute.Tensor:
         """A register tensor of one subtile's values of one output (``dtype``: the store's)."""
@@ -160,12 +159,12 @@ class TileStore:
         by ``destinations[o]`` = (TMA atom, bSG_sD, bSG_gD) (``targets``' partitions) at subtile
         ``coord`` (``stored`` false: none, the subtile lies outside the output) as one bulk group.
         ``sequence``: the subtiles this thread wrote before."""
-        buffer = self.first_buffer + sequence % (STAGES // self.outputs) * self.outputs  # the group's first
+        buffer = self.ring * STAGES + sequence % (STAGES // self.outputs) * self.outputs  # the group's first
         for o in cutlass.range_constexpr(len(staged)):
             cute.copy(self.copy_r2s, staged[o], self.tRS_sD[(None, None, None, buffer + o)])
         # the generic-proxy smem writes, visible to the TMA (async proxy) store that reads them
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.consumers)
+        cute.arch.barrier(barrier_id=BARRIER + self.ring, number_of_threads=self.consumers)
         if self.store_warp:
             if stored:
                 for o in cutlass.range_constexpr(len(staged)):
@@ -173,7 +172,7 @@ class TileStore:
                     cute.copy(tma_atom, bSG_sD[(None, buffer + o)], bSG_gD[(None, coord)])
             self.pipeline.producer_commit()
             self.pipeline.producer_acquire()  # the group written next is free once this returns
-        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.consumers)
+        cute.arch.barrier(barrier_id=BARRIER + self.ring, number_of_threads=self.consumers)
 
     @cute.jit
     def store(self, tma_atom: cute.CopyAtom, gD: cute.Tensor, tiles_done: Int32):
