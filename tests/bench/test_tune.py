@@ -98,13 +98,13 @@ def test_an_older_table_names_its_card_once():
         assert tuned.read_table(path).entries[0].device == "NVIDIA H200"
 
 
-@pytest.mark.parametrize("op,count", [("grouped_gemm", 5), ("fc1_forward", 2), ("fc2_dgrad", 4), ("grouped_wgrad", 9)])
+@pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 8), ("grouped_wgrad", 10)])
 def test_candidates_are_the_consistent_knob_combinations(op, count):
     found = candidates(op)
     assert found[0] == DEFAULTS[op] and len(found) == count
     assert len({json.dumps(c, sort_keys=True) for c in found}) == count
     for c in found:
-        assert not (c.get("pingpong") and (c["tile_n"] != 128 or c["store"] != "regs"))
+        assert not (c.get("pingpong") and (c["tile_n"] != 128 or c.get("cluster", 1) != 1))
 
 
 def test_measurements_of_a_removed_knob_count_as_the_kernel_runs_now():

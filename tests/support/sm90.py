@@ -17,11 +17,21 @@ __all__ = ["on_sm90", "SPLITS", "expert_weights", "assert_same_bits", "fc1_opera
            "tuned_knobs"]
 
 
+def check_tma_loads(ptx: str, cluster: int = 1) -> None:
+    """The token-row kernels' TMA loads: A's 2-D tiles into the CTA, B's 3-D ones (multicast to
+    the cluster's CTAs with ``cluster`` 2)."""
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    b_load = ("shared::cta.global.tile.mbarrier::complete_tx::bytes" if cluster == 1
+              else "shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster")
+    assert re.search(rf"cp\.async\.bulk\.tensor\.3d\.{re.escape(b_load)}", ptx)
+
+
 def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
     """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
     consumer warpgroups with ping-pong), bf16
-    wgmma with fp32 accumulators of B's major mode, TMA loads, no local memory, no spills (the
-    cubin's resources where a cuobjdump reads it, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
+    wgmma with fp32 accumulators of B's major mode, TMA loads (``check_tma_loads``, by the
+    config's cluster), no local memory, no spills (the cubin's resources where a cuobjdump reads
+    it, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx
     assert f".reqntid {128 * (1 + (2 if pingpong else tile_n // 128))}, 1, 1" in ptx
@@ -30,8 +40,7 @@ def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False)
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
                         r"%rd\d+, %rd\d+, %?\w+, 1,\s*1, (\d), (\d);", ptx)
     assert wgmmas and all(trans == ("0", "0" if b_k_major else "1") for trans in wgmmas), wgmmas[:2]
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    check_tma_loads(ptx, compiled.config.cluster)
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:
@@ -102,8 +111,7 @@ def check_fc1_ptx(compiled, *, gated: bool, b_k_major: bool = True) -> None:
             by_a.setdefault(a_desc, set()).add(b_desc)
         assert all(len(b) == 2 for b in by_a.values()), by_a
     assert len(wgmmas) % (8 if pairs else 4) == 0, len(wgmmas)
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    check_tma_loads(ptx, compiled.config.cluster)
     assert "ld.local" not in ptx and "st.local" not in ptx
     code = sass(compiled.cubin)
     if code is not None:
@@ -156,8 +164,7 @@ def check_fc2_dgrad_ptx(compiled) -> None:
     assert wgmmas and all(w[2:] == ("0", "0" if b_k_major else "1") for w in wgmmas), wgmmas[:2]
     assert len(wgmmas) % 4 == 0, len(wgmmas)
     producer, consumer = (24, 240) if quantized else (40, 232)  # MXFP8: 8 more a consumer thread
-    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    check_tma_loads(ptx, compiled.config.cluster)
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
     halves = 2 if config.activation.gated else 1
     # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half;

@@ -5,7 +5,10 @@ A kernel is a *site* (a GEMM of the layer in one recipe) declared as a subclass 
 
 - roles: warp 0 of warpgroup 0 is the TMA producer (the warpgroup's registers lowered with
   ``setmaxnreg``), the consumer warpgroups issue the ``wgmma``s and run the epilogue (registers
-  raised); one persistent CTA an SM (``_pipeline.launch``);
+  raised); one persistent CTA an SM (``_pipeline.launch``), alone or in clusters of two along M
+  (a config's ``cluster``: the pair's B tiles multicast where their items share one,
+  ``_pipeline.PairedB``; the slots' empty barriers count both CTAs' consumers, and the CTAs
+  leave together through a cluster barrier);
 - the slot ring: ``stages`` shared-memory slots behind full/empty mbarriers
   (``_pipeline.make_mainloop_pipeline``), the producer running ahead across work items;
 - the schedule, a config's choice: *cooperative* (the consumer warpgroups share each tile, 64
@@ -63,27 +66,32 @@ class GroupedGemmEngine:
     ``setup_engine``; its ``__call__`` calls ``launch_engine``; the device side is ``kernel``,
     which calls the site's hooks."""
 
-    def setup_engine(self, config, mma_warpgroups: int, *, pingpong: bool = False,
+    def setup_engine(self, config, mma_warpgroups: int, *, pingpong: bool = False, cluster: int = 1,
                      registers: tuple[int, int] = (PRODUCER_REGISTERS, CONSUMER_REGISTERS)) -> None:
         """The skeleton's constants of a config: ``mma_warpgroups`` consumer warpgroups share a
         tile's wgmmas (1 or 2: the tiled MMA's M extent over 64); ``pingpong`` adds a second
-        consumer warpgroup that takes alternate items (with ``mma_warpgroups`` 1); ``registers``
-        the (producer, consumer) ``setmaxnreg`` counts, checked against the launch's."""
+        consumer warpgroup that takes alternate items (with ``mma_warpgroups`` 1); ``cluster`` CTAs
+        a cluster (checked by the config, ``launch_options.check_cluster``; the site's producer
+        multicasts B by ``_pipeline.PairedB``);
+        ``registers`` the (producer, consumer) ``setmaxnreg`` counts, checked against the launch's."""
         if pingpong and mma_warpgroups != 1:
             raise ValueError(f"pingpong needs one MMA warpgroup a tile, got {mma_warpgroups}")
         self.config = config
         self.stages = config.num_stages()
         self.mma_warpgroups = mma_warpgroups
         self.pingpong = pingpong
+        self.cluster = cluster
         self.threads = (1 + (2 if pingpong else mma_warpgroups)) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads, *registers)
 
     def launch_engine(self, args: tuple, fields: dict, tiled_mma: cute.TiledMma, a_smem_layout: cute.ComposedLayout,
                       b_smem_layout: cute.ComposedLayout, num_ctas: Int32, stream) -> None:
-        """Launch ``kernel`` on the site's arguments over ``num_ctas`` persistent CTAs; ``fields``
-        the shared memory (``_pipeline.mainloop_fields`` and the site's own, in order)."""
+        """Launch ``kernel`` on the site's arguments over ``num_ctas`` persistent CTAs (a multiple
+        of the cluster); ``fields`` the shared memory (``_pipeline.mainloop_fields`` and the site's
+        own, in order)."""
         self.shared_storage = shared_storage(fields)
-        launch(self.kernel(args, tiled_mma, a_smem_layout, b_smem_layout), num_ctas, self.threads, stream)
+        launch(self.kernel(args, tiled_mma, a_smem_layout, b_smem_layout), num_ctas, self.threads, stream,
+               self.cluster)
 
     @cute.kernel
     def kernel(self, args: tuple, tiled_mma: cute.TiledMma, a_smem_layout: cute.ComposedLayout,
@@ -94,7 +102,7 @@ class GroupedGemmEngine:
         # a slot is released by the warpgroups that read it: those sharing a tile, or with
         # ping-pong the one warpgroup whose item it holds
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, self.mma_warpgroups,
-                                          slots.stage_bytes)
+                                          slots.stage_bytes, self.cluster)
         if const_expr(self.pingpong):
             order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
         work = self.work(args)
@@ -132,9 +140,17 @@ class GroupedGemmEngine:
                     # the other warpgroup's mainloop may start; its item's slots are skipped here
                     order_state = order.arrive(order_state)
                     read_state, release_state = work.skip(read_state, release_state, item + grid)
-                stores = self.epilogue(consumer, args, tile, ahead, stores)
+                if const_expr(self.cluster == 1):
+                    stores = self.epilogue(consumer, args, tile, ahead, stores)
+                elif work.stores(item):  # not a shadow (TokenItems)
+                    stores = self.epilogue(consumer, args, tile, ahead, stores)
                 item += item_step
             self.finish(consumer, args, work, bidx, grid)
+        if const_expr(self.cluster > 1):
+            # every thread of both CTAs: neither leaves while its peer's consumers may still
+            # arrive on its empty barriers (or its producer's multicast be in flight)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     # --- default hooks: one bf16 A and B tile a slot, the bf16 mainloop of token-row sites;
     # nothing ahead, nothing to drain ---

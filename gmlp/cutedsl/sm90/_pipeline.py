@@ -7,7 +7,9 @@ One CTA: warpgroup 0 holds the TMA producer (warp 0; the warpgroup's registers l
 fp32, operands from smem; registers raised to ``CONSUMER_REGISTERS``). ``stages`` smem slots each
 hold one A tile (128 x 64) and one or more B tiles (BN x 64), 128B-swizzled, behind full/empty
 mbarriers (``PipelineTmaAsync``): the producer runs ahead across work items, so the next item's
-loads overlap this item's epilogue. A persistent grid (``launch``): one CTA an SM, no clusters.
+loads overlap this item's epilogue. A persistent grid (``launch``): one CTA an SM, alone or in
+clusters of two along M (``launch_options.CLUSTERS``, ``PairedB``: the two CTAs' B tiles multicast where their
+items share one).
 
 A is read through a TMA descriptor of the whole (T, K) tensor at the expert's first row (rows
 past the expert's end are the next expert's, or TMA's zero fill past T: they only reach
@@ -34,8 +36,8 @@ __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGR
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
            "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
            "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
-           "a_tiles", "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles",
-           "consumer_fragments"]
+           "a_tiles", "b_tiles", "make_b_tma", "KSplit", "PairedB", "produce_k_tiles", "produce_token_items",
+           "mma_k_tiles", "consumer_fragments"]
 
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
 ELEMENT_ALIGN = ALIGN // 2  # bf16 elements
@@ -167,10 +169,11 @@ def shared_storage(fields: dict):
     return cute.struct(type("SharedStorage", (), {"__annotations__": dict(fields)}))
 
 
-def launch(kernel, num_ctas: Int32, threads: int, stream) -> None:
+def launch(kernel, num_ctas: Int32, threads: int, stream, cluster: int = 1) -> None:
     """Launch ``kernel`` (a ``@cute.kernel`` applied to its arguments) over ``num_ctas`` persistent
-    CTAs of ``threads``: one CTA an SM (its shared memory and registers), no clusters."""
-    kernel.launch(grid=[num_ctas, 1, 1], block=[threads, 1, 1], cluster=[1, 1, 1], min_blocks_per_mp=1,
+    CTAs of ``threads``: one CTA an SM (its shared memory and registers), in clusters of
+    ``cluster`` consecutive CTAs (``num_ctas`` a multiple of it)."""
+    kernel.launch(grid=[num_ctas, 1, 1], block=[threads, 1, 1], cluster=[cluster, 1, 1], min_blocks_per_mp=1,
                   stream=stream)
 
 
@@ -200,11 +203,11 @@ def b_is_k_major(name: str, b: torch.Tensor) -> bool:
 
 
 def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages: int,
-                           atom_layout_mnk: tuple[int, int, int]) -> MainloopOperands:
+                           atom_layout_mnk: tuple[int, int, int], cluster: int = 1) -> MainloopOperands:
     """Tiles (128, tile_n, 64) of A (T, K) and B (E, N, K), B read as the (N, K, E) tensor of the
     dense Hopper GEMMs (L = experts: ``b_tiles``' coordinates); the tiled MMA covers (64 *
     atom_layout_mnk[0], tile_n) per call (one m64 wgmma per consumer warpgroup and repeated over
-    the tile's remaining rows)."""
+    the tile's remaining rows). ``cluster``: B's TMA multicast to that many CTAs (``make_b_tma``)."""
     mB_nke = _nke(mB)
     tile_shape_mnk = (TILE_M, tile_n, TILE_K)
     a_layout = utils.LayoutEnum.from_tensor(mA)
@@ -219,7 +222,7 @@ def make_mainloop_operands(mA: cute.Tensor, mB: cute.Tensor, tile_n: int, stages
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)),
         (TILE_M, TILE_K),
     )
-    tma_atom_b, tma_b = make_b_tma(mB, b_smem_layout, tile_n)
+    tma_atom_b, tma_b = make_b_tma(mB, b_smem_layout, tile_n, cluster)
     return MainloopOperands(tiled_mma, a_smem_layout, b_smem_layout, tma_atom_a, tma_a, tma_atom_b, tma_b)
 
 
@@ -228,25 +231,28 @@ def _nke(mB: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
 
 
-def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int):
+def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int, cluster: int = 1):
     """(TMA atom, TMA coordinates (N, K, E)) of B (E, N, K) into ``b_smem_layout``'s (tile_n, 64)
-    tiles. A second B of a K split (``KSplit``) gets its own from here, into the same slots."""
-    return cute.nvgpu.cpasync.make_tiled_tma_atom(
-        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), _nke(mB), cute.slice_(b_smem_layout, (None, None, 0)),
-        (tile_n, TILE_K),
-    )
+    tiles. A second B of a K split (``KSplit``) gets its own from here, into the same slots. With
+    ``cluster`` > 1 the atom multicasts, a ``1 / cluster`` share of the tile a copy (``PairedB``)."""
+    op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if cluster == 1 \
+        else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+    return cute.nvgpu.cpasync.make_tiled_tma_atom(op, _nke(mB), cute.slice_(b_smem_layout, (None, None, 0)),
+                                                  (tile_n, TILE_K), num_multicast=cluster)
 
 
-def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, stage_bytes: int):
+def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, stage_bytes: int, cluster: int = 1):
     """full[s]: armed by the producer with the slot's TMA bytes; empty[s]: one arrive per consumer
-    warp once its wgmmas reading slot s completed. Initializes the mbarriers and syncs the CTA."""
+    warp once its wgmmas reading slot s completed, from every CTA of the ``cluster`` (a CTA's
+    producer may write its B share into its peers' slot s: ``PairedB``; lane r of a consumer warp
+    arrives on CTA r's barrier). Initializes the mbarriers and syncs the CTA (the cluster)."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=barrier_ptr,
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warpgroups * 4),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warpgroups * 4 * cluster),
         tx_count=stage_bytes,
-        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        cta_layout_vmnk=cute.make_layout((1, cluster, 1, 1)),
     )
 
 
@@ -275,32 +281,72 @@ def a_tiles(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, first_r
         tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
 
 
-def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n: int, row_offset=0):
+def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n: int, row_offset=0,
+            cluster: int = 1):
     """(tma_atom_b, tBsB, tBgB): the TMA partitions of the (tile_n, 64) tiles of B (N, K, E) whose
     rows start at ``row_offset`` + n_tile * tile_n, ((TMA), stages) and ((TMA), RestN, RestK, E),
-    with the atom that loads them (a B part of ``produce_token_items``)."""
+    with the atom that loads them (a B part of ``produce_token_items``). With ``cluster`` > 1
+    (a multicast atom, ``make_b_tma``), tBsB and tBgB are tuples of the tile's ``cluster`` shares."""
     if isinstance(row_offset, int) and row_offset == 0:
         source = mB
     else:
         source = cute.domain_offset((row_offset, 0, 0), mB)
     gB = cute.local_tile(source, (tile_n, TILE_K), (None, None, None))
-    return (tma_atom_b, *cute.nvgpu.cpasync.tma_partition(
-        tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)))
+    shares = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, share, cute.make_layout(cluster),
+                                               cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+              for share in range(cluster)]
+    if cluster == 1:
+        return (tma_atom_b, *shares[0])
+    return tma_atom_b, tuple(s for s, _ in shares), tuple(g for _, g in shares)
+
+
+@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
+class PairedB:
+    """A work item's B loads in a cluster of two CTAs along M (rank ``rank``; CTAs 2c and 2c + 1
+    take items 2p and 2p + 1, whose m-tiles are adjacent: ``_schedule``). Where both items read
+    the same B tile (one expert, one n-tile: ``shared``), each CTA loads its half of the tile and
+    multicasts it to both, so each B byte leaves L2 once for two CTAs; otherwise each loads both
+    halves itself (a mask of its own CTA). Both CTAs take the same decision (``TokenItems.shares_b``),
+    and each slot's full barrier receives the whole tile either way."""
+
+    rank: Int32
+    shared: cutlass.Boolean
+
+    @staticmethod
+    def of(items: TokenItems, item: Int32, g: Int32, n_tile: Int32) -> PairedB:
+        rank = item % 2  # the CTA's rank in its cluster: items keep the parity of the CTA's index
+        return PairedB(rank, items.shares_b(item, rank, g, n_tile))
+
+    def loads(self, share: int):
+        """Whether this CTA issues share ``share`` of the tile."""
+        return (share == self.rank) | ~self.shared
+
+    @property
+    def mask(self):
+        """The CTAs a load writes: both (shared), else this one."""
+        return (Int32(1) << self.rank) | (Int32(self.shared) << (1 - self.rank))
 
 
 @cute.jit
 def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, tAgA: cute.Tensor,
-                    tAsA: cute.Tensor, b_loads: tuple):
+                    tAsA: cute.Tensor, b_loads: tuple, pair: PairedB | None = None):
     """TMA loads of one work item's k-tiles: per slot, A's k-tile and every B tile of ``b_loads``
-    ((TMA atom, tBgB of the item: ((TMA), RestK), tBsB) triples), all on the slot's full barrier.
-    Returns the advanced producer state."""
+    ((TMA atom, tBgB of the item: ((TMA), RestK), tBsB) triples), all on the slot's full barrier;
+    with ``pair`` (a cluster of two), each B tile by shares as ``pair`` says. Returns the advanced
+    producer state."""
     for k_tile in range(k_tiles):
         mainloop.producer_acquire(state)
         barrier = mainloop.producer_get_barrier(state)
         cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
         for b in cutlass.range_constexpr(len(b_loads)):
-            cute.copy(b_loads[b][0], b_loads[b][1][(None, k_tile)], b_loads[b][2][(None, state.index)],
-                      tma_bar_ptr=barrier)
+            atom, tBgB, tBsB = b_loads[b]
+            if const_expr(pair is None):
+                cute.copy(atom, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+            else:
+                for share in cutlass.range_constexpr(len(tBgB)):
+                    if pair.loads(share):
+                        cute.copy(atom, tBgB[share][(None, k_tile)], tBsB[share][(None, state.index)],
+                                  tma_bar_ptr=barrier, mcast_mask=pair.mask)
         mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
         state.advance()
     return state
@@ -309,32 +355,38 @@ def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, 
 @cute.jit
 def produce_token_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: Int32, step: Int32,
                         k_tiles: Int32, tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor,
-                        b_parts: tuple, k_split: KSplit | None = None):
+                        b_parts: tuple, k_split: KSplit | None = None, cluster: cutlass.Constexpr = 1):
     """The producer warp of a token-row kernel: for its CTA's work items (``item``, ``item +
     step``, ...), the TMA loads of every k-tile (``produce_k_tiles``): A at the expert's first row,
     and per B part of ``b_parts`` (``b_tiles``) the expert's B tile of the item's n-tile.
     With ``k_split`` (B given as two tensors side by side along K), the first ``k_split.k_tiles``
     k-tiles read A from column 0 and ``b_parts``, the rest A from column ``k_split.k0`` and
-    ``k_split.b_parts``. Then waits until the consumers freed every slot."""
+    ``k_split.b_parts``. With ``cluster`` 2, B by ``PairedB`` (``b_parts`` from ``b_tiles`` with the
+    cluster). Then waits until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     while item < items.count:
         g, _, n_tile, first_row, _ = items.tile(item)
+        pair = PairedB.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
         tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
         if const_expr(k_split is None):
-            state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, _item_loads(b_parts, n_tile, g))
+            state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, _item_loads(b_parts, n_tile, g),
+                                    pair)
         else:
             state = produce_k_tiles(mainloop, state, k_split.k_tiles, tma_atom_a, tAgA, tAsA,
-                                    _item_loads(b_parts, n_tile, g))
+                                    _item_loads(b_parts, n_tile, g), pair)
             tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row, k_split.k0)
             state = produce_k_tiles(mainloop, state, k_tiles - k_split.k_tiles, tma_atom_a, tAgA, tAsA,
-                                    _item_loads(k_split.b_parts, n_tile, g))
+                                    _item_loads(k_split.b_parts, n_tile, g), pair)
         item += step
     mainloop.producer_tail(state)
 
 
 def _item_loads(b_parts: tuple, n_tile: Int32, g: Int32) -> tuple:
-    """``produce_k_tiles``' B loads of an item: each B part's tiles of n-tile ``n_tile``, expert ``g``."""
-    return tuple((atom, tBgB[(None, n_tile, None, g)], tBsB) for atom, tBsB, tBgB in b_parts)
+    """``produce_k_tiles``' B loads of an item: each B part's tiles of n-tile ``n_tile``, expert ``g``
+    (of each share, in a cluster)."""
+    item_tiles = lambda tBgB: tBgB[(None, n_tile, None, g)]  # noqa: E731
+    return tuple((atom, tuple(map(item_tiles, tBgB)) if isinstance(tBgB, tuple) else item_tiles(tBgB), tBsB)
+                 for atom, tBsB, tBgB in b_parts)
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it

@@ -79,31 +79,55 @@ def num_work_items(mTileStart: cute.Tensor, n_tiles: Int32) -> Int32:
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
 class TokenItems:
     """The work items of one launch (built in the kernel, ``of``): the m-tiles of ``tile_start`` x
-    the n-tiles of N, ``count`` of them (read on the device); ``tile(item)`` is ``work_tile``;
+    the n-tiles of N, ``items`` of them (read on the device); ``tile(item)`` is ``work_tile``;
     every item has the same ``k_tiles`` (the contraction is the tokens' feature dimension): the
     ``tile_k``-wide k-tiles (64 bf16, 128 fp8) of each part of K (one part, or two when B is given
-    as two tensors side by side along K, ``_pipeline.KSplit``)."""
+    as two tensors side by side along K, ``_pipeline.KSplit``). The CTAs walk items below
+    ``count``: ``items`` rounded up to the ``cluster``, so that both CTAs of a pair run every pair
+    of items (each slot released by both, ``_pipeline.PairedB``); the one item past ``items``, a
+    *shadow*, runs the last item's mainloop again and stores nothing."""
 
     mRowStart: cute.Tensor
     mTileStart: cute.Tensor
     num_experts: Int32
     n_tiles: Int32
+    items: Int32
     count: Int32
     k_tiles: Int32
+    cluster: int = 1
 
     @staticmethod
     def of(mRowStart: cute.Tensor, mTileStart: cute.Tensor, n: Int32, tile_n: int, k_parts: tuple,
-           tile_k: int = TILE_K) -> TokenItems:
+           tile_k: int = TILE_K, cluster: int = 1) -> TokenItems:
         num_experts = mTileStart.shape[0] - 1
         n_tiles = (n + tile_n - 1) // tile_n
-        count = num_work_items(mTileStart, n_tiles)
+        items = num_work_items(mTileStart, n_tiles)
+        count = items if cluster == 1 else (items + cluster - 1) // cluster * cluster
         k_tiles = (k_parts[0] + tile_k - 1) // tile_k
         for part in k_parts[1:]:
             k_tiles = k_tiles + (part + tile_k - 1) // tile_k
-        return TokenItems(mRowStart, mTileStart, num_experts, n_tiles, count, k_tiles)
+        return TokenItems(mRowStart, mTileStart, num_experts, n_tiles, items, count, k_tiles, cluster)
 
     def tile(self, item: Int32):
+        """``work_tile`` of ``item`` (of the last item for a shadow)."""
+        if self.cluster > 1:
+            item = cutlass.min(item, self.items - 1)
         return work_tile(self.mRowStart, self.mTileStart, item, self.n_tiles, self.num_experts)
+
+    def stores(self, item: Int32):
+        """Whether ``item`` is one (not a shadow): its epilogue runs."""
+        return item < self.items
+
+    @cute.jit
+    def shares_b(self, item: Int32, rank: Int32, g: Int32, n_tile: Int32):
+        """Whether item ``item`` (expert ``g``, n-tile ``n_tile``, of the CTA of rank ``rank`` in a
+        cluster of two) and its pair's other item (item + 1 for rank 0, item - 1 for rank 1) read
+        the same B tile: neither is a shadow, and both have the same expert and n-tile. In the banded order the two are adjacent m-tiles of one n-tile where a band has
+        an even number of m-tiles (all but maybe the last), of one expert unless its last m-tile is
+        the first of the pair."""
+        other = item + 1 - 2 * rank
+        other_g, _, other_n_tile, _, _ = self.tile(other)
+        return (cutlass.max(item, other) < self.items) & (other_g == g) & (other_n_tile == n_tile)
 
     @cute.jit
     def skip(self, read_state, release_state, item: Int32):
@@ -180,10 +204,11 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def grid_size(tokens: int, num_experts: int, n_tiles: int, device: torch.device) -> int:
-    """Persistent CTAs of a launch: min(#SMs, a host bound of the work items); 0: nothing to do
-    (a TMA descriptor needs T >= 1, so T = 0 launches nothing)."""
+def grid_size(tokens: int, num_experts: int, n_tiles: int, device: torch.device, cluster: int = 1) -> int:
+    """Persistent CTAs of a launch: min(#SMs, a host bound of the work items), in whole clusters of
+    ``cluster`` CTAs; 0: nothing to do (a TMA descriptor needs T >= 1, so T = 0 launches nothing)."""
     items = scale_layout.max_row_tiles(tokens, num_experts) * n_tiles
     if items <= 0 or tokens <= 0:
         return 0
-    return min(items, sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return min(-(-items // cluster), sms // cluster) * cluster

@@ -60,6 +60,7 @@ class KernelConfig(StagedConfig):
     # B given as two tensors side by side along K (W1^T with its gate and up stored apart, FC1
     # dgrad; ``_pipeline.KSplit``), both of the b_k_major layout
     k_split: bool = False
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -70,6 +71,7 @@ class KernelConfig(StagedConfig):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_store(self.store)
+        launch_options.check_cluster(self.cluster, self.pingpong)
         if self.store == "tma" and self.bias_dtype is not None:
             raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got "
                              f"bias_dtype={self.bias_dtype}")
@@ -101,6 +103,7 @@ class FC1Config(StagedConfig):
     # W1's up weights a second tensor (gate and up stored apart, ``gmlp.contract.gate_up``): the
     # up tiles from its own TMA descriptor at row n_tile * 128, not from W1's at F + n_tile * 128
     up_apart: bool = False
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -114,6 +117,7 @@ class FC1Config(StagedConfig):
             raise ValueError(f"up_apart needs a gated activation and K-major gate and up views, got "
                              f"{self.activation.name}, b_k_major={self.b_k_major}")
         launch_options.check_store(self.store)
+        launch_options.check_cluster(self.cluster)
         if self.store == "tma" and self.quantized:
             raise ValueError("store='tma' needs a bf16 a (the TMA-store epilogue has no quantized outputs yet), got "
                              "quantized=True")
@@ -167,6 +171,7 @@ class FC2DgradConfig(StagedConfig):
     # a bf16 dh's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
     # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
     store: str = "regs"
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         if self.tile_n not in FC2_DGRAD_TILE_NS:
@@ -179,6 +184,7 @@ class FC2DgradConfig(StagedConfig):
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
             raise ValueError(quantized_tile_n_reason(self.tile_n))
         launch_options.check_store(self.store)
+        launch_options.check_cluster(self.cluster)
         if self.store == "tma" and self.quantized:
             raise ValueError("store='tma' needs a bf16 dh (the TMA-store epilogue has no quantized outputs yet), got "
                              "quantized=True")

@@ -144,7 +144,7 @@ class FC1ForwardSm90(GroupedGemmEngine, ActivationEpilogue):
     TMA descriptors and launches; the hooks are this site's parts of the skeleton."""
 
     def __init__(self, config: FC1Config):
-        self.setup_engine(config, TOKEN_ROW_WARPGROUPS)
+        self.setup_engine(config, TOKEN_ROW_WARPGROUPS, cluster=config.cluster)
         self.activation = config.activation
         self.gated = config.activation.gated
         self.num_b = config.b_tiles
@@ -174,10 +174,10 @@ class FC1ForwardSm90(GroupedGemmEngine, ActivationEpilogue):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mX, mW, FC1_TILE_N, self.stages, (TOKEN_ROW_WARPGROUPS, 1, 1))
+        ops = make_mainloop_operands(mX, mW, FC1_TILE_N, self.stages, (TOKEN_ROW_WARPGROUPS, 1, 1), self.cluster)
         tma_atom_u = tma_u = None
         if const_expr(self.config.up_apart):
-            tma_atom_u, tma_u = make_b_tma(mWUp, ops.b_smem_layout, FC1_TILE_N)
+            tma_atom_u, tma_u = make_b_tma(mWUp, ops.b_smem_layout, FC1_TILE_N, self.cluster)
         # sB: the gate tile (h for srelu)
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
         if const_expr(self.gated):
@@ -212,7 +212,8 @@ class FC1ForwardSm90(GroupedGemmEngine, ActivationEpilogue):
         return args.mRowData.shape[1] if const_expr(self.quantized) else args.mAct.shape[1]
 
     def work(self, args: FC1Args) -> TokenItems:
-        return TokenItems.of(args.mRowStart, args.mTileStart, self.ffn(args), FC1_TILE_N, (args.mX.shape[1],))
+        return TokenItems.of(args.mRowStart, args.mTileStart, self.ffn(args), FC1_TILE_N, (args.mX.shape[1],),
+                             cluster=self.cluster)
 
     def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: FC1Args, slots: Slots):
         sA, sBs = slots.sA, slots.sBs
@@ -221,11 +222,12 @@ class FC1ForwardSm90(GroupedGemmEngine, ActivationEpilogue):
         # the up weights)
         up_source = (args.tma_atom_u, args.mWUp, 0) if const_expr(self.config.up_apart) \
             else (args.tma_atom_b, args.mW, self.ffn(args))
-        b_parts = (b_tiles(args.tma_atom_b, args.mW, sBs[0], FC1_TILE_N),)
+        b_parts = (b_tiles(args.tma_atom_b, args.mW, sBs[0], FC1_TILE_N, cluster=self.cluster),)
         if const_expr(self.gated):
-            b_parts += (b_tiles(up_source[0], up_source[1], sBs[1], FC1_TILE_N, row_offset=up_source[2]),)
+            b_parts += (b_tiles(up_source[0], up_source[1], sBs[1], FC1_TILE_N, row_offset=up_source[2],
+                                cluster=self.cluster),)
         produce_token_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, args.tma_atom_a, args.mX, sA,
-                            b_parts)
+                            b_parts, cluster=self.cluster)
 
     def consumer_setup(self, args: FC1Args, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
@@ -358,6 +360,7 @@ def fc1_forward(
     tiling=None,  # the Triton launcher's GemmTiling; unused (this kernel's tile is 128 x 128 a columns)
     # the knobs (FC1Config); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
     store: str | None = None,  # bf16 c and a's stores, "regs" or "tma"
+    cluster: int | None = None,  # 1, or 2: CTAs paired along M, W1 tiles multicast
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> FC1Output:
     """FC1 of every expert with the fused forward epilogue; no host sync. Same contract as
@@ -389,12 +392,12 @@ def fc1_forward(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     knobs = launch_options.launch_options("fc1_forward", tokens, n1, hidden, experts,
-                                          dict(store=store), site=site, quantized=quantized)
-    store = knobs["store"]
+                                          dict(store=store, cluster=cluster), site=site, quantized=quantized)
+    store, cluster = knobs["store"], knobs["cluster"]
     config = FC1Config(activation, b_k_major=b_k_major, bias_dtype=None if b1 is None else b1.dtype,
                        probs_dtype=None if probs is None else probs.dtype, quantized=quantized,
                        floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR,
-                       store=store, up_apart=w_up is not None)
+                       store=store, up_apart=w_up is not None, cluster=cluster)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
@@ -404,7 +407,7 @@ def fc1_forward(
     quantized_a, outputs = _quantize_epilogue.output_arguments(tokens, ffn, experts, A_FORMAT if quantized else None,
                                                                device)
     block_start = groups.block_start if quantized else None
-    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, FC1_TILE_N), device)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(ffn, FC1_TILE_N), device, cluster)
     run(_compile, config, device, num_ctas, x, w_gate, w_up, b1, probs, groups.row_start,
         groups.tile_start, block_start, c, *outputs)
     if not quantized:

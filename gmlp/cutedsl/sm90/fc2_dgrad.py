@@ -146,7 +146,7 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
     def __init__(self, config: FC2DgradConfig):
         registers = (QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) if config.quantized \
             else (PRODUCER_REGISTERS, CONSUMER_REGISTERS)
-        self.setup_engine(config, TOKEN_ROW_WARPGROUPS, registers=registers)
+        self.setup_engine(config, TOKEN_ROW_WARPGROUPS, cluster=config.cluster, registers=registers)
         self.activation = config.activation
         self.gated = config.activation.gated
         self.has_probs = config.probs_dtype is not None
@@ -181,7 +181,7 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, (TOKEN_ROW_WARPGROUPS, 1, 1))
+        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, (TOKEN_ROW_WARPGROUPS, 1, 1), self.cluster)
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
             fields.update(_quantize_epilogue.smem_fields())
@@ -200,13 +200,15 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
         return (args.tma_atom_a, args.tma_atom_b) + ((args.tma_atom_h,) if const_expr(self.tma_store) else ())
 
     def work(self, args: FC2DgradArgs) -> TokenItems:
-        return TokenItems.of(args.mRowStart, args.mTileStart, args.mW.shape[0], self.tile_n, (args.mDy.shape[1],))
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.mW.shape[0], self.tile_n, (args.mDy.shape[1],),
+                             cluster=self.cluster)
 
     def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: FC2DgradArgs, slots: Slots):
         sA, sBs = slots.sA, slots.sBs
-        b_parts = (b_tiles(args.tma_atom_b, args.mW, sBs[0], self.tile_n),)  # w2t_g rows n_tile * BN + [0, BN)
+        # w2t_g rows n_tile * BN + [0, BN)
+        b_parts = (b_tiles(args.tma_atom_b, args.mW, sBs[0], self.tile_n, cluster=self.cluster),)
         produce_token_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, args.tma_atom_a, args.mDy, sA,
-                            b_parts)
+                            b_parts, cluster=self.cluster)
 
     def consumer_setup(self, args: FC2DgradArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
@@ -363,6 +365,7 @@ def fc2_dgrad(
     # the knobs (FC2DgradConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
     tile_n: int | None = None,  # da columns per work item
     store: str | None = None,  # a bf16 dh's stores, "regs" or "tma"
+    cluster: int | None = None,  # 1, or 2: CTAs paired along M, w2t tiles multicast
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
@@ -389,13 +392,15 @@ def fc2_dgrad(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
-    knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts, dict(tile_n=tile_n, store=store),
+    knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts, dict(tile_n=tile_n, store=store,
+                                                                                          cluster=cluster),
                                           site=site, quantized=quantized)
-    tile_n, store = knobs["tile_n"], knobs["store"]
+    tile_n, store, cluster = knobs["tile_n"], knobs["store"], knobs["cluster"]
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,
-                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, store=store)
+                            floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, store=store,
+                            cluster=cluster)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs
@@ -410,7 +415,7 @@ def fc2_dgrad(
     dprobs_partial = torch.empty(tokens, n_tiles, dtype=torch.float32, device=device) if probs is not None else None
     warp_sums = (torch.zeros(max(num_tiles, 1) * WARPS_PER_TILE, n1, dtype=torch.float32, device=device)
                  if bias_grad else None)
-    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
+    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device, cluster)
     run(_compile, config, device, num_ctas, dy, w2t, c, probs, groups.row_start, groups.tile_start,
         block_start, dprobs_partial, warp_sums, *outputs)
     dprobs = dprobs_partial.sum(dim=1) if probs is not None else None  # fixed order: deterministic

@@ -44,7 +44,13 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
   waiting on a slot two fills ahead would take the parity of the older fill as its own. Without
   ping-pong the epilogue is not overlapped with the next mainloop. With the TMA store each
   warpgroup has its own ring of store buffers (``_engine.GroupedGemmEngine.tile_store``; compiled,
-  not yet run on a GPU: the launch options keep ping-pong on the register store).
+  its GPU tests not yet run: no default or tuned launch takes it).
+
+Clusters (``cluster=2``, cooperative only): CTAs 2c and 2c + 1 pair their items 2p and 2p + 1,
+adjacent m-tiles of one n-tile in the banded order; where both are of one expert each CTA loads
+half of the B tile and multicasts it to both (``_pipeline.PairedB``), so B leaves L2 once for two
+tiles. Compiled for sm_90a; its GPU tests (bit for bit the unclustered kernel) not yet run, so
+no default or tuned launch takes it.
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.4, sm_90a): 168
 registers at launch (232 in consumers after setmaxnreg), no spills; see tests/cutedsl/sm90/test_grouped_gemm.py.
@@ -132,7 +138,7 @@ class GroupedGemmSm90(GroupedGemmEngine):
         # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
         # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators); with
         # ping-pong each of the two consumer warpgroups owns a whole 128 x 128 tile
-        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong)
+        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong, cluster=config.cluster)
         self.tile_n = config.tile_n
         self.tma_store = config.store == "tma"
 
@@ -149,10 +155,10 @@ class GroupedGemmSm90(GroupedGemmEngine):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, (self.mma_warpgroups, 1, 1))
+        ops = make_mainloop_operands(mA, mB, self.tile_n, self.stages, (self.mma_warpgroups, 1, 1), self.cluster)
         tma_atom_b1 = tma_b1 = None
         if const_expr(self.config.k_split):
-            tma_atom_b1, tma_b1 = make_b_tma(mB1, ops.b_smem_layout, self.tile_n)
+            tma_atom_b1, tma_b1 = make_b_tma(mB1, ops.b_smem_layout, self.tile_n, self.cluster)
         fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, turns=self.pingpong)
         store = None  # store="tma": the subtiles' smem layout and TMA store
         if const_expr(self.tma_store):
@@ -172,16 +178,19 @@ class GroupedGemmSm90(GroupedGemmEngine):
         k_parts = (args.mA.shape[1],)
         if const_expr(self.config.k_split):
             k_parts = (args.mB.shape[1], args.mA.shape[1] - args.mB.shape[1])
-        return TokenItems.of(args.mRowStart, args.mTileStart, args.mD.shape[1], self.tile_n, k_parts)
+        return TokenItems.of(args.mRowStart, args.mTileStart, args.mD.shape[1], self.tile_n, k_parts,
+                             cluster=self.cluster)
 
     def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: GroupedGemmArgs, slots: Slots):
         sA, sBs = slots.sA, slots.sBs
-        b_parts = (b_tiles(args.tma_atom_b, args.mB, sBs[0], self.tile_n),)  # B_g rows n_tile * BN + [0, BN)
+        # B_g rows n_tile * BN + [0, BN)
+        b_parts = (b_tiles(args.tma_atom_b, args.mB, sBs[0], self.tile_n, cluster=self.cluster),)
         k_split = None
         if const_expr(self.config.k_split):
-            k_split = KSplit.of(args.mB, (b_tiles(args.tma_atom_b1, args.mB1, sBs[0], self.tile_n),))
+            k_split = KSplit.of(args.mB, (b_tiles(args.tma_atom_b1, args.mB1, sBs[0], self.tile_n,
+                                                  cluster=self.cluster),))
         produce_token_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, args.tma_atom_a, args.mA, sA,
-                            b_parts, k_split)
+                            b_parts, k_split, self.cluster)
 
     def consumer_setup(self, args: GroupedGemmArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
@@ -297,6 +306,7 @@ def grouped_gemm(
     tile_n: int | None = None,  # 128 or 256
     pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
+    cluster: int | None = None,  # 1, or 2: CTAs paired along M, B tiles multicast (not with ping-pong)
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
@@ -321,15 +331,15 @@ def grouped_gemm(
     check_tma_bases(a=a, b=b0)
     check_optional("bias", bias, (experts, n))
     knobs = launch_options.launch_options("grouped_gemm", tokens, n, k, experts,
-                                          dict(tile_n=tile_n, pingpong=pingpong, store=store),
+                                          dict(tile_n=tile_n, pingpong=pingpong, store=store, cluster=cluster),
                                           site=site, bias=bias is not None)
-    tile_n, pingpong, store = knobs["tile_n"], knobs["pingpong"], knobs["store"]
+    tile_n, pingpong, store, cluster = knobs["tile_n"], knobs["pingpong"], knobs["store"], knobs["cluster"]
     config = KernelConfig(b_k_major=_b_layout(b0), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
-                          pingpong=pingpong, store=store, k_split=b1 is not None)
+                          pingpong=pingpong, store=store, k_split=b1 is not None, cluster=cluster)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.device)
-    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, tile_n), a.device)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, tile_n), a.device, cluster)
     run(_compile, config, a.device, num_ctas, a, b0, b1, bias, groups.row_start, groups.tile_start, out)
     return out

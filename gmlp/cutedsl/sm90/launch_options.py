@@ -32,20 +32,21 @@ from dataclasses import dataclass
 from gmlp.cutedsl.sm90 import tuned
 from gmlp.system.env import FALSE_WORDS, TRUE_WORDS, declare, setting
 
-__all__ = ["ENV", "STORES", "TILE_WIDTHS", "QUANTIZED_TILE_N", "DEFAULTS", "LaunchChoice", "check_store",
-           "forced_options", "candidates", "choose", "launch_options", "describe"]
+__all__ = ["ENV", "STORES", "CLUSTERS", "TILE_WIDTHS", "QUANTIZED_TILE_N", "DEFAULTS", "LaunchChoice", "check_store",
+           "check_cluster", "forced_options", "candidates", "choose", "launch_options", "describe"]
 
 ENV = "GMLP_SM90_CONFIG"
 STORES = ("regs", "tma")
+CLUSTERS = (1, 2)  # CTAs a cluster (along M) of the token-row kernels: alone, or paired (_pipeline.PairedB)
 TILE_WIDTHS = (128, 256)
 QUANTIZED_TILE_N = 128  # FC2 dgrad's quantizing epilogue: the MXFP8 block tile's columns (fc2_dgrad.py)
 
 # op -> its knobs and their defaults (the faster on the H200 where the table has no entry:
 # bench gemm, docs/performance.md). The TMA store is every op's default where it applies.
 DEFAULTS: dict[str, dict[str, object]] = {
-    "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma"),
-    "fc1_forward": dict(store="tma"),
-    "fc2_dgrad": dict(tile_n=256, store="tma"),
+    "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma", cluster=1),
+    "fc1_forward": dict(store="tma", cluster=1),
+    "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
     "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma"),
 }
 _BOOLEANS = {**dict.fromkeys(TRUE_WORDS, True), **dict.fromkeys(FALSE_WORDS, False)}
@@ -55,6 +56,13 @@ def check_store(store: str) -> None:
     """Raises for a kernel config's ``store`` that is not one of ``STORES``."""
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
+
+
+def check_cluster(cluster: int, pingpong: bool = False) -> None:
+    """Raises for a kernel config's ``cluster`` that is not one of ``CLUSTERS`` (1 with ping-pong:
+    a pair's CTAs would run their items' mainloops out of step)."""
+    if cluster not in CLUSTERS or (pingpong and cluster != 1):
+        raise ValueError(f"cluster must be one of {CLUSTERS}{' (1 with pingpong)' if pingpong else ''}, got {cluster}")
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,10 @@ def _knob_value(knob: str, text: str, item: str) -> object:
         if text not in map(str, TILE_WIDTHS):
             raise ValueError(f"{item!r} asks for tile_n {text!r}; the widths are {TILE_WIDTHS}")
         return int(text)
+    if knob == "cluster":
+        if text not in map(str, CLUSTERS):
+            raise ValueError(f"{item!r} asks for cluster {text!r}; the clusters are {CLUSTERS}")
+        return int(text)
     if text.lower() not in _BOOLEANS:
         raise ValueError(f"{item!r}: {knob} takes one of {tuple(_BOOLEANS)}, got {text!r}")
     return _BOOLEANS[text.lower()]
@@ -132,17 +144,18 @@ def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool) 
         fixed["store"] = ("regs", f"{op}'s TMA store does not take a bias yet")
     if options.get("pingpong", False):
         fixed.setdefault("tile_n", (128, "ping-pong runs one 128 x 128 tile per warpgroup"))
+        if "cluster" in DEFAULTS[op]:
+            fixed.setdefault("cluster", (1, "ping-pong runs without clusters"))
         if op == "grouped_wgrad":
             fixed.setdefault("ragged_tma", (True, "ping-pong's K tail is TMA's zero fill (smem zeroing syncs both "
                                                   "warpgroups)"))
-        fixed.setdefault("store", ("regs", f"{op}'s TMA store does not take ping-pong yet"))
     return fixed
 
 
 def candidates(op: str) -> list[dict[str, object]]:
     """Every combination of ``op``'s knobs that a plain bf16 launch takes as it is (none of them
     fixed by another): the tuner's candidates, the defaults first."""
-    values = {"tile_n": TILE_WIDTHS, "store": STORES}  # the others are booleans
+    values = {"tile_n": TILE_WIDTHS, "store": STORES, "cluster": CLUSTERS}  # the others are booleans
     knobs = list(DEFAULTS[op])
     combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
     plain = dict(bias=False, quantized=False)

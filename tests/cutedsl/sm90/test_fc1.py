@@ -436,6 +436,33 @@ def test_tma_store_is_bitwise_the_register_store(activation, bias, with_probs, h
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@pytest.mark.parametrize("variant", ["bf16-regs", "bf16-tma", "mxfp8"])
+@pytest.mark.parametrize("hidden,ffn", [(96, 160), (512, 384)], ids=["H96-F160", "H512-F384"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+def test_cluster_is_bitwise_alone(activation, variant, hidden, ffn, splits):
+    """A cluster of two (W1's tiles multicast where a pair's items share them) computes every
+    output bit for bit as CTAs alone: c, and a in bf16 or its two MXFP8 orientations."""
+    from gmlp.cutedsl.sm90.fc1 import fc1_forward
+
+    activation = activation_from(activation)
+    x, w1, split_sizes, b1, probs = fc1_operands(splits, hidden, ffn, activation, True, True, True)
+    recipe = MXFP8Recipe() if variant == "mxfp8" else None
+    store = None if recipe else variant.removeprefix("bf16-")
+    kwargs = dict(ffn_hidden_size=ffn, activation=activation, recipe=recipe, b1=b1, probs=probs, store=store)
+    alone = fc1_forward(x, w1, split_sizes, cluster=1, **kwargs)
+    paired = fc1_forward(x, w1, split_sizes, cluster=2, **kwargs)
+    assert_same_bits(paired.c, alone.c, "c")
+    if recipe is None:
+        assert_same_bits(paired.a, alone.a, "a")
+    for name in ("a_rowwise", "a_columnwise") if recipe else ():
+        mine, theirs = getattr(paired, name), getattr(alone, name)
+        assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+        assert_same_bits(mine.data, theirs.data, f"{name} data")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc1_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU

@@ -407,6 +407,32 @@ def test_tma_store_is_bitwise_the_register_store(activation, with_probs, bias_gr
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("activation", ["swiglu", "srelu"])
+@pytest.mark.parametrize("variant", ["bf16-128-regs", "bf16-256-tma", "mxfp8"])
+@pytest.mark.parametrize("hidden,ffn", [(96, 160), (512, 384)], ids=["H96-F160", "H512-F384"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+def test_cluster_is_bitwise_alone(activation, variant, hidden, ffn, splits):
+    """A cluster of two (w2t's tiles multicast where a pair's items share them) computes dh (bf16
+    or both MXFP8 orientations), dprobs and db1 bit for bit as CTAs alone."""
+    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
+
+    activation = activation_from(activation)
+    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, activation, True, True)
+    recipe = MXFP8Recipe() if variant == "mxfp8" else None
+    tile_n, store = (None, None) if recipe else (int(variant.split("-")[1]), variant.split("-")[2])
+    kwargs = dict(activation=activation, recipe=recipe, probs=probs, bias_grad=True, tile_n=tile_n, store=store)
+    alone = fc2_dgrad(dy, w2t, c, split_sizes, cluster=1, **kwargs)
+    paired = fc2_dgrad(dy, w2t, c, split_sizes, cluster=2, **kwargs)
+    for name in ("dh", "dprobs", "db1") if recipe is None else ("dprobs", "db1"):
+        assert_same_bits(getattr(paired, name), getattr(alone, name), name)
+    for name in ("dh_rowwise", "dh_columnwise") if recipe else ():
+        mine, theirs = getattr(paired, name), getattr(alone, name)
+        assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+        assert_same_bits(mine.data, theirs.data, f"{name} data")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 def test_fc2_dgrad_is_deterministic_and_syncless():
     """Same inputs, bitwise the same outputs; no host sync in the launch."""
     from gmlp.contract.activations import SWIGLU

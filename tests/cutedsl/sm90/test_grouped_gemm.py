@@ -20,7 +20,7 @@ from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 from tests.support.ptx import check_register_split
-from tests.support.sm90 import SPLITS, check_ptx, expert_weights, on_sm90, tuned_knobs
+from tests.support.sm90 import SPLITS, assert_same_bits, check_ptx, expert_weights, on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -141,6 +141,25 @@ def test_pingpong_with_the_tma_store_compiles(b_k_major):
     assert re.search(r"bar\.sync\s+%r\d+, 128;", compiled.ptx), "the store barrier's id is the warpgroup's"
 
 
+@pytest.mark.slow
+@parametrize_quick("knobs", [dict(tile_n=256, store="tma"), dict(tile_n=128, b_k_major=False),
+                             dict(tile_n=256, store="tma", k_split=True)], ids=config_id)
+def test_cluster_compiles_with_b_multicast(knobs):
+    """A cluster of two: B's TMA loads multicast (each CTA's half to both, or both halves to
+    itself), the slots' empty barriers arrived on in both CTAs (mbarrier.arrive.shared::cluster),
+    and the cluster's barriers at the start (its mbarriers initialized) and at the end (neither
+    CTA leaves while its peer may still arrive on its barriers)."""
+    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
+
+    config = _config(cluster=2, **knobs)
+    compiled = compile_grouped_gemm("sm_90a", config)
+    check_ptx(compiled, tile_n=config.tile_n, b_k_major=config.b_k_major)
+    alone = compile_grouped_gemm("sm_90a", _config(**knobs)).ptx
+    assert "barrier.cluster" not in alone and "multicast" not in alone
+    assert "mbarrier.arrive.shared::cluster.b64" in compiled.ptx
+    assert compiled.ptx.count("barrier.cluster.wait") == 2
+
+
 @pytest.mark.parametrize("shape,match", [
     ((64, 12, 64, 2), r"K=64 and N=12 must be positive multiples of 8"),
     ((64, 16, 0, 2), r"K=0 and N=16"),
@@ -154,6 +173,10 @@ def test_unsupported_shapes_are_refused(shape, match):
 
 
 def test_invalid_configs_are_refused():
+    with pytest.raises(ValueError, match=r"cluster must be one of \(1, 2\) \(1 with pingpong\), got 2"):
+        _config(tile_n=128, pingpong=True, cluster=2)
+    with pytest.raises(ValueError, match=r"cluster must be one of \(1, 2\), got 4"):
+        _config(cluster=4)
     with pytest.raises(ValueError, match="tile_n must be 128 or 256"):
         _config(tile_n=64)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
@@ -258,6 +281,31 @@ def test_tma_store_is_bitwise_the_register_store(splits, n, k, transposed, tile_
     regs = grouped_gemm(a, b, split_sizes, tile_n=tile_n)
     tma = grouped_gemm(a, b, split_sizes, tile_n=tile_n, store="tma")
     assert torch.equal(regs, tma)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("tile_n,store", [(128, "regs"), (256, "tma")])
+@pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
+@pytest.mark.parametrize("n,k,k_split", [(64, 96, False), (264, 1032, False), (512, 2048, False), (384, 520, True)],
+                         ids=["one-n-tile", "odd-n-tiles", "wide", "k-split"])
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+def test_cluster_is_bitwise_alone(splits, n, k, k_split, transposed, tile_n, store):
+    """A cluster of two runs the same wgmmas on the same tiles as CTAs alone, its B tiles
+    multicast where a pair's items share one: every byte of D equals the unclustered kernel's.
+    The splits give pairs within one expert, pairs across an expert's end, empty experts, an odd
+    count of m-tiles (a last item without its pair) and, in the last band, pairs across n-tiles."""
+    from gmlp.cutedsl.sm90.grouped_gemm import grouped_gemm
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = torch.randn(sum(splits), k, device="cuda").bfloat16()
+    b = expert_weights(len(splits), n, k, transposed)
+    if k_split:  # B_g = [B_g[:, :K1] | B_g[:, K1:]], read as two tensors (views of one)
+        b = (b[:, :, :264], b[:, :, 264:])
+    alone = grouped_gemm(a, b, split_sizes, tile_n=tile_n, store=store, cluster=1)
+    paired = grouped_gemm(a, b, split_sizes, tile_n=tile_n, store=store, cluster=2)
+    assert_same_bits(paired, alone, "d")
 
 
 @pytest.mark.gpu

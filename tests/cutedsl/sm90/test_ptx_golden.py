@@ -51,6 +51,12 @@ CONFIGS = {
                                                           bias_grad=True, tile_n=256, store="tma")),
     "fc2-dgrad-mxfp8": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
                                                             bias_grad=True, quantized=True)),
+    # clusters of two along M, B multicast (the engine's PairedB)
+    "gemm-cluster": ("grouped_gemm", "KernelConfig", dict(store="tma", cluster=2)),
+    "fc1-swiglu-cluster": ("fc1", "FC1Config", dict(activation="swiglu", probs_dtype=torch.float32, store="tma",
+                                                    cluster=2)),
+    "fc2-dgrad-cluster": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
+                                                              bias_grad=True, tile_n=256, store="tma", cluster=2)),
     # the FP8 blockwise recipe's kernels, as its layer runs them (wide items where N % 256 == 0)
     "blockwise-gemm-wide": ("blockwise_gemm", "BlockwiseGemmConfig", dict(wide=True)),
     "blockwise-gemm-bias-e5m2": ("blockwise_gemm", "BlockwiseGemmConfig",
