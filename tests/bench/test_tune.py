@@ -22,14 +22,14 @@ def test_the_best_geometric_mean_over_both_routings_wins():
             _row("fc2", narrow, "balanced", 0.95), _row("fc2", narrow, "skewed", 0.95),  # 0.95
             _row("fc2", broken, "balanced", 2.0), _row("fc2", broken, "skewed", None)]  # failed once: out
     best = tune.choose(rows)
-    assert best[("qwen3-30b-a3b", "fc2")]["options"] == narrow
-    assert best[("qwen3-30b-a3b", "fc2")]["geomean"] == pytest.approx(0.95)
-    with pytest.raises(RuntimeError, match=r"no candidate ran at every routing for \('qwen3-30b-a3b', 'fc1'\)"):
+    assert best[("qwen3-30b-a3b", "fc2", "bf16")]["options"] == narrow
+    assert best[("qwen3-30b-a3b", "fc2", "bf16")]["geomean"] == pytest.approx(0.95)
+    with pytest.raises(RuntimeError, match=r"no candidate ran at every routing for \('qwen3-30b-a3b', 'fc1', 'bf16'\)"):
         tune.choose([_row("fc1", dict(store="tma"), "balanced", 1.0)])
 
 
 def test_entries_carry_each_sites_launch_shape():
-    best = {("deepseek-v3-rank", site): dict(options=dict(DEFAULTS[op]), ratios=dict(balanced=1.0, skewed=0.9))
+    best = {("deepseek-v3-rank", site, "bf16"): dict(options=dict(DEFAULTS[op]), ratios=dict(balanced=1.0, skewed=0.9))
             for site, op in (("fc1", "fc1_forward"), ("fc1 dgrad", "grouped_gemm"), ("fc1 wgrad", "grouped_wgrad"))}
     entries = {entry["site"]: entry for entry in tune.table_entries(best, "NVIDIA H200")}
     # DeepSeek-V3 rank: E=32, T=32768, H=7168, F=2048
@@ -41,10 +41,10 @@ def test_entries_carry_each_sites_launch_shape():
 
 def test_the_table_merges_and_reads_back(tmp_path):
     path = tmp_path / "table.json"
-    first = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(tile_n=128, pingpong=True, store="regs"),
+    first = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(tile_n=128, pingpong=True, store="regs"),
                                                                ratios=dict(balanced=1.0, skewed=1.0))}, ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, first, ENV, "bench_results/tune-1.json")))
-    second = tune.table_entries({("deepseek-v3-rank", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
+    second = tune.table_entries({("deepseek-v3-rank", "fc2", "bf16"): dict(options=dict(DEFAULTS["grouped_gemm"]),
                                                                    ratios=dict(balanced=1.0, skewed=0.98))},
                                 ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, second, ENV, "bench_results/tune-2.json")))
@@ -53,7 +53,7 @@ def test_the_table_merges_and_reads_back(tmp_path):
     assert table.measurements == "bench_results/tune-2.json"
     assert {entry.device for entry in table.entries} == {"NVIDIA H200"}
     assert table.entries[1].options == dict(tile_n=128, pingpong=True, store="regs")
-    retuned = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
+    retuned = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(DEFAULTS["grouped_gemm"]),
                                                                  ratios=dict(balanced=1.1, skewed=1.0))},
                                  ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, retuned, ENV, "bench_results/tune-3.json")))
@@ -67,7 +67,7 @@ def test_each_card_keeps_its_entries_and_launches_read_their_own(tmp_path, monke
     h100 = dict(ENV, device="NVIDIA H100 80GB HBM3")
     narrow = dict(tile_n=128, pingpong=True, store="regs")
     for env, options in ((ENV, DEFAULTS["grouped_gemm"]), (h100, narrow)):
-        entries = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(options),
+        entries = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(options),
                                                                      ratios=dict(balanced=1.0, skewed=1.0))},
                                      env["device"])
         path.write_text(json.dumps(tune.merged_table(path, entries, env, "bench_results/tune-x.json")))
@@ -90,7 +90,7 @@ def test_an_older_table_names_its_card_once():
 
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "old.json"
-        entry = tune.table_entries({("qwen3-30b-a3b", "fc2"): dict(options=dict(DEFAULTS["grouped_gemm"]),
+        entry = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(DEFAULTS["grouped_gemm"]),
                                                                    ratios=dict(balanced=1.0, skewed=1.0))}, "x")[0]
         del entry["device"]
         path.write_text(json.dumps(dict(device="NVIDIA H200", commit="abc", date="2026-12-04", measurements="m",
@@ -113,7 +113,7 @@ def test_measurements_of_a_removed_knob_count_as_the_kernel_runs_now():
     fused, apart = dict(fused_b=True, store="regs"), dict(fused_b=False, store="tma")
     rows = [_row("fc1", fused, "balanced", 2.0), _row("fc1", fused, "skewed", 2.0),
             _row("fc1", apart, "balanced", 0.9), _row("fc1", apart, "skewed", 0.9)]
-    assert tune.choose(rows)[("qwen3-30b-a3b", "fc1")]["options"] == dict(store="tma")
+    assert tune.choose(rows)[("qwen3-30b-a3b", "fc1", "bf16")]["options"] == dict(store="tma")
     assert tune.current_options("fc1", fused) is None
 
 
@@ -124,13 +124,13 @@ def test_the_committed_table_is_what_the_committed_measurements_choose():
     older run."""
     runs = sorted(pathlib.Path(__file__).parents[2].glob("bench_results/tune-*.json"))
     assert runs, "no committed tuner measurements (bench_results/tune-*.json)"
-    latest: dict[str, dict[tuple[str, str], dict]] = {}  # card -> (shape, site) -> choice
+    latest: dict[str, dict[tuple[str, str, str], dict]] = {}  # card -> (shape, site, recipe) -> choice
     for run in runs:  # names sort by date: a later run's choice replaces an earlier one's
         measured = json.loads(run.read_text())
         latest.setdefault(measured["environment"]["device"], {}).update(tune.choose(measured["results"]))
     table = json.loads(tuned.TABLE_FILE.read_text())["entries"]
-    expected = {(entry["device"], entry["shape"], entry["site"]): entry
-                for card, best in latest.items() for entry in tune.table_entries(best, card)}
-    assert {(entry["device"], entry["shape"], entry["site"]) for entry in table} == set(expected)
+    key = lambda entry: (entry["device"], entry["shape"], entry["site"], entry["recipe"])  # noqa: E731
+    expected = {key(entry): entry for card, best in latest.items() for entry in tune.table_entries(best, card)}
+    assert set(map(key, table)) == set(expected)
     for entry in table:
-        assert entry == expected[(entry["device"], entry["shape"], entry["site"])], entry
+        assert entry == expected[key(entry)], entry

@@ -152,14 +152,15 @@ def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool) 
     return fixed
 
 
-def candidates(op: str) -> list[dict[str, object]]:
-    """Every combination of ``op``'s knobs that a plain bf16 launch takes as it is (none of them
-    fixed by another): the tuner's candidates, the defaults first."""
+def candidates(op: str, *, quantized: bool = False) -> list[dict[str, object]]:
+    """Every combination of ``op``'s knobs that a bf16 launch (with ``quantized``, one writing
+    MXFP8 outputs) takes as it is (none of them fixed by another or by the variant): the tuner's
+    candidates, the defaults first (where the variant takes them)."""
     values = {"tile_n": TILE_WIDTHS, "store": STORES, "cluster": CLUSTERS}  # the others are booleans
     knobs = list(DEFAULTS[op])
     combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
-    plain = dict(bias=False, quantized=False)
-    consistent = [c for c in combos if all(c[k] == v for k, (v, _) in _fixes(op, c, **plain).items())]
+    variant = dict(bias=False, quantized=quantized)
+    consistent = [c for c in combos if all(c[k] == v for k, (v, _) in _fixes(op, c, **variant).items())]
     return sorted(consistent, key=lambda c: c != DEFAULTS[op])
 
 
@@ -172,7 +173,7 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     ``GMLP_SM90_CONFIG`` forces a knob the variant does not take."""
     if op not in DEFAULTS:
         raise ValueError(f"op must be one of {tuple(DEFAULTS)}, got {op!r}")
-    entry = tuned.lookup(op, tokens, n, k, experts, site=site)
+    entry = tuned.lookup(op, tokens, n, k, experts, site=site, recipe="mxfp8" if quantized else "bf16")
     options = dict(DEFAULTS[op])
     from_table = {}
     if entry is not None:

@@ -188,3 +188,35 @@ def test_the_layer_launches_each_sm90_gemm_with_its_site():
     fc1_dgrad = PROVIDER.load(SITES["fc1 dgrad"])
     assert fc1_dgrad.func.__name__ == "grouped_gemm" and fc1_dgrad.keywords == dict(site="fc1 dgrad")
     assert PROVIDER.load(SITES["fc2 wgrad"]).keywords == dict(site="fc2 wgrad")
+
+
+def test_a_launch_reads_its_recipes_entries_first(monkeypatch, tmp_path):
+    """FC2 dgrad writing MXFP8 outputs reads the entry tuned for that variant (recipe mxfp8); the
+    bf16 launch reads the bf16 one; an unknown recipe in a table is an error naming it."""
+    monkeypatch.delenv(ENV, raising=False)
+    bf16 = dict(_entry("fc2_dgrad", "deepseek-v3-rank", 2048, 7168, 1024, tile_n=256, store="tma", cluster=1),
+                site="fc2 dgrad")
+    mxfp8 = dict(bf16, recipe="mxfp8", options=dict(tile_n=128, store="regs", cluster=2))
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path, [bf16, mxfp8]))
+    launch = (32768, 2048, 7168, 32)
+    assert choose("fc2_dgrad", *launch, site="fc2 dgrad").options == dict(tile_n=256, store="tma", cluster=1)
+    quantized = choose("fc2_dgrad", *launch, site="fc2 dgrad", quantized=True)
+    assert quantized.options == dict(tile_n=128, store="regs", cluster=2) and not quantized.notes
+    assert "fc2 dgrad (mxfp8)" in quantized.source
+    # an MXFP8 launch without an entry of its recipe reads the bf16 one, its variant's fixes applied
+    (tmp_path / "bf16-only").mkdir()  # another file: a table is read once per value of the variable
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path / "bf16-only", [bf16]))
+    fallback = choose("fc2_dgrad", *launch, site="fc2 dgrad", quantized=True)
+    assert fallback.options == dict(tile_n=128, store="regs", cluster=1) and len(fallback.notes) == 2
+    (tmp_path / "unknown").mkdir()
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path / "unknown", [dict(bf16, recipe="fp4")]))
+    with pytest.raises(ValueError, match=r"recipe 'fp4' is not one of \('bf16', 'mxfp8'\)"):
+        choose("fc2_dgrad", *launch)
+
+
+@pytest.mark.parametrize("op,count", [("fc1_forward", 2), ("fc2_dgrad", 2)])
+def test_the_quantizing_variants_candidates(op, count):
+    """What the MXFP8 epilogues leave free to tune: the cluster (their store and tile are fixed)."""
+    found = launch_options.candidates(op, quantized=True)
+    assert len(found) == count and {c["cluster"] for c in found} == {1, 2}
+    assert all(c["store"] == "regs" and c.get("tile_n", 128) == 128 for c in found)
