@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
                     bracket = [t for t in (base_ms, base_after) if t]
                     baseline = sum(bracket) / len(bracket) if bracket else None
                     ratio = baseline / ms if ms and baseline else None
-                    rows.append(dict(shape=shape, routing=routing, site=site, recipe=recipe, op=op, options=options, ms=ms,
+                    rows.append(dict(shape=shape, routing=routing, site=site, recipe=recipe, op=op, options=options,
+                                     ms=ms,
                                      tflops=gemm["flops"] / ms / 1e9 if ms else None, baseline_ms=baseline,
                                      ratio=ratio, error=error))
                     base_ms = base_after or base_ms

@@ -41,8 +41,10 @@ def test_entries_carry_each_sites_launch_shape():
 
 def test_the_table_merges_and_reads_back(tmp_path):
     path = tmp_path / "table.json"
-    first = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(tile_n=128, pingpong=True, store="regs"),
-                                                               ratios=dict(balanced=1.0, skewed=1.0))}, ENV["device"])
+    narrow = dict(tile_n=128, pingpong=True, store="regs")
+    first = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=narrow,
+                                                                       ratios=dict(balanced=1.0, skewed=1.0))},
+                               ENV["device"])
     path.write_text(json.dumps(tune.merged_table(path, first, ENV, "bench_results/tune-1.json")))
     second = tune.table_entries({("deepseek-v3-rank", "fc2", "bf16"): dict(options=dict(DEFAULTS["grouped_gemm"]),
                                                                    ratios=dict(balanced=1.0, skewed=0.98))},
@@ -98,7 +100,8 @@ def test_an_older_table_names_its_card_once():
         assert tuned.read_table(path).entries[0].device == "NVIDIA H200"
 
 
-@pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 8), ("grouped_wgrad", 10)])
+@pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 8),
+                                      ("grouped_wgrad", 10)])
 def test_candidates_are_the_consistent_knob_combinations(op, count):
     found = candidates(op)
     assert found[0] == DEFAULTS[op] and len(found) == count
@@ -134,3 +137,19 @@ def test_the_committed_table_is_what_the_committed_measurements_choose():
     assert set(map(key, table)) == set(expected)
     for entry in table:
         assert entry == expected[key(entry)], entry
+
+
+def test_each_recipe_keeps_its_choice_and_entry(tmp_path):
+    """The MXFP8 variant of FC2 dgrad is chosen from its own rows and gets its own entry beside the
+    bf16 one; a row without a recipe (a run from before recipes) counts as bf16."""
+    wide, paired = dict(tile_n=256, store="tma", cluster=1), dict(tile_n=128, store="regs", cluster=2)
+    rows = [_row("fc2 dgrad", wide, routing, 1.0) for routing in tune.ROUTINGS]
+    rows += [dict(_row("fc2 dgrad", paired, routing, 0.5), recipe="mxfp8") for routing in tune.ROUTINGS]
+    best = tune.choose(rows)
+    assert set(best) == {("qwen3-30b-a3b", "fc2 dgrad", "bf16"), ("qwen3-30b-a3b", "fc2 dgrad", "mxfp8")}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(tune.merged_table(path, tune.table_entries(best, ENV["device"]), ENV, "m")))
+    mxfp8_only = {key: chosen for key, chosen in best.items() if key[2] == "mxfp8"}
+    path.write_text(json.dumps(tune.merged_table(path, tune.table_entries(mxfp8_only, ENV["device"]), ENV, "m2")))
+    entries = tuned.read_table(path).entries
+    assert [(entry.recipe, entry.options) for entry in entries] == [("bf16", wide), ("mxfp8", paired)]

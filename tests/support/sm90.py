@@ -132,6 +132,20 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
     assert differ.numel() == 0, f"{name}: {differ.shape[0]} elements differ, first at {differ[:5].tolist()}"
 
 
+def assert_same_outputs(got, want, names: tuple[str, ...]) -> None:
+    """The named fields of two kernels' outputs bit for bit: tensors (``assert_same_bits``), None
+    on both sides, or quantized tensors (their scales and data)."""
+    for name in names:
+        mine, theirs = getattr(got, name), getattr(want, name)
+        if mine is None or theirs is None:
+            assert mine is None and theirs is None, name
+        elif isinstance(mine, torch.Tensor):
+            assert_same_bits(mine, theirs, name)
+        else:
+            assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+            assert_same_bits(mine.data, theirs.data, f"{name} data")
+
+
 def fc1_operands(splits, hidden, ffn, activation, bias, with_probs, transposed=False):
     torch.manual_seed(0)
     split_sizes = torch.tensor(splits, device="cuda")

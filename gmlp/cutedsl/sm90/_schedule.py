@@ -122,9 +122,10 @@ class TokenItems:
     def shares_b(self, item: Int32, rank: Int32, g: Int32, n_tile: Int32):
         """Whether item ``item`` (expert ``g``, n-tile ``n_tile``, of the CTA of rank ``rank`` in a
         cluster of two) and its pair's other item (item + 1 for rank 0, item - 1 for rank 1) read
-        the same B tile: neither is a shadow, and both have the same expert and n-tile. In the banded order the two are adjacent m-tiles of one n-tile where a band has
-        an even number of m-tiles (all but maybe the last), of one expert unless its last m-tile is
-        the first of the pair."""
+        the same B tile: neither is a shadow, and both have the same expert and n-tile. In the
+        banded order the two are adjacent m-tiles of one n-tile where a band has an even number of
+        m-tiles (all but maybe the last), of one expert unless its last m-tile is the first of the
+        pair."""
         other = item + 1 - 2 * rank
         other_g, _, other_n_tile, _, _ = self.tile(other)
         return (cutlass.max(item, other) < self.items) & (other_g == g) & (other_n_tile == n_tile)
