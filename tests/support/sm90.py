@@ -134,7 +134,7 @@ def assert_same_bits(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
 
 def assert_same_outputs(got, want, names: tuple[str, ...]) -> None:
     """The named fields of two kernels' outputs bit for bit: tensors (``assert_same_bits``), None
-    on both sides, or quantized tensors (their scales and data)."""
+    on both sides, or quantized tensors (their scales, MXFP8's or FP8 blockwise's, and data)."""
     for name in names:
         mine, theirs = getattr(got, name), getattr(want, name)
         if mine is None or theirs is None:
@@ -142,7 +142,8 @@ def assert_same_outputs(got, want, names: tuple[str, ...]) -> None:
         elif isinstance(mine, torch.Tensor):
             assert_same_bits(mine, theirs, name)
         else:
-            assert_same_bits(mine.scales, theirs.scales, f"{name} scales")
+            scales = "scales" if hasattr(mine, "scales") else "scale_inv"
+            assert_same_bits(getattr(mine, scales), getattr(theirs, scales), f"{name} {scales}")
             assert_same_bits(mine.data, theirs.data, f"{name} data")
 
 

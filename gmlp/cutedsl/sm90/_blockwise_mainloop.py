@@ -40,7 +40,8 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
 from gmlp.cutedsl.sm90._engine import Slots
-from gmlp.cutedsl.sm90._pipeline import ALIGN, mainloop_fields, produce_k_tiles, slot_tensors, smem_array
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, PairedB, b_load_op, b_shares, item_tiles, mainloop_fields,
+                                         produce_k_tiles, slot_tensors, smem_array)
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
 
@@ -83,12 +84,14 @@ def scale_smem_layout(stages: int) -> cute.Layout:
     return cute.make_layout((SCALE_BOX_ROWS, 1, stages), stride=(1, SCALE_SLOT_FLOATS, SCALE_SLOT_FLOATS))
 
 
-def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int) -> Operands:
+def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtype, stages: int,
+                  cluster: int = 1) -> Operands:
     """Host side (traced in a kernel's ``__call__``): the fp8 ``wgmma`` tiled MMA of the two
     consumer warpgroups, the slots' swizzled smem layouts and TMA loads of A (T, K) bytes read as
     ``a_dtype``, of A's (K/128, pad4(T)) scales (boxes of a scale row) and of B (E, N, K) E4M3
-    bytes, A and B K-major (the operands go in as ``uint8``: torch's fp8 dtypes are not exchanged
-    with the host runtime alike on every version)."""
+    bytes (multicast in a ``cluster`` of two: ``_pipeline.PairedB``), A and B K-major (the
+    operands go in as ``uint8``: torch's fp8 dtypes are not exchanged with the host runtime alike
+    on every version)."""
     mA = cute.recast_tensor(mA, a_dtype)
     mB = cute.recast_tensor(mB, Float8E4M3FN)
     mB_nke = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))  # L = experts
@@ -102,8 +105,8 @@ def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtyp
     tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K))
     tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-        cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)),
-        (TILE_N, TILE_K))
+        b_load_op(cluster), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)), (TILE_N, TILE_K),
+        num_multicast=cluster)
     mAScale_tk = cute.make_tensor(mAScale.iterator, cute.select(mAScale.layout, mode=[1, 0]))  # rows contiguous
     tma_atom_sa, tma_sa = cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mAScale_tk,
@@ -194,16 +197,17 @@ class BRows:
 def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: Int32, step: Int32, k_tiles: Int32,
                   tma_atom_a: cute.CopyAtom, mA: cute.Tensor, sA: cute.Tensor, tma_atom_sa: cute.CopyAtom,
                   mAScale: cute.Tensor, sAScale: cute.Tensor, tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sBs: list,
-                  b_rows: BRows):
+                  b_rows: BRows, cluster: cutlass.Constexpr = 1):
     """The producer warp: for the CTA's work items (``item``, ``item + step``, ...), every k-tile's
     A tile, A's scale box (``mAScale``: TMA coordinates (pad4(T), K/128)) and one B tile a half of
-    ``sBs`` (``mB``: TMA coordinates (N, K, E)); then waits until the consumers freed every slot."""
+    ``sBs`` (``mB``: TMA coordinates (N, K, E); in a ``cluster`` of two by ``PairedB``); then waits
+    until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
-    b_parts = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                                cute.group_modes(gB, 0, 2)) for s in sBs]
+    b_parts = [b_shares(tma_atom_b, s, gB, cluster) for s in sBs]
     while item < items.count:
         g, _, n_tile, first_row, _ = items.tile(item)
+        pair = PairedB.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
         rows = b_rows.of(n_tile, len(sBs))
         gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
@@ -213,9 +217,8 @@ def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: 
         tSsS, tSgS = cute.nvgpu.cpasync.tma_partition(
             tma_atom_sa, 0, cute.make_layout(1), cute.group_modes(sAScale, 0, 2), cute.group_modes(gS, 0, 2))
         state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
-                                ((tma_atom_sa, tSgS, tSsS),
-                                 *((tma_atom_b, tBgB[(None, rows[h], None, g)], tBsB)
-                                   for h, (tBsB, tBgB) in enumerate(b_parts))))
+                                ((tma_atom_sa, tSgS, tSsS), *((tma_atom_b, item_tiles(tBgB, (None, rows[h], None, g)), tBsB)
+                                              for h, (tBsB, tBgB) in enumerate(b_parts))), pair)
         item += step
     mainloop.producer_tail(state)
 
@@ -335,7 +338,7 @@ class PromotedTokenRows:
         ops = args.operands
         produce_items(mainloop, self.stages, work, bidx, grid, work.k_tiles, ops.tma_atom_a, ops.mA, slots.sA,
                       ops.tma_atom_sa, ops.mAScale, slots.scales[0], ops.tma_atom_b, ops.mB, list(slots.sBs),
-                      self.b_rows(args))
+                      self.b_rows(args), self.cluster)
 
     def promoted_operands(self, slots: Slots, tCrA: cute.Tensor, tCrBs: tuple, tCcD: cute.Tensor,
                           fragment) -> PromotedOperands:

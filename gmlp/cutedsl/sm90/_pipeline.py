@@ -36,8 +36,8 @@ __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGR
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
            "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
            "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
-           "a_tiles", "b_tiles", "make_b_tma", "KSplit", "PairedB", "produce_k_tiles", "produce_token_items",
-           "mma_k_tiles", "consumer_fragments"]
+           "a_tiles", "b_tiles", "b_load_op", "b_shares", "item_tiles", "make_b_tma", "KSplit", "PairedB",
+           "produce_k_tiles", "produce_token_items", "mma_k_tiles", "consumer_fragments"]
 
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
 ELEMENT_ALIGN = ALIGN // 2  # bf16 elements
@@ -231,14 +231,20 @@ def _nke(mB: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
 
 
+def b_load_op(cluster: int):
+    """The TMA load of B tiles in a cluster of ``cluster`` CTAs: plain alone, else multicast (its
+    atom made with ``num_multicast=cluster`` copies a ``1 / cluster`` share of the tile; ``PairedB``)."""
+    return cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if cluster == 1 \
+        else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+
+
 def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int, cluster: int = 1):
     """(TMA atom, TMA coordinates (N, K, E)) of B (E, N, K) into ``b_smem_layout``'s (tile_n, 64)
     tiles. A second B of a K split (``KSplit``) gets its own from here, into the same slots. With
-    ``cluster`` > 1 the atom multicasts, a ``1 / cluster`` share of the tile a copy (``PairedB``)."""
-    op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if cluster == 1 \
-        else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
-    return cute.nvgpu.cpasync.make_tiled_tma_atom(op, _nke(mB), cute.slice_(b_smem_layout, (None, None, 0)),
-                                                  (tile_n, TILE_K), num_multicast=cluster)
+    ``cluster`` > 1 the atom multicasts (``b_load_op``)."""
+    return cute.nvgpu.cpasync.make_tiled_tma_atom(b_load_op(cluster), _nke(mB),
+                                                  cute.slice_(b_smem_layout, (None, None, 0)), (tile_n, TILE_K),
+                                                  num_multicast=cluster)
 
 
 def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, stage_bytes: int, cluster: int = 1):
@@ -292,12 +298,25 @@ def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n:
     else:
         source = cute.domain_offset((row_offset, 0, 0), mB)
     gB = cute.local_tile(source, (tile_n, TILE_K), (None, None, None))
+    return (tma_atom_b, *b_shares(tma_atom_b, sB, gB, cluster))
+
+
+def b_shares(tma_atom_b: cute.CopyAtom, sB: cute.Tensor, gB: cute.Tensor, cluster: int = 1):
+    """(tBsB, tBgB): the TMA partitions of staged B tiles ``sB`` and their tiled source ``gB``;
+    with ``cluster`` > 1 (a multicast atom) tuples of the tile's ``cluster`` shares, each loaded by
+    one CTA where a pair shares the tile (``PairedB``)."""
     shares = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, share, cute.make_layout(cluster),
                                                cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
               for share in range(cluster)]
     if cluster == 1:
-        return (tma_atom_b, *shares[0])
-    return tma_atom_b, tuple(s for s, _ in shares), tuple(g for _, g in shares)
+        return shares[0]
+    return tuple(s for s, _ in shares), tuple(g for _, g in shares)
+
+
+def item_tiles(tBgB, coordinate: tuple):
+    """``tBgB`` (of ``b_shares``) at an item's ``coordinate`` (None for the k-tiles), of each share
+    in a cluster."""
+    return tuple(share[coordinate] for share in tBgB) if isinstance(tBgB, tuple) else tBgB[coordinate]
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
@@ -330,17 +349,17 @@ class PairedB:
 @cute.jit
 def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, tAgA: cute.Tensor,
                     tAsA: cute.Tensor, b_loads: tuple, pair: PairedB | None = None):
-    """TMA loads of one work item's k-tiles: per slot, A's k-tile and every B tile of ``b_loads``
+    """TMA loads of one work item's k-tiles: per slot, A's k-tile and every tile of ``b_loads``
     ((TMA atom, tBgB of the item: ((TMA), RestK), tBsB) triples), all on the slot's full barrier;
-    with ``pair`` (a cluster of two), each B tile by shares as ``pair`` says. Returns the advanced
-    producer state."""
+    a triple of shares (tuples, ``b_shares`` in a cluster) by shares as ``pair`` says, the others
+    (the CTA's own: scale boxes) plainly. Returns the advanced producer state."""
     for k_tile in range(k_tiles):
         mainloop.producer_acquire(state)
         barrier = mainloop.producer_get_barrier(state)
         cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
         for b in cutlass.range_constexpr(len(b_loads)):
             atom, tBgB, tBsB = b_loads[b]
-            if const_expr(pair is None):
+            if const_expr(not isinstance(tBgB, tuple)):
                 cute.copy(atom, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
             else:
                 for share in cutlass.range_constexpr(len(tBgB)):
@@ -384,9 +403,7 @@ def produce_token_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, 
 def _item_loads(b_parts: tuple, n_tile: Int32, g: Int32) -> tuple:
     """``produce_k_tiles``' B loads of an item: each B part's tiles of n-tile ``n_tile``, expert ``g``
     (of each share, in a cluster)."""
-    item_tiles = lambda tBgB: tBgB[(None, n_tile, None, g)]  # noqa: E731
-    return tuple((atom, tuple(map(item_tiles, tBgB)) if isinstance(tBgB, tuple) else item_tiles(tBgB), tBsB)
-                 for atom, tBsB, tBgB in b_parts)
+    return tuple((atom, item_tiles(tBgB, (None, n_tile, None, g)), tBsB) for atom, tBsB, tBgB in b_parts)
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it

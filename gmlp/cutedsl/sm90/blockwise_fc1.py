@@ -103,7 +103,7 @@ class BlockwiseFC1Sm90(PromotedTokenRows, GroupedGemmEngine, ActivationEpilogue)
     a_dtype = Float8E4M3FN
 
     def __init__(self, config: BlockwiseFC1Config):
-        self.setup_engine(config, MMA_WARPGROUPS)
+        self.setup_engine(config, MMA_WARPGROUPS, cluster=config.cluster)
         self.halves = config.halves
         self.activation = config.activation
         self.gated = config.activation.gated
@@ -129,7 +129,7 @@ class BlockwiseFC1Sm90(PromotedTokenRows, GroupedGemmEngine, ActivationEpilogue)
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mX, mXScale, mW, Float8E4M3FN, self.stages)
+        ops = make_operands(mX, mXScale, mW, Float8E4M3FN, self.stages, self.cluster)
         fields = self.storage_fields(ops)  # the up tiles as sB1 (gated)
         fields.update(_quantize_epilogue.smem_fields())
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
@@ -142,7 +142,8 @@ class BlockwiseFC1Sm90(PromotedTokenRows, GroupedGemmEngine, ActivationEpilogue)
 
     def work(self, args: BlockwiseFC1Args) -> TokenItems:
         return TokenItems.of(args.mRowStart, args.mTileStart, args.mRowData.shape[1], TILE_N,
-                             (args.operands.mA.shape[1],), TILE_K)
+                             (args.operands.mA.shape[1],), TILE_K,
+                             cluster=self.cluster)
 
     def consumer_setup(self, args: BlockwiseFC1Args, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
@@ -215,11 +216,12 @@ compile_blockwise_fc1 = ahead_compiler(_NAME, _compile, BlockwiseFC1Config(Activ
 def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                           ffn_hidden_size: int, activation: Activation, b1: torch.Tensor | None = None,
                           probs: torch.Tensor | None = None, power_of_two: bool = True,
-                          groups: DeviceGroups | None = None) -> FC1Output:
+                          groups: DeviceGroups | None = None, cluster: int = 1) -> FC1Output:
     """FC1 of every expert on Q_row(x) (T, H) E4M3 and W1 (E, 2F | F, H) E4M3 in 128 x 128 tiles
     ([gate; up] halves), with c = bf16(h) and a = act(h) * probs written as Q_row(a) and Q_col(a)
     (E4M3, ``power_of_two`` scales); no host sync. The contract of
-    ``gmlp.triton_ref.blockwise_fc1.fc1_forward_blockwise``."""
+    ``gmlp.triton_ref.blockwise_fc1.fc1_forward_blockwise``. ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast
+    (``_pipeline.PairedB``; the same bytes; compiled, its GPU tests not yet run)."""
     require_block_shape(x, "x", BlockShape.ROWWISE)
     require_block_shape(w1, "w1", BlockShape.TILE)
     check_activation(activation)
@@ -239,13 +241,14 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     if b1 is not None and (tuple(b1.shape) != (experts, n1) or not b1.is_contiguous()):
         raise ValueError(f"b1 must be a contiguous ({experts}, {n1}) tensor, got {tuple(b1.shape)}")
     config = BlockwiseFC1Config(activation, bias_dtype=None if b1 is None else b1.dtype,
-                                probs_dtype=None if probs is None else probs.dtype, power_of_two=power_of_two)
+                                probs_dtype=None if probs is None else probs.dtype, power_of_two=power_of_two,
+                                cluster=cluster)
     device = x.data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     c = torch.empty(tokens, n1, dtype=torch.bfloat16, device=device)
     buffers = both_ways_buffers(tokens, ffn, experts, A_FORMAT, device)
     a, a_scales, a_col, a_col_scales = buffers
-    num_ctas = _schedule.grid_size(tokens, experts, ffn // TILE_N, device)
+    num_ctas = _schedule.grid_size(tokens, experts, ffn // TILE_N, device, cluster)
     if num_ctas == 0:
         no_token_columnwise(a_col, a_col_scales)
     run(_compile, config, device, num_ctas, x.data.view(torch.uint8), x.scale_inv, w1.data.view(torch.uint8),

@@ -114,7 +114,8 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
     halves = 1
 
     def __init__(self, config: BlockwiseFC2DgradConfig):
-        self.setup_engine(config, MMA_WARPGROUPS, registers=(_PRODUCER_REGISTERS, _CONSUMER_REGISTERS))
+        self.setup_engine(config, MMA_WARPGROUPS, cluster=config.cluster,
+                          registers=(_PRODUCER_REGISTERS, _CONSUMER_REGISTERS))
         self.activation = config.activation
         self.gated = config.activation.gated
         self.has_probs = config.probs_dtype is not None
@@ -142,7 +143,7 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mDy, mDyScale, mW, self.a_dtype, self.stages)
+        ops = make_operands(mDy, mDyScale, mW, self.a_dtype, self.stages, self.cluster)
         fields = self.storage_fields(ops)
         fields.update(_quantize_epilogue.smem_fields())
         check_fragment_layout(ops.tiled_mma)  # the layout the epilogue's shuffles assume
@@ -155,7 +156,8 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
 
     def work(self, args: BlockwiseFC2DgradArgs) -> TokenItems:
         return TokenItems.of(args.mRowStart, args.mTileStart, args.operands.mB.shape[0], TILE_N,
-                             (args.operands.mA.shape[1],), TILE_K)
+                             (args.operands.mA.shape[1],), TILE_K,
+                             cluster=self.cluster)
 
     def consumer_setup(self, args: BlockwiseFC2DgradArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
@@ -271,11 +273,12 @@ compile_blockwise_fc2_dgrad = ahead_compiler(_NAME, _compile,
 def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor, split_sizes: torch.Tensor,
                         *, activation: Activation, grad_format: ElementFormat | str = ElementFormat.E4M3,
                         probs: torch.Tensor | None = None, bias_grad: bool = False, power_of_two: bool = True,
-                        groups: DeviceGroups | None = None) -> FC2DgradOutput:
+                        groups: DeviceGroups | None = None, cluster: int = 1) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow on Q_row(dy) (T, H) in ``grad_format`` and W2^T (E, F, H) E4M3 in
     128 x 128 tiles, with the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh)
     and Q_col(dh) in ``grad_format``, db1 with ``bias_grad``; no host sync. The contract of
-    ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``."""
+    ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``. ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast
+    (``_pipeline.PairedB``; the same bytes; compiled, its GPU tests not yet run)."""
     require_block_shape(dy, "dy", BlockShape.ROWWISE)
     require_block_shape(w2t, "w2t", BlockShape.TILE)
     check_activation(activation)
@@ -300,7 +303,7 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     token_scalars("probs", probs, tokens)
     config = BlockwiseFC2DgradConfig(activation, grad_format=grad_format,
                                      probs_dtype=None if probs is None else probs.dtype, bias_grad=bias_grad,
-                                     power_of_two=power_of_two)
+                                     power_of_two=power_of_two, cluster=cluster)
     device = dy.data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = layout.columnwise_blocks(tokens, experts)
@@ -312,7 +315,7 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
                  if bias_grad else None)
     buffers = both_ways_buffers(tokens, n1, experts, grad_format, device)
     dh, dh_scales, dh_col, dh_col_scales = buffers
-    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device)
+    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device, cluster)
     if num_ctas == 0:
         no_token_columnwise(dh_col, dh_col_scales)
     run(_compile, config, device, num_ctas, dy.data.view(torch.uint8), dy.scale_inv, w2t.data.view(torch.uint8),

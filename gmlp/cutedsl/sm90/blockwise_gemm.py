@@ -82,7 +82,7 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
     side; the operand policy is ``PromotedTokenRows``, the epilogue this site's."""
 
     def __init__(self, config: BlockwiseGemmConfig):
-        self.setup_engine(config, MMA_WARPGROUPS)
+        self.setup_engine(config, MMA_WARPGROUPS, cluster=config.cluster)
         self.halves = config.halves
         self.a_dtype = Float8E5M2 if config.a_format is ElementFormat.E5M2 else Float8E4M3FN
 
@@ -100,7 +100,7 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
         num_ctas: Int32,
         stream,
     ):
-        ops = make_operands(mA, mAScale, mB, self.a_dtype, self.stages)
+        ops = make_operands(mA, mAScale, mB, self.a_dtype, self.stages, self.cluster)
         args = BlockwiseGemmArgs(PromotedArgs.of(ops, mBScale), mBias, mRowStart, mTileStart, mD)
         self.launch_engine(args, self.storage_fields(ops), ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
                            num_ctas, stream)
@@ -110,7 +110,8 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
 
     def work(self, args: BlockwiseGemmArgs) -> TokenItems:
         return TokenItems.of(args.mRowStart, args.mTileStart, args.mD.shape[1], TILE_N * self.halves,
-                             (args.operands.mA.shape[1],), TILE_K)
+                             (args.operands.mA.shape[1],), TILE_K,
+                             cluster=self.cluster)
 
     def consumer_setup(self, args: BlockwiseGemmArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
@@ -164,13 +165,14 @@ compile_blockwise_gemm = ahead_compiler(_NAME, _compile, BlockwiseGemmConfig(), 
 
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                bias: torch.Tensor | None = None, groups: DeviceGroups | None = None,
-                               wide: bool | None = None) -> torch.Tensor:
+                               wide: bool | None = None, cluster: int = 1) -> torch.Tensor:
     """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
     tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16
     or fp32 (added in fp32 before the rounding); no host sync. The contract of
     ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``. ``wide``: 256-column work items
     (``BlockwiseGemmConfig.wide``; needs N % 256 == 0); None: wide wherever N allows it. The
-    bytes are the same either way (each column's sums and promotions do not depend on it)."""
+    bytes are the same either way (each column's sums and promotions do not depend on it). ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast
+    (``_pipeline.PairedB``; the same bytes; compiled, its GPU tests not yet run)."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     if b.element_format is not ElementFormat.E4M3:
@@ -192,8 +194,9 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
         raise TypeError(f"bias must be one of {tuple(FLOAT_DTYPES)}, got {bias.dtype}")
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
-    config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format, wide=wide)
-    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, config.tile_n), a.data.device)
+    config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format, wide=wide,
+                                 cluster=cluster)
+    num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, config.tile_n), a.data.device, cluster)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8), a.scale_inv, b.data.view(torch.uint8),
         b.scale_inv, bias, groups.row_start, groups.tile_start, out)
     return out

@@ -259,10 +259,12 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
     a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
+        launch_options.check_cluster(self.cluster)
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -279,6 +281,7 @@ class BlockwiseFC1Config(StagedConfig):
     probs_dtype: torch.dtype | None = None  # None: no probs
     power_of_two: bool = True  # a's scales truncated to powers of two (the recipe's default)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -286,6 +289,7 @@ class BlockwiseFC1Config(StagedConfig):
             dtype = getattr(self, name)
             if dtype is not None and dtype not in FLOAT_DTYPES:
                 raise ValueError(f"{name} must be one of {tuple(FLOAT_DTYPES)}, got {dtype}")
+        launch_options.check_cluster(self.cluster)
         self.check_stages()
 
     @property
@@ -314,9 +318,11 @@ class BlockwiseFC2DgradConfig(StagedConfig):
     bias_grad: bool = False  # db1's warp sums
     power_of_two: bool = True  # dh's scales truncated to powers of two (the recipe's default)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         check_activation(self.activation)
+        launch_options.check_cluster(self.cluster)
         if self.grad_format not in BLOCKWISE_GRAD_FORMATS:
             raise ValueError(f"grad_format must be one of {[f.value for f in BLOCKWISE_GRAD_FORMATS]}, "
                              f"got {self.grad_format}")

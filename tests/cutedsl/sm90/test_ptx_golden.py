@@ -71,6 +71,8 @@ CONFIGS = {
                                              dict(activation="swiglu", probs_dtype=torch.float32, bias_grad=True)),
     "blockwise-fc2-dgrad-srelu-e5m2": ("blockwise_fc2_dgrad", "BlockwiseFC2DgradConfig",
                                        dict(activation="srelu", grad_format=ElementFormat.E5M2)),
+    "blockwise-fc1-cluster": ("blockwise_fc1", "BlockwiseFC1Config",
+                              dict(activation="swiglu", probs_dtype=torch.float32, cluster=2)),
 }
 
 
