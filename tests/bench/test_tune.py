@@ -101,7 +101,7 @@ def test_an_older_table_names_its_card_once():
 
 
 @pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 8),
-                                      ("grouped_wgrad", 10)])
+                                      ("grouped_wgrad", 18)])
 def test_candidates_are_the_consistent_knob_combinations(op, count):
     found = candidates(op)
     assert found[0] == DEFAULTS[op] and len(found) == count

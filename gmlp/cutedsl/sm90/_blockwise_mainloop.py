@@ -40,7 +40,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
 from gmlp.cutedsl.sm90._engine import Slots
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, PairedB, b_load_op, b_shares, item_tiles, mainloop_fields,
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, PairedB, multicast_load_op, tile_shares, item_tiles, mainloop_fields,
                                          produce_k_tiles, slot_tensors, smem_array)
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
@@ -105,7 +105,7 @@ def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtyp
     tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
         cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K))
     tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
-        b_load_op(cluster), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)), (TILE_N, TILE_K),
+        multicast_load_op(cluster), mB_nke, cute.slice_(b_smem_layout, (None, None, 0)), (TILE_N, TILE_K),
         num_multicast=cluster)
     mAScale_tk = cute.make_tensor(mAScale.iterator, cute.select(mAScale.layout, mode=[1, 0]))  # rows contiguous
     tma_atom_sa, tma_sa = cute.nvgpu.cpasync.make_tiled_tma_atom(
@@ -204,7 +204,7 @@ def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: 
     until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
-    b_parts = [b_shares(tma_atom_b, s, gB, cluster) for s in sBs]
+    b_parts = [tile_shares(tma_atom_b, s, gB, cluster) for s in sBs]
     while item < items.count:
         g, _, n_tile, first_row, _ = items.tile(item)
         pair = PairedB.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
@@ -217,8 +217,9 @@ def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: 
         tSsS, tSgS = cute.nvgpu.cpasync.tma_partition(
             tma_atom_sa, 0, cute.make_layout(1), cute.group_modes(sAScale, 0, 2), cute.group_modes(gS, 0, 2))
         state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA,
-                                ((tma_atom_sa, tSgS, tSsS), *((tma_atom_b, item_tiles(tBgB, (None, rows[h], None, g)), tBsB)
-                                              for h, (tBsB, tBgB) in enumerate(b_parts))), pair)
+                                ((tma_atom_sa, tSgS, tSsS),
+                                 *((tma_atom_b, item_tiles(tBgB, (None, rows[h], None, g)), tBsB)
+                                   for h, (tBsB, tBgB) in enumerate(b_parts))), pair)
         item += step
     mainloop.producer_tail(state)
 

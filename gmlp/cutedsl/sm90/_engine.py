@@ -142,7 +142,7 @@ class GroupedGemmEngine:
                     read_state, release_state = work.skip(read_state, release_state, item + grid)
                 if const_expr(self.cluster == 1):
                     stores = self.epilogue(consumer, args, tile, ahead, stores)
-                elif work.stores(item):  # not a shadow (TokenItems)
+                elif work.stores(item):  # not a shadow (TokenItems, ExpertTiles)
                     stores = self.epilogue(consumer, args, tile, ahead, stores)
                 item += item_step
             self.finish(consumer, args, work, bidx, grid)

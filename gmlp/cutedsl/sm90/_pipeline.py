@@ -36,8 +36,8 @@ __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGR
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
            "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
            "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
-           "a_tiles", "b_tiles", "b_load_op", "b_shares", "item_tiles", "make_b_tma", "KSplit", "PairedB",
-           "produce_k_tiles", "produce_token_items", "mma_k_tiles", "consumer_fragments"]
+           "a_tiles", "b_tiles", "multicast_load_op", "tile_shares", "item_tiles", "make_b_tma", "KSplit", "PairedB",
+           "load_tile", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "consumer_fragments"]
 
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
 ELEMENT_ALIGN = ALIGN // 2  # bf16 elements
@@ -231,9 +231,10 @@ def _nke(mB: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
 
 
-def b_load_op(cluster: int):
-    """The TMA load of B tiles in a cluster of ``cluster`` CTAs: plain alone, else multicast (its
-    atom made with ``num_multicast=cluster`` copies a ``1 / cluster`` share of the tile; ``PairedB``)."""
+def multicast_load_op(cluster: int):
+    """The TMA load of the tiles a cluster of ``cluster`` CTAs shares (the token-row kernels' B,
+    the weight gradient's A): plain alone, else multicast (its atom made with
+    ``num_multicast=cluster`` copies a ``1 / cluster`` share of the tile; ``PairedB``)."""
     return cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if cluster == 1 \
         else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
 
@@ -241,8 +242,8 @@ def b_load_op(cluster: int):
 def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int, cluster: int = 1):
     """(TMA atom, TMA coordinates (N, K, E)) of B (E, N, K) into ``b_smem_layout``'s (tile_n, 64)
     tiles. A second B of a K split (``KSplit``) gets its own from here, into the same slots. With
-    ``cluster`` > 1 the atom multicasts (``b_load_op``)."""
-    return cute.nvgpu.cpasync.make_tiled_tma_atom(b_load_op(cluster), _nke(mB),
+    ``cluster`` > 1 the atom multicasts (``multicast_load_op``)."""
+    return cute.nvgpu.cpasync.make_tiled_tma_atom(multicast_load_op(cluster), _nke(mB),
                                                   cute.slice_(b_smem_layout, (None, None, 0)), (tile_n, TILE_K),
                                                   num_multicast=cluster)
 
@@ -298,13 +299,13 @@ def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n:
     else:
         source = cute.domain_offset((row_offset, 0, 0), mB)
     gB = cute.local_tile(source, (tile_n, TILE_K), (None, None, None))
-    return (tma_atom_b, *b_shares(tma_atom_b, sB, gB, cluster))
+    return (tma_atom_b, *tile_shares(tma_atom_b, sB, gB, cluster))
 
 
-def b_shares(tma_atom_b: cute.CopyAtom, sB: cute.Tensor, gB: cute.Tensor, cluster: int = 1):
-    """(tBsB, tBgB): the TMA partitions of staged B tiles ``sB`` and their tiled source ``gB``;
-    with ``cluster`` > 1 (a multicast atom) tuples of the tile's ``cluster`` shares, each loaded by
-    one CTA where a pair shares the tile (``PairedB``)."""
+def tile_shares(tma_atom_b: cute.CopyAtom, sB: cute.Tensor, gB: cute.Tensor, cluster: int = 1):
+    """(tBsB, tBgB): the TMA partitions of staged tiles ``sB`` and their tiled source ``gB``; with
+    ``cluster`` > 1 (a multicast atom) tuples of the tile's ``cluster`` shares, each loaded by one
+    CTA where a pair shares the tile (``PairedB``)."""
     shares = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, share, cute.make_layout(cluster),
                                                cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
               for share in range(cluster)]
@@ -314,19 +315,21 @@ def b_shares(tma_atom_b: cute.CopyAtom, sB: cute.Tensor, gB: cute.Tensor, cluste
 
 
 def item_tiles(tBgB, coordinate: tuple):
-    """``tBgB`` (of ``b_shares``) at an item's ``coordinate`` (None for the k-tiles), of each share
+    """``tBgB`` (of ``tile_shares``) at an item's ``coordinate`` (None for the k-tiles), of each share
     in a cluster."""
     return tuple(share[coordinate] for share in tBgB) if isinstance(tBgB, tuple) else tBgB[coordinate]
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
 class PairedB:
-    """A work item's B loads in a cluster of two CTAs along M (rank ``rank``; CTAs 2c and 2c + 1
-    take items 2p and 2p + 1, whose m-tiles are adjacent: ``_schedule``). Where both items read
-    the same B tile (one expert, one n-tile: ``shared``), each CTA loads its half of the tile and
-    multicasts it to both, so each B byte leaves L2 once for two CTAs; otherwise each loads both
-    halves itself (a mask of its own CTA). Both CTAs take the same decision (``TokenItems.shares_b``),
-    and each slot's full barrier receives the whole tile either way."""
+    """A work item's loads of the tile a cluster of two CTAs may share (rank ``rank``; CTAs 2c and
+    2c + 1 take items 2p and 2p + 1). The token-row kernels pair adjacent m-tiles along M, whose
+    B tile is shared where both are of one expert and n-tile (``TokenItems.shares_b``); the weight
+    gradient pairs adjacent n-tiles of one (expert, m-tile), whose A tile is always shared
+    (``ExpertTiles``). Where shared, each CTA loads its half of the tile and multicasts it to both,
+    so each byte leaves L2 once for two CTAs; otherwise each loads both halves itself (a mask of
+    its own CTA). Both CTAs take the same decision, and each slot's full barrier receives the
+    whole tile either way."""
 
     rank: Int32
     shared: cutlass.Boolean
@@ -351,24 +354,30 @@ def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, 
                     tAsA: cute.Tensor, b_loads: tuple, pair: PairedB | None = None):
     """TMA loads of one work item's k-tiles: per slot, A's k-tile and every tile of ``b_loads``
     ((TMA atom, tBgB of the item: ((TMA), RestK), tBsB) triples), all on the slot's full barrier;
-    a triple of shares (tuples, ``b_shares`` in a cluster) by shares as ``pair`` says, the others
+    a triple of shares (tuples, ``tile_shares`` in a cluster) by shares as ``pair`` says, the others
     (the CTA's own: scale boxes) plainly. Returns the advanced producer state."""
     for k_tile in range(k_tiles):
         mainloop.producer_acquire(state)
         barrier = mainloop.producer_get_barrier(state)
         cute.copy(tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
         for b in cutlass.range_constexpr(len(b_loads)):
-            atom, tBgB, tBsB = b_loads[b]
-            if const_expr(not isinstance(tBgB, tuple)):
-                cute.copy(atom, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
-            else:
-                for share in cutlass.range_constexpr(len(tBgB)):
-                    if pair.loads(share):
-                        cute.copy(atom, tBgB[share][(None, k_tile)], tBsB[share][(None, state.index)],
-                                  tma_bar_ptr=barrier, mcast_mask=pair.mask)
+            load_tile(*b_loads[b], k_tile, state.index, barrier, pair)
         mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
         state.advance()
     return state
+
+
+@cute.jit
+def load_tile(atom: cute.CopyAtom, tXgX, tXsX, tile: Int32, slot: Int32, barrier, pair: PairedB | None = None):
+    """TMA load of tile ``tile`` of ``tXgX`` into slot ``slot`` of ``tXsX`` on ``barrier``: plainly,
+    or for partitions in shares (tuples of ``tile_shares``) the shares ``pair`` says, multicast."""
+    if const_expr(not isinstance(tXgX, tuple)):
+        cute.copy(atom, tXgX[(None, tile)], tXsX[(None, slot)], tma_bar_ptr=barrier)
+    else:
+        for share in cutlass.range_constexpr(len(tXgX)):
+            if pair.loads(share):
+                cute.copy(atom, tXgX[share][(None, tile)], tXsX[share][(None, slot)], tma_bar_ptr=barrier,
+                          mcast_mask=pair.mask)
 
 
 @cute.jit

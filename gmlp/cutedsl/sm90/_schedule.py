@@ -140,34 +140,49 @@ class TokenItems:
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
 class ExpertTiles:
     """The work items of a weight gradient (built in the kernel, ``of``): the output tiles (expert
-    g, m-tile, n-tile) of the E experts' (M, N) results, item ``(g * m_tiles + m_tile) * n_tiles +
+    g, m-tile, n-tile) of the E experts' (M, N) results, item ``(g * m_tiles + m_tile) * n_slots +
     n_tile`` (n fastest: CTAs running together share expert g's A panel), a host-known count (no
     tile search). The contraction is the expert's tokens, from ``mStart[g]`` to ``mStart[g + 1]``
     (token rows, or 128-token blocks of the FP8 recipe): ``tile(item)`` is (g, m-tile, n-tile,
-    first, extent, k-tiles), ceil(extent / k_tile) k-tiles (none for an empty expert)."""
+    first, extent, k-tiles), ceil(extent / k_tile) k-tiles (none for an empty expert). ``n_slots``
+    is the n-tiles rounded up to the ``cluster``: in a cluster of two, items 2p and 2p + 1 are
+    adjacent n-tiles of one (expert, m-tile), so they share its A tile and run the same k-tiles
+    (``_pipeline.PairedB``); an odd row's extra slot is a *shadow* (its last n-tile's mainloop
+    again, no epilogue)."""
 
     mStart: cute.Tensor
     n_tiles: Int32
+    n_slots: Int32
     tiles_per_expert: Int32
     count: Int32
     k_tile: int
+    cluster: int = 1
 
     @staticmethod
     def of(mStart: cute.Tensor, num_experts: Int32, m: Int32, n: Int32, tile_m: int, tile_n: int,
-           k_tile: int = TILE_K) -> ExpertTiles:
+           k_tile: int = TILE_K, cluster: int = 1) -> ExpertTiles:
         m_tiles = (m + tile_m - 1) // tile_m
         n_tiles = (n + tile_n - 1) // tile_n
-        tiles_per_expert = m_tiles * n_tiles
-        return ExpertTiles(mStart, n_tiles, tiles_per_expert, num_experts * tiles_per_expert, k_tile)
+        n_slots = n_tiles if cluster == 1 else (n_tiles + cluster - 1) // cluster * cluster
+        tiles_per_expert = m_tiles * n_slots
+        return ExpertTiles(mStart, n_tiles, n_slots, tiles_per_expert, num_experts * tiles_per_expert, k_tile,
+                           cluster)
 
     def tile(self, item: Int32):
         g = item // self.tiles_per_expert
         rest = item - g * self.tiles_per_expert
-        m_tile = rest // self.n_tiles
-        n_tile = rest - m_tile * self.n_tiles
+        m_tile = rest // self.n_slots
+        n_tile = rest - m_tile * self.n_slots
+        if self.cluster > 1:
+            n_tile = cutlass.min(n_tile, self.n_tiles - 1)  # a shadow: its row's last n-tile
         first = self.mStart[g]
         extent = self.mStart[g + 1] - first
         return g, m_tile, n_tile, first, extent, self.k_tiles(extent)
+
+    def stores(self, item: Int32):
+        """Whether ``item`` is one (not a shadow): its epilogue runs."""
+        rest = item - item // self.tiles_per_expert * self.tiles_per_expert
+        return rest - rest // self.n_slots * self.n_slots < self.n_tiles
 
     def k_tiles(self, extent: Int32) -> Int32:
         return extent if self.k_tile == 1 else (extent + self.k_tile - 1) // self.k_tile

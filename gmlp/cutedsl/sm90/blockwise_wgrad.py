@@ -60,7 +60,8 @@ from gmlp.cutedsl.sm90._compile import (ahead_compiler, config_compiler, fake_ma
                                         sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, mainloop_fields, slot_tensors, smem_array
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, THREADS_PER_WARPGROUP, PairedB, load_tile, mainloop_fields,
+                                         multicast_load_op, slot_tensors, smem_array, tile_shares)
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
 from gmlp.cutedsl.sm90.configs import (BLOCKWISE_TILE as TILE, FP8_DTYPES, OUT_DTYPES_DSL, SCALE_BOX,
@@ -114,7 +115,7 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
     side; its own producer (both operands' scale boxes) and 1D1D promoted k-loop."""
 
     def __init__(self, config: BlockwiseWgradConfig):
-        self.setup_engine(config, MMA_WARPGROUPS)
+        self.setup_engine(config, MMA_WARPGROUPS, cluster=config.cluster)
         self.halves = config.halves
         self.a_dtype, self.b_dtype = FP8_DTYPES[config.a_format], FP8_DTYPES[config.b_format]
         # RegisterPaths' fields (its epilogue)
@@ -147,8 +148,9 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
             (MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE))
         a_smem_layout = sm90_utils.make_smem_layout_a(a_layout, tile_shape_mnk, self.a_dtype, self.stages)
         b_smem_layout = sm90_utils.make_smem_layout_b(b_layout, tile_shape_mnk, self.b_dtype, self.stages)
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE, TILE))
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(  # in a cluster of two, A is the shared tile
+            multicast_load_op(self.cluster), mA, cute.slice_(a_smem_layout, (None, None, 0)), (TILE, TILE),
+            num_multicast=self.cluster)
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), mB, cute.slice_(b_smem_layout, (None, None, 0)), (TILE, TILE))
         # a slot's scale box: (feature, block % 4), the 4 blocks of a row contiguous as in global memory
@@ -187,19 +189,22 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
 
     def work(self, args: BlockwiseWgradArgs) -> ExpertTiles:
         num_experts, m, n = args.mOut.shape
-        return ExpertTiles.of(args.mTileStart, num_experts, m, n, TILE, TILE * self.halves, 1)
+        return ExpertTiles.of(args.mTileStart, num_experts, m, n, TILE, TILE * self.halves, 1, cluster=self.cluster)
 
     @cute.jit
     def produce(self, mainloop, work: ExpertTiles, bidx: Int32, grid: Int32, args: BlockwiseWgradArgs,
                 slots: Slots):
-        """TMA loads of every (A, B) k-tile of this CTA's items, with their scale boxes."""
+        """TMA loads of every (A, B) k-tile of this CTA's items, with their scale boxes. In a cluster
+        of two the pair's items share their A tiles (``ExpertTiles``): each CTA loads half of each
+        for both (``PairedB``); the scale boxes and B tiles are its own."""
         sAScale, sBScales = slots.scales
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         item = bidx
         while item < work.count:
             g, m_tile, n_tile, first_block, k_tiles, _ = work.tile(item)  # the expert's first block of tokens
-            tAsA, tAgA = _tma_tiles(args.tma_atom_a, cute.domain_offset((0, first_block * TILE), args.mA), slots.sA,
-                                    m_tile, TILE)
+            gA = cute.local_tile(cute.domain_offset((0, first_block * TILE), args.mA), (TILE, TILE), (m_tile, None))
+            tAsA, tAgA = tile_shares(args.tma_atom_a, slots.sA, gA, self.cluster)
+            pair = PairedB(item % 2, cutlass.Boolean(True)) if const_expr(self.cluster == 2) else None
             tSAsSA, tSAgSA = _tma_tiles(args.tma_atom_sa, args.mAScale, sAScale, m_tile, SCALE_BOX)
             # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
             b_loads = [(_tma_tiles(args.tma_atom_b, cute.domain_offset((0, first_block * TILE), args.mB), slots.sBs[h],
@@ -210,7 +215,7 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
                 mainloop.producer_acquire(state)
                 barrier = mainloop.producer_get_barrier(state)
                 box = (first_block + k_tile) // SCALE_BOX
-                cute.copy(args.tma_atom_a, tAgA[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                load_tile(args.tma_atom_a, tAgA, tAsA, k_tile, state.index, barrier, pair)
                 cute.copy(args.tma_atom_sa, tSAgSA[(None, box)], tSAsSA[(None, state.index)], tma_bar_ptr=barrier)
                 for (tBsB, tBgB), (tSBsSB, tSBgSB) in b_loads:
                     cute.copy(args.tma_atom_b, tBgB[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
@@ -329,7 +334,8 @@ compile_blockwise_wgrad = ahead_compiler(_NAME, _compile, BlockwiseWgradConfig()
 
 def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
-                                groups: DeviceGroups | None = None, wide: bool | None = None) -> torch.Tensor:
+                                groups: DeviceGroups | None = None, wide: bool | None = None,
+                                cluster: int = 1) -> torch.Tensor:  # cluster 2: n-tiles in pairs, A multicast
     """(E, M, N): dW_g = A_g^T @ B_g over expert g's tokens, A (T, M) and B (T, N) given as their
     columnwise quantizations (contiguous); stored as ``out_dtype``, or added to the fp32 ``out``
     (main_grad). No host sync. The contract of
@@ -366,8 +372,9 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     check_tma_bases(a=a.data, b=b.data, a_scales=a.scale_inv, b_scales=b.scale_inv)
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
-                                  b_format=b.element_format, wide=wide)
-    items = experts * (m // TILE) * (n // config.tile_n)
-    run(_compile, config, a.data.device, min(items, sm_count(a.data.device.index)), a.data.view(torch.uint8),
+                                  b_format=b.element_format, wide=wide, cluster=cluster)
+    items = experts * (m // TILE) * -(-(n // config.tile_n) // cluster) * cluster  # n-tiles in whole clusters
+    num_ctas = min(items, sm_count(a.data.device.index) // cluster * cluster)
+    run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8),
         a.scale_inv, b.data.view(torch.uint8), b.scale_inv, groups.tile_start, out)
     return out

@@ -222,6 +222,7 @@ class WgradConfig(StagedConfig):
     # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
     ragged_tma: bool = True
     pingpong: bool = False  # tile_n = 128, ragged_tma: two consumer warpgroups on alternate items
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_pipeline.PairedB``)
     # the epilogue's stores: "regs", predicated pairs from the registers (accumulate: loaded,
     # added, stored); "tma", subtiles staged in shared memory and TMA-stored, or TMA reduce-added
     # with accumulate (``_store``)
@@ -238,6 +239,7 @@ class WgradConfig(StagedConfig):
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
         launch_options.check_store(self.store)
+        launch_options.check_cluster(self.cluster, self.pingpong)
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -351,12 +353,14 @@ class BlockwiseWgradConfig(StagedConfig, WideItems):
     b_format: ElementFormat = ElementFormat.E4M3  # B's (a, x: E4M3; dh's E5M2 never meets an E5M2 B)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves an n-tile (N % 256 == 0; see the module docstring)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_pipeline.PairedB``)
 
     def __post_init__(self):
         if self.out_dtype not in OUT_DTYPES_DSL:
             raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES_DSL)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
+        launch_options.check_cluster(self.cluster)
         self.check_stages()
 
     def stage_bytes(self) -> int:

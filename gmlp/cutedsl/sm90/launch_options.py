@@ -47,7 +47,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma", cluster=1),
     "fc1_forward": dict(store="tma", cluster=1),
     "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
-    "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma"),
+    "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma", cluster=1),
 }
 _BOOLEANS = {**dict.fromkeys(TRUE_WORDS, True), **dict.fromkeys(FALSE_WORDS, False)}
 

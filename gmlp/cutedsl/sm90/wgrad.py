@@ -31,6 +31,10 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
   consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
   ``stages`` slots of an A and a B tile, full/empty mbarriers (``PipelineTmaAsync``); the
   producer runs ahead across items, so the next tile's loads overlap this tile's epilogue.
+- Clusters (``cluster=2``, not with ping-pong): CTAs 2c and 2c + 1 take items 2p and 2p + 1,
+  adjacent n-tiles of one (expert, m-tile) (an odd row's n-tiles padded by a shadow item that
+  stores nothing, ``_schedule.ExpertTiles``); each loads half of their common A tile and
+  multicasts it to both (``_pipeline.PairedB``). Compiled; its GPU tests not yet run.
 - Epilogue (``WgradConfig.store``): "tma", the default (with ping-pong a ring of store buffers a
   warpgroup: compiled, not yet run on a GPU),
   stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
@@ -72,8 +76,8 @@ from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, ahead_c
                                         fake_stream, fake_vector, sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, mainloop_fields,
-                                         produce_k_tiles, smem_array)
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, PairedB,
+                                         mainloop_fields, multicast_load_op, produce_k_tiles, smem_array, tile_shares)
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
 from gmlp.cutedsl.sm90._wgrad_operands import problem_support, wgrad_operands
@@ -139,7 +143,7 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
     def __init__(self, config: WgradConfig):
         # BN = 256: two consumer warpgroups, each 64 rows of M x 256 (128 fp32 accumulators a
         # thread); BN = 128: one warpgroup, two m64 wgmmas per k-block (also 128 accumulators).
-        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong)
+        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong, cluster=config.cluster)
         self.tile_n = config.tile_n
         self.accumulate = config.accumulate
         self.out_dtype = OUT_DTYPES_DSL[config.out_dtype]
@@ -168,9 +172,9 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
         a_smem_layout = sm90_utils.make_smem_layout_a(major, self.tile_shape_mnk, BFloat16, self.stages)
         b_smem_layout = sm90_utils.make_smem_layout_b(major, self.tile_shape_mnk, BFloat16, self.stages)
         view = ragged_tokens if const_expr(self.ragged_tma) else _transposed
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mA),
-            cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(  # in a cluster of two, A is the shared tile
+            multicast_load_op(self.cluster), view(mA), cute.slice_(a_smem_layout, (None, None, 0)), (TILE_M, TILE_K),
+            num_multicast=self.cluster,
         )
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), view(mB),
@@ -192,14 +196,15 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
 
     def work(self, args: WgradArgs) -> ExpertTiles:
         num_experts, m, n = args.mOut.shape
-        return ExpertTiles.of(args.mRowStart, num_experts, m, n, TILE_M, self.tile_n)
+        return ExpertTiles.of(args.mRowStart, num_experts, m, n, TILE_M, self.tile_n, cluster=self.cluster)
 
     @cute.jit
     def produce(self, mainloop, work: ExpertTiles, bidx: Int32, grid: Int32, args: WgradArgs, slots: Slots):
         sA, sBs = slots.sA, slots.sBs
         """TMA loads of every (A, B) k-step of this CTA's items: (BM, BK, RestK) / (BN, BK, RestK)
         tiles of the expert's rows (zero past its end with the ragged view; else the consumers
-        zero them)."""
+        zero them). In a cluster of two the pair's items share their A tile (``ExpertTiles``): each
+        CTA loads half of it for both (``PairedB``), and its own B tile."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         item = bidx
         while item < work.count:
@@ -212,12 +217,14 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
                 mB_g = cute.domain_offset((0, first_row), args.mB)
             gA = cute.local_tile(mA_g, (TILE_M, TILE_K), (m_tile, None))
             gB = cute.local_tile(mB_g, (self.tile_n, TILE_K), (n_tile, None))
-            tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                args.tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                args.tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sBs[0], 0, 2), cute.group_modes(gB, 0, 2))
-            state = produce_k_tiles(mainloop, state, k_tiles, args.tma_atom_a, tAgA, tAsA,
-                                    ((args.tma_atom_b, tBgB, tBsB),))
+            tAsA, tAgA = tile_shares(args.tma_atom_a, sA, gA, self.cluster)
+            tBsB, tBgB = tile_shares(args.tma_atom_b, sBs[0], gB)
+            if const_expr(self.cluster == 1):
+                state = produce_k_tiles(mainloop, state, k_tiles, args.tma_atom_a, tAgA, tAsA,
+                                        ((args.tma_atom_b, tBgB, tBsB),))
+            else:  # B is the CTA's own load, A the pair's shared one
+                state = produce_k_tiles(mainloop, state, k_tiles, args.tma_atom_b, tBgB, tBsB,
+                                        ((args.tma_atom_a, tAgA, tAsA),), PairedB(item % 2, cutlass.Boolean(True)))
             item += grid
         mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
@@ -322,6 +329,7 @@ def grouped_wgrad(
     ragged_tma: bool | None = None,  # K tail: TMA zero fill past the expert (else smem zeroing)
     pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
+    cluster: int | None = None,  # 1, or 2: CTAs paired along N, their A tiles multicast (not with ping-pong)
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
@@ -332,7 +340,8 @@ def grouped_wgrad(
     A's columns (the same sums, bit for bit, as one launch's rows)."""
     if split_rows is not None:
         return _split_wgrad(a, b, split_sizes, split_rows, out=out, out_dtype=out_dtype, groups=groups,
-                            tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store, site=site)
+                            tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store, cluster=cluster,
+                            site=site)
     experts = split_sizes.numel()
     a, b, tokens, m, n = wgrad_operands(_NAME, a, b, experts, out, out_dtype)
 
@@ -343,17 +352,19 @@ def grouped_wgrad(
         if tokens == 0:
             return out.zero_()
     knobs = launch_options.launch_options("grouped_wgrad", tokens, m, n, experts,
-                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store),
-                                          site=site)
+                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store,
+                                               cluster=cluster), site=site)
     tile_n, ragged_tma, pingpong, store = knobs["tile_n"], knobs["ragged_tma"], knobs["pingpong"], knobs["store"]
-    items = experts * -(-m // TILE_M) * -(-n // tile_n)
+    cluster = knobs["cluster"]
+    items = experts * -(-m // TILE_M) * (-(-n // tile_n) + cluster - 1) // cluster * cluster  # n-tiles in pairs
     if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
-                             pingpong=pingpong, store=store)
+                             pingpong=pingpong, store=store, cluster=cluster)
         if store == "tma":
             check_tma_bases(out=out)  # the TMA store's destination
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
-        run(_compile, config, a.device, min(items, sm_count(a.device.index)), a, b, groups.row_start, out)
+        num_ctas = min(items, sm_count(a.device.index) // cluster * cluster)  # whole clusters (items: a multiple)
+        run(_compile, config, a.device, num_ctas, a, b, groups.row_start, out)
     return out
 
 

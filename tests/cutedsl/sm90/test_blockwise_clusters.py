@@ -1,7 +1,8 @@
-"""The FP8 blockwise token-row kernels (grouped GEMM, FC1, FC2 dgrad) in clusters of two CTAs
-along M, their E4M3 weight tiles multicast where a pair's items share one (the engine's
-``_pipeline.PairedB``): compiled for sm_90a here; on an sm_90 GPU every output bit for bit the
-unclustered kernel's (the same fp8 wgmmas and promotions on the same tiles)."""
+"""The FP8 blockwise kernels in clusters of two CTAs (the engine's ``_pipeline.PairedB``): the
+token-row kernels (grouped GEMM, FC1, FC2 dgrad) paired along M, their E4M3 weight tiles
+multicast where a pair's items share one; the weight gradient paired along N, its A tiles
+multicast. Compiled for sm_90a here; on an sm_90 GPU every output bit for bit the unclustered
+kernel's (the same fp8 wgmmas and promotions on the same tiles)."""
 
 import re
 
@@ -27,6 +28,10 @@ def _compiled(site: str, cluster: int):
         from gmlp.cutedsl.sm90.blockwise_gemm import BlockwiseGemmConfig, compile_blockwise_gemm
 
         return compile_blockwise_gemm(config=BlockwiseGemmConfig(wide=True, cluster=cluster)), (40, 232)
+    if site == "wgrad":
+        from gmlp.cutedsl.sm90.blockwise_wgrad import BlockwiseWgradConfig, compile_blockwise_wgrad
+
+        return compile_blockwise_wgrad(config=BlockwiseWgradConfig(wide=True, cluster=cluster)), (40, 232)
     if site == "fc1":
         from gmlp.cutedsl.sm90.blockwise_fc1 import BlockwiseFC1Config, compile_blockwise_fc1
 
@@ -39,15 +44,17 @@ def _compiled(site: str, cluster: int):
 
 
 @pytest.mark.slow
-@parametrize_quick("site", ["gemm", "fc1", "fc2_dgrad"])
-def test_a_cluster_multicasts_the_weight_tiles(site):
-    """The weight tiles' TMA loads multicast to the cluster, the token tiles and their scale boxes
-    stay each CTA's own; the slots' empty barriers are arrived on in both CTAs; the cluster's
-    barriers at the start and before exit; no spills, the register split of the CTA alone."""
+@parametrize_quick("site", ["gemm", "fc1", "fc2_dgrad", "wgrad"])
+def test_a_cluster_multicasts_the_shared_tiles(site):
+    """The shared tiles' TMA loads multicast to the cluster (the token-row kernels' 3-D weight
+    tiles, the weight gradient's 2-D A tiles), the others and the scale boxes stay each CTA's own;
+    the slots' empty barriers are arrived on in both CTAs; the cluster's barriers at the start and
+    before exit; no spills, the register split of the CTA alone."""
     compiled, (producer, consumer) = _compiled(site, 2)
     ptx = compiled.ptx
-    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
-                     r"\.multicast::cluster", ptx)
+    shared = 2 if site == "wgrad" else 3
+    assert re.search(rf"cp\.async\.bulk\.tensor\.{shared}d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::"
+                     r"bytes\.multicast::cluster", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert "mbarrier.arrive.shared::cluster.b64" in ptx and ptx.count("barrier.cluster.wait") == 2
     check_fp8_binary(compiled, producer, consumer)
@@ -126,3 +133,33 @@ def test_fc2_dgrad_in_clusters_is_bitwise_alone(splits, grad_format):
     assert_same_outputs(fc2_dgrad_blockwise(dy, w2t, c, split_sizes, cluster=2, **kwargs),
                         fc2_dgrad_blockwise(dy, w2t, c, split_sizes, cluster=1, **kwargs),
                         ("dh", "dprobs", "db1", "dh_rowwise", "dh_columnwise"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)
+@pytest.mark.parametrize("n,wide", [(384, False), (512, True), (1280, True)], ids=["narrow", "wide", "odd-wide"])
+@pytest.mark.parametrize("out", ["fp32", "main-grad"])
+def test_the_weight_gradient_in_clusters_is_bitwise_alone(splits, n, wide, out):
+    """Odd n-tile counts (the pair's shadow items: N = 384 narrow, 1280 wide) and experts past
+    the ring (up to 700 tokens, 6 blocks); with out= the single fp32 add."""
+    from gmlp.cutedsl.sm90.blockwise_wgrad import grouped_wgrad_fp8_blockwise
+    from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+
+    torch.manual_seed(0)
+    split_sizes, tokens = torch.tensor(splits, device="cuda"), sum(splits)
+
+    def columnwise(cols: int):
+        value = torch.randn(tokens, cols, device="cuda").bfloat16()
+        return quantize_fp8_blockwise(value, rowwise=False, columnwise=True, split_sizes=split_sizes).columnwise
+
+    a, b = columnwise(256), columnwise(n)
+    if out == "fp32":
+        assert_same_bits(grouped_wgrad_fp8_blockwise(a, b, split_sizes, wide=wide, cluster=2),
+                         grouped_wgrad_fp8_blockwise(a, b, split_sizes, wide=wide, cluster=1), "dW")
+        return
+    main_grad = torch.randn(len(splits), 256, n, device="cuda")
+    paired, alone = main_grad.clone(), main_grad.clone()
+    grouped_wgrad_fp8_blockwise(a, b, split_sizes, out=paired, wide=wide, cluster=2)
+    grouped_wgrad_fp8_blockwise(a, b, split_sizes, out=alone, wide=wide, cluster=1)
+    assert_same_bits(paired, alone, "main_grad")

@@ -99,7 +99,7 @@ def test_forced_knobs_beat_the_table(two_shapes, monkeypatch):
     # forced ping-pong brings its tile width (and no cluster) along where they are not forced
     monkeypatch.setenv(ENV, "grouped_wgrad.pingpong=true")
     assert choose("grouped_wgrad", *DEEPSEEK_FC2).options == dict(tile_n=128, ragged_tma=True, pingpong=True,
-                                                                  store="tma")
+                                                                  store="tma", cluster=1)
     monkeypatch.setenv(ENV, "grouped_gemm.pingpong=true")
     assert choose("grouped_gemm", *DEEPSEEK_FC2).options == dict(tile_n=128, pingpong=True, store="tma", cluster=1)
 

@@ -57,6 +57,7 @@ CONFIGS = {
                                                     cluster=2)),
     "fc2-dgrad-cluster": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
                                                               bias_grad=True, tile_n=256, store="tma", cluster=2)),
+    "wgrad-cluster": ("wgrad", "WgradConfig", dict(store="tma", cluster=2)),
     # the FP8 blockwise recipe's kernels, as its layer runs them (wide items where N % 256 == 0)
     "blockwise-gemm-wide": ("blockwise_gemm", "BlockwiseGemmConfig", dict(wide=True)),
     "blockwise-gemm-bias-e5m2": ("blockwise_gemm", "BlockwiseGemmConfig",
@@ -73,6 +74,7 @@ CONFIGS = {
                                        dict(activation="srelu", grad_format=ElementFormat.E5M2)),
     "blockwise-fc1-cluster": ("blockwise_fc1", "BlockwiseFC1Config",
                               dict(activation="swiglu", probs_dtype=torch.float32, cluster=2)),
+    "blockwise-wgrad-cluster": ("blockwise_wgrad", "BlockwiseWgradConfig", dict(wide=True, cluster=2)),
 }
 
 

@@ -18,9 +18,9 @@ import torch
 from gmlp.cutedsl import import_error
 from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
-from tests.support.cases import config_id, parametrize_quick
+from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 from tests.support.ptx import check_register_split, kernel_resources, sass
-from tests.support.sm90 import on_sm90, tuned_knobs
+from tests.support.sm90 import assert_same_bits, on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -345,6 +345,46 @@ def test_tma_store_is_bitwise_the_register_store(splits, m, n, tile_n):
     grouped_wgrad(a, b, split_sizes, out=by_regs, tile_n=tile_n)
     grouped_wgrad(a, b, split_sizes, out=by_tma, tile_n=tile_n, store="tma")
     assert torch.equal(by_regs.view(torch.int32), by_tma.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-128", "tma-store-256"])
+@pytest.mark.parametrize("m,n", [(136, 520), (264, 40), (520, 1032)], ids=str)
+@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
+def test_cluster_is_bitwise_alone(splits, m, n, variant):
+    """A cluster of two (adjacent n-tiles of one expert's m-tile, their A tile multicast) writes
+    the bytes of CTAs alone: fp32 sums and, with out=, the single fp32 add. Odd n-tile counts give
+    the pair's shadow items; 1032 rows of an expert run past the ring."""
+    from gmlp.cutedsl.sm90.wgrad import grouped_wgrad
+
+    torch.manual_seed(0)
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = torch.randn(sum(splits), m, device="cuda").bfloat16()
+    b = torch.randn(sum(splits), n, device="cuda").bfloat16()
+    options = VARIANTS[variant]
+    assert_same_bits(grouped_wgrad(a, b, split_sizes, cluster=2, **options),
+                     grouped_wgrad(a, b, split_sizes, cluster=1, **options), "dW")
+    main_grad = torch.randn(len(splits), m, n, device="cuda")
+    paired, alone = main_grad.clone(), main_grad.clone()
+    grouped_wgrad(a, b, split_sizes, out=paired, cluster=2, **options)
+    grouped_wgrad(a, b, split_sizes, out=alone, cluster=1, **options)
+    assert_same_bits(paired, alone, "main_grad")
+
+
+@pytest.mark.slow
+@parametrize_quick("knobs", [dict(), dict(tile_n=128, accumulate=True), dict(ragged_tma=False)], ids=config_id)
+def test_cluster_configs_compile_with_a_multicast(knobs):
+    """A cluster of two: A's TMA loads multicast to the pair, B's each CTA's own; the slots'
+    empty barriers arrived on in both CTAs; the cluster's barriers at the start and before exit."""
+    compiled = _compiled(dict(cluster=2, **knobs))
+    check_ptx(compiled)
+    ptx = compiled.ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+                     r"\.multicast::cluster", ptx)
+    assert "mbarrier.arrive.shared::cluster.b64" in ptx and ptx.count("barrier.cluster.wait") == 2
+    with pytest.raises(ValueError, match=r"cluster must be one of \(1, 2\) \(1 with pingpong\), got 2"):
+        _config(tile_n=128, pingpong=True, cluster=2)
 
 
 @pytest.mark.gpu
