@@ -40,7 +40,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
 from gmlp.cutedsl.sm90._engine import Slots
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, PairedB, multicast_load_op, tile_shares, item_tiles, mainloop_fields,
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, PairedTile, multicast_load_op, tile_shares, item_tiles, mainloop_fields,
                                          produce_k_tiles, slot_tensors, smem_array)
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
@@ -89,7 +89,7 @@ def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtyp
     """Host side (traced in a kernel's ``__call__``): the fp8 ``wgmma`` tiled MMA of the two
     consumer warpgroups, the slots' swizzled smem layouts and TMA loads of A (T, K) bytes read as
     ``a_dtype``, of A's (K/128, pad4(T)) scales (boxes of a scale row) and of B (E, N, K) E4M3
-    bytes (multicast in a ``cluster`` of two: ``_pipeline.PairedB``), A and B K-major (the
+    bytes (multicast in a ``cluster`` of two: ``_pipeline.PairedTile``), A and B K-major (the
     operands go in as ``uint8``: torch's fp8 dtypes are not exchanged with the host runtime alike
     on every version)."""
     mA = cute.recast_tensor(mA, a_dtype)
@@ -200,14 +200,14 @@ def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: 
                   b_rows: BRows, cluster: cutlass.Constexpr = 1):
     """The producer warp: for the CTA's work items (``item``, ``item + step``, ...), every k-tile's
     A tile, A's scale box (``mAScale``: TMA coordinates (pad4(T), K/128)) and one B tile a half of
-    ``sBs`` (``mB``: TMA coordinates (N, K, E); in a ``cluster`` of two by ``PairedB``); then waits
+    ``sBs`` (``mB``: TMA coordinates (N, K, E); in a ``cluster`` of two by ``PairedTile``); then waits
     until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     gB = cute.local_tile(mB, (TILE_N, TILE_K), (None, None, None))
     b_parts = [tile_shares(tma_atom_b, s, gB, cluster) for s in sBs]
     while item < items.count:
         g, _, n_tile, first_row, _ = items.tile(item)
-        pair = PairedB.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
+        pair = PairedTile.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
         rows = b_rows.of(n_tile, len(sBs))
         gA = cute.local_tile(cute.domain_offset((first_row, 0), mA), (TILE_M, TILE_K), (0, None))
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(

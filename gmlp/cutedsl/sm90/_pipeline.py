@@ -8,7 +8,7 @@ fp32, operands from smem; registers raised to ``CONSUMER_REGISTERS``). ``stages`
 hold one A tile (128 x 64) and one or more B tiles (BN x 64), 128B-swizzled, behind full/empty
 mbarriers (``PipelineTmaAsync``): the producer runs ahead across work items, so the next item's
 loads overlap this item's epilogue. A persistent grid (``launch``): one CTA an SM, alone or in
-clusters of two along M (``launch_options.CLUSTERS``, ``PairedB``: the two CTAs' B tiles multicast where their
+clusters of two along M (``launch_options.CLUSTERS``, ``PairedTile``: the two CTAs' B tiles multicast where their
 items share one).
 
 A is read through a TMA descriptor of the whole (T, K) tensor at the expert's first row (rows
@@ -36,7 +36,7 @@ __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGR
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
            "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
            "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
-           "a_tiles", "b_tiles", "multicast_load_op", "tile_shares", "item_tiles", "make_b_tma", "KSplit", "PairedB",
+           "a_tiles", "b_tiles", "multicast_load_op", "tile_shares", "item_tiles", "make_b_tma", "KSplit", "PairedTile",
            "load_tile", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "consumer_fragments"]
 
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
@@ -234,7 +234,7 @@ def _nke(mB: cute.Tensor) -> cute.Tensor:
 def multicast_load_op(cluster: int):
     """The TMA load of the tiles a cluster of ``cluster`` CTAs shares (the token-row kernels' B,
     the weight gradient's A): plain alone, else multicast (its atom made with
-    ``num_multicast=cluster`` copies a ``1 / cluster`` share of the tile; ``PairedB``)."""
+    ``num_multicast=cluster`` copies a ``1 / cluster`` share of the tile; ``PairedTile``)."""
     return cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if cluster == 1 \
         else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
 
@@ -251,7 +251,7 @@ def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int,
 def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, stage_bytes: int, cluster: int = 1):
     """full[s]: armed by the producer with the slot's TMA bytes; empty[s]: one arrive per consumer
     warp once its wgmmas reading slot s completed, from every CTA of the ``cluster`` (a CTA's
-    producer may write its B share into its peers' slot s: ``PairedB``; lane r of a consumer warp
+    producer may write its B share into its peers' slot s: ``PairedTile``; lane r of a consumer warp
     arrives on CTA r's barrier). Initializes the mbarriers and syncs the CTA (the cluster)."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=barrier_ptr,
@@ -305,7 +305,7 @@ def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n:
 def tile_shares(tma_atom_b: cute.CopyAtom, sB: cute.Tensor, gB: cute.Tensor, cluster: int = 1):
     """(tBsB, tBgB): the TMA partitions of staged tiles ``sB`` and their tiled source ``gB``; with
     ``cluster`` > 1 (a multicast atom) tuples of the tile's ``cluster`` shares, each loaded by one
-    CTA where a pair shares the tile (``PairedB``)."""
+    CTA where a pair shares the tile (``PairedTile``)."""
     shares = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, share, cute.make_layout(cluster),
                                                cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
               for share in range(cluster)]
@@ -321,7 +321,7 @@ def item_tiles(tBgB, coordinate: tuple):
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
-class PairedB:
+class PairedTile:
     """A work item's loads of the tile a cluster of two CTAs may share (rank ``rank``; CTAs 2c and
     2c + 1 take items 2p and 2p + 1). The token-row kernels pair adjacent m-tiles along M, whose
     B tile is shared where both are of one expert and n-tile (``TokenItems.shares_b``); the weight
@@ -335,9 +335,9 @@ class PairedB:
     shared: cutlass.Boolean
 
     @staticmethod
-    def of(items: TokenItems, item: Int32, g: Int32, n_tile: Int32) -> PairedB:
+    def of(items: TokenItems, item: Int32, g: Int32, n_tile: Int32) -> PairedTile:
         rank = item % 2  # the CTA's rank in its cluster: items keep the parity of the CTA's index
-        return PairedB(rank, items.shares_b(item, rank, g, n_tile))
+        return PairedTile(rank, items.shares_b(item, rank, g, n_tile))
 
     def loads(self, share: int):
         """Whether this CTA issues share ``share`` of the tile."""
@@ -351,7 +351,7 @@ class PairedB:
 
 @cute.jit
 def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, tAgA: cute.Tensor,
-                    tAsA: cute.Tensor, b_loads: tuple, pair: PairedB | None = None):
+                    tAsA: cute.Tensor, b_loads: tuple, pair: PairedTile | None = None):
     """TMA loads of one work item's k-tiles: per slot, A's k-tile and every tile of ``b_loads``
     ((TMA atom, tBgB of the item: ((TMA), RestK), tBsB) triples), all on the slot's full barrier;
     a triple of shares (tuples, ``tile_shares`` in a cluster) by shares as ``pair`` says, the others
@@ -368,7 +368,7 @@ def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, 
 
 
 @cute.jit
-def load_tile(atom: cute.CopyAtom, tXgX, tXsX, tile: Int32, slot: Int32, barrier, pair: PairedB | None = None):
+def load_tile(atom: cute.CopyAtom, tXgX, tXsX, tile: Int32, slot: Int32, barrier, pair: PairedTile | None = None):
     """TMA load of tile ``tile`` of ``tXgX`` into slot ``slot`` of ``tXsX`` on ``barrier``: plainly,
     or for partitions in shares (tuples of ``tile_shares``) the shares ``pair`` says, multicast."""
     if const_expr(not isinstance(tXgX, tuple)):
@@ -389,12 +389,12 @@ def produce_token_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, 
     and per B part of ``b_parts`` (``b_tiles``) the expert's B tile of the item's n-tile.
     With ``k_split`` (B given as two tensors side by side along K), the first ``k_split.k_tiles``
     k-tiles read A from column 0 and ``b_parts``, the rest A from column ``k_split.k0`` and
-    ``k_split.b_parts``. With ``cluster`` 2, B by ``PairedB`` (``b_parts`` from ``b_tiles`` with the
+    ``k_split.b_parts``. With ``cluster`` 2, B by ``PairedTile`` (``b_parts`` from ``b_tiles`` with the
     cluster). Then waits until the consumers freed every slot."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     while item < items.count:
         g, _, n_tile, first_row, _ = items.tile(item)
-        pair = PairedB.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
+        pair = PairedTile.of(items, item, g, n_tile) if const_expr(cluster == 2) else None
         tAsA, tAgA = a_tiles(tma_atom_a, mA, sA, first_row)
         if const_expr(k_split is None):
             state = produce_k_tiles(mainloop, state, k_tiles, tma_atom_a, tAgA, tAsA, _item_loads(b_parts, n_tile, g),

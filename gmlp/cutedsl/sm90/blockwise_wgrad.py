@@ -60,7 +60,7 @@ from gmlp.cutedsl.sm90._compile import (ahead_compiler, config_compiler, fake_ma
                                         sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, THREADS_PER_WARPGROUP, PairedB, load_tile, mainloop_fields,
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, THREADS_PER_WARPGROUP, PairedTile, load_tile, mainloop_fields,
                                          multicast_load_op, slot_tensors, smem_array, tile_shares)
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
@@ -196,7 +196,7 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
                 slots: Slots):
         """TMA loads of every (A, B) k-tile of this CTA's items, with their scale boxes. In a cluster
         of two the pair's items share their A tiles (``ExpertTiles``): each CTA loads half of each
-        for both (``PairedB``); the scale boxes and B tiles are its own."""
+        for both (``PairedTile``); the scale boxes and B tiles are its own."""
         sAScale, sBScales = slots.scales
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         item = bidx
@@ -204,7 +204,7 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
             g, m_tile, n_tile, first_block, k_tiles, _ = work.tile(item)  # the expert's first block of tokens
             gA = cute.local_tile(cute.domain_offset((0, first_block * TILE), args.mA), (TILE, TILE), (m_tile, None))
             tAsA, tAgA = tile_shares(args.tma_atom_a, slots.sA, gA, self.cluster)
-            pair = PairedB(item % 2, cutlass.Boolean(True)) if const_expr(self.cluster == 2) else None
+            pair = PairedTile(item % 2, cutlass.Boolean(True)) if const_expr(self.cluster == 2) else None
             tSAsSA, tSAgSA = _tma_tiles(args.tma_atom_sa, args.mAScale, sAScale, m_tile, SCALE_BOX)
             # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
             b_loads = [(_tma_tiles(args.tma_atom_b, cute.domain_offset((0, first_block * TILE), args.mB), slots.sBs[h],

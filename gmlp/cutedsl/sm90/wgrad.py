@@ -34,7 +34,7 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 - Clusters (``cluster=2``, not with ping-pong): CTAs 2c and 2c + 1 take items 2p and 2p + 1,
   adjacent n-tiles of one (expert, m-tile) (an odd row's n-tiles padded by a shadow item that
   stores nothing, ``_schedule.ExpertTiles``); each loads half of their common A tile and
-  multicasts it to both (``_pipeline.PairedB``). Compiled; its GPU tests not yet run.
+  multicasts it to both (``_pipeline.PairedTile``). Compiled; its GPU tests not yet run.
 - Epilogue (``WgradConfig.store``): "tma", the default (with ping-pong a ring of store buffers a
   warpgroup: compiled, not yet run on a GPU),
   stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
@@ -76,7 +76,7 @@ from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, ahead_c
                                         fake_stream, fake_vector, sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, PairedB,
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, PairedTile,
                                          mainloop_fields, multicast_load_op, produce_k_tiles, smem_array, tile_shares)
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
@@ -204,7 +204,7 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
         """TMA loads of every (A, B) k-step of this CTA's items: (BM, BK, RestK) / (BN, BK, RestK)
         tiles of the expert's rows (zero past its end with the ragged view; else the consumers
         zero them). In a cluster of two the pair's items share their A tile (``ExpertTiles``): each
-        CTA loads half of it for both (``PairedB``), and its own B tile."""
+        CTA loads half of it for both (``PairedTile``), and its own B tile."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         item = bidx
         while item < work.count:
@@ -224,7 +224,7 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
                                         ((args.tma_atom_b, tBgB, tBsB),))
             else:  # B is the CTA's own load, A the pair's shared one
                 state = produce_k_tiles(mainloop, state, k_tiles, args.tma_atom_b, tBgB, tBsB,
-                                        ((args.tma_atom_a, tAgA, tAsA),), PairedB(item % 2, cutlass.Boolean(True)))
+                                        ((args.tma_atom_a, tAgA, tAsA),), PairedTile(item % 2, cutlass.Boolean(True)))
             item += grid
         mainloop.producer_tail(state)  # wait until the consumers freed every slot
 

@@ -51,7 +51,7 @@ CONFIGS = {
                                                           bias_grad=True, tile_n=256, store="tma")),
     "fc2-dgrad-mxfp8": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
                                                             bias_grad=True, quantized=True)),
-    # clusters of two along M, B multicast (the engine's PairedB)
+    # clusters of two along M, B multicast (the engine's PairedTile)
     "gemm-cluster": ("grouped_gemm", "KernelConfig", dict(store="tma", cluster=2)),
     "fc1-swiglu-cluster": ("fc1", "FC1Config", dict(activation="swiglu", probs_dtype=torch.float32, store="tma",
                                                     cluster=2)),
