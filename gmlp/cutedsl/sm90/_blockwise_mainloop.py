@@ -40,8 +40,8 @@ from cutlass.cute.runtime import make_fake_tensor
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
 from gmlp.cutedsl.sm90._engine import Slots
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, PairedTile, multicast_load_op, tile_shares, item_tiles, mainloop_fields,
-                                         produce_k_tiles, slot_tensors, smem_array)
+from gmlp.cutedsl.sm90._cluster import PairedTile, item_tiles, multicast_load_op, tile_shares
+from gmlp.cutedsl.sm90._pipeline import ALIGN, mainloop_fields, produce_k_tiles, slot_tensors, smem_array
 from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems, expert_count_reason
 from gmlp.fp8_blockwise import layout
 
@@ -89,7 +89,7 @@ def make_operands(mA: cute.Tensor, mAScale: cute.Tensor, mB: cute.Tensor, a_dtyp
     """Host side (traced in a kernel's ``__call__``): the fp8 ``wgmma`` tiled MMA of the two
     consumer warpgroups, the slots' swizzled smem layouts and TMA loads of A (T, K) bytes read as
     ``a_dtype``, of A's (K/128, pad4(T)) scales (boxes of a scale row) and of B (E, N, K) E4M3
-    bytes (multicast in a ``cluster`` of two: ``_pipeline.PairedTile``), A and B K-major (the
+    bytes (multicast in a ``cluster`` of two: ``_cluster.PairedTile``), A and B K-major (the
     operands go in as ``uint8``: torch's fp8 dtypes are not exchanged with the host runtime alike
     on every version)."""
     mA = cute.recast_tensor(mA, a_dtype)

@@ -7,7 +7,7 @@ A kernel is a *site* (a GEMM of the layer in one recipe) declared as a subclass 
   ``setmaxnreg``), the consumer warpgroups issue the ``wgmma``s and run the epilogue (registers
   raised); one persistent CTA an SM (``_pipeline.launch``), alone or in clusters of two along M
   (a config's ``cluster``: the pair's B tiles multicast where their items share one,
-  ``_pipeline.PairedTile``; the slots' empty barriers count both CTAs' consumers, and the CTAs
+  ``_cluster.PairedTile``; the slots' empty barriers count both CTAs' consumers, and the CTAs
   leave together through a cluster barrier);
 - the slot ring: ``stages`` shared-memory slots behind full/empty mbarriers
   (``_pipeline.make_mainloop_pipeline``), the producer running ahead across work items;
@@ -72,7 +72,7 @@ class GroupedGemmEngine:
         tile's wgmmas (1 or 2: the tiled MMA's M extent over 64); ``pingpong`` adds a second
         consumer warpgroup that takes alternate items (with ``mma_warpgroups`` 1); ``cluster`` CTAs
         a cluster (checked by the config, ``launch_options.check_cluster``; the site's producer
-        multicasts B by ``_pipeline.PairedTile``);
+        multicasts B by ``_cluster.PairedTile``);
         ``registers`` the (producer, consumer) ``setmaxnreg`` counts, checked against the launch's."""
         if pingpong and mma_warpgroups != 1:
             raise ValueError(f"pingpong needs one MMA warpgroup a tile, got {mma_warpgroups}")

@@ -8,8 +8,7 @@ fp32, operands from smem; registers raised to ``CONSUMER_REGISTERS``). ``stages`
 hold one A tile (128 x 64) and one or more B tiles (BN x 64), 128B-swizzled, behind full/empty
 mbarriers (``PipelineTmaAsync``): the producer runs ahead across work items, so the next item's
 loads overlap this item's epilogue. A persistent grid (``launch``): one CTA an SM, alone or in
-clusters of two along M (``launch_options.CLUSTERS``, ``PairedTile``: the two CTAs' B tiles multicast where their
-items share one).
+clusters of two (``launch_options.CLUSTERS``; ``_cluster``: the tile a pair shares, multicast).
 
 A is read through a TMA descriptor of the whole (T, K) tensor at the expert's first row (rows
 past the expert's end are the next expert's, or TMA's zero fill past T: they only reach
@@ -30,14 +29,15 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import BFloat16, Float32, Int32, const_expr
 
+from gmlp.cutedsl.sm90._cluster import PairedTile, item_tiles, load_tile, multicast_load_op, tile_shares
 from gmlp.cutedsl.sm90._schedule import TILE_K, TILE_M, TokenItems
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
            "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
            "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
-           "a_tiles", "b_tiles", "multicast_load_op", "tile_shares", "item_tiles", "make_b_tma", "KSplit", "PairedTile",
-           "load_tile", "produce_k_tiles", "produce_token_items", "mma_k_tiles", "consumer_fragments"]
+           "a_tiles", "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles",
+           "consumer_fragments"]
 
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and strides
 ELEMENT_ALIGN = ALIGN // 2  # bf16 elements
@@ -231,14 +231,6 @@ def _nke(mB: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 2, 0]))
 
 
-def multicast_load_op(cluster: int):
-    """The TMA load of the tiles a cluster of ``cluster`` CTAs shares (the token-row kernels' B,
-    the weight gradient's A): plain alone, else multicast (its atom made with
-    ``num_multicast=cluster`` copies a ``1 / cluster`` share of the tile; ``PairedTile``)."""
-    return cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if cluster == 1 \
-        else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
-
-
 def make_b_tma(mB: cute.Tensor, b_smem_layout: cute.ComposedLayout, tile_n: int, cluster: int = 1):
     """(TMA atom, TMA coordinates (N, K, E)) of B (E, N, K) into ``b_smem_layout``'s (tile_n, 64)
     tiles. A second B of a K split (``KSplit``) gets its own from here, into the same slots. With
@@ -302,53 +294,6 @@ def b_tiles(tma_atom_b: cute.CopyAtom, mB: cute.Tensor, sB: cute.Tensor, tile_n:
     return (tma_atom_b, *tile_shares(tma_atom_b, sB, gB, cluster))
 
 
-def tile_shares(tma_atom_b: cute.CopyAtom, sB: cute.Tensor, gB: cute.Tensor, cluster: int = 1):
-    """(tBsB, tBgB): the TMA partitions of staged tiles ``sB`` and their tiled source ``gB``; with
-    ``cluster`` > 1 (a multicast atom) tuples of the tile's ``cluster`` shares, each loaded by one
-    CTA where a pair shares the tile (``PairedTile``)."""
-    shares = [cute.nvgpu.cpasync.tma_partition(tma_atom_b, share, cute.make_layout(cluster),
-                                               cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-              for share in range(cluster)]
-    if cluster == 1:
-        return shares[0]
-    return tuple(s for s, _ in shares), tuple(g for _, g in shares)
-
-
-def item_tiles(tBgB, coordinate: tuple):
-    """``tBgB`` (of ``tile_shares``) at an item's ``coordinate`` (None for the k-tiles), of each share
-    in a cluster."""
-    return tuple(share[coordinate] for share in tBgB) if isinstance(tBgB, tuple) else tBgB[coordinate]
-
-
-@dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
-class PairedTile:
-    """A work item's loads of the tile a cluster of two CTAs may share (rank ``rank``; CTAs 2c and
-    2c + 1 take items 2p and 2p + 1). The token-row kernels pair adjacent m-tiles along M, whose
-    B tile is shared where both are of one expert and n-tile (``TokenItems.shares_b``); the weight
-    gradient pairs adjacent n-tiles of one (expert, m-tile), whose A tile is always shared
-    (``ExpertTiles``). Where shared, each CTA loads its half of the tile and multicasts it to both,
-    so each byte leaves L2 once for two CTAs; otherwise each loads both halves itself (a mask of
-    its own CTA). Both CTAs take the same decision, and each slot's full barrier receives the
-    whole tile either way."""
-
-    rank: Int32
-    shared: cutlass.Boolean
-
-    @staticmethod
-    def of(items: TokenItems, item: Int32, g: Int32, n_tile: Int32) -> PairedTile:
-        rank = item % 2  # the CTA's rank in its cluster: items keep the parity of the CTA's index
-        return PairedTile(rank, items.shares_b(item, rank, g, n_tile))
-
-    def loads(self, share: int):
-        """Whether this CTA issues share ``share`` of the tile."""
-        return (share == self.rank) | ~self.shared
-
-    @property
-    def mask(self):
-        """The CTAs a load writes: both (shared), else this one."""
-        return (Int32(1) << self.rank) | (Int32(self.shared) << (1 - self.rank))
-
-
 @cute.jit
 def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, tAgA: cute.Tensor,
                     tAsA: cute.Tensor, b_loads: tuple, pair: PairedTile | None = None):
@@ -365,19 +310,6 @@ def produce_k_tiles(mainloop, state, k_tiles: Int32, tma_atom_a: cute.CopyAtom, 
         mainloop.producer_commit(state)  # a no-op: TMA completes the transaction
         state.advance()
     return state
-
-
-@cute.jit
-def load_tile(atom: cute.CopyAtom, tXgX, tXsX, tile: Int32, slot: Int32, barrier, pair: PairedTile | None = None):
-    """TMA load of tile ``tile`` of ``tXgX`` into slot ``slot`` of ``tXsX`` on ``barrier``: plainly,
-    or for partitions in shares (tuples of ``tile_shares``) the shares ``pair`` says, multicast."""
-    if const_expr(not isinstance(tXgX, tuple)):
-        cute.copy(atom, tXgX[(None, tile)], tXsX[(None, slot)], tma_bar_ptr=barrier)
-    else:
-        for share in cutlass.range_constexpr(len(tXgX)):
-            if pair.loads(share):
-                cute.copy(atom, tXgX[share][(None, tile)], tXsX[share][(None, slot)], tma_bar_ptr=barrier,
-                          mcast_mask=pair.mask)
 
 
 @cute.jit

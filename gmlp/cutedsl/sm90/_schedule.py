@@ -84,7 +84,7 @@ class TokenItems:
     ``tile_k``-wide k-tiles (64 bf16, 128 fp8) of each part of K (one part, or two when B is given
     as two tensors side by side along K, ``_pipeline.KSplit``). The CTAs walk items below
     ``count``: ``items`` rounded up to the ``cluster``, so that both CTAs of a pair run every pair
-    of items (each slot released by both, ``_pipeline.PairedTile``); the one item past ``items``, a
+    of items (each slot released by both, ``_cluster.PairedTile``); the one item past ``items``, a
     *shadow*, runs the last item's mainloop again and stores nothing."""
 
     mRowStart: cute.Tensor
@@ -147,7 +147,7 @@ class ExpertTiles:
     first, extent, k-tiles), ceil(extent / k_tile) k-tiles (none for an empty expert). ``n_slots``
     is the n-tiles rounded up to the ``cluster``: in a cluster of two, items 2p and 2p + 1 are
     adjacent n-tiles of one (expert, m-tile), so they share its A tile and run the same k-tiles
-    (``_pipeline.PairedTile``); an odd row's extra slot is a *shadow* (its last n-tile's mainloop
+    (``_cluster.PairedTile``); an odd row's extra slot is a *shadow* (its last n-tile's mainloop
     again, no epilogue)."""
 
     mStart: cute.Tensor

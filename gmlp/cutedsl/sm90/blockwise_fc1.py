@@ -221,7 +221,7 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     ([gate; up] halves), with c = bf16(h) and a = act(h) * probs written as Q_row(a) and Q_col(a)
     (E4M3, ``power_of_two`` scales); no host sync. The contract of
     ``gmlp.triton_ref.blockwise_fc1.fc1_forward_blockwise``.
-    ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_pipeline.PairedTile``; the
+    ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
     same bytes; compiled, its GPU tests not yet run)."""
     require_block_shape(x, "x", BlockShape.ROWWISE)
     require_block_shape(w1, "w1", BlockShape.TILE)

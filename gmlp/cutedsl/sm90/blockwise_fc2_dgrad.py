@@ -278,7 +278,7 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     128 x 128 tiles, with the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh)
     and Q_col(dh) in ``grad_format``, db1 with ``bias_grad``; no host sync. The contract of
     ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``.
-    ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_pipeline.PairedTile``; the
+    ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
     same bytes; compiled, its GPU tests not yet run)."""
     require_block_shape(dy, "dy", BlockShape.ROWWISE)
     require_block_shape(w2t, "w2t", BlockShape.TILE)

@@ -172,7 +172,7 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``. ``wide``: 256-column work items
     (``BlockwiseGemmConfig.wide``; needs N % 256 == 0); None: wide wherever N allows it. The
     bytes are the same either way (each column's sums and promotions do not depend on it).
-    ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_pipeline.PairedTile``; the
+    ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
     same bytes; compiled, its GPU tests not yet run)."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)

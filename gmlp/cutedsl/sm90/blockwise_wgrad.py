@@ -60,8 +60,8 @@ from gmlp.cutedsl.sm90._compile import (ahead_compiler, config_compiler, fake_ma
                                         sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, THREADS_PER_WARPGROUP, PairedTile, load_tile, mainloop_fields,
-                                         multicast_load_op, slot_tensors, smem_array, tile_shares)
+from gmlp.cutedsl.sm90._cluster import PairedTile, load_tile, multicast_load_op, tile_shares
+from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, mainloop_fields, slot_tensors, smem_array
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
 from gmlp.cutedsl.sm90.configs import (BLOCKWISE_TILE as TILE, FP8_DTYPES, OUT_DTYPES_DSL, SCALE_BOX,

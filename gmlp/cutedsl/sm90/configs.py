@@ -60,7 +60,7 @@ class KernelConfig(StagedConfig):
     # B given as two tensors side by side along K (W1^T with its gate and up stored apart, FC1
     # dgrad; ``_pipeline.KSplit``), both of the b_k_major layout
     k_split: bool = False
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
 
     def __post_init__(self):
         if self.tile_n not in (128, 256):
@@ -103,7 +103,7 @@ class FC1Config(StagedConfig):
     # W1's up weights a second tensor (gate and up stored apart, ``gmlp.contract.gate_up``): the
     # up tiles from its own TMA descriptor at row n_tile * 128, not from W1's at F + n_tile * 128
     up_apart: bool = False
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -171,7 +171,7 @@ class FC2DgradConfig(StagedConfig):
     # a bf16 dh's stores: "regs", predicated pairs from the registers; "tma", subtiles staged in
     # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
     store: str = "regs"
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
 
     def __post_init__(self):
         if self.tile_n not in FC2_DGRAD_TILE_NS:
@@ -222,7 +222,7 @@ class WgradConfig(StagedConfig):
     # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
     ragged_tma: bool = True
     pingpong: bool = False  # tile_n = 128, ragged_tma: two consumer warpgroups on alternate items
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_cluster``)
     # the epilogue's stores: "regs", predicated pairs from the registers (accumulate: loaded,
     # added, stored); "tma", subtiles staged in shared memory and TMA-stored, or TMA reduce-added
     # with accumulate (``_store``)
@@ -261,7 +261,7 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
     a_format: ElementFormat = ElementFormat.E4M3  # A's fp8 format (B is E4M3)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
 
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
@@ -283,7 +283,7 @@ class BlockwiseFC1Config(StagedConfig):
     probs_dtype: torch.dtype | None = None  # None: no probs
     power_of_two: bool = True  # a's scales truncated to powers of two (the recipe's default)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -320,7 +320,7 @@ class BlockwiseFC2DgradConfig(StagedConfig):
     bias_grad: bool = False  # db1's warp sums
     power_of_two: bool = True  # dh's scales truncated to powers of two (the recipe's default)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
 
     def __post_init__(self):
         check_activation(self.activation)
@@ -353,7 +353,7 @@ class BlockwiseWgradConfig(StagedConfig, WideItems):
     b_format: ElementFormat = ElementFormat.E4M3  # B's (a, x: E4M3; dh's E5M2 never meets an E5M2 B)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves an n-tile (N % 256 == 0; see the module docstring)
-    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_pipeline.PairedTile``)
+    cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_cluster``)
 
     def __post_init__(self):
         if self.out_dtype not in OUT_DTYPES_DSL:

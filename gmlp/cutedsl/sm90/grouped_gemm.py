@@ -48,7 +48,7 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
 
 Clusters (``cluster=2``, cooperative only): CTAs 2c and 2c + 1 pair their items 2p and 2p + 1,
 adjacent m-tiles of one n-tile in the banded order; where both are of one expert each CTA loads
-half of the B tile and multicasts it to both (``_pipeline.PairedTile``), so B leaves L2 once for two
+half of the B tile and multicasts it to both (``_cluster.PairedTile``), so B leaves L2 once for two
 tiles. Compiled for sm_90a; its GPU tests (bit for bit the unclustered kernel) not yet run, so
 no default or tuned launch takes it.
 

@@ -37,7 +37,7 @@ __all__ = ["ENV", "STORES", "CLUSTERS", "TILE_WIDTHS", "QUANTIZED_TILE_N", "DEFA
 
 ENV = "GMLP_SM90_CONFIG"
 STORES = ("regs", "tma")
-CLUSTERS = (1, 2)  # CTAs a cluster (along M) of the token-row kernels: alone, or paired (_pipeline.PairedTile)
+CLUSTERS = (1, 2)  # CTAs a cluster (along M) of the token-row kernels: alone, or paired (_cluster.PairedTile)
 TILE_WIDTHS = (128, 256)
 QUANTIZED_TILE_N = 128  # FC2 dgrad's quantizing epilogue: the MXFP8 block tile's columns (fc2_dgrad.py)
 

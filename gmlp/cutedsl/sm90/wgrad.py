@@ -34,7 +34,7 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 - Clusters (``cluster=2``, not with ping-pong): CTAs 2c and 2c + 1 take items 2p and 2p + 1,
   adjacent n-tiles of one (expert, m-tile) (an odd row's n-tiles padded by a shadow item that
   stores nothing, ``_schedule.ExpertTiles``); each loads half of their common A tile and
-  multicasts it to both (``_pipeline.PairedTile``). Compiled; its GPU tests not yet run.
+  multicasts it to both (``_cluster.PairedTile``). Compiled; its GPU tests not yet run.
 - Epilogue (``WgradConfig.store``): "tma", the default (with ping-pong a ring of store buffers a
   warpgroup: compiled, not yet run on a GPU),
   stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
@@ -76,8 +76,9 @@ from gmlp.cutedsl.sm90._compile import (SUPPORTED_ARCHS, CompiledKernel, ahead_c
                                         fake_stream, fake_vector, sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_tma_bases, run
-from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, PairedTile,
-                                         mainloop_fields, multicast_load_op, produce_k_tiles, smem_array, tile_shares)
+from gmlp.cutedsl.sm90._cluster import PairedTile, multicast_load_op, tile_shares
+from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, mainloop_fields,
+                                         produce_k_tiles, smem_array)
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
 from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
 from gmlp.cutedsl.sm90._wgrad_operands import problem_support, wgrad_operands

@@ -1,4 +1,4 @@
-"""The FP8 blockwise kernels in clusters of two CTAs (the engine's ``_pipeline.PairedTile``): the
+"""The FP8 blockwise kernels in clusters of two CTAs (the engine's ``_cluster.PairedTile``): the
 token-row kernels (grouped GEMM, FC1, FC2 dgrad) paired along M, their E4M3 weight tiles
 multicast where a pair's items share one; the weight gradient paired along N, its A tiles
 multicast. Compiled for sm_90a here; on an sm_90 GPU every output bit for bit the unclustered
