@@ -312,9 +312,10 @@ class PromotedOperands:
 class PromotedTokenRows:
     """The operand policy of the blockwise token-row sites, as engine hooks: the slots (A's
     k-tile, its scale box and ``halves`` E4M3 B tiles), the producer and the promoted mainloop.
-    A site sets ``a_dtype`` and ``halves`` and supplies ``b_rows(args)`` (its ``BRows``); its
-    ``args`` start with the ``PromotedArgs`` as ``operands``; its consumer record holds the
-    ``PromotedOperands`` as ``mma``."""
+    A site sets ``a_dtype`` and ``halves`` and supplies ``b_rows(args)`` (its ``BRows``) and
+    ``item_columns(args)`` (its output columns and a work item's width); its ``args`` start with
+    the ``PromotedArgs`` as ``operands`` and hold the groups' ``mRowStart`` and ``mTileStart``;
+    its consumer record holds the ``PromotedOperands`` as ``mma``."""
 
     def tma_atoms(self, args: tuple) -> tuple:
         return (args.operands.tma_atom_a, args.operands.tma_atom_sa, args.operands.tma_atom_b)
@@ -334,6 +335,12 @@ class PromotedTokenRows:
         if const_expr(self.halves == 2):
             sBs = (sB, storage.sB1.get_tensor(b_smem_layout.outer, swizzle=b_smem_layout.inner))
         return Slots(sA, sBs, stage_bytes, (sAScale,))
+
+    def work(self, args: tuple) -> TokenItems:
+        """The m-tiles x the site's n-tiles (``item_columns``); K in 128-wide k-tiles."""
+        n, tile_n = self.item_columns(args)
+        return TokenItems.of(args.mRowStart, args.mTileStart, n, tile_n, (args.operands.mA.shape[1],), TILE_K,
+                             cluster=self.cluster)
 
     def produce(self, mainloop, work: TokenItems, bidx: Int32, grid: Int32, args: tuple, slots: Slots):
         ops = args.operands

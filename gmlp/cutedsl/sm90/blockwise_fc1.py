@@ -140,10 +140,8 @@ class BlockwiseFC1Sm90(PromotedTokenRows, GroupedGemmEngine, ActivationEpilogue)
     def b_rows(self, args: BlockwiseFC1Args) -> BRows:
         return BRows(1, args.mRowData.shape[1] // TILE_N)  # the gate tile row n, the up tile row F / 128 + n
 
-    def work(self, args: BlockwiseFC1Args) -> TokenItems:
-        return TokenItems.of(args.mRowStart, args.mTileStart, args.mRowData.shape[1], TILE_N,
-                             (args.operands.mA.shape[1],), TILE_K,
-                             cluster=self.cluster)
+    def item_columns(self, args: BlockwiseFC1Args) -> tuple:
+        return args.mRowData.shape[1], TILE_N  # a's columns (gate and up tiles side by side in a slot)
 
     def consumer_setup(self, args: BlockwiseFC1Args, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:

@@ -154,10 +154,8 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
     def b_rows(self, args: BlockwiseFC2DgradArgs) -> BRows:
         return BRows(1, 0)  # weight tile row n
 
-    def work(self, args: BlockwiseFC2DgradArgs) -> TokenItems:
-        return TokenItems.of(args.mRowStart, args.mTileStart, args.operands.mB.shape[0], TILE_N,
-                             (args.operands.mA.shape[1],), TILE_K,
-                             cluster=self.cluster)
+    def item_columns(self, args: BlockwiseFC2DgradArgs) -> tuple:
+        return args.operands.mB.shape[0], TILE_N  # da's columns
 
     def consumer_setup(self, args: BlockwiseFC2DgradArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:

@@ -43,7 +43,7 @@ from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, ahead_compiler, config_com
                                         fake_vector)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, run
-from gmlp.cutedsl.sm90._schedule import TILE_M, TokenItems
+from gmlp.cutedsl.sm90._schedule import TILE_M
 from gmlp.cutedsl.sm90.grouped_gemm import store_bf16_pairs
 from gmlp.cutedsl.sm90.configs import BlockwiseGemmConfig
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
@@ -108,10 +108,8 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
     def b_rows(self, args: BlockwiseGemmArgs) -> BRows:
         return BRows(self.halves, 1)  # weight tile rows 2n and 2n + 1 (wide), or n
 
-    def work(self, args: BlockwiseGemmArgs) -> TokenItems:
-        return TokenItems.of(args.mRowStart, args.mTileStart, args.mD.shape[1], TILE_N * self.halves,
-                             (args.operands.mA.shape[1],), TILE_K,
-                             cluster=self.cluster)
+    def item_columns(self, args: BlockwiseGemmArgs) -> tuple:
+        return args.mD.shape[1], TILE_N * self.halves
 
     def consumer_setup(self, args: BlockwiseGemmArgs, storage, tiled_mma, mma_tidx, warp_idx, slots: Slots, tCrA,
                        tCrBs) -> _Consumer:
