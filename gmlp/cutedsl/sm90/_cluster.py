@@ -71,6 +71,11 @@ class PairedTile:
         rank = item % 2  # the CTA's rank in its cluster: items keep the parity of the CTA's index
         return PairedTile(rank, items.shares_b(item, rank, g, n_tile))
 
+    @staticmethod
+    def always(item: Int32) -> PairedTile:
+        """The pair of a weight-gradient item, whose pair always shares its A tile (``ExpertTiles``)."""
+        return PairedTile(item % 2, cutlass.Boolean(True))
+
     def loads(self, share: int):
         """Whether this CTA issues share ``share`` of the tile."""
         return (share == self.rank) | ~self.shared

@@ -30,7 +30,7 @@ from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items",
-           "TokenItems", "ExpertTiles", "advance", "grid_size", "expert_count_reason", "sm_count"]
+           "TokenItems", "ExpertTiles", "advance", "grid_size", "expert_tiles_grid", "expert_count_reason", "sm_count"]
 
 TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
 TILE_K = 64  # one 128-byte swizzle row of bf16 (the k-tiles of the slots)
@@ -206,6 +206,14 @@ def advance(state, slots: Int32):
     for _ in range(slots):
         state.advance()
     return state
+
+
+def expert_tiles_grid(experts: int, m_tiles: int, n_tiles: int, device: torch.device, cluster: int = 1) -> int:
+    """Persistent CTAs of a weight gradient: min(#SMs, its ``ExpertTiles`` items, each row of
+    n-tiles padded to the cluster), in whole clusters; 0: nothing to do."""
+    items = experts * m_tiles * -(-n_tiles // cluster) * cluster
+    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return min(items, sms // cluster * cluster)
 
 
 def expert_count_reason(num_experts: int) -> Reason | None:

@@ -62,7 +62,7 @@ from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_problem, check_tma_bases, run
 from gmlp.cutedsl.sm90._cluster import PairedTile, load_tile, multicast_load_op, tile_shares
 from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, mainloop_fields, slot_tensors, smem_array
-from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
+from gmlp.cutedsl.sm90._schedule import ExpertTiles, expert_tiles_grid
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
 from gmlp.cutedsl.sm90.configs import (BLOCKWISE_TILE as TILE, FP8_DTYPES, OUT_DTYPES_DSL, SCALE_BOX,
                                        BlockwiseWgradConfig)
@@ -204,7 +204,7 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
             g, m_tile, n_tile, first_block, k_tiles, _ = work.tile(item)  # the expert's first block of tokens
             gA = cute.local_tile(cute.domain_offset((0, first_block * TILE), args.mA), (TILE, TILE), (m_tile, None))
             tAsA, tAgA = tile_shares(args.tma_atom_a, slots.sA, gA, self.cluster)
-            pair = PairedTile(item % 2, cutlass.Boolean(True)) if const_expr(self.cluster == 2) else None
+            pair = PairedTile.always(item) if const_expr(self.cluster == 2) else None
             tSAsSA, tSAgSA = _tma_tiles(args.tma_atom_sa, args.mAScale, sAScale, m_tile, SCALE_BOX)
             # each half's B tiles and scale boxes: 128-column tile n_tile * halves + h
             b_loads = [(_tma_tiles(args.tma_atom_b, cute.domain_offset((0, first_block * TILE), args.mB), slots.sBs[h],
@@ -373,8 +373,7 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
                                   b_format=b.element_format, wide=wide, cluster=cluster)
-    items = experts * (m // TILE) * -(-(n // config.tile_n) // cluster) * cluster  # n-tiles in whole clusters
-    num_ctas = min(items, sm_count(a.data.device.index) // cluster * cluster)
+    num_ctas = expert_tiles_grid(experts, m // TILE, n // config.tile_n, a.data.device, cluster)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8),
         a.scale_inv, b.data.view(torch.uint8), b.scale_inv, groups.tile_start, out)
     return out

@@ -79,7 +79,7 @@ from gmlp.cutedsl.sm90._launch import check_tma_bases, run
 from gmlp.cutedsl.sm90._cluster import PairedTile, multicast_load_op, tile_shares
 from gmlp.cutedsl.sm90._pipeline import (ALIGN, ELEMENT_ALIGN, THREADS_PER_WARPGROUP, TILE_K, mainloop_fields,
                                          produce_k_tiles, smem_array)
-from gmlp.cutedsl.sm90._schedule import ExpertTiles, sm_count
+from gmlp.cutedsl.sm90._schedule import ExpertTiles, expert_tiles_grid
 from gmlp.cutedsl.sm90._tma import expert_tokens, ragged_tokens
 from gmlp.cutedsl.sm90._wgrad_operands import problem_support, wgrad_operands
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
@@ -225,7 +225,7 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
                                         ((args.tma_atom_b, tBgB, tBsB),))
             else:  # B is the CTA's own load, A the pair's shared one
                 state = produce_k_tiles(mainloop, state, k_tiles, args.tma_atom_b, tBgB, tBsB,
-                                        ((args.tma_atom_a, tAgA, tAsA),), PairedTile(item % 2, cutlass.Boolean(True)))
+                                        ((args.tma_atom_a, tAgA, tAsA),), PairedTile.always(item))
             item += grid
         mainloop.producer_tail(state)  # wait until the consumers freed every slot
 
@@ -357,14 +357,13 @@ def grouped_wgrad(
                                                cluster=cluster), site=site)
     tile_n, ragged_tma, pingpong, store = knobs["tile_n"], knobs["ragged_tma"], knobs["pingpong"], knobs["store"]
     cluster = knobs["cluster"]
-    items = experts * -(-m // TILE_M) * (-(-n // tile_n) + cluster - 1) // cluster * cluster  # n-tiles in pairs
-    if tokens > 0 and items > 0:  # (a TMA descriptor needs a valid base)
+    num_ctas = expert_tiles_grid(experts, -(-m // TILE_M), -(-n // tile_n), a.device, cluster) if tokens > 0 else 0
+    if num_ctas > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
                              pingpong=pingpong, store=store, cluster=cluster)
         if store == "tma":
             check_tma_bases(out=out)  # the TMA store's destination
         groups = groups if groups is not None else device_groups(split_sizes, tokens)
-        num_ctas = min(items, sm_count(a.device.index) // cluster * cluster)  # whole clusters (items: a multiple)
         run(_compile, config, a.device, num_ctas, a, b, groups.row_start, out)
     return out
 
