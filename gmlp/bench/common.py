@@ -132,8 +132,9 @@ def environment(device: torch.device | None = None) -> dict:
     """Device, versions, gmlp checkout and date of this run, on ``device`` (default: cuda if
     available, else cpu): a GPU's name, compute capability and multiprocessors, or the CPU's
     processor and cores and torch's threads; python, torch and the reported and peer packages'
-    versions; the gmlp checkout (``_checkout``); TRITON_INTERPRET; the compile cache as the run
-    finds it (``compile_cache_state``); the UTC date."""
+    versions; the gmlp checkout (``_checkout``); TRITON_INTERPRET and every ``GMLP_*`` setting
+    the process has (a forced path or another tuned table changes what was measured); the compile
+    cache as the run finds it (``compile_cache_state``); the UTC date."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -149,6 +150,7 @@ def environment(device: torch.device | None = None) -> dict:
         **{name: package_version(name) for name in (*REPORTED_PACKAGES, *PEER_PACKAGES) if name != "torch"},
         **_checkout(),
         "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
+        "gmlp_settings": {name: value for name, value in sorted(os.environ.items()) if name.startswith("GMLP_")},
         "compile_cache": compile_cache_state(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -312,6 +312,17 @@ def test_the_environment_names_the_imported_gmlps_checkout_not_the_cwds(tmp_path
     assert env["commit"] == "0123abc" and env["dirty"] is None
 
 
+def test_the_environment_records_the_gmlp_settings_a_run_had(monkeypatch):
+    """A run under another tuned table or a forced path says so: every GMLP_* variable, and only those."""
+    for name in [name for name in os.environ if name.startswith("GMLP_")]:
+        monkeypatch.delenv(name)
+    assert common.environment(CPU)["gmlp_settings"] == {}
+    monkeypatch.setenv("GMLP_SM90_TUNED", "/tmp/before.json")
+    monkeypatch.setenv("GMLP_BACKEND", "triton")
+    monkeypatch.setenv("NOT_GMLP_X", "1")
+    assert common.environment(CPU)["gmlp_settings"] == {"GMLP_BACKEND": "triton", "GMLP_SM90_TUNED": "/tmp/before.json"}
+
+
 def test_a_cold_cache_run_starts_from_an_empty_compile_cache_and_the_record_says_so(tmp_path, monkeypatch):
     kept = tmp_path / "cutedsl"
     kept.mkdir()
