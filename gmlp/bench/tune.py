@@ -9,8 +9,10 @@ baseline timed again after each candidate. With the recipe ``mxfp8`` of ``--reci
 dgrad also run as the MXFP8 layer runs them (``bench gemm``'s ``cutedsl-dequant``: the token
 operand dequantized, then the kernel quantizing its output in the epilogue), over the candidates
 that variant takes; the layer's other GEMMs run the bf16 kernels there, so their bf16 entries
-serve it. A site's choice, per recipe, is the candidate with the best geometric mean of its
-ratios over the routings (a candidate that fails at one routing is out).
+serve it. With ``fp8-blockwise``, every site runs the FP8 blockwise recipe's own kernel on its
+quantized operands (``bench gemm``'s ``cutedsl-fp8-blockwise``: wide items and clusters). A
+site's choice, per recipe, is the candidate with the best geometric mean of its ratios over the
+routings (a candidate that fails at one routing is out).
 
 Writes the measurements (``tune-<date>.json`` in ``--out``, every candidate's time and ratio) and
 merges the choices into ``--table`` (default: the package's ``gmlp/cutedsl/sm90/tuned_sm90.json``),
@@ -34,7 +36,7 @@ from gmlp.bench.gemm import _gemms, _operands, _time
 from gmlp.bench.mlp import SHAPES, add_shapes_argument
 from gmlp.cutedsl.sm90 import launch_options, tuned
 from gmlp.cutedsl.sm90.support import site_gemm
-from gmlp.dispatch.sites import SITES
+from gmlp.dispatch.sites import BLOCKWISE_SITES, SITES
 
 ROUTINGS = ("balanced", "skewed")
 # bench gemm's name of each layer site
@@ -42,15 +44,20 @@ GEMM_NAMES = {"fc1": "fc1", "fc2": "fc2", "fc2 dgrad": "fc2_dgrad", "fc1 dgrad":
               "fc1 wgrad": "fc1_wgrad"}
 # recipe -> bench gemm's variant of the SM90 kernel as that recipe's layer runs it, and the sites
 # whose kernel differs from the bf16 one there (the MXFP8 epilogues)
-RECIPE_VARIANTS = {"bf16": "cutedsl", "mxfp8": "cutedsl-dequant"}
-RECIPE_SITES = {"bf16": tuple(GEMM_NAMES), "mxfp8": ("fc1", "fc2 dgrad")}
+RECIPE_VARIANTS = {"bf16": "cutedsl", "mxfp8": "cutedsl-dequant", "fp8-blockwise": "cutedsl-fp8-blockwise"}
+RECIPE_SITES = {"bf16": tuple(GEMM_NAMES), "mxfp8": ("fc1", "fc2 dgrad"), "fp8-blockwise": tuple(GEMM_NAMES)}
 
 
-def current_options(site: str, options: dict) -> dict | None:
+def site_op(site: str, recipe: str) -> str:
+    """The op (``launch_options.DEFAULTS``' key) that runs ``site`` in ``recipe``'s layer."""
+    return (BLOCKWISE_SITES if recipe == "fp8-blockwise" else SITES)[site].op.value
+
+
+def current_options(site: str, options: dict, recipe: str = "bf16") -> dict | None:
     """A measured candidate's ``options`` as the site's op takes them now: a knob the op no longer
     has (a removed variant, such as FC1's fused_b) is dropped where it was off (False: the kernel
     as it runs now); None where it was on (a variant that no longer exists)."""
-    knobs = launch_options.DEFAULTS[SITES[site].op.value]
+    knobs = launch_options.DEFAULTS[site_op(site, recipe)]
     if any(value is not False for knob, value in options.items() if knob not in knobs):
         return None
     return {knob: value for knob, value in options.items() if knob in knobs}
@@ -64,11 +71,12 @@ def choose(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
     timed bf16 operands. Raises naming the site if none did."""
     by_site: dict[tuple[str, str, str], dict[str, dict[str, float]]] = {}
     for row in rows:
-        options = current_options(row["site"], row["options"])
+        recipe = row.get("recipe", "bf16")
+        options = current_options(row["site"], row["options"], recipe)
         if options is None:
             continue
         key = json.dumps(options, sort_keys=True)
-        site_key = (row["shape"], row["site"], row.get("recipe", "bf16"))
+        site_key = (row["shape"], row["site"], recipe)
         by_site.setdefault(site_key, {}).setdefault(key, {})
         if row["ratio"]:
             by_site[site_key][key][row["routing"]] = row["ratio"]
@@ -91,7 +99,7 @@ def table_entries(best: dict[tuple[str, str, str], dict], device: str) -> list[d
     for (shape, site, recipe), chosen in best.items():
         experts, tokens, hidden, ffn = SHAPES[shape]
         _, n, k, _ = site_gemm(site, tokens, hidden, ffn, experts)
-        entries.append(dict(device=device, op=SITES[site].op.value, site=site, recipe=recipe, shape=shape, n=n, k=k,
+        entries.append(dict(device=device, op=site_op(site, recipe), site=site, recipe=recipe, shape=shape, n=n, k=k,
                             rows_per_expert=tokens / experts, options=chosen["options"],
                             ratios={routing: round(ratio, 4) for routing, ratio in chosen["ratios"].items()}))
     return entries
@@ -118,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     add_shapes_argument(parser, ",".join(SHAPES))
     parser.add_argument("--sites", default=",".join(GEMM_NAMES), help=f"comma-separated, of {list(GEMM_NAMES)}")
     parser.add_argument("--recipes", default=",".join(RECIPE_VARIANTS),
-                        help=f"comma-separated, of {list(RECIPE_VARIANTS)} (mxfp8 tunes {RECIPE_SITES['mxfp8']})")
+                        help=f"comma-separated, of {list(RECIPE_VARIANTS)} (mxfp8 tunes {RECIPE_SITES['mxfp8']}; "
+                             "the others every site)")
     parser.add_argument("--table", default=str(tuned.TABLE_FILE), help="the tuned table to merge the choices into")
     add_out_argument(parser)
     args = parser.parse_args(argv)
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         for routing in ROUTINGS:
             gemms = _gemms(_operands(experts, tokens, hidden, ffn, device, routing), hidden, ffn)
             for site, recipe in runs:
-                gemm, op = gemms[GEMM_NAMES[site]], SITES[site].op.value
+                gemm, op = gemms[GEMM_NAMES[site]], site_op(site, recipe)
                 base_ms, _ = _time(gemm["baseline"])
                 for options in launch_options.candidates(op, quantized=recipe == "mxfp8"):
                     print(f"{shape} {routing} {site:>9} {recipe} {options}: ", end="", flush=True)  # a hang shows where
@@ -161,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         dict(shape=shape, site=site, recipe=recipe, **chosen) for (shape, site, recipe), chosen in best.items()]),
         complete=True)
     table_path = pathlib.Path(args.table)
-    table = merged_table(table_path, table_entries(best, env["device"]), env, str(measurements))
+    # where the measurements are committed beside the table (the tuner writes them to --out)
+    table = merged_table(table_path, table_entries(best, env["device"]), env, f"bench_results/{measurements.name}")
     table_path.write_text(json.dumps(table, indent=1) + "\n")
     for (shape, site, recipe), chosen in best.items():
         ratios = ", ".join(f"{routing} {ratio:.3f}" for routing, ratio in chosen["ratios"].items())

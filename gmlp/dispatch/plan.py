@@ -119,9 +119,10 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: Strict) -
         raise AssertionError(f"the GEMM sites must all take the SM100 composition or none: {decisions}")
     launch_notes = {}
     if capability is not None and capability[0] == 9:
+        sites = BLOCKWISE_SITES if problem.blockwise else SITES
         launch_notes = {name: _sm90_launch(name, problem)
                         for name, decision in decisions.items()
-                        if decision.path is Path.CUTEDSL and not problem.blockwise and SITES[name].op in GEMM_OPS}
+                        if decision.path is Path.CUTEDSL and sites[name].op.value in launch_options.DEFAULTS}
     return LayerPlan(decisions, references, sm100=sm100, capability=capability,
                      launch_notes=launch_notes, blockwise=problem.blockwise)
 
@@ -129,8 +130,8 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: Strict) -
 def _sm90_launch(name: str, problem: LayerProblem) -> str:
     """The knobs of the SM90 kernel of site ``name`` and where they come from
     (``launch_options.describe``), as the layer launches it: FC2 adds b2, FC1 and FC2 dgrad
-    quantize their outputs in an MXFP8 layer."""
-    op = SITES[name].op
+    quantize their outputs in an MXFP8 layer (the FP8 blockwise kernels: their recipe's entries)."""
+    op = (BLOCKWISE_SITES if problem.blockwise else SITES)[name].op
     variant = {}
     if op in (Op.FC1, Op.FC2_DGRAD):
         variant["quantized"] = problem.mxfp8

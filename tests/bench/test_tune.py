@@ -153,3 +153,24 @@ def test_each_recipe_keeps_its_choice_and_entry(tmp_path):
     path.write_text(json.dumps(tune.merged_table(path, tune.table_entries(mxfp8_only, ENV["device"]), ENV, "m2")))
     entries = tuned.read_table(path).entries
     assert [(entry.recipe, entry.options) for entry in entries] == [("bf16", wide), ("mxfp8", paired)]
+
+
+def test_the_blockwise_recipe_tunes_its_own_kernels(tmp_path):
+    """FP8 blockwise rows choose among the blockwise kernel's knobs (wide, cluster) and make
+    entries of its op, beside the bf16 entry of the same site, and a launch of that op reads them."""
+    rows = [dict(_row("fc2 wgrad", dict(wide=wide, cluster=cluster), routing, ratio), recipe="fp8-blockwise")
+            for (wide, cluster, ratio) in ((True, 1, 1.0), (False, 2, 1.2)) for routing in tune.ROUTINGS]
+    rows += [_row("fc2 wgrad", dict(DEFAULTS["grouped_wgrad"]), routing, 1.0) for routing in tune.ROUTINGS]
+    best = tune.choose(rows)
+    assert best[("qwen3-30b-a3b", "fc2 wgrad", "fp8-blockwise")]["options"] == dict(wide=False, cluster=2)
+    entries = {entry["recipe"]: entry for entry in tune.table_entries(best, ENV["device"])}
+    assert entries["fp8-blockwise"]["op"] == "grouped_wgrad_fp8_blockwise" and entries["bf16"]["op"] == "grouped_wgrad"
+    assert tune.site_op("fc1", "fp8-blockwise") == "fc1_forward_blockwise" and tune.site_op("fc1", "mxfp8") == "fc1_forward"
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(tune.merged_table(path, list(entries.values()), ENV, "bench_results/tune-b.json")))
+    read = tuned.read_table(path)
+    assert {(entry.op, entry.recipe) for entry in read.entries} == {("grouped_wgrad", "bf16"),
+                                                                   ("grouped_wgrad_fp8_blockwise", "fp8-blockwise")}
+    # every candidate of each blockwise op is a combination of its knobs
+    assert all(set(options) == set(DEFAULTS[op]) for op in ("grouped_gemm_fp8_blockwise", "fc1_forward_blockwise")
+               for options in candidates(op))

@@ -51,6 +51,7 @@ PROBLEMS = {
     "bf16 geglu bias": dict(recipe=None, activation="geglu", bias=True),
     "bf16 float32 parameters": dict(recipe=None, dtype=torch.float32),
     "bf16 5000 experts": dict(recipe=None, experts=5000),
+    "fp8 blockwise swiglu": dict(recipe=gmlp.FP8BlockwiseRecipe()),
 }
 
 

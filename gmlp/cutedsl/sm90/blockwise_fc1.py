@@ -35,7 +35,7 @@ from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC1Output
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule, launch_options
 from gmlp.cutedsl.sm90._blockwise_epilogue import fake_both_ways, quantize_tile_blockwise, store_unused_blocks
 from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
                                                    PromotedOperands, PromotedTokenRows, check_token_scales,
@@ -214,13 +214,15 @@ compile_blockwise_fc1 = ahead_compiler(_NAME, _compile, BlockwiseFC1Config(Activ
 def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                           ffn_hidden_size: int, activation: Activation, b1: torch.Tensor | None = None,
                           probs: torch.Tensor | None = None, power_of_two: bool = True,
-                          groups: DeviceGroups | None = None, cluster: int = 1) -> FC1Output:
+                          groups: DeviceGroups | None = None, cluster: int | None = None,
+                          site: str | None = None) -> FC1Output:
     """FC1 of every expert on Q_row(x) (T, H) E4M3 and W1 (E, 2F | F, H) E4M3 in 128 x 128 tiles
     ([gate; up] halves), with c = bf16(h) and a = act(h) * probs written as Q_row(a) and Q_col(a)
     (E4M3, ``power_of_two`` scales); no host sync. The contract of
     ``gmlp.triton_ref.blockwise_fc1.fc1_forward_blockwise``.
     ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
-    same bytes; compiled, its GPU tests not yet run)."""
+    same bytes, bit for bit on the H200); None: ``launch_options``' choice (the tuned table's entry
+    of ``site``)."""
     require_block_shape(x, "x", BlockShape.ROWWISE)
     require_block_shape(w1, "w1", BlockShape.TILE)
     check_activation(activation)
@@ -239,6 +241,8 @@ def fc1_forward_blockwise(x: FP8BlockwiseTensor, w1: FP8BlockwiseTensor, split_s
     token_scalars("probs", probs, tokens)
     if b1 is not None and (tuple(b1.shape) != (experts, n1) or not b1.is_contiguous()):
         raise ValueError(f"b1 must be a contiguous ({experts}, {n1}) tensor, got {tuple(b1.shape)}")
+    cluster = launch_options.launch_options("fc1_forward_blockwise", tokens, n1, hidden, experts,
+                                            dict(cluster=cluster), site=site)["cluster"]
     config = BlockwiseFC1Config(activation, bias_dtype=None if b1 is None else b1.dtype,
                                 probs_dtype=None if probs is None else probs.dtype, power_of_two=power_of_two,
                                 cluster=cluster)

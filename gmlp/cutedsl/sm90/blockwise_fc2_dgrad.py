@@ -42,7 +42,7 @@ from gmlp.contract.activations import Activation, ActivationKind
 from gmlp.contract.operands import token_scalars
 from gmlp.contract.outputs import FC2DgradOutput
 from gmlp.contract.reasons import Reason
-from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule
+from gmlp.cutedsl.sm90 import _quantize_epilogue, _schedule, launch_options
 from gmlp.cutedsl.sm90._blockwise_epilogue import fake_both_ways, quantize_tile_blockwise, store_unused_blocks
 from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
                                                    PromotedOperands, PromotedTokenRows, check_token_scales,
@@ -271,13 +271,15 @@ compile_blockwise_fc2_dgrad = ahead_compiler(_NAME, _compile,
 def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torch.Tensor, split_sizes: torch.Tensor,
                         *, activation: Activation, grad_format: ElementFormat | str = ElementFormat.E4M3,
                         probs: torch.Tensor | None = None, bias_grad: bool = False, power_of_two: bool = True,
-                        groups: DeviceGroups | None = None, cluster: int = 1) -> FC2DgradOutput:
+                        groups: DeviceGroups | None = None, cluster: int | None = None,
+                        site: str | None = None) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow on Q_row(dy) (T, H) in ``grad_format`` and W2^T (E, F, H) E4M3 in
     128 x 128 tiles, with the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh)
     and Q_col(dh) in ``grad_format``, db1 with ``bias_grad``; no host sync. The contract of
     ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``.
     ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
-    same bytes; compiled, its GPU tests not yet run)."""
+    same bytes, bit for bit on the H200); None: ``launch_options``' choice (the tuned table's entry
+    of ``site``)."""
     require_block_shape(dy, "dy", BlockShape.ROWWISE)
     require_block_shape(w2t, "w2t", BlockShape.TILE)
     check_activation(activation)
@@ -300,6 +302,8 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     check_tma_bases(dy=dy.data, dy_scales=dy.scale_inv, w2t=w2t.data, c=c)
     check_token_scales("dy", dy.scale_inv)
     token_scalars("probs", probs, tokens)
+    cluster = launch_options.launch_options("fc2_dgrad_blockwise", tokens, ffn, hidden, experts,
+                                            dict(cluster=cluster), site=site)["cluster"]
     config = BlockwiseFC2DgradConfig(activation, grad_format=grad_format,
                                      probs_dtype=None if probs is None else probs.dtype, bias_grad=bias_grad,
                                      power_of_two=power_of_two, cluster=cluster)

@@ -35,7 +35,7 @@ import torch
 from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Int32
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _schedule
+from gmlp.cutedsl.sm90 import _schedule, launch_options
 from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
                                                    PromotedOperands, PromotedTokenRows, check_token_scales,
                                                    fake_token_rows, fake_weight_tiles, make_operands)
@@ -163,15 +163,17 @@ compile_blockwise_gemm = ahead_compiler(_NAME, _compile, BlockwiseGemmConfig(), 
 
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                bias: torch.Tensor | None = None, groups: DeviceGroups | None = None,
-                               wide: bool | None = None, cluster: int = 1) -> torch.Tensor:
+                               wide: bool | None = None, cluster: int | None = None,
+                               site: str | None = None) -> torch.Tensor:
     """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
     tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16
     or fp32 (added in fp32 before the rounding); no host sync. The contract of
     ``gmlp.triton_ref.blockwise_gemm.grouped_gemm_fp8_blockwise``. ``wide``: 256-column work items
-    (``BlockwiseGemmConfig.wide``; needs N % 256 == 0); None: wide wherever N allows it. The
-    bytes are the same either way (each column's sums and promotions do not depend on it).
+    (``BlockwiseGemmConfig.wide``; needs N % 256 == 0). The bytes are the same either way (each
+    column's sums and promotions do not depend on it). A knob left None is ``launch_options``'
+    choice (the tuned table's entry of ``site``, wide wherever N allows it).
     ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
-    same bytes; compiled, its GPU tests not yet run)."""
+    same bytes, bit for bit on the H200)."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     if b.element_format is not ElementFormat.E4M3:
@@ -180,9 +182,10 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     if b.data.dim() != 3 or b.data.shape[0] != experts or b.data.shape[2] != k or not b.data.is_contiguous():
         raise ValueError(f"b must be a contiguous (E={experts}, N, K={k}), got {tuple(b.data.shape)}")
     n = b.data.shape[1]
-    if wide is None:
-        wide = n % (2 * TILE_N) == 0
-    elif wide and n % (2 * TILE_N):
+    knobs = launch_options.launch_options("grouped_gemm_fp8_blockwise", tokens, n, k, experts,
+                                          dict(wide=wide, cluster=cluster), site=site)
+    wide, cluster = knobs["wide"], knobs["cluster"]
+    if wide and n % (2 * TILE_N):
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE_N} (two 128-column halves a work item), "
                          f"got N={n}")
     check_problem(_NAME, problem_support(tokens, n, k, experts))

@@ -56,6 +56,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
 from gmlp.contract.reasons import Reason, ReasonKind
+from gmlp.cutedsl.sm90 import launch_options
 from gmlp.cutedsl.sm90._compile import (ahead_compiler, config_compiler, fake_matrix, fake_stream, fake_vector,
                                         sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
@@ -335,13 +336,15 @@ compile_blockwise_wgrad = ahead_compiler(_NAME, _compile, BlockwiseWgradConfig()
 def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
                                 groups: DeviceGroups | None = None, wide: bool | None = None,
-                                cluster: int = 1) -> torch.Tensor:  # cluster 2: n-tiles in pairs, A multicast
+                                cluster: int | None = None,  # 2: n-tiles in pairs, A multicast
+                                site: str | None = None) -> torch.Tensor:
     """(E, M, N): dW_g = A_g^T @ B_g over expert g's tokens, A (T, M) and B (T, N) given as their
     columnwise quantizations (contiguous); stored as ``out_dtype``, or added to the fp32 ``out``
     (main_grad). No host sync. The contract of
     ``gmlp.triton_ref.blockwise_wgrad.grouped_wgrad_fp8_blockwise``. ``wide``: 256-column n-tiles
-    (``BlockwiseWgradConfig.wide``; needs N % 256 == 0); None: wide wherever N allows it. The
-    bytes are the same either way."""
+    (``BlockwiseWgradConfig.wide``; needs N % 256 == 0). The bytes are the same either way. A
+    knob left None is ``launch_options``' choice (the tuned table's entry of ``site``, wide
+    wherever N allows it)."""
     require_block_shape(a, "a", BlockShape.COLUMNWISE)
     require_block_shape(b, "b", BlockShape.COLUMNWISE)
     (tokens, m), (b_tokens, n), experts = a.source_shape, b.source_shape, split_sizes.numel()
@@ -357,9 +360,10 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
         raise ValueError(f"out must be a contiguous fp32 ({experts}, {m}, {n}) tensor, got {describe(out)}")
     if out_dtype not in OUT_DTYPES_DSL:
         raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES_DSL)}, got {out_dtype}")
-    if wide is None:
-        wide = n % (2 * TILE) == 0
-    elif wide and n % (2 * TILE):
+    knobs = launch_options.launch_options("grouped_wgrad_fp8_blockwise", tokens, m, n, experts,
+                                          dict(wide=wide, cluster=cluster), site=site)
+    wide, cluster = knobs["wide"], knobs["cluster"]
+    if wide and n % (2 * TILE):
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE} (two 128-column halves an n-tile), got N={n}")
     check_problem(_NAME, problem_support(tokens, m, n, experts))
     accumulate = out is not None

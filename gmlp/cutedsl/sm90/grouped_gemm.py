@@ -43,14 +43,13 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
   (``cutlass.pipeline.PipelineOrder``). The turns are required, not only fast: a warpgroup
   waiting on a slot two fills ahead would take the parity of the older fill as its own. Without
   ping-pong the epilogue is not overlapped with the next mainloop. With the TMA store each
-  warpgroup has its own ring of store buffers (``_engine.GroupedGemmEngine.tile_store``; compiled,
-  its GPU tests not yet run: no default or tuned launch takes it).
+  warpgroup has its own ring of store buffers (``_engine.GroupedGemmEngine.tile_store``; bit for
+  bit the register store on the H200).
 
 Clusters (``cluster=2``, cooperative only): CTAs 2c and 2c + 1 pair their items 2p and 2p + 1,
 adjacent m-tiles of one n-tile in the banded order; where both are of one expert each CTA loads
 half of the B tile and multicasts it to both (``_cluster.PairedTile``), so B leaves L2 once for two
-tiles. Compiled for sm_90a; its GPU tests (bit for bit the unclustered kernel) not yet run, so
-no default or tuned launch takes it.
+tiles. Bit for bit the unclustered kernel on the H200; the tuner chooses it per shape.
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.4, sm_90a): 168
 registers at launch (232 in consumers after setmaxnreg), no spills; see tests/cutedsl/sm90/test_grouped_gemm.py.

@@ -1,6 +1,7 @@
 """The SM90 kernels' launch options, chosen in one place: each kernel's knobs (the tile width, the
-ping-pong schedule, the epilogue's store, the weight gradient's K tail), from
-its defaults, the tuned table, a forced choice, and what the launch's variant allows.
+ping-pong schedule, the epilogue's store, the weight gradient's K tail, clusters; the FP8 blockwise
+kernels' 256-column items and clusters), from its defaults, the tuned table, a forced choice, and
+what the launch's variant allows.
 
 A launcher given None for a knob takes ``choose``'s value, built in four steps:
 
@@ -8,7 +9,8 @@ A launcher given None for a knob takes ``choose``'s value, built in four steps:
 2. the tuned table's entry for the nearest tuned shape of the op (``gmlp.cutedsl.sm90.tuned``);
 3. ``GMLP_SM90_CONFIG``'s items for the op;
 4. what the variant fixes (``_fixes``): a knob the launch's variant does not take (an MXFP8
-   output, a bias, ping-pong's tile width) takes the one value it allows. A
+   output, a bias, ping-pong's tile width, 256-column items where the columns are not a multiple
+   of 256) takes the one value it allows. A
    tuned choice so replaced is said in the choice's notes; a forced one is an error naming both,
    never a silent change.
 
@@ -32,14 +34,16 @@ from dataclasses import dataclass
 from gmlp.cutedsl.sm90 import tuned
 from gmlp.system.env import FALSE_WORDS, TRUE_WORDS, declare, setting
 
-__all__ = ["ENV", "STORES", "CLUSTERS", "TILE_WIDTHS", "QUANTIZED_TILE_N", "DEFAULTS", "LaunchChoice", "check_store",
-           "check_cluster", "forced_options", "candidates", "choose", "launch_options", "describe"]
+__all__ = ["ENV", "STORES", "CLUSTERS", "TILE_WIDTHS", "QUANTIZED_TILE_N", "WIDE_COLUMNS", "DEFAULTS",
+           "BLOCKWISE_OPS", "LaunchChoice", "check_store", "check_cluster", "recipe_of", "forced_options", "candidates",
+           "choose", "launch_options", "describe"]
 
 ENV = "GMLP_SM90_CONFIG"
 STORES = ("regs", "tma")
 CLUSTERS = (1, 2)  # CTAs a cluster (along M) of the token-row kernels: alone, or paired (_cluster.PairedTile)
 TILE_WIDTHS = (128, 256)
 QUANTIZED_TILE_N = 128  # FC2 dgrad's quantizing epilogue: the MXFP8 block tile's columns (fc2_dgrad.py)
+WIDE_COLUMNS = 256  # the FP8 blockwise GEMMs' wide items: two 128-column halves (the recipe's blocks)
 
 # op -> its knobs and their defaults (the faster on the H200 where the table has no entry:
 # bench gemm, docs/performance.md). The TMA store is every op's default where it applies.
@@ -48,7 +52,14 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "fc1_forward": dict(store="tma", cluster=1),
     "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
     "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma", cluster=1),
+    # the FP8 blockwise recipe's kernels (wide: 256-column items where the columns allow)
+    "fc1_forward_blockwise": dict(cluster=1),
+    "grouped_gemm_fp8_blockwise": dict(wide=True, cluster=1),
+    "fc2_dgrad_blockwise": dict(cluster=1),
+    "grouped_wgrad_fp8_blockwise": dict(wide=True, cluster=1),
 }
+BLOCKWISE_OPS = ("fc1_forward_blockwise", "grouped_gemm_fp8_blockwise", "fc2_dgrad_blockwise",
+                 "grouped_wgrad_fp8_blockwise")
 _BOOLEANS = {**dict.fromkeys(TRUE_WORDS, True), **dict.fromkeys(FALSE_WORDS, False)}
 
 
@@ -63,6 +74,14 @@ def check_cluster(cluster: int, pingpong: bool = False) -> None:
     a pair's CTAs would run their items' mainloops out of step)."""
     if cluster not in CLUSTERS or (pingpong and cluster != 1):
         raise ValueError(f"cluster must be one of {CLUSTERS}{' (1 with pingpong)' if pingpong else ''}, got {cluster}")
+
+
+def recipe_of(op: str, quantized: bool = False) -> str:
+    """The recipe (``tuned.RECIPES``) of a launch of ``op``: the FP8 blockwise kernels' own, else
+    mxfp8 where the kernel writes MXFP8 outputs (``quantized``), else bf16."""
+    if op in BLOCKWISE_OPS:
+        return "fp8-blockwise"
+    return "mxfp8" if quantized else "bf16"
 
 
 @dataclass(frozen=True)
@@ -132,10 +151,15 @@ declare(ENV, "force the SM90 kernels' launch knobs (op.knob=value or knob=value,
         f"{', '.join(DEFAULTS)})", _parsed, default=())
 
 
-def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool) -> dict[str, tuple[object, str]]:
+def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool,
+           columns: int | None = None) -> dict[str, tuple[object, str]]:
     """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes,
-    given the knobs chosen so far (ping-pong fixes others)."""
+    given the knobs chosen so far (ping-pong fixes others); ``columns``: the output columns the
+    blockwise kernels' wide items split (None: any)."""
     fixed: dict[str, tuple[object, str]] = {}
+    if "wide" in DEFAULTS[op] and columns is not None and columns % WIDE_COLUMNS:
+        fixed["wide"] = (False, f"{columns} columns are not a multiple of {WIDE_COLUMNS} (two 128-column halves an "
+                                "item)")
     if quantized:
         fixed["store"] = ("regs", f"{op}'s TMA store does not take MXFP8 outputs yet")
         if op == "fc2_dgrad":
@@ -154,8 +178,8 @@ def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool) 
 
 def candidates(op: str, *, quantized: bool = False) -> list[dict[str, object]]:
     """Every combination of ``op``'s knobs that a bf16 launch (with ``quantized``, one writing
-    MXFP8 outputs) takes as it is (none of them fixed by another or by the variant): the tuner's
-    candidates, the defaults first (where the variant takes them)."""
+    MXFP8 outputs; a blockwise op's, its recipe's) takes as it is (none of them fixed by another or
+    by the variant): the tuner's candidates, the defaults first (where the variant takes them)."""
     values = {"tile_n": TILE_WIDTHS, "store": STORES, "cluster": CLUSTERS}  # the others are booleans
     knobs = list(DEFAULTS[op])
     combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
@@ -173,7 +197,7 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     ``GMLP_SM90_CONFIG`` forces a knob the variant does not take."""
     if op not in DEFAULTS:
         raise ValueError(f"op must be one of {tuple(DEFAULTS)}, got {op!r}")
-    entry = tuned.lookup(op, tokens, n, k, experts, site=site, recipe="mxfp8" if quantized else "bf16")
+    entry = tuned.lookup(op, tokens, n, k, experts, site=site, recipe=recipe_of(op, quantized))
     options = dict(DEFAULTS[op])
     from_table = {}
     if entry is not None:
@@ -183,7 +207,8 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     options.update(forced)
     options.update(given)
     notes = []
-    for knob, (value, why) in _fixes(op, options, bias=bias, quantized=quantized).items():
+    columns = k if op == "grouped_wgrad_fp8_blockwise" else n  # a weight gradient's (n, k): dW's (M, N)
+    for knob, (value, why) in _fixes(op, options, bias=bias, quantized=quantized, columns=columns).items():
         if options[knob] == value or knob in dict(given):
             continue
         if knob in forced:

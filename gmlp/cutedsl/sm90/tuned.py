@@ -37,8 +37,8 @@ ENV = "GMLP_SM90_TUNED"
 TABLE_FILE = Path(__file__).with_name("tuned_sm90.json")
 # the operands an entry was measured with: bf16, or the MXFP8 layer's, where FC1 and FC2 dgrad
 # quantize their outputs in the epilogue (the layer's other GEMMs run the bf16 kernels on
-# dequantized values: the bf16 entries are theirs)
-RECIPES = ("bf16", "mxfp8")
+# dequantized values: the bf16 entries are theirs), or the FP8 blockwise recipe's (its own kernels)
+RECIPES = ("bf16", "mxfp8", "fp8-blockwise")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (the lookup cache), dict fields

@@ -34,9 +34,9 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 - Clusters (``cluster=2``, not with ping-pong): CTAs 2c and 2c + 1 take items 2p and 2p + 1,
   adjacent n-tiles of one (expert, m-tile) (an odd row's n-tiles padded by a shadow item that
   stores nothing, ``_schedule.ExpertTiles``); each loads half of their common A tile and
-  multicasts it to both (``_cluster.PairedTile``). Compiled; its GPU tests not yet run.
+  multicasts it to both (``_cluster.PairedTile``). Bit for bit the unclustered kernel on the H200.
 - Epilogue (``WgradConfig.store``): "tma", the default (with ping-pong a ring of store buffers a
-  warpgroup: compiled, not yet run on a GPU),
+  warpgroup),
   stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
   at M and N, or with ``accumulate`` TMA-reduce-adds them into the fp32 out (``_store``); "regs"
   stores from the accumulator registers, predicated at the M and N tails: a thread's adjacent

@@ -90,7 +90,8 @@ def test_what_each_variant_fixes(no_table, monkeypatch, op, variant, fixed):
 def test_forced_knobs_beat_the_table(two_shapes, monkeypatch):
     monkeypatch.setenv(ENV, "grouped_gemm.pingpong=0, store=regs")
     assert forced_options() == {"grouped_gemm": dict(pingpong=False, store="regs"),
-                                **{op: dict(store="regs") for op in DEFAULTS if op != "grouped_gemm"}}
+                                **{op: dict(store="regs") for op, knobs in DEFAULTS.items()
+                                   if op != "grouped_gemm" and "store" in knobs}}
     choice = choose("grouped_gemm", *QWEN3_FC2)
     assert choice.options == dict(tile_n=128, pingpong=False, store="regs", cluster=1)
     assert choice.forced == ("pingpong", "store")
@@ -118,7 +119,7 @@ def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
     ("fc3.store=tma", r"GMLP_SM90_CONFIG='fc3.store=tma': 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
     ("grouped_gemm.ragged_tma=1",
      r"names knob 'ragged_tma'; the knobs of grouped_gemm are \('tile_n', 'pingpong', 'store', 'cluster'\)"),
-    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'cluster', 'ragged_tma'\)"),
+    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'cluster', 'ragged_tma', 'wide'\)"),
     ("store=smem", r"'store=smem' asks for store 'smem'; the stores are \('regs', 'tma'\)"),
     ("tile_n=64", r"'tile_n=64' asks for tile_n '64'; the widths are \(128, 256\)"),
     ("pingpong=maybe", r"'pingpong=maybe': pingpong takes one of \('1', 'true'"),
@@ -210,7 +211,7 @@ def test_a_launch_reads_its_recipes_entries_first(monkeypatch, tmp_path):
     assert fallback.options == dict(tile_n=128, store="regs", cluster=1) and len(fallback.notes) == 2
     (tmp_path / "unknown").mkdir()
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "unknown", [dict(bf16, recipe="fp4")]))
-    with pytest.raises(ValueError, match=r"recipe 'fp4' is not one of \('bf16', 'mxfp8'\)"):
+    with pytest.raises(ValueError, match=r"recipe 'fp4' is not one of \('bf16', 'mxfp8', 'fp8-blockwise'\)"):
         choose("fc2_dgrad", *launch)
 
 
@@ -220,3 +221,34 @@ def test_the_quantizing_variants_candidates(op, count):
     found = launch_options.candidates(op, quantized=True)
     assert len(found) == count and {c["cluster"] for c in found} == {1, 2}
     assert all(c["store"] == "regs" and c.get("tile_n", 128) == 128 for c in found)
+
+
+def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
+    """The FP8 blockwise kernels: wide items where the columns allow (a note says why not), their
+    own recipe's entries (never a bf16 entry of another op), and every combination of wide and
+    cluster as candidates."""
+    assert launch_options.recipe_of("grouped_gemm_fp8_blockwise") == "fp8-blockwise"
+    assert launch_options.recipe_of("fc2_dgrad", quantized=True) == "mxfp8"
+    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=True, cluster=1)
+    narrow = choose("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128)  # N = 640: not two halves
+    assert narrow.options == dict(wide=False, cluster=1)
+    assert narrow.notes == ("wide=False, not the default True: 640 columns are not a multiple of 256 (two "
+                            "128-column halves an item)",)
+    # the weight gradient's items split dW's N: the launch's k (its (n, k) are dW's (M, N))
+    assert choose("grouped_wgrad_fp8_blockwise", 65536, 2048, 640, 128).options["wide"] is False
+    assert choose("grouped_wgrad_fp8_blockwise", 65536, 640, 2048, 128).options["wide"] is True
+    # given wide=True where N does not allow it: kept, for the launcher to refuse
+    assert launch_options.launch_options("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128,
+                                         dict(wide=True, cluster=None))["wide"] is True
+    assert launch_options.candidates("grouped_wgrad_fp8_blockwise") == [
+        dict(wide=True, cluster=1), dict(wide=False, cluster=1), dict(wide=False, cluster=2), dict(wide=True, cluster=2)]
+    assert launch_options.candidates("fc1_forward_blockwise") == [dict(cluster=1), dict(cluster=2)]
+    bf16 = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=128, pingpong=False, store="tma",
+                       cluster=2))
+    blockwise = dict(_entry("grouped_gemm_fp8_blockwise", "deepseek-v3-rank", 7168, 2048, 1024, wide=False, cluster=2),
+                     recipe="fp8-blockwise")
+    (tmp_path / "blockwise").mkdir()  # another file: a table is read once per value of the variable
+    monkeypatch.setenv(tuned.ENV, _table(tmp_path / "blockwise", [bf16, blockwise]))
+    chosen = choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2, site="fc2")
+    assert chosen.options == dict(wide=False, cluster=2) and "fc2 (fp8-blockwise)" in chosen.source
+    assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).source == "defaults"  # no entry of its op
