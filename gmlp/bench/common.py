@@ -103,7 +103,7 @@ def copy_bandwidth_gbs(num_bytes: int = 2 << 30) -> float:
 
 
 # other kernel packages a bench may time (bench gemm --variants quack, bench mlp --sides sonicmoe-bf16)
-PEER_PACKAGES = ("quack-kernels", "sonic-moe", "torchao")
+PEER_PACKAGES = ("quack-kernels", "sonic-moe", "torchao", "transformer-engine")
 
 
 def _checkout() -> dict:

@@ -21,7 +21,9 @@ torchtitan keeps them (read in place: ``gmlp.contract.gate_up``). ``sonicmoe-bf1
 the same rows (``gmlp.bench.sonicmoe``; ``--sides``, in a process of its own).
 ``torchao-fp8-rowwise`` is torchao's FP8 rowwise grouped GEMMs with the compiled activation
 (``gmlp.bench.torchao_rowwise``; ``--sides``; every expert's rows a multiple of 16, so the
-balanced routing only).
+balanced routing only). ``te-fp8-blockwise`` is TransformerEngine's ``GroupedLinear`` with its
+``Float8BlockScaling`` recipe, the FP8 blockwise recipe's reference, with the compiled activation
+(``gmlp.bench.te_blockwise``; ``--sides``; TransformerEngine installed).
 
 Before it is timed, each side runs one forward + backward (``torch.compile`` compiles the
 activation's forward and backward there, gmlp's kernels compile on their first shape): its wall
@@ -42,7 +44,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gmlp.bench import sonicmoe, torchao_rowwise
+from gmlp.bench import sonicmoe, te_blockwise, torchao_rowwise
 from gmlp.bench.common import (
     PartialResults,
     add_cold_cache_argument,
@@ -72,7 +74,7 @@ MXFP8_REUSED = "gmlp-mxfp8-reused-weights"
 BLOCKWISE = "gmlp-fp8-blockwise"  # the FP8 blockwise recipe (gmlp.FP8BlockwiseRecipe), asked for with --sides
 # the sides besides the baselines; SonicMoE (``gmlp.bench.sonicmoe``) needs a process of its own
 DEFAULT_SIDES = ("gmlp-mxfp8", "gmlp-bf16", W1_APART, MXFP8_REUSED)
-SIDES = (*DEFAULT_SIDES, BLOCKWISE, torchao_rowwise.SIDE, sonicmoe.SIDE)
+SIDES = (*DEFAULT_SIDES, BLOCKWISE, torchao_rowwise.SIDE, te_blockwise.SIDE, sonicmoe.SIDE)
 
 ActivationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (T, 2F), probs (T,)) -> (T, F)
 Run = tuple[Callable[[], torch.Tensor], list[torch.Tensor]]  # a side's forward and the leaves it takes gradients of
@@ -162,6 +164,8 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
             runs[torchao_rowwise.SIDE] = torchao_rowwise.torchao_run(w1, w2, x, probs, offsets, compiled_act)
         else:
             print(f"  {torchao_rowwise.SIDE} skipped for this routing: {reason}", flush=True)
+    if te_blockwise.SIDE in sides:
+        runs[te_blockwise.SIDE] = te_blockwise.te_run(w1, w2, x, probs, split_sizes, compiled_act)
     if sonicmoe.SIDE in sides:
         runs[sonicmoe.SIDE] = sonicmoe.sonicmoe_run(w1, w2, x, probs, split_sizes)
     return runs
