@@ -100,7 +100,7 @@ def test_an_older_table_names_its_card_once():
         assert tuned.read_table(path).entries[0].device == "NVIDIA H200"
 
 
-@pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 8),
+@pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 9),
                                       ("grouped_wgrad", 18)])
 def test_candidates_are_the_consistent_knob_combinations(op, count):
     found = candidates(op)

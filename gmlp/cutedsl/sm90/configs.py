@@ -172,10 +172,17 @@ class FC2DgradConfig(StagedConfig):
     # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
     store: str = "regs"
     cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
+    # two consumer warpgroups on alternate work items, each a whole 128 x 128 tile, so one's
+    # epilogue overlaps the other's mainloop (tile_n 128, a bf16 dh from the registers, no db1)
+    pingpong: bool = False
 
     def __post_init__(self):
         if self.tile_n not in FC2_DGRAD_TILE_NS:
             raise ValueError(f"tile_n must be one of {FC2_DGRAD_TILE_NS}, got {self.tile_n}")
+        if self.pingpong and (self.tile_n != 128 or self.quantized or self.bias_grad or self.store != "regs"):
+            raise ValueError(f"pingpong needs tile_n=128, a bf16 dh stored from the registers and no bias_grad (its "
+                             f"epilogue runs in one warpgroup), got tile_n={self.tile_n}, quantized={self.quantized}, "
+                             f"bias_grad={self.bias_grad}, store={self.store!r}")
         check_activation(self.activation)
         if self.probs_dtype is not None and self.probs_dtype not in FLOAT_DTYPES:
             raise ValueError(f"probs_dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.probs_dtype}")
@@ -184,7 +191,7 @@ class FC2DgradConfig(StagedConfig):
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
             raise ValueError(quantized_tile_n_reason(self.tile_n))
         launch_options.check_store(self.store)
-        launch_options.check_cluster(self.cluster)
+        launch_options.check_cluster(self.cluster, self.pingpong)
         if self.store == "tma" and self.quantized:
             raise ValueError("store='tma' needs a bf16 dh (the TMA-store epilogue has no quantized outputs yet), got "
                              "quantized=True")

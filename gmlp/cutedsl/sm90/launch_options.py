@@ -50,7 +50,7 @@ WIDE_COLUMNS = 256  # the FP8 blockwise GEMMs' wide items: two 128-column halves
 DEFAULTS: dict[str, dict[str, object]] = {
     "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma", cluster=1),
     "fc1_forward": dict(store="tma", cluster=1),
-    "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
+    "fc2_dgrad": dict(tile_n=256, pingpong=False, store="tma", cluster=1),
     "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma", cluster=1),
     # the FP8 blockwise recipe's kernels (wide: 256-column items where the columns allow)
     "fc1_forward_blockwise": dict(cluster=1),
@@ -166,8 +166,13 @@ def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool,
             fixed["tile_n"] = (QUANTIZED_TILE_N, "the quantizing epilogue's tile is 128 columns wide")
     if bias and op == "grouped_gemm":
         fixed["store"] = ("regs", f"{op}'s TMA store does not take a bias yet")
-    if options.get("pingpong", False):
+    if op == "fc2_dgrad" and (quantized or bias):
+        fixed["pingpong"] = (False, f"{op}'s {'quantizing epilogue' if quantized else 'db1 sums'} span both "
+                                    "warpgroups of a tile")
+    if options.get("pingpong", False) and "pingpong" not in fixed:
         fixed.setdefault("tile_n", (128, "ping-pong runs one 128 x 128 tile per warpgroup"))
+        if op == "fc2_dgrad":
+            fixed.setdefault("store", ("regs", "FC2 dgrad's ping-pong stores dh from the registers"))
         if "cluster" in DEFAULTS[op]:
             fixed.setdefault("cluster", (1, "ping-pong runs without clusters"))
         if op == "grouped_wgrad":

@@ -63,8 +63,8 @@ def test_the_nearest_tuned_shape_gives_the_knobs(two_shapes):
 def test_a_variant_replaces_a_tuned_knob_and_says_so(two_shapes):
     assert choose("grouped_gemm", *DEEPSEEK_FC2, bias=True).options["store"] == "regs"
     assert describe("fc2_dgrad", *DEEPSEEK_FC2, quantized=True) == (
-        "tile_n=128, store=regs, cluster=1 (defaults; store=regs, not the default tma: fc2_dgrad's TMA store does not take "
-        "MXFP8 outputs yet; tile_n=128, not the default 256: the quantizing epilogue's tile is 128 columns wide)")
+        "tile_n=128, pingpong=False, store=regs, cluster=1 (defaults; store=regs, not the default tma: fc2_dgrad's "
+        "TMA store does not take MXFP8 outputs yet; tile_n=128, not the default 256: the quantizing epilogue's tile is 128 columns wide)")
     assert "store=regs, not the table's tma: grouped_gemm's TMA store does not take a bias yet" in describe(
         "grouped_gemm", *DEEPSEEK_FC2, bias=True)
 
@@ -200,15 +200,16 @@ def test_a_launch_reads_its_recipes_entries_first(monkeypatch, tmp_path):
     mxfp8 = dict(bf16, recipe="mxfp8", options=dict(tile_n=128, store="regs", cluster=2))
     monkeypatch.setenv(tuned.ENV, _table(tmp_path, [bf16, mxfp8]))
     launch = (32768, 2048, 7168, 32)
-    assert choose("fc2_dgrad", *launch, site="fc2 dgrad").options == dict(tile_n=256, store="tma", cluster=1)
+    assert choose("fc2_dgrad", *launch, site="fc2 dgrad").options == dict(tile_n=256, pingpong=False, store="tma",
+                                                                         cluster=1)
     quantized = choose("fc2_dgrad", *launch, site="fc2 dgrad", quantized=True)
-    assert quantized.options == dict(tile_n=128, store="regs", cluster=2) and not quantized.notes
+    assert quantized.options == dict(tile_n=128, pingpong=False, store="regs", cluster=2) and not quantized.notes
     assert "fc2 dgrad (mxfp8)" in quantized.source
     # an MXFP8 launch without an entry of its recipe reads the bf16 one, its variant's fixes applied
     (tmp_path / "bf16-only").mkdir()  # another file: a table is read once per value of the variable
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "bf16-only", [bf16]))
     fallback = choose("fc2_dgrad", *launch, site="fc2 dgrad", quantized=True)
-    assert fallback.options == dict(tile_n=128, store="regs", cluster=1) and len(fallback.notes) == 2
+    assert fallback.options == dict(tile_n=128, pingpong=False, store="regs", cluster=1) and len(fallback.notes) == 2
     (tmp_path / "unknown").mkdir()
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "unknown", [dict(bf16, recipe="fp4")]))
     with pytest.raises(ValueError, match=r"recipe 'fp4' is not one of \('bf16', 'mxfp8', 'fp8-blockwise'\)"):
@@ -252,3 +253,22 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     chosen = choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2, site="fc2")
     assert chosen.options == dict(wide=False, cluster=2) and "fc2 (fp8-blockwise)" in chosen.source
     assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).source == "defaults"  # no entry of its op
+
+
+def test_fc2_dgrads_pingpong_brings_its_fixes_and_is_off_where_its_epilogue_cannot(no_table, monkeypatch):
+    """FC2 dgrad's ping-pong: 128-wide tiles, dh stored from the registers, no cluster (each said in
+    a note); off for the MXFP8 epilogue and with db1 (both span a tile's two warpgroups), where it
+    brings none of its fixes; one candidate of the bf16 launch, none of the MXFP8 one."""
+    monkeypatch.setenv(ENV, "fc2_dgrad.pingpong=1")
+    choice = choose("fc2_dgrad", *DEEPSEEK_FC2)
+    assert choice.options == dict(tile_n=128, pingpong=True, store="regs", cluster=1)
+    assert [note.split(",")[0] for note in choice.notes] == ["tile_n=128", "store=regs"]
+    for variant in (dict(quantized=True), dict(bias=True)):
+        with pytest.raises(ValueError, match=r"forces fc2_dgrad.pingpong=True, but fc2_dgrad's .* span both"):
+            choose("fc2_dgrad", *DEEPSEEK_FC2, **variant)
+    monkeypatch.delenv(ENV)
+    assert choose("fc2_dgrad", *DEEPSEEK_FC2, bias=True).options == DEFAULTS["fc2_dgrad"]
+    bf16 = launch_options.candidates("fc2_dgrad")
+    assert len(bf16) == 9 and [c for c in bf16 if c["pingpong"]] == [dict(tile_n=128, pingpong=True, store="regs",
+                                                                         cluster=1)]
+    assert not any(c["pingpong"] for c in launch_options.candidates("fc2_dgrad", quantized=True))

@@ -57,6 +57,8 @@ CONFIGS = {
                                                     cluster=2)),
     "fc2-dgrad-cluster": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
                                                               bias_grad=True, tile_n=256, store="tma", cluster=2)),
+    "fc2-dgrad-pingpong": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
+                                                                tile_n=128, store="regs", pingpong=True)),
     "wgrad-cluster": ("wgrad", "WgradConfig", dict(store="tma", cluster=2)),
     # the FP8 blockwise recipe's kernels, as its layer runs them (wide items where N % 256 == 0)
     "blockwise-gemm-wide": ("blockwise_gemm", "BlockwiseGemmConfig", dict(wide=True)),
