@@ -107,7 +107,8 @@ def test_forced_knobs_beat_the_table(two_shapes, monkeypatch):
 
 def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
     given = dict(tile_n=256, pingpong=None, store=None, cluster=None)
-    assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, given) == dict(tile_n=256, pingpong=True,
+    # the table's ping-pong does not take the given 256-wide tile: it yields (a note says so)
+    assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, given) == dict(tile_n=256, pingpong=False,
                                                                                       store="regs", cluster=1)
     every = dict(tile_n=128, pingpong=False, store="tma", cluster=1)
     assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, every) is every  # nothing to choose
@@ -272,3 +273,14 @@ def test_fc2_dgrads_pingpong_brings_its_fixes_and_is_off_where_its_epilogue_cann
     assert len(bf16) == 9 and [c for c in bf16 if c["pingpong"]] == [dict(tile_n=128, pingpong=True, store="regs",
                                                                          cluster=1)]
     assert not any(c["pingpong"] for c in launch_options.candidates("fc2_dgrad", quantized=True))
+
+
+def test_a_tuned_pingpong_yields_to_the_knobs_a_launcher_is_given(two_shapes, monkeypatch):
+    """The table's ping-pong (Qwen3-like FC2 here) is turned off, with a note, where the caller gave
+    a knob it does not take (a 256-wide tile, a cluster of two); a forced one stays an error."""
+    choice = choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 2),))
+    assert choice.options == dict(tile_n=128, pingpong=False, store="regs", cluster=2)
+    assert choice.notes == ("pingpong=False, not the table's True: ping-pong does not take the launch's cluster=2",)
+    assert choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 1),)).options["pingpong"] is True  # no clash
+    monkeypatch.setenv(ENV, "grouped_gemm.pingpong=1")
+    assert choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 2),)).options["pingpong"] is True  # the config refuses
