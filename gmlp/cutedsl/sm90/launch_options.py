@@ -218,14 +218,15 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     if options.get("pingpong") and "pingpong" not in given_knobs and "pingpong" not in forced:
         # a chosen (not given, not forced) ping-pong yields to given knobs it does not take (a
         # caller's cluster=2 or 256-wide tile): the caller's knobs are kept as they are
+        without = _fixes(op, dict(options, pingpong=False), **variant)  # the fixes that are not ping-pong's
         clash = [f"{knob}={given_knobs[knob]}" for knob, (value, _) in _fixes(op, options, **variant).items()
-                 if knob in given_knobs and given_knobs[knob] != value]
+                 if knob not in without and knob in given_knobs and given_knobs[knob] != value]
         if clash:
             was = "the table's" if from_table.get("pingpong") else "the default"
             notes.append(f"pingpong=False, not {was} True: ping-pong does not take the launch's {', '.join(clash)}")
             options["pingpong"] = False
     for knob, (value, why) in _fixes(op, options, **variant).items():
-        if options[knob] == value or knob in dict(given):
+        if options[knob] == value or knob in given_knobs:
             continue
         if knob in forced:
             raise ValueError(f"{ENV} forces {op}.{knob}={forced[knob]}, but {why} ({knob}={value})")

@@ -282,5 +282,7 @@ def test_a_tuned_pingpong_yields_to_the_knobs_a_launcher_is_given(two_shapes, mo
     assert choice.options == dict(tile_n=128, pingpong=False, store="regs", cluster=2)
     assert choice.notes == ("pingpong=False, not the table's True: ping-pong does not take the launch's cluster=2",)
     assert choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 1),)).options["pingpong"] is True  # no clash
+    # a given knob the variant refuses for another reason (a bias's store) is not ping-pong's to yield to
+    assert choose("grouped_gemm", *QWEN3_FC2, given=(("store", "tma"),), bias=True).options["pingpong"] is True
     monkeypatch.setenv(ENV, "grouped_gemm.pingpong=1")
     assert choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 2),)).options["pingpong"] is True  # the config refuses
