@@ -129,14 +129,14 @@ def plan_layer(problem: LayerProblem, device: torch.device, *, strict: Strict) -
 
 def _sm90_launch(name: str, problem: LayerProblem) -> str:
     """The knobs of the SM90 kernel of site ``name`` and where they come from
-    (``launch_options.describe``), as the layer launches it: FC2 adds b2, FC2 dgrad sums db1, FC1
-    and FC2 dgrad quantize their outputs in an MXFP8 layer (the FP8 blockwise kernels: their recipe's entries)."""
+    (``launch_options.describe``), as the layer launches it: FC2 adds b2, FC1 and FC2 dgrad
+    quantize their outputs in an MXFP8 layer (the FP8 blockwise kernels: their recipe's entries)."""
     op = (BLOCKWISE_SITES if problem.blockwise else SITES)[name].op
     variant = {}
     if op in (Op.FC1, Op.FC2_DGRAD):
         variant["quantized"] = problem.mxfp8
     gated = problem.activation != "srelu"
-    if name in ("fc2", "fc2 dgrad"):  # FC2 adds b2; FC2 dgrad sums db1
+    if name == "fc2":
         variant["bias"] = problem.bias
     gemm = sm90_support.site_gemm(name, problem.tokens, problem.hidden, problem.ffn, problem.experts, gated=gated)
     return launch_options.describe(op.value, *gemm, site=name, **variant)

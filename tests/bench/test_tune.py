@@ -17,7 +17,7 @@ def _row(site, options, routing, ratio, shape="qwen3-30b-a3b"):
 
 
 def test_the_best_geometric_mean_over_both_routings_wins():
-    wide, narrow, broken = dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, pingpong=True)
+    wide, narrow, broken = dict(tile_n=256), dict(tile_n=128), dict(tile_n=128, store="tma")
     rows = [_row("fc2", wide, "balanced", 1.10), _row("fc2", wide, "skewed", 0.80),  # geomean 0.938
             _row("fc2", narrow, "balanced", 0.95), _row("fc2", narrow, "skewed", 0.95),  # 0.95
             _row("fc2", broken, "balanced", 2.0), _row("fc2", broken, "skewed", None)]  # failed once: out
@@ -41,7 +41,7 @@ def test_entries_carry_each_sites_launch_shape():
 
 def test_the_table_merges_and_reads_back(tmp_path):
     path = tmp_path / "table.json"
-    narrow = dict(tile_n=128, pingpong=True, store="regs")
+    narrow = dict(tile_n=128, store="regs")
     first = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=narrow,
                                                                        ratios=dict(balanced=1.0, skewed=1.0))},
                                ENV["device"])
@@ -54,7 +54,7 @@ def test_the_table_merges_and_reads_back(tmp_path):
     assert [entry.shape for entry in table.entries] == ["deepseek-v3-rank", "qwen3-30b-a3b"]  # both kept
     assert table.measurements == "bench_results/tune-2.json"
     assert {entry.device for entry in table.entries} == {"NVIDIA H200"}
-    assert table.entries[1].options == dict(tile_n=128, pingpong=True, store="regs")
+    assert table.entries[1].options == dict(tile_n=128, store="regs")
     retuned = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(DEFAULTS["grouped_gemm"]),
                                                                  ratios=dict(balanced=1.1, skewed=1.0))},
                                  ENV["device"])
@@ -67,7 +67,7 @@ def test_each_card_keeps_its_entries_and_launches_read_their_own(tmp_path, monke
     launch reads its own card's, and another card's only where its own has none for the op."""
     path = tmp_path / "table.json"
     h100 = dict(ENV, device="NVIDIA H100 80GB HBM3")
-    narrow = dict(tile_n=128, pingpong=True, store="regs")
+    narrow = dict(tile_n=128, store="regs")
     for env, options in ((ENV, DEFAULTS["grouped_gemm"]), (h100, narrow)):
         entries = tune.table_entries({("qwen3-30b-a3b", "fc2", "bf16"): dict(options=dict(options),
                                                                      ratios=dict(balanced=1.0, skewed=1.0))},
@@ -100,14 +100,12 @@ def test_an_older_table_names_its_card_once():
         assert tuned.read_table(path).entries[0].device == "NVIDIA H200"
 
 
-@pytest.mark.parametrize("op,count", [("grouped_gemm", 10), ("fc1_forward", 4), ("fc2_dgrad", 9),
-                                      ("grouped_wgrad", 18)])
+@pytest.mark.parametrize("op,count", [("grouped_gemm", 8), ("fc1_forward", 4), ("fc2_dgrad", 8),
+                                      ("grouped_wgrad", 16)])
 def test_candidates_are_the_consistent_knob_combinations(op, count):
     found = candidates(op)
     assert found[0] == DEFAULTS[op] and len(found) == count
     assert len({json.dumps(c, sort_keys=True) for c in found}) == count
-    for c in found:
-        assert not (c.get("pingpong") and (c["tile_n"] != 128 or c.get("cluster", 1) != 1))
 
 
 def test_measurements_of_a_removed_knob_count_as_the_kernel_runs_now():
@@ -118,6 +116,13 @@ def test_measurements_of_a_removed_knob_count_as_the_kernel_runs_now():
             _row("fc1", apart, "balanced", 0.9), _row("fc1", apart, "skewed", 0.9)]
     assert tune.choose(rows)[("qwen3-30b-a3b", "fc1", "bf16")]["options"] == dict(store="tma")
     assert tune.current_options("fc1", fused) is None
+    # the ping-pong schedule (removed) likewise: a ping-pong row that tied is out, the cooperative kept
+    pingpong = dict(tile_n=128, ragged_tma=True, pingpong=True, store="tma", cluster=1)
+    cooperative = dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma", cluster=1)
+    rows = [_row("fc2 wgrad", options, routing, ratio) for options, ratio in ((pingpong, 1.0), (cooperative, 0.99))
+            for routing in tune.ROUTINGS]
+    assert tune.choose(rows)[("qwen3-30b-a3b", "fc2 wgrad", "bf16")]["options"] == dict(
+        tile_n=256, ragged_tma=True, store="tma", cluster=1)
 
 
 def test_the_committed_table_is_what_the_committed_measurements_choose():

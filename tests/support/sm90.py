@@ -26,15 +26,14 @@ def check_tma_loads(ptx: str, cluster: int = 1) -> None:
     assert re.search(rf"cp\.async\.bulk\.tensor\.3d\.{re.escape(b_load)}", ptx)
 
 
-def check_ptx(compiled, *, tile_n: int, b_k_major: bool, pingpong: bool = False) -> None:
-    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
-    consumer warpgroups with ping-pong), bf16
+def check_ptx(compiled, *, tile_n: int, b_k_major: bool) -> None:
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
     wgmma with fp32 accumulators of B's major mode, TMA loads (``check_tma_loads``, by the
     config's cluster), no local memory, no spills (the cubin's resources where a cuobjdump reads
     it, else the PTX's ld/st.local), no predicated R2UR in the SASS."""
     ptx = compiled.ptx
     assert ".target sm_90a" in ptx
-    assert f".reqntid {128 * (1 + (2 if pingpong else tile_n // 128))}, 1, 1" in ptx
+    assert f".reqntid {128 * (1 + tile_n // 128)}, 1, 1" in ptx
     # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
     # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b (1: B is N-major in smem)
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
@@ -164,17 +163,14 @@ def fc1_operands(splits, hidden, ffn, activation, bias, with_probs, transposed=F
 
 def check_fc2_dgrad_ptx(compiled) -> None:
     """What every config's PTX must show (the options read from ``compiled.config``): the target,
-    384 threads (a producer warpgroup and two consumer warpgroups, sharing each tile or with
-    ping-pong each on its own 128-row tiles: two 64-row blocks a thread), bf16 m64n{tile_n}k16 wgmma with
+    384 threads (a producer warpgroup and two consumer warpgroups), bf16 m64n{tile_n}k16 wgmma with
     fp32 accumulators (one B tile, K-major or N-major), 2-D (dy) and 3-D (w2t) TMA loads, butterfly
     shuffles for the dprobs partials (quad) and the db1 warp sums, the epilogue's global loads and
     stores, no local memory, no spills (the cubin's resources), no predicated R2UR in the SASS."""
     ptx, config = compiled.ptx, compiled.config
     tile_n, quantized, b_k_major = config.tile_n, config.quantized, config.b_k_major
     probs, bias_grad = config.probs_dtype is not None, config.bias_grad
-    row_blocks = 2 if config.pingpong else 1  # 64-row blocks of a consumer thread's accumulators
-    # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups of each block
-    pairs = tile_n // 4 * row_blocks
+    pairs = tile_n // 4  # a thread's column pairs of the tile: 2 rows x tile_n / 8 column groups
     assert ".target sm_90a" in ptx
     assert ".reqntid 384, 1, 1" in ptx
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
@@ -185,19 +181,17 @@ def check_fc2_dgrad_ptx(compiled) -> None:
     check_tma_loads(ptx, compiled.config.cluster)
     shuffles = len(re.findall(r"shfl\.sync\.bfly\.b32", ptx))
     halves = 2 if config.activation.gated else 1
-    # dprobs: 2 rows a block x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per
-    # half; MXFP8: each quantized tile's 41 (check_quantized_ptx)
+    # dprobs: 2 rows x 2 quad steps; db1: the thread's tile_n / 4 columns x 3 steps per half;
+    # MXFP8: each quantized tile's 41 (check_quantized_ptx)
     quantizing = QUANTIZE_SHUFFLES * halves if quantized else 0
-    assert shuffles == quantizing + (4 * row_blocks if probs else 0) + (3 * pairs * halves if bias_grad else 0), \
-        shuffles
+    assert shuffles == quantizing + (4 if probs else 0) + (3 * pairs * halves if bias_grad else 0), shuffles
     # one pass: each of the thread's pairs of c (gate, and up) loaded once as a 32-bit word (beside
     # the schedule's 32-bit loads; bf16 dh: one subtile ahead); bf16 dh pairs, db1 warp sums and
     # dprobs partials stored as 32-bit words
     assert len(re.findall(r"ld\.global\.v2\.b16", ptx)) == 0
     assert len(re.findall(r"ld\.global\.b32", ptx)) >= pairs * halves
     tma_store = config.store == "tma"  # bf16 dh through shared memory and 4-D TMA stores (the ragged view)
-    stores = ((0 if quantized or tma_store else pairs * halves) + (pairs * halves if bias_grad else 0)
-              + (2 * row_blocks if probs else 0))
+    stores = (0 if quantized or tma_store else pairs * halves) + (pairs * halves if bias_grad else 0) + (2 if probs else 0)
     assert len(re.findall(r"st\.global\.b32", ptx)) == stores
     assert bool(re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta\.tile\.bulk_group", ptx)) == tma_store
     # tile_n / 32 subtiles of 16 values a thread: one 4-matrix stmatrix per 8 of d gate, of d up

@@ -89,7 +89,7 @@ TYPOS = [
      r"GMLP_SM90_CONFIG='fc3.store=tma': 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
     ("GMLP_SM90_CONFIG", "store=regs,grouped_gemm.tiles=2",
      r"GMLP_SM90_CONFIG='store=regs,grouped_gemm.tiles=2': 'grouped_gemm.tiles=2' names knob 'tiles'; the knobs of "
-     r"grouped_gemm are \('tile_n', 'pingpong', 'store', 'cluster'\)"),
+     r"grouped_gemm are \('tile_n', 'store', 'cluster'\)"),
     ("GMLP_SM90_CONFIG", "store:tma", r"GMLP_SM90_CONFIG='store:tma': 'store:tma' is not knob=value or op.knob=value"),
     ("GMLP_SM90_CONFIG", "tile_n=64", r"GMLP_SM90_CONFIG='tile_n=64': 'tile_n=64' asks for tile_n '64'"),
     ("GMLP_SM90_TUNED", "{tmp}/missing.json",

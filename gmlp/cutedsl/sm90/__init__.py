@@ -15,9 +15,9 @@ Each kernel is the twin of a Triton launcher (same arguments and outputs):
   sites in the FP8 blockwise recipe (1 x 128 tokens, 128 x 128 weight tiles, promoted fp32 sums).
 
 Every kernel is a site of one engine, ``_engine.GroupedGemmEngine``: one kernel skeleton (roles,
-slot ring, cooperative or ping-pong schedule, the work-item loop) into which a site plugs its
-operands, operand policy (producer and k-loop: bf16, FP8 promoted 1D2D in ``_blockwise_mainloop``,
-1D1D for the blockwise weight gradient) and epilogue; ``configs`` holds what each kernel is
+slot ring, the cooperative schedule, the work-item loop, clusters of two) into which a site plugs
+its operands, operand policy (producer and k-loop: bf16, FP8 promoted 1D2D in
+``_blockwise_mainloop``, 1D1D for the blockwise weight gradient) and epilogue; ``configs`` holds what each kernel is
 compiled for. Shared machinery: ``_schedule`` (persistent work items over experts, found on the
 device: ``TokenItems`` over ragged rows, ``ExpertTiles`` over a ragged K),
 ``_pipeline`` (TMA descriptors, the mbarrier pipeline, producer and wgmma consumer k-loops),
@@ -29,7 +29,7 @@ the tests, and the symbolic stand-ins of the arguments), ``_launch`` (the launch
 checks, one message each, the FC1 / FC2 dgrad problem rule, the run of a compiled config).
 ``support`` says what each kernel runs at each GEMM site of the layer and gives the dispatcher
 the launchers (imported lazily: this package imports without cutlass-dsl); ``launch_options``
-chooses each launch's knobs (tile width, ping-pong, epilogue store, ...) from the defaults, the
+chooses each launch's knobs (tile width, epilogue store, cluster, ...) from the defaults, the
 tuned table (``tuned``, written by ``python -m gmlp.bench tune``) and ``GMLP_SM90_CONFIG``.
 Verified on the H200 against the oracle and the Triton twins; the dispatcher takes them on 9.x.
 """

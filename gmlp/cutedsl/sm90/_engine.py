@@ -4,17 +4,14 @@ A kernel is a *site* (a GEMM of the layer in one recipe) declared as a subclass 
 ``GroupedGemmEngine``; the skeleton is ``GroupedGemmEngine.kernel``, the same for all:
 
 - roles: warp 0 of warpgroup 0 is the TMA producer (the warpgroup's registers lowered with
-  ``setmaxnreg``), the consumer warpgroups issue the ``wgmma``s and run the epilogue (registers
-  raised); one persistent CTA an SM (``_pipeline.launch``), alone or in clusters of two along M
-  (a config's ``cluster``: the pair's B tiles multicast where their items share one,
-  ``_cluster.PairedTile``; the slots' empty barriers count both CTAs' consumers, and the CTAs
-  leave together through a cluster barrier);
+  ``setmaxnreg``); the consumer warpgroups (registers raised) share each work item's tile, a
+  cooperative schedule: one issues its ``wgmma``s over all 128 rows, or two 64 rows each, and
+  they run its epilogue together; one persistent CTA an SM (``_pipeline.launch``), alone or in
+  clusters of two along M (a config's ``cluster``: the pair's B tiles multicast where their items
+  share one, ``_cluster.PairedTile``; the slots' empty barriers count both CTAs' consumers, and
+  the CTAs leave together through a cluster barrier);
 - the slot ring: ``stages`` shared-memory slots behind full/empty mbarriers
   (``_pipeline.make_mainloop_pipeline``), the producer running ahead across work items;
-- the schedule, a config's choice: *cooperative* (the consumer warpgroups share each tile, 64
-  rows each) or *ping-pong* (each of two consumer warpgroups owns whole tiles, alternate work
-  items of the CTA, their mainloops in turns through ``_pipeline.make_turns`` and each skipping
-  the other's slots, so one's epilogue overlaps the other's mainloop);
 - the work-item loop: the site's work (``TokenItems`` over ragged expert rows, or expert tiles
   over a ragged K) walked from the CTA's index in steps of the grid, a count of the TMA-store
   bulk groups carried across items (``_store``: the store buffers' ring continues across tiles).
@@ -27,7 +24,7 @@ What a site plugs in (the hooks below, each a short method of the site's class):
 - ``slots(storage, args, a_smem_layout, b_smem_layout)``: the ``Slots`` of the ring (the staged A
   tile, the B tiles of a slot, any scale boxes, and the bytes TMA delivers into one slot: the full
   barrier's transaction count);
-- ``work(args)``: the work items (``count``, ``tile(item)``, ``skip(read, release, item)``);
+- ``work(args)``: the work items (``count``, ``tile(item)``, ``stores(item)``);
 - the operand policy: ``produce`` (the producer warp's loads) and ``mainloop`` (the consumer's
   k-loop: bf16 ``_pipeline.mma_k_tiles`` by default, FP8 with promotion, a ragged K);
 - the epilogue: ``consumer_setup`` (per-thread state built once: fragments' coordinates,
@@ -46,8 +43,7 @@ from cutlass import BFloat16, Int32, const_expr
 from gmlp.cutedsl.sm90 import _store
 from gmlp.cutedsl.sm90._pipeline import (CONSUMER_REGISTERS, PRODUCER_REGISTERS, THREADS_PER_WARPGROUP,
                                          consumer_fragments, consumer_states, cta_roles, launch, make_mainloop_pipeline,
-                                         make_turns, mma_k_tiles, mma_thread, register_split, shared_storage,
-                                         slot_tensors)
+                                         mma_k_tiles, register_split, shared_storage, slot_tensors)
 
 __all__ = ["Slots", "GroupedGemmEngine"]
 
@@ -66,22 +62,18 @@ class GroupedGemmEngine:
     ``setup_engine``; its ``__call__`` calls ``launch_engine``; the device side is ``kernel``,
     which calls the site's hooks."""
 
-    def setup_engine(self, config, mma_warpgroups: int, *, pingpong: bool = False, cluster: int = 1,
+    def setup_engine(self, config, mma_warpgroups: int, *, cluster: int = 1,
                      registers: tuple[int, int] = (PRODUCER_REGISTERS, CONSUMER_REGISTERS)) -> None:
         """The skeleton's constants of a config: ``mma_warpgroups`` consumer warpgroups share a
-        tile's wgmmas (1 or 2: the tiled MMA's M extent over 64); ``pingpong`` adds a second
-        consumer warpgroup that takes alternate items (with ``mma_warpgroups`` 1); ``cluster`` CTAs
-        a cluster (checked by the config, ``launch_options.check_cluster``; the site's producer
-        multicasts B by ``_cluster.PairedTile``);
-        ``registers`` the (producer, consumer) ``setmaxnreg`` counts, checked against the launch's."""
-        if pingpong and mma_warpgroups != 1:
-            raise ValueError(f"pingpong needs one MMA warpgroup a tile, got {mma_warpgroups}")
+        tile's wgmmas (1 or 2: the tiled MMA's M extent over 64); ``cluster`` CTAs a cluster
+        (checked by the config, ``launch_options.check_cluster``; the site's producer multicasts B
+        by ``_cluster.PairedTile``); ``registers`` the (producer, consumer) ``setmaxnreg`` counts,
+        checked against the launch's."""
         self.config = config
         self.stages = config.num_stages()
         self.mma_warpgroups = mma_warpgroups
-        self.pingpong = pingpong
         self.cluster = cluster
-        self.threads = (1 + (2 if pingpong else mma_warpgroups)) * THREADS_PER_WARPGROUP
+        self.threads = (1 + mma_warpgroups) * THREADS_PER_WARPGROUP
         self.registers = register_split(self.threads, *registers)
 
     def launch_engine(self, args: tuple, fields: dict, tiled_mma: cute.TiledMma, a_smem_layout: cute.ComposedLayout,
@@ -99,12 +91,9 @@ class GroupedGemmEngine:
         tidx, bidx, grid, warp_idx, warpgroup = cta_roles(self.tma_atoms(args))
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         slots = self.slots(storage, args, a_smem_layout, b_smem_layout)
-        # a slot is released by the warpgroups that read it: those sharing a tile, or with
-        # ping-pong the one warpgroup whose item it holds
+        # a slot is released by the warpgroups that read it: those sharing a tile
         mainloop = make_mainloop_pipeline(storage.pipeline_barriers.data_ptr(), self.stages, self.mma_warpgroups,
                                           slots.stage_bytes, self.cluster)
-        if const_expr(self.pingpong):
-            order = make_turns(storage.order_barriers.data_ptr(), warpgroup)
         work = self.work(args)
 
         if warpgroup == 0:
@@ -114,37 +103,24 @@ class GroupedGemmEngine:
 
         if warpgroup > 0:  # consumers: mainloop and epilogue
             cute.arch.setmaxregister_increase(self.registers[1])
-            mma_warpgroup, mma_tidx = mma_thread(tidx, warpgroup, self.pingpong)
-            tCrA, tCrBs = consumer_fragments(tiled_mma, mma_warpgroup, slots.sA, slots.sBs)
+            # the tiled MMA spans the consumer warpgroups (MMA warpgroups 1, 2, ...; threads from 0)
+            mma_tidx = tidx - THREADS_PER_WARPGROUP
+            tCrA, tCrBs = consumer_fragments(tiled_mma, warpgroup, slots.sA, slots.sBs)
             consumer = self.consumer_setup(args, storage, tiled_mma, mma_tidx, warp_idx, slots, tCrA, tCrBs)
             read_state, release_state = consumer_states(self.stages)
             stores = Int32(0)  # TMA-store bulk groups (or tiles) committed so far: the store ring's position
 
             item = bidx
-            item_step = grid
-            if const_expr(self.pingpong):
-                # warpgroup 2 takes this CTA's odd items: skip the slots of the first one
-                item_step = 2 * grid
-                if warpgroup == 2:
-                    read_state, release_state = work.skip(read_state, release_state, bidx)
-                    item = bidx + grid
-                order_state = order.state.clone()  # carried explicitly through the item loop
             while item < work.count:
                 tile = work.tile(item)
                 ahead = self.before_mainloop(consumer, args, tile)
-                if const_expr(self.pingpong):
-                    order.wait(order_state)
                 tiled_mma, read_state, release_state = self.mainloop(consumer, args, tiled_mma, mainloop, read_state,
                                                                      release_state, work, tile)
-                if const_expr(self.pingpong):
-                    # the other warpgroup's mainloop may start; its item's slots are skipped here
-                    order_state = order.arrive(order_state)
-                    read_state, release_state = work.skip(read_state, release_state, item + grid)
                 if const_expr(self.cluster == 1):
                     stores = self.epilogue(consumer, args, tile, ahead, stores)
                 elif work.stores(item):  # not a shadow (TokenItems, ExpertTiles)
                     stores = self.epilogue(consumer, args, tile, ahead, stores)
-                item += item_step
+                item += grid
             self.finish(consumer, args, work, bidx, grid)
         if const_expr(self.cluster > 1):
             # every thread of both CTAs: neither leaves while its peer's consumers may still
@@ -174,24 +150,15 @@ class GroupedGemmEngine:
         return mma_k_tiles(tiled_mma, mainloop, read_state, release_state, work.k_tiles, consumer.tCrA,
                            consumer.operands)
 
-    @property
-    def store_rings(self) -> int:
-        """Rings of TMA-store buffers a site's ``sD`` holds: one a warpgroup that runs its own epilogue."""
-        return 2 if self.pingpong else 1
-
     def tile_store(self, storage, smem_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma, acc: cute.Tensor,
                    mma_tidx: Int32, warp_idx: Int32, dtype=BFloat16, outputs: int = 1) -> _store.TileStore:
         """This consumer thread's TMA-store epilogue over the site's ``sD`` buffers (built by
-        ``_store.make_store_operands`` with ``store_rings`` rings). Cooperative: one ring for the
-        warpgroups sharing a tile, stored by the first consumer warp. Ping-pong: a ring per consumer
-        warpgroup, stored by its own first warp behind its own named barrier, so one warpgroup's
-        epilogue and stores never wait on the other's (whose mainloop runs meanwhile)."""
+        ``_store.make_store_operands``): one ring for the warpgroups sharing a tile, stored by the
+        first consumer warp."""
         sD = storage.sD.get_tensor(smem_layout.outer, swizzle=smem_layout.inner)
-        ring, store_warp = 0, warp_idx == THREADS_PER_WARPGROUP // 32
-        if const_expr(self.pingpong):
-            ring, store_warp = warp_idx // 4 - 1, warp_idx % 4 == 0
         return _store.TileStore.of(tiled_mma, acc, sD, mma_tidx, self.mma_warpgroups * THREADS_PER_WARPGROUP,
-                                   _store.epi_tile(self.mma_warpgroups, dtype), store_warp, dtype, outputs, ring)
+                                   _store.epi_tile(self.mma_warpgroups, dtype), warp_idx == THREADS_PER_WARPGROUP // 32,
+                                   dtype, outputs)
 
     def finish(self, consumer, args: tuple, work, bidx: Int32, grid: Int32) -> None:
         """After the CTA's last item (default: drain the TMA stores, if the site's consumer record

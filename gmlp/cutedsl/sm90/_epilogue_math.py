@@ -129,12 +129,10 @@ def activation_backward(activation: Activation, gate, up, grad):
 # ---------------------------------------------------------------------------------------------
 
 
-def pair_fragment(shape, row_blocks: int = 1):
+def pair_fragment(shape):
     """The accumulator fragment the epilogue's indexing assumes (checked at trace time):
-    ((2 columns, 2 rows, column groups), row_blocks, 1): pair i is row slot i % 2 of column group
-    i // 2, the groups of 64-row block b after those of block b - 1 (one warpgroup over a 128-row
-    tile has two)."""
-    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == row_blocks and shape[2] == 1):
+    ((2 columns, 2 rows, column groups), 1, 1): pair i is row slot i % 2 of column group i // 2."""
+    if not (shape[0][0] == 2 and shape[0][1] == 2 and shape[1] == 1 and shape[2] == 1):
         raise ValueError(f"unexpected accumulator fragment {shape}")
     return shape
 
@@ -144,9 +142,9 @@ def load_row_probs(row_probs: cute.Tensor, mProbs: cute.Tensor, rows: tuple, fir
                    row_sums: cute.Tensor | None = None):
     """``row_probs[slot]``: the fp32 routing probability of the thread's accumulator row
     ``rows[slot]`` (a tile row; the tile starts at token ``first_row``), 0 for the rows past the
-    expert's end (``>= row_limit``); ``row_sums`` (FC2 dgrad's dprobs sums of the rows), if
+    expert's end (``>= row_limit``); ``row_sums`` (FC2 dgrad's dprobs sums of the two rows), if
     given, zeroed in the same pass."""
-    for slot in cutlass.range_constexpr(len(rows)):
+    for slot in cutlass.range_constexpr(2):
         row_probs[slot] = Float32(0.0)
         if const_expr(row_sums is not None):
             row_sums[slot] = Float32(0.0)

@@ -41,10 +41,7 @@ class DhEpilogue:
         # sigmoid with act'(c).
         # bias_grad: the group's two rows are added at once and written over its da
         # (read first): acc[4j + c] = d gate, acc[4j + 2 + c] = d up sums of column c.
-        # One warpgroup over a 128-row tile (ping-pong) holds two 64-row blocks: the groups of
-        # the second after the first's, its rows in row slots 2 and 3.
         groups = cute.size(tCcD) // 4
-        block_groups = groups // (cute.size(row_probs) // 2)
         for j in cutlass.range_constexpr(groups):
             batch = j // self.c_batch + 1
             if const_expr(j % self.c_batch == 0 and batch * self.c_batch < groups):
@@ -67,8 +64,7 @@ class DhEpilogue:
                     if const_expr(self.gated):
                         pair_bits[0] = c_words[word + 1]
                         up = (pair[0].to(Float32), pair[1].to(Float32))
-                    d0, d1 = self.pair_backward(gate, up, grad, slot + 2 * (j // block_groups), row_probs,
-                                                row_dprobs)
+                    d0, d1 = self.pair_backward(gate, up, grad, slot, row_probs, row_dprobs)
                     if const_expr(self.tma_store):
                         gate_stage[staged], gate_stage[staged + 1] = d0[0].to(BFloat16), d1[0].to(BFloat16)
                         if const_expr(self.gated):
@@ -100,14 +96,13 @@ class DhEpilogue:
 
     @cute.jit
     def store_dprobs_partials(self, row_dprobs, tCcD, lane, limits, mDprobsPartial, first_row, n_tile):
-        """The dprobs partials of the thread's rows (two a 64-row block): the row's 4 threads
-        (lanes 4q + [0, 4)) reduced, written to dprobs_partial[row, n_tile]."""
-        block = cute.size(tCcD) // (cute.size(row_dprobs) // 2)  # accumulators of a 64-row block
-        for slot in cutlass.range_constexpr(cute.size(row_dprobs)):
+        """The dprobs partials of the thread's two rows: the row's 4 threads (lanes 4q + [0, 4))
+        reduced, written to dprobs_partial[row, n_tile]."""
+        for slot in cutlass.range_constexpr(2):
             total = row_dprobs[slot]
             total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
             total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-            row = tCcD[2 * (slot % 2) + block * (slot // 2)][0]
+            row = tCcD[2 * slot][0]
             if lane % 4 == 0 and row < limits[0]:
                 mDprobsPartial[first_row + row, n_tile] = total
 

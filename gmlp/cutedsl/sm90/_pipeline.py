@@ -34,8 +34,8 @@ from gmlp.cutedsl.sm90._schedule import TILE_K, TILE_M, TokenItems
 
 __all__ = ["TILE_K", "ALIGN", "ELEMENT_ALIGN", "SMEM_BYTES", "THREADS_PER_WARPGROUP", "PRODUCER_REGISTERS",
            "CONSUMER_REGISTERS", "REGISTER_FILE", "register_split", "StagedConfig", "WideItems", "cta_roles",
-           "mma_thread", "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
-           "make_turns", "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
+           "slot_tensors", "MainloopOperands", "make_mainloop_operands", "make_mainloop_pipeline",
+           "consumer_states", "smem_array", "mainloop_fields", "shared_storage", "launch", "b_is_k_major",
            "a_tiles", "b_tiles", "make_b_tma", "KSplit", "produce_k_tiles", "produce_token_items", "mma_k_tiles",
            "consumer_fragments"]
 
@@ -121,15 +121,6 @@ def cta_roles(tma_atoms: tuple):
     return tidx, bidx, grid, warp_idx, warpgroup
 
 
-def mma_thread(tidx, warpgroup, pingpong: bool):
-    """(MMA warpgroup, index in the tiled MMA) of a consumer thread. The tiled MMA spans the
-    consumer warpgroups that share a tile (MMA warpgroups 1, 2, ..., threads from 0 in the first);
-    with ping-pong each warpgroup owns whole tiles, so both are MMA warpgroup 1, threads from 0."""
-    if pingpong:
-        return 1, tidx - warpgroup * THREADS_PER_WARPGROUP
-    return warpgroup, tidx - THREADS_PER_WARPGROUP
-
-
 def slot_tensors(storage, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
                  b_tiles_per_slot: int = 1, a_dtype=BFloat16, b_dtype=BFloat16):
     """(sA, sB, stage_bytes): the staged A and B tiles of ``storage`` (fields ``sA``, ``sB``) and
@@ -150,13 +141,11 @@ def smem_array(dtype, elements: int, align: int = 1024):
 
 
 def mainloop_fields(stages: int, a_smem_layout: cute.ComposedLayout, b_smem_layout: cute.ComposedLayout,
-                    a_dtype=BFloat16, b_dtype=BFloat16, turns: bool = False) -> dict:
+                    a_dtype=BFloat16, b_dtype=BFloat16) -> dict:
     """The first fields of a kernel's ``shared_storage``: the full and empty mbarriers of the
-    slots, with ``turns`` the two ping-pong ones (``make_turns``), then the staged A and B tiles
-    (``slot_tensors``). A kernel adds its own after them (more B tiles, epilogue buffers)."""
+    slots, then the staged A and B tiles (``slot_tensors``). A kernel adds its own after them
+    (more B tiles, epilogue buffers)."""
     fields = dict(pipeline_barriers=cute.struct.MemRange[cutlass.Int64, stages * 2])  # full, empty
-    if turns:
-        fields["order_barriers"] = cute.struct.MemRange[cutlass.Int64, 2]  # whose mainloop is next
     fields["sA"] = smem_array(a_dtype, cute.cosize(a_smem_layout))
     fields["sB"] = smem_array(b_dtype, cute.cosize(b_smem_layout))
     return fields
@@ -253,17 +242,6 @@ def make_mainloop_pipeline(barrier_ptr, stages: int, consumer_warpgroups: int, s
         tx_count=stage_bytes,
         cta_layout_vmnk=cute.make_layout((1, cluster, 1, 1)),
     )
-
-
-def make_turns(barrier_ptr, warpgroup):
-    """Ping-pong: the two consumer warpgroups' mainloops take turns, in their items' order, through
-    two mbarriers at ``barrier_ptr`` (every thread of a warpgroup arrives; warpgroup 1 goes first).
-    Required for correctness, not only speed: the warpgroups share the slot ring, and a warpgroup
-    waiting on a slot more than one phase ahead of its last fill would take the parity of an older
-    fill as its own. Syncs the CTA."""
-    return pipeline.PipelineOrder.create(
-        barrier_storage=barrier_ptr, depth=1, length=2, group_id=warpgroup - 1,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARPGROUP))
 
 
 def consumer_states(stages: int):

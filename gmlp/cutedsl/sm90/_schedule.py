@@ -30,7 +30,7 @@ from gmlp.mxfp8 import scale_layout
 from gmlp.mxfp8.scale_layout import SCALE_TILE_ROWS
 
 __all__ = ["TILE_M", "GROUP_M", "SEARCH_STEPS", "MAX_EXPERTS", "expert_of_tile", "work_tile", "num_work_items",
-           "TokenItems", "ExpertTiles", "advance", "grid_size", "expert_tiles_grid", "expert_count_reason", "sm_count"]
+           "TokenItems", "ExpertTiles", "grid_size", "expert_tiles_grid", "expert_count_reason", "sm_count"]
 
 TILE_M = SCALE_TILE_ROWS  # 128: the m-tiles are those of DeviceGroups.tile_start
 TILE_K = 64  # one 128-byte swizzle row of bf16 (the k-tiles of the slots)
@@ -130,12 +130,6 @@ class TokenItems:
         other_g, _, other_n_tile, _, _ = self.tile(other)
         return (cutlass.max(item, other) < self.items) & (other_g == g) & (other_n_tile == n_tile)
 
-    @cute.jit
-    def skip(self, read_state, release_state, item: Int32):
-        """Ping-pong: both consumer states advanced past item ``item``'s slots (the other
-        warpgroup's), without waiting on them."""
-        return advance(read_state, self.k_tiles), advance(release_state, self.k_tiles)
-
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
 class ExpertTiles:
@@ -186,26 +180,6 @@ class ExpertTiles:
 
     def k_tiles(self, extent: Int32) -> Int32:
         return extent if self.k_tile == 1 else (extent + self.k_tile - 1) // self.k_tile
-
-    @cute.jit
-    def skip(self, read_state, release_state, item: Int32):
-        """Ping-pong: both consumer states advanced past item ``item``'s slots (none past the last
-        item), without waiting on them."""
-        if item < self.count:
-            g = item // self.tiles_per_expert
-            k_tiles = self.k_tiles(self.mStart[g + 1] - self.mStart[g])
-            read_state = advance(read_state, k_tiles)
-            release_state = advance(release_state, k_tiles)
-        return read_state, release_state
-
-
-@cute.jit
-def advance(state, slots: Int32):
-    """A pipeline state moved ``slots`` slots on without waiting on them; returns it (the caller
-    rebinds it)."""
-    for _ in range(slots):
-        state.advance()
-    return state
 
 
 def expert_tiles_grid(experts: int, m_tiles: int, n_tiles: int, device: torch.device, cluster: int = 1) -> int:

@@ -51,11 +51,10 @@ def epi_tile(mma_warpgroups: int, dtype=BFloat16) -> tuple[int, int]:
     return (64 * mma_warpgroups, EPI_BYTES * 8 // dtype.width)
 
 
-def smem_bytes(mma_warpgroups: int, dtype=BFloat16, rings: int = 1) -> int:
-    """Shared memory of the subtile buffers: ``rings`` rings of ``STAGES`` (ping-pong: one a
-    consumer warpgroup)."""
+def smem_bytes(mma_warpgroups: int, dtype=BFloat16) -> int:
+    """Shared memory of the subtile buffers."""
     rows, _ = epi_tile(mma_warpgroups, dtype)
-    return rings * STAGES * rows * EPI_BYTES
+    return STAGES * rows * EPI_BYTES
 
 
 class StoreOperands:
@@ -68,12 +67,12 @@ class StoreOperands:
 
 
 def make_store_operands(destination: cute.Tensor, mma_warpgroups: int, dtype=BFloat16,
-                        reduce: bool = False, rings: int = 1) -> StoreOperands:
+                        reduce: bool = False) -> StoreOperands:
     """The TMA store (``reduce``: reduce-add) of ``dtype`` subtiles into ``destination``, a tensor
     whose first two modes are the tile's rows and N-contiguous columns (more modes: coordinates
-    a tile fixes, the expert's); ``rings`` rings of ``STAGES`` buffers."""
+    a tile fixes, the expert's)."""
     tile = epi_tile(mma_warpgroups, dtype)
-    smem_layout = sm90_utils.make_smem_layout_epi(dtype, utils.LayoutEnum.ROW_MAJOR, tile, rings * STAGES)
+    smem_layout = sm90_utils.make_smem_layout_epi(dtype, utils.LayoutEnum.ROW_MAJOR, tile, STAGES)
     op = (cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp() if reduce
           else cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp())
     tma_atom, tma_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
@@ -96,13 +95,10 @@ class TileStore:
 
     With ``outputs`` outputs a subtile, the buffers are ``STAGES // outputs`` groups of
     ``outputs`` (a subtile's stores are one bulk group), so a group is reused after the stores
-    of the subtile that last used it completed. ``ring``: which ring of ``STAGES`` buffers of
-    ``sD`` this thread's group of ``consumers`` threads uses, behind named barrier ``BARRIER +
-    ring`` (ping-pong: one ring a consumer warpgroup, so the two epilogues never wait on each
-    other)."""
+    of the subtile that last used it completed."""
 
     copy_r2s: cute.TiledCopy
-    tRS_sD: cute.Tensor  # (R2S, R2S_M, R2S_N, rings * STAGES): this thread's part of the smem buffers
+    tRS_sD: cute.Tensor  # (R2S, R2S_M, R2S_N, STAGES): this thread's part of the smem buffers
     tRS_acc: cute.Tensor  # the accumulators in subtile order: subtile s is values [s * size, (s + 1) * size)
     values: cute.Tensor  # one subtile's fp32 values
     rounded: cute.Tensor  # and their roundings to the output's dtype
@@ -112,11 +108,10 @@ class TileStore:
     outputs: int
     store_warp: cutlass.Boolean
     pipeline: pipeline.PipelineTmaStore
-    ring: Int32 | int  # buffers [ring * STAGES, (ring + 1) * STAGES) of sD, named barrier BARRIER + ring
 
     @staticmethod
     def of(tiled_mma: cute.TiledMma, acc: cute.Tensor, sD: cute.Tensor, consumer_tidx: Int32, consumers: int,
-           tile: tuple[int, int], store_warp, dtype=BFloat16, outputs: int = 1, ring: Int32 | int = 0) -> TileStore:
+           tile: tuple[int, int], store_warp, dtype=BFloat16, outputs: int = 1) -> TileStore:
         # the stmatrix copy's thread layout, with the store op of the dtype (stmatrix for 16-bit)
         copy_r2s = cute.make_tiled_copy_S(
             sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=dtype, elem_ty_acc=Float32),
@@ -129,8 +124,7 @@ class TileStore:
                          consumers, outputs, store_warp,
                          pipeline.PipelineTmaStore.create(
                              num_stages=STAGES // outputs,
-                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers)),
-                         ring)
+                             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers)))
 
     def staging(self, dtype=None) -> cute.Tensor:
         """A register tensor of one subtile's values of one output (``dtype``: the store's)."""
@@ -159,20 +153,20 @@ class TileStore:
         by ``destinations[o]`` = (TMA atom, bSG_sD, bSG_gD) (``targets``' partitions) at subtile
         ``coord`` (``stored`` false: none, the subtile lies outside the output) as one bulk group.
         ``sequence``: the subtiles this thread wrote before."""
-        buffer = self.ring * STAGES + sequence % (STAGES // self.outputs) * self.outputs  # the group's first
+        group = sequence % (STAGES // self.outputs)
         for o in cutlass.range_constexpr(len(staged)):
-            cute.copy(self.copy_r2s, staged[o], self.tRS_sD[(None, None, None, buffer + o)])
+            cute.copy(self.copy_r2s, staged[o], self.tRS_sD[(None, None, None, group * self.outputs + o)])
         # the generic-proxy smem writes, visible to the TMA (async proxy) store that reads them
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=BARRIER + self.ring, number_of_threads=self.consumers)
+        cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
         if self.store_warp:
             if stored:
                 for o in cutlass.range_constexpr(len(staged)):
                     tma_atom, bSG_sD, bSG_gD = destinations[o]
-                    cute.copy(tma_atom, bSG_sD[(None, buffer + o)], bSG_gD[(None, coord)])
+                    cute.copy(tma_atom, bSG_sD[(None, group * self.outputs + o)], bSG_gD[(None, coord)])
             self.pipeline.producer_commit()
             self.pipeline.producer_acquire()  # the group written next is free once this returns
-        cute.arch.barrier(barrier_id=BARRIER + self.ring, number_of_threads=self.consumers)
+        cute.arch.barrier(barrier_id=BARRIER, number_of_threads=self.consumers)
 
     @cute.jit
     def store(self, tma_atom: cute.CopyAtom, gD: cute.Tensor, tiles_done: Int32):

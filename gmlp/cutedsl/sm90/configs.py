@@ -53,7 +53,6 @@ class KernelConfig(StagedConfig):
     bias_dtype: torch.dtype | None = None  # None: no bias
     tile_n: int = 256  # 128 (one consumer warpgroup) or 256 (two)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
-    pingpong: bool = False  # tile_n = 128 only: two consumer warpgroups on alternate work items
     # the epilogue's stores: "regs", predicated bf16 pairs from the registers; "tma", subtiles
     # staged in shared memory and stored by TMA, overlapped with what follows (``_store``)
     store: str = "regs"
@@ -65,13 +64,10 @@ class KernelConfig(StagedConfig):
     def __post_init__(self):
         if self.tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
-        if self.pingpong and self.tile_n != 128:
-            raise ValueError(f"pingpong needs tile_n=128 (one 128 x 128 tile per consumer warpgroup), "
-                             f"got {self.tile_n}")
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_store(self.store)
-        launch_options.check_cluster(self.cluster, self.pingpong)
+        launch_options.check_cluster(self.cluster)
         if self.store == "tma" and self.bias_dtype is not None:
             raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got "
                              f"bias_dtype={self.bias_dtype}")
@@ -82,8 +78,8 @@ class KernelConfig(StagedConfig):
         return TILE_M * TILE_K * 2 + self.tile_n * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The TMA-store epilogue's subtiles, outside the slot ring (a ring a warpgroup with ping-pong)."""
-        return _store.smem_bytes(self.tile_n // 128, rings=2 if self.pingpong else 1) if self.store == "tma" else 0
+        """The TMA-store epilogue's subtiles, outside the slot ring."""
+        return _store.smem_bytes(self.tile_n // 128) if self.store == "tma" else 0
 
 
 @dataclass(frozen=True)
@@ -172,17 +168,10 @@ class FC2DgradConfig(StagedConfig):
     # shared memory and TMA-stored, d gate and d up of a subtile as one bulk group (``_store``)
     store: str = "regs"
     cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
-    # two consumer warpgroups on alternate work items, each a whole 128 x 128 tile, so one's
-    # epilogue overlaps the other's mainloop (tile_n 128, a bf16 dh from the registers, no db1)
-    pingpong: bool = False
 
     def __post_init__(self):
         if self.tile_n not in FC2_DGRAD_TILE_NS:
             raise ValueError(f"tile_n must be one of {FC2_DGRAD_TILE_NS}, got {self.tile_n}")
-        if self.pingpong and (self.tile_n != 128 or self.quantized or self.bias_grad or self.store != "regs"):
-            raise ValueError(f"pingpong needs tile_n=128, a bf16 dh stored from the registers and no bias_grad (its "
-                             f"epilogue runs in one warpgroup), got tile_n={self.tile_n}, quantized={self.quantized}, "
-                             f"bias_grad={self.bias_grad}, store={self.store!r}")
         check_activation(self.activation)
         if self.probs_dtype is not None and self.probs_dtype not in FLOAT_DTYPES:
             raise ValueError(f"probs_dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.probs_dtype}")
@@ -191,7 +180,7 @@ class FC2DgradConfig(StagedConfig):
         if self.quantized and self.tile_n != QUANTIZED_TILE_N:
             raise ValueError(quantized_tile_n_reason(self.tile_n))
         launch_options.check_store(self.store)
-        launch_options.check_cluster(self.cluster, self.pingpong)
+        launch_options.check_cluster(self.cluster)
         if self.store == "tma" and self.quantized:
             raise ValueError("store='tma' needs a bf16 dh (the TMA-store epilogue has no quantized outputs yet), got "
                              "quantized=True")
@@ -228,7 +217,6 @@ class WgradConfig(StagedConfig):
     # K tail: True, TMA zero-fills past the expert's end (the ragged 4-D view); False, the plain
     # (features, T) view, and the consumers zero the next expert's rows of the last k-step in smem
     ragged_tma: bool = True
-    pingpong: bool = False  # tile_n = 128, ragged_tma: two consumer warpgroups on alternate items
     cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_cluster``)
     # the epilogue's stores: "regs", predicated pairs from the registers (accumulate: loaded,
     # added, stored); "tma", subtiles staged in shared memory and TMA-stored, or TMA reduce-added
@@ -238,15 +226,12 @@ class WgradConfig(StagedConfig):
     def __post_init__(self):
         if self.tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
-        if self.pingpong and (self.tile_n != 128 or not self.ragged_tma):
-            raise ValueError(f"pingpong needs tile_n=128 and ragged_tma=True (the smem zeroing syncs all consumer "
-                             f"threads), got tile_n={self.tile_n}, ragged_tma={self.ragged_tma}")
         if self.out_dtype not in OUT_DTYPES_DSL:
             raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES_DSL)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
         launch_options.check_store(self.store)
-        launch_options.check_cluster(self.cluster, self.pingpong)
+        launch_options.check_cluster(self.cluster)
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -254,10 +239,10 @@ class WgradConfig(StagedConfig):
         return (TILE_M + self.tile_n) * TILE_K * 2
 
     def fixed_bytes(self) -> int:
-        """The TMA-store epilogue's subtiles, outside the slot ring (a ring a warpgroup with ping-pong)."""
+        """The TMA-store epilogue's subtiles, outside the slot ring."""
         if self.store != "tma":
             return 0
-        return _store.smem_bytes(self.tile_n // 128, OUT_DTYPES_DSL[self.out_dtype], rings=2 if self.pingpong else 1)
+        return _store.smem_bytes(self.tile_n // 128, OUT_DTYPES_DSL[self.out_dtype])
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,6 @@ Kernel design (one compiled kernel per ``FC2DgradConfig``; T, H, F, E are runtim
   ((max tiles * 8, N1) fp32, zero-filled); the launcher sums the 8 warps of each tile, then each
   expert's tiles in order (``torch.segment_reduce`` over ``tile_start``): deterministic, no atomics.
 
-Ping-pong (``FC2DgradConfig.pingpong``, tile_n 128, a bf16 dh from the registers, no db1): each
-of the two consumer warpgroups owns whole 128 x 128 tiles (two m64n128k16 wgmmas a k-step, two
-64-row blocks of accumulators: rows r, r + 8, r + 64, r + 72 of a thread), alternate work items
-of the CTA, their mainloops in turns (the engine's schedule), so one's epilogue (c's loads, the
-activation backward, the stores) overlaps the other's mainloop. The same wgmmas in the same K
-order and the same epilogue formulas: bit for bit the cooperative kernel at tile_n 128.
-
 MXFP8 epilogue (``FC2DgradConfig(quantized=True, e5m2=..., floor_scales=...)``, tile_n 128 only):
 ``_fc2_dgrad_mxfp8``, whose docstring tells how registers shape it.
 """
@@ -153,11 +146,7 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
     def __init__(self, config: FC2DgradConfig):
         registers = (QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS) if config.quantized \
             else (PRODUCER_REGISTERS, CONSUMER_REGISTERS)
-        # cooperative: two consumer warpgroups, 64 rows of each tile each; ping-pong: each of two
-        # takes whole 128-row tiles (two m64 wgmmas a k-step), alternate items
-        self.setup_engine(config, 1 if config.pingpong else TOKEN_ROW_WARPGROUPS, pingpong=config.pingpong,
-                          cluster=config.cluster, registers=registers)
-        self.row_blocks = 2 if config.pingpong else 1  # 64-row blocks of a consumer thread's accumulators
+        self.setup_engine(config, TOKEN_ROW_WARPGROUPS, cluster=config.cluster, registers=registers)
         self.activation = config.activation
         self.gated = config.activation.gated
         self.has_probs = config.probs_dtype is not None
@@ -192,8 +181,8 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
         num_ctas: Int32,  # persistent grid: min(#SMs, host bound of the work items)
         stream,
     ):
-        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, (self.mma_warpgroups, 1, 1), self.cluster)
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, turns=self.pingpong)
+        ops = make_mainloop_operands(mDy, mW, self.tile_n, self.stages, (TOKEN_ROW_WARPGROUPS, 1, 1), self.cluster)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
         if const_expr(self.quantized):  # the quantizing epilogue's transposed fp8 tile and 16-row amax keys
             fields.update(_quantize_epilogue.smem_fields())
         store = None  # store="tma": the subtiles' smem layout and TMA store of dh's ragged view
@@ -225,7 +214,7 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
                        tCrBs) -> _Consumer:
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
-        acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape, self.row_blocks), Float32)
+        acc = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)
         values = smem_q = None
         if const_expr(self.quantized):
             values = cute.make_rmem_tensor(pair_fragment(tCcD.shape), Float32)
@@ -233,8 +222,8 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
         group_sums = cute.make_rmem_tensor((4,), Float32)
         pair = cute.make_rmem_tensor((2,), BFloat16)
         pair_bits = cute.recast_tensor(pair, Int32)
-        row_probs = cute.make_rmem_tensor((2 * self.row_blocks,), Float32)  # rows r, r + 8 of each block
-        row_dprobs = cute.make_rmem_tensor((2 * self.row_blocks,), Float32)
+        row_probs = cute.make_rmem_tensor((2,), Float32)
+        row_dprobs = cute.make_rmem_tensor((2,), Float32)
         tile_store = staging = None
         if const_expr(self.tma_store):
             # d gate and d up of a subtile, one bulk group
@@ -260,9 +249,8 @@ class FC2DgradSm90(GroupedGemmEngine, DhEpilogue, QuantizedDhEpilogue):
         tCcD = consumer.tCcD
         tCgG, tCgU = c_pair_views(consumer.thr_mma, args.mC, first_row, col0, ffn, (TILE_M, self.tile_n), self.gated)
         if const_expr(self.has_probs):
-            block = cute.size(tCcD) // self.row_blocks  # accumulators of a 64-row block
-            rows = tuple(tCcD[2 * (slot % 2) + block * (slot // 2)][0] for slot in range(2 * self.row_blocks))
-            load_row_probs(consumer.row_probs, args.mProbs, rows, first_row, limits[0], consumer.row_dprobs)
+            load_row_probs(consumer.row_probs, args.mProbs, (tCcD[0][0], tCcD[2][0]), first_row, limits[0],
+                           consumer.row_dprobs)
         self.load_c_pairs(consumer.c_words, 0, C_WORD_PAIRS if const_expr(self.quantized) else 2 * self.c_batch,
                           tCgG, tCgU, tCcD, limits)
         return limits, tCgG, tCgU
@@ -378,7 +366,6 @@ def fc2_dgrad(
     tile_n: int | None = None,  # da columns per work item
     store: str | None = None,  # a bf16 dh's stores, "regs" or "tma"
     cluster: int | None = None,  # 1, or 2: CTAs paired along M, w2t tiles multicast
-    pingpong: bool | None = None,  # two consumer warpgroups on alternate 128 x 128 tiles
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow; no host sync; deterministic. Same contract as
@@ -405,15 +392,15 @@ def fc2_dgrad(
     check_optional("probs", probs, (tokens,))
     quantized = recipe is not None
     fmt = recipe.grad_format if quantized else None
-    knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts,
-                                          dict(tile_n=tile_n, pingpong=pingpong, store=store, cluster=cluster),
-                                          site=site, quantized=quantized, bias=bias_grad)
-    tile_n, pingpong, store, cluster = knobs["tile_n"], knobs["pingpong"], knobs["store"], knobs["cluster"]
+    knobs = launch_options.launch_options("fc2_dgrad", tokens, ffn, hidden, experts, dict(tile_n=tile_n, store=store,
+                                                                                          cluster=cluster),
+                                          site=site, quantized=quantized)
+    tile_n, store, cluster = knobs["tile_n"], knobs["store"], knobs["cluster"]
     config = FC2DgradConfig(activation, b_k_major=b_k_major, probs_dtype=None if probs is None else probs.dtype,
                             bias_grad=bias_grad, tile_n=tile_n, quantized=quantized,
                             e5m2=quantized and fmt is ElementFormat.E5M2,
                             floor_scales=quantized and recipe.scale_mode is ScaleMode.FLOOR, store=store,
-                            cluster=cluster, pingpong=pingpong)
+                            cluster=cluster)
 
     # allocate (as the Triton launcher: the unused columnwise scale columns stay 0), launch over
     # min(#SMs, bound of the work items) persistent CTAs

@@ -23,7 +23,8 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
   tiny cached array per item).
 - Warp-specialized: warp 0 (of warpgroup 0, registers lowered to 40) is the TMA producer;
   1 (BN = 128) or 2 (BN = 256, each a 64-row half) consumer warpgroups issue ``wgmma``
-  (bf16 x bf16 -> fp32, operands from smem) with registers raised to 232.
+  (bf16 x bf16 -> fp32, operands from smem) with registers raised to 232, and share each tile's
+  epilogue (the engine's cooperative schedule).
 - Pipeline: ``stages`` smem slots of one A tile (128 x 64) and one B tile (BN x 64), 128B-swizzled,
   full/empty mbarriers (``PipelineTmaAsync``); the producer runs ahead across tiles, so the next
   tile's loads overlap this tile's epilogue. A is loaded through a TMA descriptor of the whole
@@ -35,18 +36,10 @@ schedule, the compile and the launcher's common checks are ``_schedule``, ``_com
   the expert's last row (``_store``, ``_tma.ragged_rows``), overlapped with the next subtile and
   the next tile's mainloop; "regs" adds the bias (fp32), rounds to bf16 and stores predicated
   32-bit pairs (a thread's adjacent columns) of the rows below the expert's end and the columns
-  below N. Both give the same bytes.
-- Ping-pong (``KernelConfig.pingpong``, BN = 128): the two consumer warpgroups take alternate
-  work items of the CTA, each a whole 128 x 128 tile, so one's epilogue overlaps the other's
-  mainloop. They share the producer's slot ring in item order: each skips the other's k-tiles
-  in its pipeline state, and their mainloops take turns through two mbarriers
-  (``cutlass.pipeline.PipelineOrder``). The turns are required, not only fast: a warpgroup
-  waiting on a slot two fills ahead would take the parity of the older fill as its own. Without
-  ping-pong the epilogue is not overlapped with the next mainloop. With the TMA store each
-  warpgroup has its own ring of store buffers (``_engine.GroupedGemmEngine.tile_store``; bit for
-  bit the register store on the H200).
+  below N, not overlapped with the next mainloop (only the producer's loads run ahead). Both give
+  the same bytes.
 
-Clusters (``cluster=2``, cooperative only): CTAs 2c and 2c + 1 pair their items 2p and 2p + 1,
+Clusters (``cluster=2``): CTAs 2c and 2c + 1 pair their items 2p and 2p + 1,
 adjacent m-tiles of one n-tile in the banded order; where both are of one expert each CTA loads
 half of the B tile and multicasts it to both (``_cluster.PairedTile``), so B leaves L2 once for two
 tiles. Bit for bit the unclustered kernel on the H200; the tuner chooses it per shape.
@@ -135,9 +128,8 @@ class GroupedGemmSm90(GroupedGemmEngine):
 
     def __init__(self, config: KernelConfig):
         # BN = 256: two consumer warpgroups, each a 64 x 256 half (128 fp32 accumulators a thread);
-        # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators); with
-        # ping-pong each of the two consumer warpgroups owns a whole 128 x 128 tile
-        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong, cluster=config.cluster)
+        # BN = 128: one warpgroup, two m64 wgmmas per k-step (also 128 accumulators)
+        self.setup_engine(config, config.tile_n // 128, cluster=config.cluster)
         self.tile_n = config.tile_n
         self.tma_store = config.store == "tma"
 
@@ -158,10 +150,10 @@ class GroupedGemmSm90(GroupedGemmEngine):
         tma_atom_b1 = tma_b1 = None
         if const_expr(self.config.k_split):
             tma_atom_b1, tma_b1 = make_b_tma(mB1, ops.b_smem_layout, self.tile_n, self.cluster)
-        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout, turns=self.pingpong)
+        fields = mainloop_fields(self.stages, ops.a_smem_layout, ops.b_smem_layout)
         store = None  # store="tma": the subtiles' smem layout and TMA store
         if const_expr(self.tma_store):
-            store = _store.make_store_operands(ragged_rows(mD), self.mma_warpgroups, rings=self.store_rings)
+            store = _store.make_store_operands(ragged_rows(mD), self.mma_warpgroups)
             fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
         args = GroupedGemmArgs(ops.tma_atom_a, ops.tma_a, ops.tma_atom_b, ops.tma_b, tma_atom_b1, tma_b1, mBias,
                                mRowStart, mTileStart, mD, *_store.kernel_arguments(store))
@@ -303,9 +295,8 @@ def grouped_gemm(
     groups: DeviceGroups | None = None,  # device_groups(split_sizes, T), when the caller already has it
     # the knobs (KernelConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
     tile_n: int | None = None,  # 128 or 256
-    pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
-    cluster: int | None = None,  # 1, or 2: CTAs paired along M, B tiles multicast (not with ping-pong)
+    cluster: int | None = None,  # 1, or 2: CTAs paired along M, B tiles multicast
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> torch.Tensor:
     """(T, N) bf16: each expert's rows of ``a`` times its ``b`` transposed (+ its bias row); no
@@ -330,11 +321,11 @@ def grouped_gemm(
     check_tma_bases(a=a, b=b0)
     check_optional("bias", bias, (experts, n))
     knobs = launch_options.launch_options("grouped_gemm", tokens, n, k, experts,
-                                          dict(tile_n=tile_n, pingpong=pingpong, store=store, cluster=cluster),
-                                          site=site, bias=bias is not None)
-    tile_n, pingpong, store, cluster = knobs["tile_n"], knobs["pingpong"], knobs["store"], knobs["cluster"]
+                                          dict(tile_n=tile_n, store=store, cluster=cluster), site=site,
+                                          bias=bias is not None)
+    tile_n, store, cluster = knobs["tile_n"], knobs["store"], knobs["cluster"]
     config = KernelConfig(b_k_major=_b_layout(b0), bias_dtype=None if bias is None else bias.dtype, tile_n=tile_n,
-                          pingpong=pingpong, store=store, k_split=b1 is not None, cluster=cluster)
+                          store=store, k_split=b1 is not None, cluster=cluster)
 
     # allocate, launch over min(#SMs, bound of the work items) persistent CTAs
     groups = groups if groups is not None else device_groups(split_sizes, tokens)

@@ -1,7 +1,7 @@
 """The SM90 kernels' launch options, chosen in one place: each kernel's knobs (the tile width, the
-ping-pong schedule, the epilogue's store, the weight gradient's K tail, clusters; the FP8 blockwise
-kernels' 256-column items and clusters), from its defaults, the tuned table, a forced choice, and
-what the launch's variant allows.
+epilogue's store, the weight gradient's K tail, clusters; the FP8 blockwise kernels' 256-column
+items and clusters), from its defaults, the tuned table, a forced choice, and what the launch's
+variant allows.
 
 A launcher given None for a knob takes ``choose``'s value, built in four steps:
 
@@ -9,8 +9,8 @@ A launcher given None for a knob takes ``choose``'s value, built in four steps:
 2. the tuned table's entry for the nearest tuned shape of the op (``gmlp.cutedsl.sm90.tuned``);
 3. ``GMLP_SM90_CONFIG``'s items for the op;
 4. what the variant fixes (``_fixes``): a knob the launch's variant does not take (an MXFP8
-   output, a bias, ping-pong's tile width, 256-column items where the columns are not a multiple
-   of 256) takes the one value it allows. A
+   output, a bias, 256-column items where the columns are not a multiple of 256) takes the one
+   value it allows. A
    tuned choice so replaced is said in the choice's notes; a forced one is an error naming both,
    never a silent change.
 
@@ -18,7 +18,7 @@ A launcher given None for a knob takes ``choose``'s value, built in four steps:
 cutlass-dsl: the dispatcher reads it on any machine.
 
 ``GMLP_SM90_CONFIG``: items separated by commas, each ``op.knob=value``, or ``knob=value`` for every
-op that has the knob: ``store=regs``, ``grouped_gemm.tile_n=128,grouped_gemm.pingpong=1``. The
+op that has the knob: ``store=regs``, ``grouped_gemm.tile_n=128,grouped_gemm.cluster=2``. The
 module declares it (``gmlp.system.env``), so that its syntax, ops, knobs and values are checked
 wherever a plan is made, on any machine; a forced knob a launch's variant does not take is an
 error where the launch is chosen (``choose``).
@@ -48,10 +48,10 @@ WIDE_COLUMNS = 256  # the FP8 blockwise GEMMs' wide items: two 128-column halves
 # op -> its knobs and their defaults (the faster on the H200 where the table has no entry:
 # bench gemm, docs/performance.md). The TMA store is every op's default where it applies.
 DEFAULTS: dict[str, dict[str, object]] = {
-    "grouped_gemm": dict(tile_n=256, pingpong=False, store="tma", cluster=1),
+    "grouped_gemm": dict(tile_n=256, store="tma", cluster=1),
     "fc1_forward": dict(store="tma", cluster=1),
-    "fc2_dgrad": dict(tile_n=256, pingpong=False, store="tma", cluster=1),
-    "grouped_wgrad": dict(tile_n=256, ragged_tma=True, pingpong=False, store="tma", cluster=1),
+    "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
+    "grouped_wgrad": dict(tile_n=256, ragged_tma=True, store="tma", cluster=1),
     # the FP8 blockwise recipe's kernels (wide: 256-column items where the columns allow)
     "fc1_forward_blockwise": dict(cluster=1),
     "grouped_gemm_fp8_blockwise": dict(wide=True, cluster=1),
@@ -69,11 +69,10 @@ def check_store(store: str) -> None:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
 
 
-def check_cluster(cluster: int, pingpong: bool = False) -> None:
-    """Raises for a kernel config's ``cluster`` that is not one of ``CLUSTERS`` (1 with ping-pong:
-    a pair's CTAs would run their items' mainloops out of step)."""
-    if cluster not in CLUSTERS or (pingpong and cluster != 1):
-        raise ValueError(f"cluster must be one of {CLUSTERS}{' (1 with pingpong)' if pingpong else ''}, got {cluster}")
+def check_cluster(cluster: int) -> None:
+    """Raises for a kernel config's ``cluster`` that is not one of ``CLUSTERS``."""
+    if cluster not in CLUSTERS:
+        raise ValueError(f"cluster must be one of {CLUSTERS}, got {cluster}")
 
 
 def recipe_of(op: str, quantized: bool = False) -> str:
@@ -151,11 +150,9 @@ declare(ENV, "force the SM90 kernels' launch knobs (op.knob=value or knob=value,
         f"{', '.join(DEFAULTS)})", _parsed, default=())
 
 
-def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool,
-           columns: int | None = None) -> dict[str, tuple[object, str]]:
-    """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes,
-    given the knobs chosen so far (ping-pong fixes others); ``columns``: the output columns the
-    blockwise kernels' wide items split (None: any)."""
+def _fixes(op: str, *, bias: bool, quantized: bool, columns: int | None = None) -> dict[str, tuple[object, str]]:
+    """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes;
+    ``columns``: the output columns the blockwise kernels' wide items split (None: any)."""
     fixed: dict[str, tuple[object, str]] = {}
     if "wide" in DEFAULTS[op] and columns is not None and columns % WIDE_COLUMNS:
         fixed["wide"] = (False, f"{columns} columns are not a multiple of {WIDE_COLUMNS} (two 128-column halves an "
@@ -166,30 +163,18 @@ def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool,
             fixed["tile_n"] = (QUANTIZED_TILE_N, "the quantizing epilogue's tile is 128 columns wide")
     if bias and op == "grouped_gemm":
         fixed["store"] = ("regs", f"{op}'s TMA store does not take a bias yet")
-    if op == "fc2_dgrad" and (quantized or bias):
-        fixed["pingpong"] = (False, f"{op}'s {'quantizing epilogue' if quantized else 'db1 sums'} span both "
-                                    "warpgroups of a tile")
-    if options.get("pingpong", False) and "pingpong" not in fixed:
-        fixed.setdefault("tile_n", (128, "ping-pong runs one 128 x 128 tile per warpgroup"))
-        if op == "fc2_dgrad":
-            fixed.setdefault("store", ("regs", "FC2 dgrad's ping-pong stores dh from the registers"))
-        if "cluster" in DEFAULTS[op]:
-            fixed.setdefault("cluster", (1, "ping-pong runs without clusters"))
-        if op == "grouped_wgrad":
-            fixed.setdefault("ragged_tma", (True, "ping-pong's K tail is TMA's zero fill (smem zeroing syncs both "
-                                                  "warpgroups)"))
     return fixed
 
 
 def candidates(op: str, *, quantized: bool = False) -> list[dict[str, object]]:
     """Every combination of ``op``'s knobs that a bf16 launch (with ``quantized``, one writing
-    MXFP8 outputs; a blockwise op's, its recipe's) takes as it is (none of them fixed by another or
-    by the variant): the tuner's candidates, the defaults first (where the variant takes them)."""
+    MXFP8 outputs; a blockwise op's, its recipe's) takes as it is (none of them fixed by the
+    variant): the tuner's candidates, the defaults first (where the variant takes them)."""
     values = {"tile_n": TILE_WIDTHS, "store": STORES, "cluster": CLUSTERS}  # the others are booleans
     knobs = list(DEFAULTS[op])
     combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
-    variant = dict(bias=False, quantized=quantized)
-    consistent = [c for c in combos if all(c[k] == v for k, (v, _) in _fixes(op, c, **variant).items())]
+    fixed = _fixes(op, bias=False, quantized=quantized)
+    consistent = [c for c in combos if all(c[k] == v for k, (v, _) in fixed.items())]
     return sorted(consistent, key=lambda c: c != DEFAULTS[op])
 
 
@@ -213,19 +198,8 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     options.update(given)
     notes = []
     columns = k if op == "grouped_wgrad_fp8_blockwise" else n  # a weight gradient's (n, k): dW's (M, N)
-    variant = dict(bias=bias, quantized=quantized, columns=columns)
     given_knobs = dict(given)
-    if options.get("pingpong") and "pingpong" not in given_knobs and "pingpong" not in forced:
-        # a chosen (not given, not forced) ping-pong yields to given knobs it does not take (a
-        # caller's cluster=2 or 256-wide tile): the caller's knobs are kept as they are
-        without = _fixes(op, dict(options, pingpong=False), **variant)  # the fixes that are not ping-pong's
-        clash = [f"{knob}={given_knobs[knob]}" for knob, (value, _) in _fixes(op, options, **variant).items()
-                 if knob not in without and knob in given_knobs and given_knobs[knob] != value]
-        if clash:
-            was = "the table's" if from_table.get("pingpong") else "the default"
-            notes.append(f"pingpong=False, not {was} True: ping-pong does not take the launch's {', '.join(clash)}")
-            options["pingpong"] = False
-    for knob, (value, why) in _fixes(op, options, **variant).items():
+    for knob, (value, why) in _fixes(op, bias=bias, quantized=quantized, columns=columns).items():
         if options[knob] == value or knob in given_knobs:
             continue
         if knob in forced:

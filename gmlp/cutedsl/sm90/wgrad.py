@@ -28,32 +28,27 @@ Kernel design (one compiled kernel per ``WgradConfig``; T, M, N, E are runtime v
 - Warp-specialized, the engine's skeleton (``_engine``; its ``ExpertTiles`` work, its own
   producer and k-loop here): warp 0 (of warpgroup 0, registers
   lowered to 40) is the TMA producer; 1 (BN = 128) or 2 (BN = 256, a 64-column half of M each)
-  consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232.
+  consumer warpgroups issue wgmma (bf16 x bf16 -> fp32 from smem) with registers raised to 232
+  and share each tile's epilogue (the engine's cooperative schedule).
   ``stages`` slots of an A and a B tile, full/empty mbarriers (``PipelineTmaAsync``); the
   producer runs ahead across items, so the next tile's loads overlap this tile's epilogue.
-- Clusters (``cluster=2``, not with ping-pong): CTAs 2c and 2c + 1 take items 2p and 2p + 1,
+- Clusters (``cluster=2``): CTAs 2c and 2c + 1 take items 2p and 2p + 1,
   adjacent n-tiles of one (expert, m-tile) (an odd row's n-tiles padded by a shadow item that
   stores nothing, ``_schedule.ExpertTiles``); each loads half of their common A tile and
   multicasts it to both (``_cluster.PairedTile``). Bit for bit the unclustered kernel on the H200.
-- Epilogue (``WgradConfig.store``): "tma", the default (with ping-pong a ring of store buffers a
-  warpgroup),
-  stages fp32 or bf16 subtiles in shared memory and TMA-stores them into out (E, M, N), clipped
-  at M and N, or with ``accumulate`` TMA-reduce-adds them into the fp32 out (``_store``); "regs"
+- Epilogue (``WgradConfig.store``): "tma", the default, stages fp32 or bf16 subtiles in shared
+  memory and TMA-stores them into out (E, M, N), clipped at M and N, or with ``accumulate``
+  TMA-reduce-adds them into the fp32 out (``_store``); "regs"
   stores from the accumulator registers, predicated at the M and N tails: a thread's adjacent
   column pair is one 64-bit store (fp32) or 32-bit store (bf16), and with ``accumulate`` the fp32
   pair of ``out`` is loaded, added and stored back. Either way an empty expert's tile adds
   nothing, and the sum is the single fp32 add ``old + acc``: the two give the same bytes.
-- Ping-pong (``WgradConfig.pingpong``, BN = 128, the ragged TMA view): the two consumer
-  warpgroups take alternate items, each a whole 128 x 128 tile, their mainloops in turns, each
-  skipping the other's k-steps (its expert's count) in the shared slot ring; the scheme and why
-  the turns are needed are those of ``gmlp.cutedsl.sm90.grouped_gemm``.
 
 Defaults: BN = 256, 4 stages (48 KB each); BN = 128 gets 7. ptxas (CUDA 13.x, sm_90a), every
 config: 168 registers at launch for BN = 256 (232 for BN = 128; 232 in consumers after
 setmaxnreg), no stack, no spills; HGMMA.64x{BN}x16.F32.BF16 with both transpose bits; 4-D (2-D
 with ``ragged_tma=False``) TMA loads; see tests/cutedsl/sm90/test_wgrad.py. Verified on the H200
-and the H100 (the ``gpu`` tests there; ping-pong with the register store included), except
-ping-pong with the TMA store, which has only been compiled.
+and the H100 (the ``gpu`` tests there).
 """
 
 from __future__ import annotations
@@ -144,7 +139,7 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
     def __init__(self, config: WgradConfig):
         # BN = 256: two consumer warpgroups, each 64 rows of M x 256 (128 fp32 accumulators a
         # thread); BN = 128: one warpgroup, two m64 wgmmas per k-block (also 128 accumulators).
-        self.setup_engine(config, config.tile_n // 128, pingpong=config.pingpong, cluster=config.cluster)
+        self.setup_engine(config, config.tile_n // 128, cluster=config.cluster)
         self.tile_n = config.tile_n
         self.accumulate = config.accumulate
         self.out_dtype = OUT_DTYPES_DSL[config.out_dtype]
@@ -182,12 +177,11 @@ class GroupedWgradSm90(GroupedGemmEngine, RegisterPaths):
             cute.slice_(b_smem_layout, (None, None, 0)), (self.tile_n, TILE_K),
         )
 
-        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout, turns=self.pingpong)
+        fields = mainloop_fields(self.stages, a_smem_layout, b_smem_layout)
         store = None  # store="tma": the subtiles' smem layout and TMA store (reduce-add with accumulate)
         if const_expr(self.tma_store):
             out_mne = cute.make_tensor(mOut.iterator, cute.select(mOut.layout, mode=[1, 2, 0]))  # (M, N, E)
-            store = _store.make_store_operands(out_mne, self.mma_warpgroups, self.out_dtype, reduce=self.accumulate,
-                                               rings=self.store_rings)
+            store = _store.make_store_operands(out_mne, self.mma_warpgroups, self.out_dtype, reduce=self.accumulate)
             fields["sD"] = smem_array(self.out_dtype, cute.cosize(store.smem_layout))
         args = WgradArgs(tma_atom_a, tma_a, tma_atom_b, tma_b, mRowStart, mOut, *_store.kernel_arguments(store))
         self.launch_engine(args, fields, tiled_mma, a_smem_layout, b_smem_layout, num_ctas, stream)
@@ -328,9 +322,8 @@ def grouped_wgrad(
     # the knobs (WgradConfig); None: launch_options' choice (defaults, tuned table, GMLP_SM90_CONFIG)
     tile_n: int | None = None,  # 256 or 128
     ragged_tma: bool | None = None,  # K tail: TMA zero fill past the expert (else smem zeroing)
-    pingpong: bool | None = None,  # tile_n = 128: two consumer warpgroups on alternate items
     store: str | None = None,  # the epilogue's stores, "regs" or "tma"
-    cluster: int | None = None,  # 1, or 2: CTAs paired along N, their A tiles multicast (not with ping-pong)
+    cluster: int | None = None,  # 1, or 2: CTAs paired along N, their A tiles multicast
     site: str | None = None,  # the layer's site of the launch (its tuned entries first; gmlp.dispatch.sites)
 ) -> torch.Tensor:
     """(E, M, N) weight gradients, fp32 sums stored as ``out_dtype``; added to ``out`` (fp32) when
@@ -341,8 +334,7 @@ def grouped_wgrad(
     A's columns (the same sums, bit for bit, as one launch's rows)."""
     if split_rows is not None:
         return _split_wgrad(a, b, split_sizes, split_rows, out=out, out_dtype=out_dtype, groups=groups,
-                            tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store, cluster=cluster,
-                            site=site)
+                            tile_n=tile_n, ragged_tma=ragged_tma, store=store, cluster=cluster, site=site)
     experts = split_sizes.numel()
     a, b, tokens, m, n = wgrad_operands(_NAME, a, b, experts, out, out_dtype)
 
@@ -353,14 +345,13 @@ def grouped_wgrad(
         if tokens == 0:
             return out.zero_()
     knobs = launch_options.launch_options("grouped_wgrad", tokens, m, n, experts,
-                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, pingpong=pingpong, store=store,
-                                               cluster=cluster), site=site)
-    tile_n, ragged_tma, pingpong, store = knobs["tile_n"], knobs["ragged_tma"], knobs["pingpong"], knobs["store"]
-    cluster = knobs["cluster"]
+                                          dict(tile_n=tile_n, ragged_tma=ragged_tma, store=store, cluster=cluster),
+                                          site=site)
+    tile_n, ragged_tma, store, cluster = knobs["tile_n"], knobs["ragged_tma"], knobs["store"], knobs["cluster"]
     num_ctas = expert_tiles_grid(experts, -(-m // TILE_M), -(-n // tile_n), a.device, cluster) if tokens > 0 else 0
     if num_ctas > 0:  # (a TMA descriptor needs a valid base)
         config = WgradConfig(out_dtype=out.dtype, accumulate=accumulate, tile_n=tile_n, ragged_tma=ragged_tma,
-                             pingpong=pingpong, store=store, cluster=cluster)
+                             store=store, cluster=cluster)
         if store == "tma":
             check_tma_bases(out=out)  # the TMA store's destination
         groups = groups if groups is not None else device_groups(split_sizes, tokens)

@@ -78,8 +78,7 @@ def check_activation_math(compiled) -> None:
     per element of a thread's tile_n / 2 da values, shared by act(c) (dprobs, with probs) and
     act'(c); none for srelu."""
     ptx, config = compiled.ptx, compiled.config
-    row_blocks = 2 if config.pingpong else 1  # ping-pong: a thread's two 64-row blocks of one tile
-    expected = 0 if config.activation.kind is ActivationKind.SRELU else config.tile_n // 2 * row_blocks
+    expected = 0 if config.activation.kind is ActivationKind.SRELU else config.tile_n // 2
     assert len(re.findall(r"ex2\.approx\.f32", ptx)) == expected
     assert len(re.findall(r"div\.full\.f32", ptx)) == expected
     assert "ex2.approx.ftz" not in ptx
@@ -426,52 +425,6 @@ def test_cluster_is_bitwise_alone(activation, variant, hidden, ffn, splits):
     alone = fc2_dgrad(dy, w2t, c, split_sizes, cluster=1, **kwargs)
     paired = fc2_dgrad(dy, w2t, c, split_sizes, cluster=2, **kwargs)
     assert_same_outputs(paired, alone, ("dh", "dprobs", "db1", "dh_rowwise", "dh_columnwise"))
-
-
-@parametrize_quick("knobs", [dict(activation=activation, b_k_major=b_k_major, probs_dtype=torch.float32, tile_n=128,
-                                  pingpong=True)
-                             for activation in ("swiglu", "srelu") for b_k_major in (True, False)], ids=config_id)
-def test_pingpong_compiles_with_its_turn_barriers(knobs):
-    """Ping-pong: one warpgroup a 128 x 128 tile (two m64 wgmmas a k-step, both 64-row blocks in its
-    epilogue: twice a thread's rows, pairs and sigmoids), the mainloops in turns through two more
-    mbarriers, no spills, 7 stages (nothing staged for the stores)."""
-    compiled = _compiled(knobs)
-    check_fc2_dgrad_ptx(compiled)
-    check_activation_math(compiled)
-    plain = _compiled(dict(knobs, pingpong=False)).ptx
-
-    def count(op: str, ptx: str) -> int:
-        return len(re.findall(rf"mbarrier\.{op}\.shared\.b64", ptx))
-
-    assert compiled.config.num_stages() == 7
-    assert count("init", compiled.ptx) == count("init", plain) + 2  # the two turn barriers
-
-
-@pytest.mark.parametrize("variant,why", [
-    (dict(tile_n=256), "tile_n=256"), (dict(store="tma"), "store='tma'"), (dict(bias_grad=True), "bias_grad=True"),
-    (dict(quantized=True), "quantized=True"), (dict(cluster=2), "cluster must be one of")])
-def test_pingpong_refuses_what_its_epilogue_does_not_run(variant, why):
-    with pytest.raises(ValueError, match=re.escape(why)):
-        _config(activation="swiglu", **{**dict(tile_n=128, store="regs", pingpong=True), **variant})
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("activation", ["swiglu", "geglu", "srelu"])
-@pytest.mark.parametrize("transposed", [False, True], ids=["k-major-w2t", "n-major-w2t"])
-@pytest.mark.parametrize("hidden,ffn", [(96, 160), (512, 384)], ids=["H96-F160", "H512-F384"])
-@pytest.mark.parametrize("splits", list(SPLITS.values()) + [BANDED_SPLITS], ids=list(SPLITS) + ["banded"])
-def test_pingpong_is_bitwise_the_cooperative_kernel(activation, transposed, hidden, ffn, splits):
-    """Ping-pong (each warpgroup its own 128 x 128 tiles, alternate items) computes dh and dprobs bit
-    for bit as the cooperative kernel at tile_n 128: the same wgmmas in K order, the same epilogue."""
-    from gmlp.cutedsl.sm90.fc2_dgrad import fc2_dgrad
-
-    activation = activation_from(activation)
-    dy, w2t, c, split_sizes, probs = fc2_dgrad_operands(splits, hidden, ffn, activation, True, transposed)
-    kwargs = dict(activation=activation, recipe=None, probs=probs, tile_n=128, store="regs", cluster=1)
-    cooperative = fc2_dgrad(dy, w2t, c, split_sizes, pingpong=False, **kwargs)
-    pingpong = fc2_dgrad(dy, w2t, c, split_sizes, pingpong=True, **kwargs)
-    assert_same_outputs(pingpong, cooperative, ("dh", "dprobs"))
 
 
 @pytest.mark.gpu

@@ -53,20 +53,15 @@ def test_layer_configs_compile(knobs):
     check_ptx(compiled, tile_n=compiled.config.tile_n, b_k_major=compiled.config.b_k_major)
 
 
-# (tile_n, pingpong, store): one or two consumer warpgroups per tile, or two on alternate tiles
-# (with the register or the TMA-store epilogue: a ring of store buffers a warpgroup)
-TILINGS = [(128, False, None), (256, False, None), (128, True, "regs"), (128, True, "tma")]
-TILING_IDS = ["128", "256", "128-pingpong", "128-pingpong-tma"]
+TILE_WIDTHS = [128, 256]  # one or two consumer warpgroups per tile
 
 
 @pytest.mark.slow
-@parametrize_quick("knobs", [dict(tile_n=tile_n, **({"pingpong": True} if pingpong else {}),
-                                  bias_dtype=torch.float32, stages=3) for tile_n, pingpong, store in TILINGS
-                              if store != "tma"], ids=config_id)
+@parametrize_quick("knobs", [dict(tile_n=tile_n, bias_dtype=torch.float32, stages=3) for tile_n in TILE_WIDTHS],
+                   ids=config_id)
 def test_tiling_configs_compile(knobs):
     compiled = _compiled(knobs)
-    config = compiled.config
-    check_ptx(compiled, tile_n=config.tile_n, b_k_major=True, pingpong=config.pingpong)
+    check_ptx(compiled, tile_n=compiled.config.tile_n, b_k_major=True)
 
 
 @pytest.mark.slow
@@ -91,8 +86,7 @@ def test_tma_store_configs_compile(knobs):
 def test_tuned_configs_compile(knobs):
     """Every config the tuned table chooses for FC2 and FC1 dgrad (``gmlp.cutedsl.sm90.tuned``)."""
     compiled = _compiled(knobs)
-    config = compiled.config
-    check_ptx(compiled, tile_n=config.tile_n, b_k_major=config.b_k_major, pingpong=config.pingpong)
+    check_ptx(compiled, tile_n=compiled.config.tile_n, b_k_major=compiled.config.b_k_major)
 
 
 def test_design_and_odd_shapes_are_supported():
@@ -102,43 +96,6 @@ def test_design_and_odd_shapes_are_supported():
 
     shapes = GEMM_SHAPES + ODD_SHAPES
     assert {shape: problem_support(*shape) for shape in shapes} == dict.fromkeys(shapes)
-
-
-@pytest.mark.slow
-@parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
-def test_pingpong_compiles_with_its_turn_barriers(b_k_major):
-    """Ping-pong: the two consumer warpgroups' mainloops take turns through two mbarriers (every
-    thread of a warpgroup arrives), with the deepest pipeline of 128-wide tiles."""
-    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
-
-    config = _config(tile_n=128, pingpong=True, b_k_major=b_k_major)
-    compiled = compile_grouped_gemm("sm_90a", config, shape=(192, 40, 96, 5))
-    check_ptx(compiled, tile_n=128, b_k_major=b_k_major, pingpong=True)
-    plain = compile_grouped_gemm("sm_90a", _config(tile_n=128, b_k_major=b_k_major)).ptx
-
-    def count(op: str, ptx: str) -> int:
-        return len(re.findall(rf"mbarrier\.{op}\.shared\.b64", ptx))
-
-    assert config.num_stages() == 7 and count("init", plain) == 2 * 7  # full and empty of each slot
-    assert count("init", compiled.ptx) == count("init", plain) + 2  # the two turn barriers
-    assert count("arrive", compiled.ptx) == count("arrive", plain) + 1  # a warpgroup's turn handed over
-    assert count("try_wait.parity", compiled.ptx) == count("try_wait.parity", plain) + 1  # its turn awaited
-
-
-@pytest.mark.slow
-@parametrize_quick("b_k_major", [True, False], ids=["k-major-b", "n-major-b"])
-def test_pingpong_with_the_tma_store_compiles(b_k_major):
-    """Ping-pong with the TMA-store epilogue: a ring of store buffers a consumer warpgroup (twice
-    the shared memory of one ring), each ring's subtiles behind its own named barrier of 128
-    threads, whose id is the warpgroup's (a register: bar.sync with a register id)."""
-    from gmlp.cutedsl.sm90.grouped_gemm import compile_grouped_gemm
-
-    config = _config(tile_n=128, pingpong=True, store="tma", b_k_major=b_k_major)
-    assert config.fixed_bytes() == 2 * _config(tile_n=128, store="tma").fixed_bytes()
-    compiled = compile_grouped_gemm("sm_90a", config, shape=(192, 40, 96, 5))
-    check_ptx(compiled, tile_n=128, b_k_major=b_k_major, pingpong=True)
-    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", compiled.ptx)
-    assert re.search(r"bar\.sync\s+%r\d+, 128;", compiled.ptx), "the store barrier's id is the warpgroup's"
 
 
 @pytest.mark.slow
@@ -173,16 +130,12 @@ def test_unsupported_shapes_are_refused(shape, match):
 
 
 def test_invalid_configs_are_refused():
-    with pytest.raises(ValueError, match=r"cluster must be one of \(1, 2\) \(1 with pingpong\), got 2"):
-        _config(tile_n=128, pingpong=True, cluster=2)
     with pytest.raises(ValueError, match=r"cluster must be one of \(1, 2\), got 4"):
         _config(cluster=4)
     with pytest.raises(ValueError, match="tile_n must be 128 or 256"):
         _config(tile_n=64)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
         _config(stages=5)
-    with pytest.raises(ValueError, match=r"pingpong needs tile_n=128"):
-        _config(pingpong=True)
     with pytest.raises(ValueError, match=r"store must be one of \('regs', 'tma'\), got 'smem'"):
         _config(store="smem")
     with pytest.raises(ValueError, match=r"store='tma' needs no bias"):
@@ -224,12 +177,12 @@ def test_launcher_refuses_bad_operands():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("tile_n,pingpong,store", TILINGS, ids=TILING_IDS)
+@pytest.mark.parametrize("tile_n", TILE_WIDTHS)
 @pytest.mark.parametrize("transposed", [False, True], ids=["stacked", "transposed-weight"])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, True), (264, 64, False), (40, 520, True), (512, 2048, False)],
                          ids=["fc2-like", "dgrad-like", "odd-n-long-k", "wide"])
 @pytest.mark.parametrize("splits", list(SPLITS.values()), ids=list(SPLITS))
-def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n, pingpong, store):
+def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transposed, tile_n):
     """Tolerance of tests/triton_ref/test_grouped_gemm.py: fp32 accumulation orders differ by at most
     delta = K * 2**-24 * max sum_k |a_k b_k|, then one bf16 rounding step (2**-7 |v|). Every row
     is compared, so a row left unwritten (torch.empty) or overwritten by the previous expert's
@@ -243,8 +196,8 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
     a = torch.randn(sum(splits), k, device="cuda").bfloat16()
     b = expert_weights(len(splits), n, k, transposed)
     bias_values = (torch.randn(len(splits), n, device="cuda") * 0.1).bfloat16() if bias else None
-    store = "regs" if bias else store  # the TMA store takes no bias
-    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n, pingpong=pingpong, store=store)
+    store = "regs" if bias else None  # the TMA store takes no bias
+    got = grouped_gemm(a, b, split_sizes, bias=bias_values, tile_n=tile_n, store=store)
     want = grouped_gemm_ref(a, b, split_sizes, bias=bias_values)
     twin = triton_grouped_gemm(a, b, split_sizes, bias=bias_values)
     magnitude = max((a.float().abs() @ b[g].float().abs().t()).max().item() for g in range(len(splits)))
@@ -255,11 +208,11 @@ def test_grouped_gemm_matches_reference_and_triton(splits, n, k, bias, transpose
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("tile_n,pingpong,store", TILINGS, ids=TILING_IDS)
-def test_grouped_gemm_over_several_bands(tile_n, pingpong, store):
-    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert; with
-    ping-pong both warpgroups get several items (k-tiles > stages, so the turns matter)."""
-    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 1032, False, False, tile_n, pingpong, store)
+@pytest.mark.parametrize("tile_n", TILE_WIDTHS)
+def test_grouped_gemm_over_several_bands(tile_n):
+    """20 m-tiles (bands of 8, 8, 4 in the schedule) x several n-tiles, an empty expert, k-tiles
+    past the stages (the slot ring wraps within an item)."""
+    test_grouped_gemm_matches_reference_and_triton(BANDED_SPLITS, 520, 1032, False, False, tile_n)
 
 
 @pytest.mark.gpu
@@ -317,7 +270,7 @@ def test_grouped_gemm_is_deterministic_and_syncless():
     splits = torch.tensor([0, 300, 7, 129], device="cuda")
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = (torch.randn(4, 512, 256, device="cuda") / 8).bfloat16()
-    for options in (dict(), dict(tile_n=128, pingpong=True), dict(store="tma")):
+    for options in (dict(), dict(tile_n=128), dict(store="tma")):
         first, second = twice_without_sync(lambda: grouped_gemm(a, b, splits, **options))
         assert torch.equal(first, second), options
 

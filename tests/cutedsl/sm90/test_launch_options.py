@@ -37,8 +37,8 @@ def two_shapes(monkeypatch, tmp_path):
     """A table tuned at two grouped-GEMM shapes, with different knobs."""
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setenv(tuned.ENV, _table(tmp_path, [
-        _entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=256, pingpong=False, store="tma"),
-        _entry("grouped_gemm", "qwen3-30b-a3b", 2048, 768, 512, tile_n=128, pingpong=True, store="regs"),
+        _entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=256, store="tma"),
+        _entry("grouped_gemm", "qwen3-30b-a3b", 2048, 768, 512, tile_n=128, store="regs"),
     ]))
 
 
@@ -46,13 +46,13 @@ def test_defaults_without_a_table_entry(no_table):
     for op, knobs in DEFAULTS.items():
         choice = choose(op, *DEEPSEEK_FC2)
         assert choice.options == knobs and choice.source == "defaults" and not choice.notes
-    assert describe("grouped_gemm", *DEEPSEEK_FC2) == "tile_n=256, pingpong=False, store=tma, cluster=1 (defaults)"
+    assert describe("grouped_gemm", *DEEPSEEK_FC2) == "tile_n=256, store=tma, cluster=1 (defaults)"
 
 
 def test_the_nearest_tuned_shape_gives_the_knobs(two_shapes):
-    assert choose("grouped_gemm", *DEEPSEEK_FC2).options == dict(tile_n=256, pingpong=False, store="tma", cluster=1)
+    assert choose("grouped_gemm", *DEEPSEEK_FC2).options == dict(tile_n=256, store="tma", cluster=1)
     qwen = choose("grouped_gemm", *QWEN3_FC2)
-    assert qwen.options == dict(tile_n=128, pingpong=True, store="regs", cluster=1)
+    assert qwen.options == dict(tile_n=128, store="regs", cluster=1)
     assert qwen.source == "tuned on the NVIDIA H200 at qwen3-30b-a3b's fc2: N=2048, K=768, 512 rows/expert"
     # a shape between the two takes the nearer in log2 (N, K, rows per expert)
     assert choose("grouped_gemm", 16384, 4096, 1024, 32).options["tile_n"] == 128  # distances 3 / 2
@@ -63,7 +63,7 @@ def test_the_nearest_tuned_shape_gives_the_knobs(two_shapes):
 def test_a_variant_replaces_a_tuned_knob_and_says_so(two_shapes):
     assert choose("grouped_gemm", *DEEPSEEK_FC2, bias=True).options["store"] == "regs"
     assert describe("fc2_dgrad", *DEEPSEEK_FC2, quantized=True) == (
-        "tile_n=128, pingpong=False, store=regs, cluster=1 (defaults; store=regs, not the default tma: fc2_dgrad's "
+        "tile_n=128, store=regs, cluster=1 (defaults; store=regs, not the default tma: fc2_dgrad's "
         "TMA store does not take MXFP8 outputs yet; tile_n=128, not the default 256: the quantizing epilogue's tile is 128 columns wide)")
     assert "store=regs, not the table's tma: grouped_gemm's TMA store does not take a bias yet" in describe(
         "grouped_gemm", *DEEPSEEK_FC2, bias=True)
@@ -88,29 +88,22 @@ def test_what_each_variant_fixes(no_table, monkeypatch, op, variant, fixed):
 
 
 def test_forced_knobs_beat_the_table(two_shapes, monkeypatch):
-    monkeypatch.setenv(ENV, "grouped_gemm.pingpong=0, store=regs")
-    assert forced_options() == {"grouped_gemm": dict(pingpong=False, store="regs"),
+    monkeypatch.setenv(ENV, "grouped_gemm.tile_n=256, store=regs")
+    assert forced_options() == {"grouped_gemm": dict(tile_n=256, store="regs"),
                                 **{op: dict(store="regs") for op, knobs in DEFAULTS.items()
                                    if op != "grouped_gemm" and "store" in knobs}}
     choice = choose("grouped_gemm", *QWEN3_FC2)
-    assert choice.options == dict(tile_n=128, pingpong=False, store="regs", cluster=1)
-    assert choice.forced == ("pingpong", "store")
+    assert choice.options == dict(tile_n=256, store="regs", cluster=1)
+    assert choice.forced == ("tile_n", "store")
     assert describe("grouped_gemm", *QWEN3_FC2).endswith(
-        "512 rows/expert; pingpong forced by GMLP_SM90_CONFIG; store forced by GMLP_SM90_CONFIG)")
-    # forced ping-pong brings its tile width (and no cluster) along where they are not forced
-    monkeypatch.setenv(ENV, "grouped_wgrad.pingpong=true")
-    assert choose("grouped_wgrad", *DEEPSEEK_FC2).options == dict(tile_n=128, ragged_tma=True, pingpong=True,
-                                                                  store="tma", cluster=1)
-    monkeypatch.setenv(ENV, "grouped_gemm.pingpong=true")
-    assert choose("grouped_gemm", *DEEPSEEK_FC2).options == dict(tile_n=128, pingpong=True, store="tma", cluster=1)
+        "512 rows/expert; tile_n forced by GMLP_SM90_CONFIG; store forced by GMLP_SM90_CONFIG)")
 
 
 def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
-    given = dict(tile_n=256, pingpong=None, store=None, cluster=None)
-    # the table's ping-pong does not take the given 256-wide tile: it yields (a note says so)
-    assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, given) == dict(tile_n=256, pingpong=False,
-                                                                                      store="regs", cluster=1)
-    every = dict(tile_n=128, pingpong=False, store="tma", cluster=1)
+    given = dict(tile_n=256, store=None, cluster=None)
+    assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, given) == dict(tile_n=256, store="regs",
+                                                                                      cluster=1)
+    every = dict(tile_n=128, store="tma", cluster=1)
     assert launch_options.launch_options("grouped_gemm", *QWEN3_FC2, every) is every  # nothing to choose
     monkeypatch.setenv(ENV, "grouped_gemm.tile_n=256")  # a new value of the variable: chosen again, not cached
     assert launch_options.launch_options("grouped_gemm", *DEEPSEEK_FC2, dict(tile_n=None))["tile_n"] == 256
@@ -119,11 +112,13 @@ def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
 @pytest.mark.parametrize("value,match", [
     ("fc3.store=tma", r"GMLP_SM90_CONFIG='fc3.store=tma': 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
     ("grouped_gemm.ragged_tma=1",
-     r"names knob 'ragged_tma'; the knobs of grouped_gemm are \('tile_n', 'pingpong', 'store', 'cluster'\)"),
-    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'pingpong', 'store', 'cluster', 'ragged_tma', 'wide'\)"),
+     r"names knob 'ragged_tma'; the knobs of grouped_gemm are \('tile_n', 'store', 'cluster'\)"),
+    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'store', 'cluster', 'ragged_tma', 'wide'\)"),
+    ("grouped_wgrad.pingpong=1",  # a removed knob (docs/design.md, what was tried)
+     r"names knob 'pingpong'; the knobs of grouped_wgrad are \('tile_n', 'ragged_tma', 'store', 'cluster'\)"),
     ("store=smem", r"'store=smem' asks for store 'smem'; the stores are \('regs', 'tma'\)"),
     ("tile_n=64", r"'tile_n=64' asks for tile_n '64'; the widths are \(128, 256\)"),
-    ("pingpong=maybe", r"'pingpong=maybe': pingpong takes one of \('1', 'true'"),
+    ("ragged_tma=maybe", r"'ragged_tma=maybe': ragged_tma takes one of \('1', 'true'"),
     ("store", r"'store' is not knob=value or op.knob=value"),
 ])
 def test_a_bad_forced_knob_is_named(value, match):
@@ -167,15 +162,15 @@ def test_a_site_takes_its_own_entry_before_a_nearer_one_of_another_site(monkeypa
     """The grouped GEMM runs FC2 and FC1 dgrad: a launch at FC1 dgrad's site reads FC1 dgrad's entry
     even where FC2's is nearer in shape; without a site (a direct launcher call), the nearest."""
     monkeypatch.delenv(ENV, raising=False)
-    fc1_dgrad = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 4096, 1024, tile_n=128, pingpong=True,
-                            store="regs"), site="fc1 dgrad")
+    fc1_dgrad = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 4096, 1024, tile_n=128, store="regs"),
+                     site="fc1 dgrad")
     monkeypatch.setenv(tuned.ENV, _table(tmp_path, [
-        _entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=256, pingpong=False, store="tma"),
+        _entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=256, store="tma"),
         fc1_dgrad]))
     launch = (32768, 7168, 2048, 32)  # FC2's shape exactly
     assert choose("grouped_gemm", *launch).options["tile_n"] == 256
     chosen = choose("grouped_gemm", *launch, site="fc1 dgrad")
-    assert chosen.options == dict(tile_n=128, pingpong=True, store="regs", cluster=1) and "fc1 dgrad" in chosen.source
+    assert chosen.options == dict(tile_n=128, store="regs", cluster=1) and "fc1 dgrad" in chosen.source
     assert choose("grouped_gemm", *launch, site="fc1 wgrad").options["tile_n"] == 256  # no entry: the nearest
     assert "fc1 dgrad" in describe("grouped_gemm", *launch, site="fc1 dgrad")
 
@@ -201,16 +196,15 @@ def test_a_launch_reads_its_recipes_entries_first(monkeypatch, tmp_path):
     mxfp8 = dict(bf16, recipe="mxfp8", options=dict(tile_n=128, store="regs", cluster=2))
     monkeypatch.setenv(tuned.ENV, _table(tmp_path, [bf16, mxfp8]))
     launch = (32768, 2048, 7168, 32)
-    assert choose("fc2_dgrad", *launch, site="fc2 dgrad").options == dict(tile_n=256, pingpong=False, store="tma",
-                                                                         cluster=1)
+    assert choose("fc2_dgrad", *launch, site="fc2 dgrad").options == dict(tile_n=256, store="tma", cluster=1)
     quantized = choose("fc2_dgrad", *launch, site="fc2 dgrad", quantized=True)
-    assert quantized.options == dict(tile_n=128, pingpong=False, store="regs", cluster=2) and not quantized.notes
+    assert quantized.options == dict(tile_n=128, store="regs", cluster=2) and not quantized.notes
     assert "fc2 dgrad (mxfp8)" in quantized.source
     # an MXFP8 launch without an entry of its recipe reads the bf16 one, its variant's fixes applied
     (tmp_path / "bf16-only").mkdir()  # another file: a table is read once per value of the variable
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "bf16-only", [bf16]))
     fallback = choose("fc2_dgrad", *launch, site="fc2 dgrad", quantized=True)
-    assert fallback.options == dict(tile_n=128, pingpong=False, store="regs", cluster=1) and len(fallback.notes) == 2
+    assert fallback.options == dict(tile_n=128, store="regs", cluster=1) and len(fallback.notes) == 2
     (tmp_path / "unknown").mkdir()
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "unknown", [dict(bf16, recipe="fp4")]))
     with pytest.raises(ValueError, match=r"recipe 'fp4' is not one of \('bf16', 'mxfp8', 'fp8-blockwise'\)"):
@@ -245,8 +239,7 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     assert launch_options.candidates("grouped_wgrad_fp8_blockwise") == [
         dict(wide=True, cluster=1), dict(wide=False, cluster=1), dict(wide=False, cluster=2), dict(wide=True, cluster=2)]
     assert launch_options.candidates("fc1_forward_blockwise") == [dict(cluster=1), dict(cluster=2)]
-    bf16 = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=128, pingpong=False, store="tma",
-                       cluster=2))
+    bf16 = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=128, store="tma", cluster=2))
     blockwise = dict(_entry("grouped_gemm_fp8_blockwise", "deepseek-v3-rank", 7168, 2048, 1024, wide=False, cluster=2),
                      recipe="fp8-blockwise")
     (tmp_path / "blockwise").mkdir()  # another file: a table is read once per value of the variable
@@ -255,34 +248,3 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     assert chosen.options == dict(wide=False, cluster=2) and "fc2 (fp8-blockwise)" in chosen.source
     assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).source == "defaults"  # no entry of its op
 
-
-def test_fc2_dgrads_pingpong_brings_its_fixes_and_is_off_where_its_epilogue_cannot(no_table, monkeypatch):
-    """FC2 dgrad's ping-pong: 128-wide tiles, dh stored from the registers, no cluster (each said in
-    a note); off for the MXFP8 epilogue and with db1 (both span a tile's two warpgroups), where it
-    brings none of its fixes; one candidate of the bf16 launch, none of the MXFP8 one."""
-    monkeypatch.setenv(ENV, "fc2_dgrad.pingpong=1")
-    choice = choose("fc2_dgrad", *DEEPSEEK_FC2)
-    assert choice.options == dict(tile_n=128, pingpong=True, store="regs", cluster=1)
-    assert [note.split(",")[0] for note in choice.notes] == ["tile_n=128", "store=regs"]
-    for variant in (dict(quantized=True), dict(bias=True)):
-        with pytest.raises(ValueError, match=r"forces fc2_dgrad.pingpong=True, but fc2_dgrad's .* span both"):
-            choose("fc2_dgrad", *DEEPSEEK_FC2, **variant)
-    monkeypatch.delenv(ENV)
-    assert choose("fc2_dgrad", *DEEPSEEK_FC2, bias=True).options == DEFAULTS["fc2_dgrad"]
-    bf16 = launch_options.candidates("fc2_dgrad")
-    assert len(bf16) == 9 and [c for c in bf16 if c["pingpong"]] == [dict(tile_n=128, pingpong=True, store="regs",
-                                                                         cluster=1)]
-    assert not any(c["pingpong"] for c in launch_options.candidates("fc2_dgrad", quantized=True))
-
-
-def test_a_tuned_pingpong_yields_to_the_knobs_a_launcher_is_given(two_shapes, monkeypatch):
-    """The table's ping-pong (Qwen3-like FC2 here) is turned off, with a note, where the caller gave
-    a knob it does not take (a 256-wide tile, a cluster of two); a forced one stays an error."""
-    choice = choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 2),))
-    assert choice.options == dict(tile_n=128, pingpong=False, store="regs", cluster=2)
-    assert choice.notes == ("pingpong=False, not the table's True: ping-pong does not take the launch's cluster=2",)
-    assert choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 1),)).options["pingpong"] is True  # no clash
-    # a given knob the variant refuses for another reason (a bias's store) is not ping-pong's to yield to
-    assert choose("grouped_gemm", *QWEN3_FC2, given=(("store", "tma"),), bias=True).options["pingpong"] is True
-    monkeypatch.setenv(ENV, "grouped_gemm.pingpong=1")
-    assert choose("grouped_gemm", *QWEN3_FC2, given=(("cluster", 2),)).options["pingpong"] is True  # the config refuses

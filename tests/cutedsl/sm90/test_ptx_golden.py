@@ -38,7 +38,6 @@ CONFIGS = {
     "gemm-tma-k-major": ("grouped_gemm", "KernelConfig", dict(store="tma")),
     "gemm-tma-n-major-128": ("grouped_gemm", "KernelConfig", dict(store="tma", b_k_major=False, tile_n=128)),
     "gemm-regs-bias": ("grouped_gemm", "KernelConfig", dict(bias_dtype=torch.float32)),
-    "gemm-pingpong": ("grouped_gemm", "KernelConfig", dict(tile_n=128, pingpong=True)),
     "wgrad-tma-fp32": ("wgrad", "WgradConfig", dict(store="tma")),
     "wgrad-tma-accumulate": ("wgrad", "WgradConfig", dict(store="tma", accumulate=True)),
     "wgrad-regs-bf16": ("wgrad", "WgradConfig", dict(out_dtype=torch.bfloat16)),
@@ -57,8 +56,6 @@ CONFIGS = {
                                                     cluster=2)),
     "fc2-dgrad-cluster": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
                                                               bias_grad=True, tile_n=256, store="tma", cluster=2)),
-    "fc2-dgrad-pingpong": ("fc2_dgrad", "FC2DgradConfig", dict(activation="swiglu", probs_dtype=torch.float32,
-                                                                tile_n=128, store="regs", pingpong=True)),
     "wgrad-cluster": ("wgrad", "WgradConfig", dict(store="tma", cluster=2)),
     # the FP8 blockwise recipe's kernels, as its layer runs them (wide items where N % 256 == 0)
     "blockwise-gemm-wide": ("blockwise_gemm", "BlockwiseGemmConfig", dict(wide=True)),

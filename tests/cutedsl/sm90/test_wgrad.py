@@ -33,11 +33,9 @@ WGRAD_SHAPES = [(t, m, n, e) for e, t, h, f in DESIGN_SHAPES for m, n in ((h, f)
 ODD_SHAPES = [(1, 8, 8, 1), (37 + 64 + 1 + 90, 40, 96, 5), (3, 264, 72, 4096), (300, 520, 136, 3)]
 OUTPUTS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "accumulate": dict(accumulate=True)}
 K_TAILS = {"ragged-tma": dict(), "smem-mask": dict(ragged_tma=False)}
-# launcher options of the GPU tests: tile width x K-tail handling, and the ping-pong schedule
+# launcher options of the GPU tests: tile width x K-tail handling, and the TMA store
 VARIANTS = {f"{tail}-{tile_n}": dict(tile_n=tile_n, **options) for tail, options in K_TAILS.items()
             for tile_n in (128, 256)}
-VARIANTS["pingpong-128"] = dict(tile_n=128, pingpong=True)
-VARIANTS["pingpong-tma-128"] = dict(tile_n=128, pingpong=True, store="tma")
 VARIANTS.update({f"tma-store-{tile_n}": dict(tile_n=tile_n, store="tma") for tile_n in (128, 256)})
 
 
@@ -48,8 +46,7 @@ def _config(**kwargs):
 
 
 def check_ptx(compiled) -> None:
-    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads (two
-    consumer warpgroups with ping-pong), bf16
+    """What every config's PTX must show: the target, 128 + 128 * (tile_n / 128) threads, bf16
     wgmma with fp32 accumulators and both operands MN-major (transpose bits 1, 1), 4-D TMA loads
     (the ragged token view) or 2-D ones and the consumers' smem zeroing of the K tail (a proxy
     fence and a named barrier of the consumer threads), the epilogue's pair accesses, no local
@@ -59,7 +56,7 @@ def check_ptx(compiled) -> None:
 
     config, ptx = compiled.config, compiled.ptx
     assert ".target sm_90a" in ptx
-    assert f".reqntid {128 * (1 + (2 if config.pingpong else config.tile_n // 128))}, 1, 1" in ptx
+    assert f".reqntid {128 * (1 + config.tile_n // 128)}, 1, 1" in ptx
     # wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16 {d...}, a-desc, b-desc, scale-d,
     # imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b
     wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_n}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
@@ -108,21 +105,6 @@ def test_layer_configs_compile(knobs):
 def test_three_stage_configs_compile(knobs):
     """Both tile widths with three pipeline stages, each output and K tail."""
     check_ptx(_compiled(knobs))
-
-
-@pytest.mark.slow
-@parametrize_quick("knobs", [dict(tile_n=128, pingpong=True, store=store, **OUTPUTS[output]) for output in OUTPUTS
-                              for store in ("regs", "tma")], ids=config_id)
-def test_pingpong_configs_compile(knobs):
-    """Two consumer warpgroups on alternate 128-wide tiles (the ragged TMA view only); with the TMA
-    store, a ring of store buffers a warpgroup, each behind the named barrier of its warpgroup's
-    128 threads (its id a register)."""
-    compiled = _compiled(knobs)
-    if compiled.config.store == "tma":
-        check_tma_store_ptx(compiled)
-        assert re.search(r"bar\.sync\s+%r\d+, 128;", compiled.ptx), "the store barrier's id is the warpgroup's"
-    else:
-        check_ptx(compiled)
 
 
 @pytest.mark.slow
@@ -184,8 +166,6 @@ def test_invalid_configs_are_refused():
 
     with pytest.raises(ValueError, match="tile_n must be 128 or 256"):
         _config(tile_n=64)
-    with pytest.raises(ValueError, match="pingpong needs tile_n=128 and ragged_tma=True"):
-        _config(tile_n=128, pingpong=True, ragged_tma=False)
     with pytest.raises(ValueError, match=r"stages must be in \[2, 4\] for tile_n=256"):
         _config(stages=5)
     with pytest.raises(ValueError, match="out_dtype must be one of"):
@@ -299,7 +279,7 @@ def test_wgrad_matches_reference_and_triton(splits, m, n, variant):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-256", "pingpong-128", "pingpong-tma-128"])
+@pytest.mark.parametrize("variant", ["ragged-tma-256", "smem-mask-256", "ragged-tma-128", "tma-store-128"])
 def test_wgrad_design_like_problem(variant):
     """A dW1-like problem (M = 2F, N = H) with uneven experts, as the layer sizes it, in both
     output modes."""
@@ -383,8 +363,6 @@ def test_cluster_configs_compile_with_a_multicast(knobs):
     assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
                      r"\.multicast::cluster", ptx)
     assert "mbarrier.arrive.shared::cluster.b64" in ptx and ptx.count("barrier.cluster.wait") == 2
-    with pytest.raises(ValueError, match=r"cluster must be one of \(1, 2\) \(1 with pingpong\), got 2"):
-        _config(tile_n=128, pingpong=True, cluster=2)
 
 
 @pytest.mark.gpu
@@ -398,6 +376,6 @@ def test_wgrad_is_deterministic_and_syncless():
     a = torch.randn(436, 256, device="cuda").bfloat16()
     b = torch.randn(436, 512, device="cuda").bfloat16()
     groups = device_groups(splits, 436)
-    for options in (dict(), VARIANTS["pingpong-128"], VARIANTS["tma-store-256"]):
+    for options in (dict(), VARIANTS["ragged-tma-128"], VARIANTS["tma-store-256"]):
         first, second = twice_without_sync(lambda: grouped_wgrad(a, b, splits, groups=groups, **options))
         assert torch.equal(first, second), options
