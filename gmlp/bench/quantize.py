@@ -91,7 +91,7 @@ def blockwise_bytes(rows: int, cols: int) -> int:
 
 def time_blockwise(copy_gbs: float, rounds: int) -> list[dict]:
     """The blockwise Triton quantizes: token operands both ways (BLOCKWISE_SHAPES, 32 equal experts) at each
-    tiling, then the weight tiles of ``BLOCKWISE_WEIGHTS``, plain and transposed."""
+    tiling, then the weight tiles of ``BLOCKWISE_WEIGHTS``, plain, transposed and both from one read."""
     from gmlp.triton_ref.blockwise_quantize import BlockwiseQuantizeConfig, quantize_fp8_blockwise
     from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
 
@@ -118,6 +118,8 @@ def time_blockwise(copy_gbs: float, rounds: int) -> list[dict]:
     for transposed in (False, True):
         record("weight tiles", BLOCKWISE_WEIGHTS, dict(transposed=transposed), w.numel() * 3,
                lambda: quantize_weights_fp8_blockwise(w, transposed=transposed))
+    record("weight tiles", BLOCKWISE_WEIGHTS, dict(both_orientations=True), w.numel() * 4,  # bf16 read, fp8 twice
+           lambda: quantize_weights_fp8_blockwise(w, both_orientations=True))
     return out
 
 

@@ -27,7 +27,7 @@ import torch
 
 from gmlp.contract.activations import Activation
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor, FP8BlockwiseWeightPair
 from gmlp.mxfp8.tensor import MXFP8Quantized, MXFP8Tensor, MXFP8Values, QuantAxis
 
 __all__ = ["Mismatch", "Comparison", "bitwise", "within_bound", "gemm_delta", "activation_slope",
@@ -140,7 +140,12 @@ def _padding(comparison: Comparison, name: str, got: FP8BlockwiseTensor, want: F
 
 
 def bitwise(comparison: Comparison, name: str, got, want) -> None:
-    """Bit-for-bit comparison of a tensor or a quantization (MXFP8 or FP8 blockwise: data and scales)."""
+    """Bit-for-bit comparison of a tensor or a quantization (MXFP8 or FP8 blockwise: data and scales;
+    a weight's tiles in both orientations: each)."""
+    if isinstance(want, FP8BlockwiseWeightPair):
+        for orientation in ("tiles", "transposed"):
+            bitwise(comparison, f"{name}.{orientation}", getattr(got, orientation), getattr(want, orientation))
+        return
     if isinstance(want, (MXFP8Quantized, MXFP8Values, FP8BlockwiseQuantized)):
         for axis in ("rowwise", "columnwise"):
             if getattr(want, axis) is not None:

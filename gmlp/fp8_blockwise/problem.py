@@ -65,14 +65,21 @@ def validate_blockwise_args(x: torch.Tensor, *, rowwise: bool, columnwise: bool,
                                     columnwise=columnwise, element_format=element_format, power_of_two=power_of_two)
 
 
-def validate_weight_args(w: torch.Tensor, *, element_format: ElementFormat | str,
-                         power_of_two: bool) -> ElementFormat:
+def validate_weight_args(w: torch.Tensor, *, element_format: ElementFormat | str, power_of_two: bool,
+                         transposed: bool = False, both_orientations: bool = False) -> ElementFormat:
     """Check a weight quantize's arguments (w (N, K) or a stack (E, N, K), N and K multiples of
-    128) and return the element format as a member."""
+    128; which orientations it writes: W's tiles, W^T's (``transposed``) or both
+    (``both_orientations``)) and return the element format as a member."""
     _check_source(w, "w", "(E, N, K)")
     if w.dim() not in (2, 3):
         raise ValueError(f"w must be (N, K) or a stack (E, N, K), got shape {tuple(w.shape)}")
     if w.shape[-2] % BLOCK or w.shape[-1] % BLOCK:
         raise ValueError(f"w's last two dimensions (N, K) must be multiples of {BLOCK} ({BLOCK} x {BLOCK} tiles), "
                          f"got {tuple(w.shape[-2:])}")
+    for name, value in (("transposed", transposed), ("both_orientations", both_orientations)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if transposed and both_orientations:
+        raise ValueError("transposed and both_orientations exclude each other (both_orientations returns W^T's tiles "
+                         "beside W's), got transposed=True, both_orientations=True")
     return _check_flags(element_format, power_of_two)

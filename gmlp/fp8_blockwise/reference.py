@@ -15,6 +15,7 @@ from gmlp.fp8_blockwise.tensor import (
     BlockShape,
     FP8BlockwiseQuantized,
     FP8BlockwiseTensor,
+    FP8BlockwiseWeightPair,
 )
 from gmlp.mxfp8.problem import check_split_values
 from gmlp.mxfp8.scale_layout import ceil_div
@@ -73,16 +74,20 @@ def quantize_fp8_blockwise_ref(x: torch.Tensor, *, rowwise: bool = True, columnw
 
 
 def quantize_weights_fp8_blockwise_ref(w: torch.Tensor, *, element_format: ElementFormat | str = ElementFormat.E4M3,
-                                       power_of_two: bool = True, transposed: bool = False) -> FP8BlockwiseTensor:
+                                       power_of_two: bool = True, transposed: bool = False,
+                                       both_orientations: bool = False
+                                       ) -> FP8BlockwiseTensor | FP8BlockwiseWeightPair:
     """Quantize a weight (N, K) or a stack (E, N, K) in 128 x 128 tiles by the spec; with
     ``transposed``, its transpose (..., K, N): the transposed tiles, bit for bit (a tile's amax is
-    its transpose's)."""
-    if transposed:
-        return quantize_weights_fp8_blockwise_ref(w, element_format=element_format, power_of_two=power_of_two).transpose()
-    element_format = validate_weight_args(w, element_format=element_format, power_of_two=power_of_two)
+    its transpose's); with ``both_orientations``, the pair of both (``FP8BlockwiseWeightPair``)."""
+    element_format = validate_weight_args(w, element_format=element_format, power_of_two=power_of_two,
+                                          transposed=transposed, both_orientations=both_orientations)
     *lead, rows, cols = w.shape
     # (..., N/128, 128, K/128, 128) -> (..., N/128, K/128, 128 * 128): one tile a row
-    tiles = w.reshape(*lead, rows // BLOCK, BLOCK, cols // BLOCK, BLOCK).transpose(-3, -2)
-    data, scale_inv = quantize_blocks(tiles.reshape(*tiles.shape[:-2], BLOCK * BLOCK), element_format, power_of_two)
-    data = data.view(*tiles.shape).transpose(-3, -2).reshape(w.shape)
-    return FP8BlockwiseTensor(data, scale_inv, BlockShape.TILE, element_format, power_of_two)
+    blocks = w.reshape(*lead, rows // BLOCK, BLOCK, cols // BLOCK, BLOCK).transpose(-3, -2)
+    data, scale_inv = quantize_blocks(blocks.reshape(*blocks.shape[:-2], BLOCK * BLOCK), element_format, power_of_two)
+    data = data.view(*blocks.shape).transpose(-3, -2).reshape(w.shape)
+    tiles = FP8BlockwiseTensor(data, scale_inv, BlockShape.TILE, element_format, power_of_two)
+    if both_orientations:
+        return FP8BlockwiseWeightPair(tiles, tiles.transpose())
+    return tiles.transpose() if transposed else tiles

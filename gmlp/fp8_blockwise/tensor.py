@@ -11,7 +11,8 @@ from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.spec import BLOCK
 from gmlp.mxfp8.spec import ElementFormat
 
-__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized", "require_block_shape", "absolute"]
+__all__ = ["BlockShape", "FP8BlockwiseTensor", "FP8BlockwiseQuantized", "FP8BlockwiseWeightPair", "require_block_shape",
+           "absolute"]
 
 
 class BlockShape(enum.Enum):
@@ -106,6 +107,16 @@ class FP8BlockwiseQuantized:
 
     rowwise: FP8BlockwiseTensor | None
     columnwise: FP8BlockwiseTensor | None
+
+
+@dataclass(frozen=True)
+class FP8BlockwiseWeightPair:
+    """A weight's 128 x 128 tiles in both orientations, made from one read of W: ``tiles`` W's
+    (..., N, K), ``transposed`` W^T's (..., K, N), each bit for bit the quantize of its orientation
+    alone (a tile's amax is its transpose's)."""
+
+    tiles: FP8BlockwiseTensor
+    transposed: FP8BlockwiseTensor
 
 
 def require_block_shape(value, name: str, block_shape: BlockShape) -> None:

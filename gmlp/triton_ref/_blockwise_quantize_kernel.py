@@ -1,5 +1,5 @@
 """Triton kernels: FP8 blockwise quantization of a token operand (1 x 128 and 128 x 1 in one
-pass) and of weight tiles (128 x 128).
+pass) and of weight tiles (128 x 128: W's, W^T's, or both from one read of W).
 
 Token operand (T, K), rows grouped by expert: a program owns one expert-aligned 128-row tile
 (``_grouping.group_tile``) and walks BLOCKS_PER_PROGRAM 128-column blocks of it. Each (128, 128)
@@ -82,12 +82,17 @@ def quantize_fp8_blockwise_kernel(
 @triton.jit
 def quantize_weight_tiles_kernel(
     w_ptr,  # (R, K) bf16 | fp32, contiguous: a stack (E, N, K) as (E * N, K), N a multiple of 128
-    data_ptr,  # (R, K) fp8, or TRANSPOSED each expert's (K, N): (E, K, N)
-    scale_ptr,  # (R/128, K/128) fp32, or TRANSPOSED (E, K/128, N/128)
+    data_ptr,  # (R, K) fp8: W's tiles (TILES)
+    scale_ptr,  # (R/128, K/128) fp32 (TILES)
+    t_data_ptr,  # (E, K, N) fp8: each expert's transposed tiles (TRANSPOSED)
+    t_scale_ptr,  # (E, K/128, N/128) fp32 (TRANSPOSED)
     NUM_COLS,  # K
     EXPERT_ROWS,  # N: the rows of one expert's weight (TRANSPOSED's row-tile -> expert)
-    FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr, TRANSPOSED: tl.constexpr,
+    FMAX: tl.constexpr, INPUT_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr, TILES: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
 ):
+    """One 128 x 128 tile of W read once, quantized once, and written as W's tile (TILES), as its
+    transpose into W^T (TRANSPOSED), or both: the two orientations of one read."""
     tile_row, block = tl.program_id(0), tl.program_id(1)
     lanes = tl.arange(0, 128)
     offsets = (tile_row * 128 + lanes)[:, None].to(tl.int64) * NUM_COLS + (block * 128 + lanes)[None, :]
@@ -95,14 +100,14 @@ def quantize_weight_tiles_kernel(
     amax = tl.max(block_amax(tl.abs(x), 1), 0)  # per row, then over the tile's rows
     s, scale_inv = blockwise_scale(amax, FMAX, INPUT_MAX, POWER_OF_TWO)
     q = (x * s).to(data_ptr.dtype.element_ty)
+    if TILES:
+        tl.store(data_ptr + offsets, q)
+        tl.store(scale_ptr + tile_row * (NUM_COLS // 128) + block, scale_inv)
     if TRANSPOSED:  # the tile's transpose at (k-tile, n-tile) of W_g^T: bit for bit the quantized W^T
         row_tiles = EXPERT_ROWS // 128
         expert, n_tile = tile_row // row_tiles, tile_row % row_tiles
         expert_base = expert.to(tl.int64) * NUM_COLS * EXPERT_ROWS
         t_offsets = (expert_base + (block * 128 + lanes)[:, None].to(tl.int64) * EXPERT_ROWS
                      + (n_tile * 128 + lanes)[None, :])
-        tl.store(data_ptr + t_offsets, tl.trans(q))
-        tl.store(scale_ptr + (expert * (NUM_COLS // 128) + block) * row_tiles + n_tile, scale_inv)
-    else:
-        tl.store(data_ptr + offsets, q)
-        tl.store(scale_ptr + tile_row * (NUM_COLS // 128) + block, scale_inv)
+        tl.store(t_data_ptr + t_offsets, tl.trans(q))
+        tl.store(t_scale_ptr + (expert * (NUM_COLS // 128) + block) * row_tiles + n_tile, scale_inv)

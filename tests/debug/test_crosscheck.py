@@ -371,3 +371,19 @@ def test_the_environment_setting_records_in_the_process_report(monkeypatch):
         assert environment.compared[0].calls == 1 and report.compared[0].calls == 1
     finally:
         environment.clear()
+
+
+def test_both_orientations_of_a_weight_are_compared_bit_for_bit():
+    """The FP8 blockwise weight quantize's pair (W's tiles and W^T's from one read, a weight
+    cache's "update"): each orientation compared bit for bit, a byte wrong in one named there."""
+    from gmlp.debug.compare import Comparison, bitwise
+    from gmlp.fp8_blockwise.reference import quantize_weights_fp8_blockwise_ref
+
+    w = torch.randn(2, 256, 128).bfloat16()
+    want = quantize_weights_fp8_blockwise_ref(w, both_orientations=True)
+    data = want.transposed.data.clone()
+    data.view(torch.uint8)[1, 5, 7] ^= 0x40
+    got = dataclasses.replace(want, transposed=dataclasses.replace(want.transposed, data=data))
+    comparison = Comparison()
+    bitwise(comparison, "out", got, want)
+    assert {name: record[0] for name, record in comparison.outputs.items()} == {"out.tiles": 0, "out.transposed": 1}

@@ -117,6 +117,22 @@ def test_weight_tiles_and_the_exact_transpose(power_of_two):
     assert torch.equal(direct.scale_inv, transposed.scale_inv)
 
 
+@pytest.mark.parametrize("power_of_two", [True, False])
+def test_both_orientations_are_the_two_calls(power_of_two):
+    """``both_orientations``: W's tiles and W^T's, bit for bit the two separate calls, for a stack
+    and a single matrix, bf16 and fp32."""
+    generator = torch.Generator().manual_seed(5)
+    stack = torch.randn(2, 256, 384, generator=generator) * torch.logspace(-4, 4, 2)[:, None, None]
+    for w in (stack, stack[1]):
+        for dtype in (torch.bfloat16, torch.float32):
+            source = w.to(dtype).contiguous()
+            pair = quantize_weights_fp8_blockwise_ref(source, power_of_two=power_of_two, both_orientations=True)
+            for got, transposed in ((pair.tiles, False), (pair.transposed, True)):
+                want = quantize_weights_fp8_blockwise_ref(source, power_of_two=power_of_two, transposed=transposed)
+                assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+                assert torch.equal(got.scale_inv.view(torch.int32), want.scale_inv.view(torch.int32))
+
+
 def test_argument_errors_name_the_argument():
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 128.*K=200"):
@@ -133,6 +149,10 @@ def test_argument_errors_name_the_argument():
         quantize_fp8_blockwise_ref(x, power_of_two="yes")
     with pytest.raises(ValueError, match=r"\(N, K\) must be multiples of 128.*\(256, 100\)"):
         quantize_weights_fp8_blockwise_ref(torch.zeros(2, 256, 100))
+    with pytest.raises(ValueError, match="transposed and both_orientations exclude each other"):
+        quantize_weights_fp8_blockwise_ref(torch.zeros(256, 128), transposed=True, both_orientations=True)
+    with pytest.raises(TypeError, match="transposed must be a bool, got 1"):
+        quantize_weights_fp8_blockwise_ref(torch.zeros(256, 128), transposed=1)
     with pytest.raises(ValueError, match="only 128x128-tiled weights transpose"):
         quantize_fp8_blockwise_ref(x).rowwise.transpose()
 

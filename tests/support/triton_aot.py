@@ -45,8 +45,8 @@ DEQUANTIZE_COL_SIGNATURE = {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "row_sta
 BLOCKWISE_SIGNATURE = {"x_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "row_data_ptr": "*{fp8}",
                        "row_scale_ptr": "*fp32", "col_data_ptr": "*{fp8}", "col_scale_ptr": "*fp32", "NUM_ROWS": "i32",
                        "NUM_COLS": "i32", "ROW_SCALE_STRIDE": "i32", "COL_SCALE_STRIDE": "i32", "COL_DATA_STRIDE": "i32"}
-BLOCKWISE_WEIGHT_SIGNATURE = {"w_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "NUM_COLS": "i32",
-                              "EXPERT_ROWS": "i32"}
+BLOCKWISE_WEIGHT_SIGNATURE = {"w_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "t_data_ptr": "*fp8e4nv",
+                              "t_scale_ptr": "*fp32", "NUM_COLS": "i32", "EXPERT_ROWS": "i32"}
 BF16_MAX = 3.3895313892515355e38
 BLOCKWISE_GEMM_SIGNATURE = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
                             "bias_ptr": "*bf16", "row_start_ptr": "*i32", "tile_start_ptr": "*i32", "out_ptr": "*bf16", "NUM_ROWS": "i32",
@@ -115,10 +115,10 @@ def configs() -> dict[str, tuple]:
             scales = "pow2" if power_of_two else "fp32"
             out[f"blockwise_quantize_{fp8}_{scales}_sm90"] = ("blockwise_quantize", signature, constexprs, 90,
                                                               BlockwiseQuantizeConfig().num_warps)
-    for transposed in (False, True):
-        out[f"blockwise_weights{'_transposed' if transposed else ''}_sm90"] = (
+    for suffix, tiles, transposed in (("", True, False), ("_transposed", False, True), ("_both", True, True)):
+        out[f"blockwise_weights{suffix}_sm90"] = (
             "blockwise_weights", BLOCKWISE_WEIGHT_SIGNATURE,
-            dict(FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True, TRANSPOSED=transposed), 90, 8)
+            dict(FMAX=448.0, INPUT_MAX=BF16_MAX, POWER_OF_TWO=True, TILES=tiles, TRANSPOSED=transposed), 90, 8)
     out["blockwise_gemm_e4m3_sm90"] = ("blockwise_gemm", BLOCKWISE_GEMM_SIGNATURE, dict(
         HAS_BIAS=True, NUM_GROUPS=8, SEARCH_STEPS=3, BLOCK_N=128, N_FASTEST=False), 90, 8)
     out["blockwise_fc1_sm90"] = ("blockwise_fc1", BLOCKWISE_FC1_SIGNATURE, dict(

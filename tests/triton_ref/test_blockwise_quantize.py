@@ -124,3 +124,41 @@ def test_weight_tiles_match_the_spec(element_format, power_of_two, transposed):
         assert got.data.shape == want.data.shape == ((2, 256, 384) if transposed else (2, 384, 256))
         assert torch.equal(got.data.view(torch.uint8).cpu(), want.data.view(torch.uint8))
         assert torch.equal(got.scale_inv.view(torch.int32).cpu(), want.scale_inv.view(torch.int32))
+
+
+def _assert_same_tiles(got, want) -> None:
+    """Bit for bit: the fp8 bytes and the fp32 scales' bits."""
+    assert got.data.shape == want.data.shape and got.scale_inv.shape == want.scale_inv.shape
+    assert torch.equal(got.data.view(torch.uint8).cpu(), want.data.view(torch.uint8).cpu())
+    assert torch.equal(got.scale_inv.view(torch.int32).cpu(), want.scale_inv.view(torch.int32).cpu())
+
+
+@parametrize_quick("power_of_two", [True, False], ids=["pow2", "fp32-scales"])
+@parametrize_quick("shape", [(2, 384, 256), (256, 384)], ids=["stack", "matrix"])
+def test_both_orientations_from_one_read_are_the_two_calls(shape, power_of_two):
+    """``both_orientations``: W's tiles and W^T's from one launch, each bit for bit the separate
+    call's (and the spec's), for a stack (E, N, K) of N != K and a single matrix, bf16 and fp32."""
+    quantize_weights = triton_op("blockwise_weights", "quantize_weights_fp8_blockwise")
+    w = _edge_values(math.prod(shape[:-1]), shape[-1]).reshape(shape)
+    for dtype in (torch.bfloat16, torch.float32):
+        source = w.to(dtype).to(kernel_device())
+        pair = quantize_weights(source, power_of_two=power_of_two, both_orientations=True)
+        _assert_same_tiles(pair.tiles, quantize_weights(source, power_of_two=power_of_two))
+        _assert_same_tiles(pair.transposed, quantize_weights(source, power_of_two=power_of_two, transposed=True))
+        want = quantize_weights_fp8_blockwise_ref(w.to(dtype), power_of_two=power_of_two, both_orientations=True)
+        _assert_same_tiles(pair.tiles, want.tiles)
+        _assert_same_tiles(pair.transposed, want.transposed)
+
+
+def test_both_orientations_argument_errors():
+    quantize_weights = triton_op("blockwise_weights", "quantize_weights_fp8_blockwise")
+    w = torch.zeros(128, 256, dtype=torch.bfloat16, device=kernel_device())
+    with pytest.raises(ValueError, match="transposed and both_orientations exclude each other"):
+        quantize_weights(w, transposed=True, both_orientations=True)
+    with pytest.raises(TypeError, match="both_orientations must be a bool, got 'yes'"):
+        quantize_weights(w, both_orientations="yes")
+    with pytest.raises(ValueError, match=r"\(N, K\) must be multiples of 128"):
+        quantize_weights(torch.zeros(2, 256, 100, dtype=torch.bfloat16, device=kernel_device()), both_orientations=True)
+    empty = quantize_weights(torch.zeros(0, 128, 256, dtype=torch.bfloat16, device=kernel_device()),
+                             both_orientations=True)
+    assert empty.tiles.data.shape == (0, 128, 256) and empty.transposed.data.shape == (0, 256, 128)
