@@ -6,7 +6,7 @@ quantize function has neither."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -14,19 +14,23 @@ __all__ = ["quantized_weight"]
 
 
 def quantized_weight(run: Callable, site: str, stack: Callable[[], torch.Tensor | tuple], cache: bool = True,
-                     **quantize_args):
+                     combine: Callable[[tuple], Any] | None = None, **quantize_args):
     """A weight site's quantization: the one an earlier forward kept (``run.reused_weights``,
     GroupedMLP's ``weight_cache``), or ``run(site, stack(), **quantize_args)``, kept in
     ``run.kept_weights`` when the runner keeps weights; with ``cache`` False neither (a
     backward's). ``stack`` builds the (E * N, K) weight stack only when it is quantized (the SM100
     path interleaves W1 there); a pair of stacks (W1's gate and up stored apart) is quantized one
-    by one, and the pair of results is the site's."""
+    by one, and the pair of results is the site's, or what ``combine`` makes of it (kept as such,
+    so that a reusing forward does not combine them again)."""
     reused = getattr(run, "reused_weights", {}).get(site) if cache else None  # a plain function keeps none
     if reused is not None:
         return reused
     stacks = stack()
-    result = (tuple(run(site, part, **quantize_args) for part in stacks) if isinstance(stacks, tuple)
-              else run(site, stacks, **quantize_args))
+    if isinstance(stacks, tuple):
+        result = tuple(run(site, part, **quantize_args) for part in stacks)
+        result = combine(result) if combine is not None else result
+    else:
+        result = run(site, stacks, **quantize_args)
     kept = getattr(run, "kept_weights", None) if cache else None
     if kept is not None:
         kept[site] = result

@@ -91,7 +91,9 @@ SITES = {site.name: site for site in (
 
 # the FP8 blockwise recipe's step sequence (gmlp.layer.blockwise_steps): the weights' tiles quantized
 # in the forward and their transposes (the dgrads' operands) again from W in the backward, so that
-# nothing of a weight is saved; x and dy both ways in one pass each
+# nothing of a weight is saved; x and dy both ways in one pass each. With a weight cache, "quantize
+# w1" and "quantize w2" write both orientations from one read of W (both_orientations=True) and the
+# "^T" sites do not run
 BLOCKWISE_SITES = {site.name: site for site in (
     Site("quantize w1", Op.BLOCKWISE_WEIGHTS, weight_stack=True),
     Site("quantize x", Op.BLOCKWISE_QUANTIZE),

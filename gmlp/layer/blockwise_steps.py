@@ -16,6 +16,11 @@ weights but the weights: the dgrads' W^T tiles are quantized from W in the backw
 transposed (bit for bit the forward's tiles transposed: a tile's amax is its transpose's), one
 pass over W instead of keeping its fp8 tiles from the forward to the backward and copying them
 transposed. Each saved tensor is released after its last reader.
+
+With a weight cache (GroupedMLP's ``weight_cache``: micro-batches sharing their weights) the
+forward's weight sites write both orientations from one read of W ("update"), or take the kept
+pair ("reuse"); the forward reads W's tiles, and W^T's, kept for the later micro-batches anyway,
+are saved for this backward, which then quantizes no weight.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from gmlp.contract.outputs import MLPGrads
 from gmlp.contract.weight_reuse import quantized_weight
 from gmlp.fp8_blockwise import layout
 from gmlp.fp8_blockwise.recipe import FP8BlockwiseRecipe
-from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, FP8BlockwiseWeightPair
 from gmlp.layer.steps import OpRunner, release
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 from gmlp.mxfp8.spec import ElementFormat
@@ -53,27 +58,57 @@ class BlockwiseSaved:
     has_b1: bool
     has_b2: bool
     w1_apart: bool = False  # W1's gate and up stored apart: dW1 returned as the pair of their gradients
+    # with a weight cache, the dgrads' W^T tiles made (or reused) by the forward with W's, in one pass
+    w1t: FP8BlockwiseTensor | None = None
+    w2t: FP8BlockwiseTensor | None = None
 
 
-def _weight_tiles(run: OpRunner, site: str, w: torch.Tensor | GateUp, pow2: bool,
-                  transposed: bool = False) -> FP8BlockwiseTensor:
+def _stacked(halves: list[FP8BlockwiseTensor], dim: int) -> FP8BlockwiseTensor:
+    """W1's gate and up tiles, quantized apart, stacked along ``dim`` (N: 1 for W1's tiles, 2 for
+    W1^T's): F is a multiple of 128, so no tile holds both halves, and the stack is bit for bit
+    the quantization of the (E, 2F, H) [gate; up] tensor."""
+    gate, up = halves
+    return FP8BlockwiseTensor(torch.cat([gate.data, up.data], dim), torch.cat([gate.scale_inv, up.scale_inv], dim),
+                              BlockShape.TILE, gate.element_format, gate.power_of_two)
+
+
+def _weight_tiles(run: OpRunner, site: str, w: torch.Tensor | GateUp, pow2: bool, *, transposed: bool = False,
+                  both_orientations: bool = False,
+                  cache: bool = True) -> FP8BlockwiseTensor | FP8BlockwiseWeightPair:
     """A weight's 128 x 128 tiles, or an earlier forward's (``quantized_weight``: GroupedMLP's
-    ``weight_cache``); ``transposed``: W^T's (..., K, N), made in the backward and not kept. W1's
-    gate and up stored apart (a ``GateUp``) are quantized apart and their tiles stacked into one
-    (E, 2F, H) tensor, [gate; up] halves (transposed: (E, H, 2F), [gate^T, up^T]): F is a multiple
-    of 128, so no tile holds both, and the stack is bit for bit the halves' quantization (an
-    interleaved layout's strided views are copied to be read)."""
+    ``weight_cache``; with ``cache`` False neither kept nor reused); ``transposed``: W^T's
+    (..., K, N); ``both_orientations``: the pair of both from one read of W. W1's gate and up
+    stored apart (a ``GateUp``) are quantized apart and their tiles stacked into one (E, 2F, H)
+    tensor, [gate; up] halves (transposed: (E, H, 2F), [gate^T, up^T]), once: the stack is what
+    is kept (an interleaved layout's strided views are copied to be read)."""
     def stacks():
         return tuple(part.contiguous() for part in (w.gate, w.up)) if isinstance(w, GateUp) else w
 
-    tiles = quantized_weight(run, site, stacks, cache=not transposed, element_format=ElementFormat.E4M3,
-                             power_of_two=pow2, transposed=transposed)
-    if not isinstance(tiles, tuple):
-        return tiles
-    gate, up = tiles
-    dim = 2 if transposed else 1  # N: the rows of W_g, the columns of W_g^T
-    return FP8BlockwiseTensor(torch.cat([gate.data, up.data], dim), torch.cat([gate.scale_inv, up.scale_inv], dim),
-                              BlockShape.TILE, gate.element_format, pow2)
+    def combine(halves: tuple) -> FP8BlockwiseTensor | FP8BlockwiseWeightPair:
+        if both_orientations:
+            return FP8BlockwiseWeightPair(_stacked([half.tiles for half in halves], 1),
+                                          _stacked([half.transposed for half in halves], 2))
+        return _stacked(list(halves), 2 if transposed else 1)
+
+    return quantized_weight(run, site, stacks, cache=cache, combine=combine, element_format=ElementFormat.E4M3,
+                            power_of_two=pow2, transposed=transposed, both_orientations=both_orientations)
+
+
+def _forward_tiles(run: OpRunner, site: str, w: torch.Tensor | GateUp,
+                   pow2: bool) -> tuple[FP8BlockwiseTensor, FP8BlockwiseTensor | None]:
+    """(W's tiles for the forward's GEMM, W^T's for the backward's or None): with a weight cache
+    both from one pass (or the kept pair), else W's alone (the backward makes W^T's itself)."""
+    if not run.caches_weights:
+        return _weight_tiles(run, site, w, pow2), None
+    pair = _weight_tiles(run, site, w, pow2, both_orientations=True)
+    return pair.tiles, pair.transposed
+
+
+def _transposed_tiles(run: OpRunner, site: str, saved: BlockwiseSaved, weight: str, pow2: bool) -> FP8BlockwiseTensor:
+    """A dgrad's W^T tiles (``weight``: "w1" or "w2"): those the forward saved (a weight cache's),
+    else made from W now (not kept: the backward's runner keeps nothing for later steps)."""
+    kept, w = release(saved, f"{weight}t"), release(saved, weight)
+    return kept if kept is not None else _weight_tiles(run, site, w, pow2, transposed=True, cache=False)
 
 
 def _add_dw1(dw1: torch.Tensor, into: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None, apart: bool):
@@ -94,18 +129,18 @@ def blockwise_forward(run: OpRunner, x: torch.Tensor, split_sizes: torch.Tensor,
     ``GateUp``, ``gmlp.contract.gate_up``)."""
     ffn, pow2 = w2.shape[2], recipe.power_of_two_scales
     groups = groups if groups is not None else device_groups(split_sizes, x.shape[0])
-    w1q = _weight_tiles(run, "quantize w1", w1, pow2)
+    w1q, w1t = _forward_tiles(run, "quantize w1", w1, pow2)
     xq = run("quantize x", x, rowwise=True, columnwise=True, split_sizes=split_sizes,
              element_format=ElementFormat.E4M3, power_of_two=pow2, groups=groups)
     fc1 = run("fc1", xq.rowwise, w1q, split_sizes, ffn_hidden_size=ffn, activation=activation, b1=b1, probs=probs,
               power_of_two=pow2, groups=groups)
     x_col = xq.columnwise
     del xq, w1q  # Q_row(x) and W1's tiles: FC1's only
-    w2q = _weight_tiles(run, "quantize w2", w2, pow2)
+    w2q, w2t = _forward_tiles(run, "quantize w2", w2, pow2)
     y = run("fc2", fc1.a_rowwise, w2q, split_sizes, bias=b2, groups=groups)
     saved = BlockwiseSaved(x_col=x_col, c=fc1.c, a_col=fc1.a_columnwise, probs=probs, w1=w1, w2=w2,
                            split_sizes=split_sizes, groups=groups, has_b1=b1 is not None, has_b2=b2 is not None,
-                           w1_apart=isinstance(w1, GateUp))
+                           w1_apart=isinstance(w1, GateUp), w1t=w1t, w2t=w2t)
     return y, saved
 
 
@@ -117,7 +152,7 @@ def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, a
     split_sizes, groups, pow2 = saved.split_sizes, saved.groups, recipe.power_of_two_scales
     dyq = run("quantize dy", dy, rowwise=True, columnwise=True, split_sizes=split_sizes,
               element_format=recipe.grad_format, power_of_two=pow2, groups=groups)
-    w2t = _weight_tiles(run, "quantize w2^T", release(saved, "w2"), pow2, transposed=True)
+    w2t = _transposed_tiles(run, "quantize w2^T", saved, "w2", pow2)
     dgrad = run("fc2 dgrad", dyq.rowwise, w2t, release(saved, "c"), split_sizes,
                 activation=activation, grad_format=recipe.grad_format, probs=saved.probs, bias_grad=saved.has_b1,
                 power_of_two=pow2, groups=groups)
@@ -125,7 +160,7 @@ def blockwise_backward(run: OpRunner, dy: torch.Tensor, saved: BlockwiseSaved, a
     dy_col, dprobs, db1, dh_row, dh_col = (dyq.columnwise, dgrad.dprobs, dgrad.db1, dgrad.dh_rowwise,
                                            dgrad.dh_columnwise)
     del dyq, dgrad, w2t
-    w1t = _weight_tiles(run, "quantize w1^T", release(saved, "w1"), pow2, transposed=True)
+    w1t = _transposed_tiles(run, "quantize w1^T", saved, "w1", pow2)
     dx = run("fc1 dgrad", dh_row, w1t, split_sizes, groups=groups)
     del dh_row, w1t
     dw1_out, dw2_out = weight_grad_out if weight_grad_out is not None else (None, None)

@@ -218,10 +218,11 @@ class GroupedMLP(nn.Module):
         """y (T, H) for x (T, H) grouped by expert; probs (T,) scales each row's activation.
 
         ``weight_cache`` (the quantized recipes), for micro-batches that share their weights: None quantizes
-        the weights in this forward; "update" does too and keeps the quantized weights (on the
-        SM100 path W1 gate/up interleaved as well) for later forwards, for example the first
-        micro-batch of a gradient-accumulation step; "reuse" takes the ones the last "update"
-        forward kept, instead of quantizing again. With "reuse" the caller promises that the
+        the weights in this forward; "update" does too and keeps the quantized weights (MXFP8 on
+        Hopper: the bf16 values of W and W^T; FP8 blockwise: the fp8 tiles of W and W^T, both
+        from one pass over W; on the SM100 path W1 gate/up interleaved as well) for later
+        forwards, for example the first micro-batch of a gradient-accumulation step; "reuse"
+        takes the ones the last "update" forward kept, instead of quantizing again. With "reuse" the caller promises that the
         weights have not changed since: gmlp checks their storage, shape, dtype, the plan and
         their version counters (an in-place change, an optimizer step for example, raises
         ``ValueError``; a change through ``.data`` is not seen).

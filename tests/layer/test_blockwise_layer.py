@@ -1,10 +1,12 @@
 """GroupedMLP with the FP8 blockwise recipe (gmlp.FP8BlockwiseRecipe): forward and backward on
 the Triton kernels (interpreted on the CPU) with every op cross-checked against the torch path,
 close to the unquantized layer, its plan and the reasons it gives, torch.compile without graph
-breaks, main_grad accumulation, and the argument errors."""
+breaks, main_grad accumulation, the weight cache (both orientations from one pass), and the
+argument errors."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -13,6 +15,7 @@ import torch._dynamo
 
 import gmlp
 import gmlp.layer.steps
+from gmlp.contract.gate_up import GateUpLayout
 from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.contract.reasons import ReasonKind
 from gmlp.debug import CrossCheckError, cross_check
@@ -21,8 +24,10 @@ from gmlp.dispatch.providers import cutedsl_common
 from gmlp.dispatch.providers.cutedsl_sm100 import composition_reason
 from gmlp.dispatch.sites import BLOCKWISE_SITES, Op
 from gmlp.fp8_blockwise.tensor import FP8BlockwiseQuantized, FP8BlockwiseTensor
+from gmlp.layer import autograd
 from tests.support.backends import kernel_device
-from tests.support.cases import parametrize_quick
+from tests.support.cases import parametrize_quick, stored_gate_up
+from tests.support.site_calls import count_site_calls
 
 EXPERTS, HIDDEN, FFN = 4, 256, 128
 SPLITS = [0, 129, 43, 128]  # an empty expert, one past a 128-token block, one exactly a block
@@ -125,28 +130,112 @@ def test_argument_errors():
         gmlp.FP8BlockwiseRecipe(power_of_two_scales=1)
 
 
-@pytest.mark.slow
-def test_weight_cache_reuses_the_first_micro_batchs_tiles():
-    """weight_cache="update" keeps the weights' tiles, "reuse" takes them: the same bits as a step
-    that quantizes them again; a weight changed in place since is refused."""
+WEIGHT_SITES = ("quantize w1", "quantize w2", "quantize w1^T", "quantize w2^T")
+
+
+def _kept_fp8(kept: list[torch.Tensor]) -> list[tuple[int, ...]]:
+    """The shapes of the kept fp8 tensors, sorted (the fp32 scales left out: a scale grid with a
+    dimension of 1 and its transpose are one memory, kept once)."""
+    return sorted(tuple(t.shape) for t in kept if t.dtype == torch.float8_e4m3fn)
+
+
+def _both_orientations(*shapes: tuple[int, int, int]) -> list[tuple[int, ...]]:
+    """The fp8 tiles a weight cache of the FP8 blockwise recipe keeps for weights of ``shapes``
+    (E, N, K): each one's and its transpose's (one byte an element each), sorted."""
+    return sorted(shape for (e, n, k) in shapes for shape in ((e, n, k), (e, k, n)))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
+def test_weight_cache_quantizes_both_orientations_once(monkeypatch, backend):
+    """weight_cache="update" quantizes each weight once, W's tiles and W^T's from one read, and
+    keeps both (one byte an element each, and the scales); "reuse" quantizes no weight, forward
+    or backward. Every micro-batch's output and gradients are bit for bit those of a step without
+    the cache (triton: the interpreted kernels, every op cross-checked, the one-pass quantize too)."""
+    monkeypatch.setenv("GMLP_BACKEND", backend)
+    calls = count_site_calls(monkeypatch)
     mlp = _module(bias=True)
     plain = _step(mlp)
-    device = kernel_device()
-    x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device=device)
-    mlp(x, torch.tensor([4, 0, 0, 0], device=device), weight_cache="update")
-    kept = mlp._kept_weights.tensors  # the two weights' fp8 tiles and fp32 scales
-    assert sorted(str(t.dtype) for t in kept) == ["torch.float32"] * 2 + ["torch.float8_e4m3fn"] * 2
+    assert {site: calls[site] for site in WEIGHT_SITES} == dict.fromkeys(WEIGHT_SITES, 1)
+    kinds = [("update", {"quantize w1": 1, "quantize w2": 1}), *[("reuse", {})] * 2]
+    for weight_cache, weight_calls in kinds:
+        calls.clear()
+        with contextlib.nullcontext() if backend == "torch" else cross_check(action="raise"):
+            got = _step(mlp, call=lambda x, split_sizes, probs: mlp(x, split_sizes, probs, weight_cache=weight_cache))
+        assert {site: calls[site] for site in WEIGHT_SITES if calls[site]} == weight_calls, weight_cache
+        assert calls["fc2 dgrad"] == calls["fc1 dgrad"] == 1
+        for name, value in got.items():
+            assert torch.equal(value, plain[name]), (weight_cache, name)
+    assert _kept_fp8(mlp._kept_weights.tensors) == _both_orientations((EXPERTS, 2 * FFN, HIDDEN),
+                                                                      (EXPERTS, HIDDEN, FFN))
 
-    def reused(x, split_sizes, probs):
-        return mlp(x, split_sizes, probs, weight_cache="reuse")
 
-    got = _step(mlp, call=reused)
-    for name, value in got.items():
-        assert torch.equal(value, plain[name]), name
+def test_weight_cache_refuses_changed_weights_and_keeps_mxfp8_as_it_was(monkeypatch):
+    """A weight changed in place since "update" is refused, and quantized again by the next
+    "update"; the MXFP8 recipe's cache still keeps W's and W^T's values, made at their own sites."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    calls = count_site_calls(monkeypatch)
+    mlp = _module()
+    x, split_sizes = torch.zeros(4, HIDDEN, dtype=torch.bfloat16), torch.tensor([4, 0, 0, 0])
+    mlp(x, split_sizes, weight_cache="update")
     with torch.no_grad():
         mlp.w2.add_(1.0)
     with pytest.raises(ValueError, match="w2 was changed in place"):
-        mlp(x, torch.tensor([4, 0, 0, 0], device=device), weight_cache="reuse")
+        mlp(x, split_sizes, weight_cache="reuse")
+    assert torch.equal(mlp(x, split_sizes, weight_cache="update"), mlp(x, split_sizes))
+    calls.clear()
+    mxfp8 = gmlp.GroupedMLP(EXPERTS, HIDDEN, FFN)
+    mxfp8(x, split_sizes, weight_cache="update")
+    assert {site: n for site, n in calls.items() if "w" in site} == dict.fromkeys(
+        ("qdq w1", "qdq w2", "qdq w1^T", "qdq w2^T"), 1)
+
+
+@pytest.mark.parametrize("layout", [GateUpLayout.SEPARATE, GateUpLayout.INTERLEAVED], ids=lambda layout: layout.value)
+def test_weight_cache_with_gate_and_up_stored_apart(monkeypatch, layout):
+    """W1's gate and up stored apart: each half quantized apart both ways, the halves' tiles
+    stacked once and kept stacked; the update and reuse micro-batches give the bits of W1 as one
+    (E, 2F, H) tensor without a cache (y and every gradient), and reuse quantizes no weight."""
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    calls = count_site_calls(monkeypatch)
+    mlp = _module(bias=True)
+    generator = torch.Generator().manual_seed(3)
+    tokens = sum(SPLITS)
+    x, dy = (torch.randn(tokens, HIDDEN, generator=generator).bfloat16() for _ in range(2))
+    probs, split_sizes = torch.rand(tokens, generator=generator), torch.tensor(SPLITS)
+    halves = [mlp.w1.detach().clone().requires_grad_()]
+    stored = [t.requires_grad_() for t in stored_gate_up(layout, *(t.detach() for t in mlp.w1.chunk(2, dim=1)))]
+
+    def step(w1: list[torch.Tensor], gate_up: GateUpLayout, weight_cache=None, reused=None):
+        """(y and the gradients of x, probs, gate, up, b1, w2, b2; the kept weights' tensors)."""
+        config = dataclasses.replace(mlp._config(weight_cache, None), gate_up=gate_up)
+        leaves = [t.detach().clone().requires_grad_() for t in (x, probs)]
+        for t in (*w1, *mlp.parameters()):
+            t.grad = None
+        w3 = w1[1] if len(w1) == 2 else None
+        outputs = autograd.grouped_mlp(leaves[0], split_sizes, leaves[1], w1[0], mlp.b1, mlp.w2, mlp.b2, config,
+                                       reused, w3=w3)
+        outputs[0].backward(dy)
+        kept = (autograd.kept_weights(outputs, config.encode(), leaves[0], split_sizes, leaves[1], w1[0], mlp.b1,
+                                      mlp.w2, mlp.b2, w3=w3)[0] if weight_cache == "update" else None)
+        if gate_up is GateUpLayout.HALVES:
+            dgate, dup = w1[0].grad.chunk(2, dim=1)
+        elif gate_up is GateUpLayout.INTERLEAVED:
+            dgate, dup = w1[0].grad.unbind(2)
+        else:
+            dgate, dup = (t.grad for t in w1)
+        return [outputs[0].detach(), *(t.grad for t in leaves), dgate, dup, mlp.b1.grad, mlp.w2.grad, mlp.b2.grad], kept
+
+    want, _ = step(halves, GateUpLayout.HALVES)
+    calls.clear()
+    got, kept = step(stored, layout, "update")
+    assert {site: calls[site] for site in WEIGHT_SITES} == {"quantize w1": 2, "quantize w2": 1, "quantize w1^T": 0,
+                                                            "quantize w2^T": 0}  # W1's halves apart
+    assert _kept_fp8(kept) == _both_orientations((EXPERTS, 2 * FFN, HIDDEN), (EXPERTS, HIDDEN, FFN))
+    calls.clear()
+    reused, _ = step(stored, layout, "reuse", kept)
+    assert not any(calls[site] for site in WEIGHT_SITES)
+    for grads in (got, reused):
+        for name, mine, ref in zip(("y", "dx", "dprobs", "dgate", "dup", "db1", "dw2", "db2"), grads, want):
+            assert torch.equal(mine, ref), name
 
 
 @pytest.mark.slow

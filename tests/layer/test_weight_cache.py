@@ -4,33 +4,19 @@ above the paths: the same for Triton and CuTeDSL)."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 from torch import nn
 
 import gmlp
-import gmlp.layer.steps
+from tests.support.site_calls import count_site_calls
 
 
 @pytest.fixture
 def quantize_calls(monkeypatch):
     """Counts the op calls per site (the torch path forced)."""
     monkeypatch.setenv("GMLP_BACKEND", "torch")
-    calls = collections.Counter()
-    real = gmlp.layer.steps.implementation
-
-    def counting(site, path, capability=None):
-        run = real(site, path, capability)
-
-        def call(*args, **kwargs):
-            calls[site.name] += 1
-            return run(*args, **kwargs)
-        return call
-
-    monkeypatch.setattr(gmlp.layer.steps, "implementation", counting)
-    return calls
+    return count_site_calls(monkeypatch)
 
 
 def _inputs():
