@@ -16,7 +16,8 @@ an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h
 ``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
 weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
 ``gmlp-fp8-blockwise`` is the layer with the FP8 blockwise recipe (``--sides``; H and F multiples of
-128). ``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
+128); ``gmlp-fp8-blockwise-reused-weights`` (``--sides``) its later micro-batch: W's and W^T's tiles
+quantized by the first (in one pass over each weight) and reused, so that it quantizes no weight. ``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
 torchtitan keeps them (read in place: ``gmlp.contract.gate_up``). ``sonicmoe-bf16`` is SonicMoE on
 the same rows (``gmlp.bench.sonicmoe``; ``--sides``, in a process of its own).
 ``torchao-fp8-rowwise`` is torchao's FP8 rowwise grouped GEMMs with the compiled activation
@@ -72,9 +73,11 @@ W1_APART = "gmlp-bf16-w1-apart"  # gmlp bf16 with W1's gate and up as two tensor
 BASELINES = {"eager": EAGER_ACT, "compiled_act": COMPILED_ACT}  # JSON ratio key suffix -> baseline
 MXFP8_REUSED = "gmlp-mxfp8-reused-weights"
 BLOCKWISE = "gmlp-fp8-blockwise"  # the FP8 blockwise recipe (gmlp.FP8BlockwiseRecipe), asked for with --sides
+BLOCKWISE_REUSED = "gmlp-fp8-blockwise-reused-weights"  # its later micro-batch, asked for with --sides
+REUSED = {MXFP8_REUSED: "gmlp-mxfp8", BLOCKWISE_REUSED: BLOCKWISE}  # a reused-weights side -> its layer
 # the sides besides the baselines; SonicMoE (``gmlp.bench.sonicmoe``) needs a process of its own
 DEFAULT_SIDES = ("gmlp-mxfp8", "gmlp-bf16", W1_APART, MXFP8_REUSED)
-SIDES = (*DEFAULT_SIDES, BLOCKWISE, torchao_rowwise.SIDE, te_blockwise.SIDE, sonicmoe.SIDE)
+SIDES = (*DEFAULT_SIDES, BLOCKWISE, BLOCKWISE_REUSED, torchao_rowwise.SIDE, te_blockwise.SIDE, sonicmoe.SIDE)
 
 ActivationFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (T, 2F), probs (T,)) -> (T, F)
 Run = tuple[Callable[[], torch.Tensor], list[torch.Tensor]]  # a side's forward and the leaves it takes gradients of
@@ -138,11 +141,12 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
                probs: torch.Tensor, split_sizes: torch.Tensor, compiled_act: ActivationFn,
                sides: tuple[str, ...] = DEFAULT_SIDES) -> dict[str, Run]:
     """The ``sides`` of one routing by name (the torch baselines always): gmlp's layers, the bf16
-    layer with W1 apart, the MXFP8 layer with the weights it quantizes here
+    layer with W1 apart, the MXFP8 and FP8 blockwise layers with the weights they quantize here
     (``weight_cache="update"``) reused, SonicMoE. All take x and probs."""
-    if BLOCKWISE in sides and BLOCKWISE not in layers:
-        raise ValueError(f"--sides {BLOCKWISE}: the FP8 blockwise recipe needs H and F multiples of 128, got "
-                         f"H={x.shape[1]}, F={layers['gmlp-bf16'].ffn_hidden_size}")
+    for side in (BLOCKWISE, BLOCKWISE_REUSED):
+        if side in sides and BLOCKWISE not in layers:
+            raise ValueError(f"--sides {side}: the FP8 blockwise recipe needs H and F multiples of 128, got "
+                             f"H={x.shape[1]}, F={layers['gmlp-bf16'].ffn_hidden_size}")
     w1, w2 = torch_weights
     offsets = expert_offsets(split_sizes)
     runs = {name: (lambda activation=activation: baseline_layer(x, probs, w1, w2, offsets, activation),
@@ -153,11 +157,9 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
             runs[name] = (lambda layer=layer: layer(x, split_sizes, probs), [x, probs, *layer.parameters()])
     if W1_APART in sides:
         runs[W1_APART] = w1_apart_run(layers["gmlp-bf16"], x, probs, split_sizes)
-    if MXFP8_REUSED in sides:  # a later micro-batch of a gradient-accumulation step: the weights quantized by the first
-        mxfp8 = layers["gmlp-mxfp8"]
-        mxfp8(x, split_sizes, probs, weight_cache="update")
-        runs[MXFP8_REUSED] = (lambda: mxfp8(x, split_sizes, probs, weight_cache="reuse"),
-                              [x, probs, *mxfp8.parameters()])
+    for side, name in REUSED.items():
+        if side in sides:
+            runs[side] = reused_weights_run(layers[name], x, probs, split_sizes)
     if torchao_rowwise.SIDE in sides:
         reason = torchao_rowwise.unsupported_reason(split_sizes)
         if reason is None:
@@ -169,6 +171,13 @@ def layer_runs(layers: dict[str, GroupedMLP], torch_weights: tuple[torch.Tensor,
     if sonicmoe.SIDE in sides:
         runs[sonicmoe.SIDE] = sonicmoe.sonicmoe_run(w1, w2, x, probs, split_sizes)
     return runs
+
+
+def reused_weights_run(layer: GroupedMLP, x: torch.Tensor, probs: torch.Tensor, split_sizes: torch.Tensor) -> Run:
+    """A later micro-batch of a gradient-accumulation step: the weights quantized by the first
+    (``weight_cache="update"``, run here once) and reused (``"reuse"``) at every step."""
+    layer(x, split_sizes, probs, weight_cache="update")
+    return (lambda: layer(x, split_sizes, probs, weight_cache="reuse"), [x, probs, *layer.parameters()])
 
 
 def w1_apart_run(bf16: GroupedMLP, x: torch.Tensor, probs: torch.Tensor, split_sizes: torch.Tensor) -> Run:

@@ -25,6 +25,7 @@ from gmlp.bench.mlp import (
     training_step,
 )
 from gmlp.mxfp8.spec import ElementFormat
+from tests.support.site_calls import count_site_calls
 from tests.support.tolerances import BF16_UNIT, relative_rms_bound, relative_rms_error, unit_roundoff
 
 EXPERTS, TOKENS, HIDDEN, FFN = 4, 200, 64, 64
@@ -100,3 +101,39 @@ def test_sides_are_chosen_and_the_baselines_always_run(compiled_act):
     assert sonicmoe.SIDE in mlp.SIDES and sonicmoe.SIDE not in mlp.DEFAULT_SIDES
     with pytest.raises(SystemExit):
         mlp.main(["--sides", "gmlp-bf16,nope"])
+
+
+def test_the_blockwise_reused_weights_side_is_a_later_micro_batch(monkeypatch, compiled_act):
+    """``gmlp-fp8-blockwise-reused-weights`` (asked for with ``--sides``, not a default side): the
+    blockwise layer's step with the tiles its first micro-batch kept, no weight quantized, the
+    bits of the plain blockwise side (torch path); refused, as that side is, where H or F is not
+    a multiple of 128."""
+    from gmlp.bench.mlp import BLOCKWISE, BLOCKWISE_REUSED, DEFAULT_SIDES, SIDES
+
+    monkeypatch.setenv("GMLP_BACKEND", "torch")
+    calls = count_site_calls(monkeypatch)
+    hidden = ffn = 128
+    x, dy = layer_tensors(TOKENS, hidden, CPU)
+    probs = router_probs(TOKENS, CPU)
+    split_sizes = split_sizes_for("skewed", EXPERTS, TOKENS, CPU)
+    layers, torch_weights = make_layers(EXPERTS, hidden, ffn, CPU)
+    runs = layer_runs(layers, torch_weights, x, probs, split_sizes, compiled_act, sides=(BLOCKWISE, BLOCKWISE_REUSED))
+    assert set(runs) == {*BASELINES.values(), BLOCKWISE, BLOCKWISE_REUSED}
+    assert BLOCKWISE_REUSED in SIDES and BLOCKWISE_REUSED not in DEFAULT_SIDES
+    assert calls["quantize w1"] == calls["quantize w2"] == 1  # the first micro-batch's, building the side
+    results = {}
+    for name in (BLOCKWISE, BLOCKWISE_REUSED):
+        forward, leaves = runs[name]
+        assert any(leaf is probs for leaf in leaves), name
+        calls.clear()
+        training_step(forward, leaves, dy)
+        weight_sites = {site for site in calls if site.startswith("quantize w")}
+        assert weight_sites == (set() if name == BLOCKWISE_REUSED else
+                                {"quantize w1", "quantize w2", "quantize w1^T", "quantize w2^T"}), name
+        results[name] = [forward().detach(), x.grad, probs.grad, *(p.grad for p in layers[BLOCKWISE].parameters())]
+    assert all(torch.equal(reused, plain) for reused, plain in zip(results[BLOCKWISE_REUSED], results[BLOCKWISE]))
+    small, small_weights = make_layers(EXPERTS, HIDDEN, FFN, CPU)
+    x_small, _ = layer_tensors(TOKENS, HIDDEN, CPU)
+    with pytest.raises(ValueError, match=f"--sides {BLOCKWISE_REUSED}: the FP8 blockwise recipe needs H and F "
+                                         "multiples of 128, got H=64, F=64"):
+        layer_runs(small, small_weights, x_small, probs, split_sizes, compiled_act, sides=(BLOCKWISE_REUSED,))
