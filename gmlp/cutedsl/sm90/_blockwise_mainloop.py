@@ -7,11 +7,13 @@ operand policy (``_engine``), the hooks of ``PromotedTokenRows``.
   of the item's n-tile (the grouped GEMM: two adjacent tile rows; FC1: the gate and up rows,
   F / 128 apart).
 - Consumers (two warpgroups of 64 rows): per k-tile and half, four k=32 ``wgmma`` into a fresh
-  fp32 fragment ``partial``, ``wait_group(0)``, then ``acc += (sa * sb) * partial`` in
-  registers. A thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row, 4j+2,
-  4j+3 the row 8 below), so it reads two A scales and the half's B scale a k-tile. The slot is
-  released after the last half's wait. Registers: 64 fp32 a half for acc and 64 for the one
-  ``partial`` (two partials would not fit the 232 of a consumer thread).
+  fp32 fragment ``partial``, then ``acc += (sa * sb) * partial`` in registers (``_blockwise_k_loops``:
+  ``promoted_k_tiles`` waits for each k-tile's wgmmas before promoting it; with one half, the
+  ``pipelined`` variant promotes k-tile k - 1 while k-tile k's wgmmas run, into a second
+  ``partial``). A thread's accumulators hold two rows (m64 layout: elements 4j, 4j+1 one row,
+  4j+2, 4j+3 the row 8 below), so it reads two A scales and the half's B scale a k-tile. A slot
+  is released once its last wgmmas are done. Registers: 64 fp32 a half for acc and 64 a
+  ``partial`` (two partials fit the 232 of a consumer thread with one half only).
 - A's scales come with the slot: one TMA box of the k-tile's scale row (A's scales are MN-major,
   (K/128, pad4(T))), ``SCALE_BOX_ROWS`` = 132 floats from the item's first row rounded down to 4
   (TMA needs the innermost coordinate 16-byte aligned: a box at an odd expert start is an
@@ -19,8 +21,7 @@ operand policy (``_engine``), the hooks of ``PromotedTokenRows``.
   per thread from global memory they were the mainloop's largest stall (ncu, 2026-12-05:
   long_scoreboard, lg_throttle). Rows past the expert's end read the next expert's scales or
   TMA's zero fill: their accumulators are never stored, and the epilogues zero them. The B
-  scales (one float a k-tile and half) are global loads of the next k-tile issued while the last
-  half's wgmmas run.
+  scales (one float a k-tile and half) are global loads issued a k-tile before their promotion.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.reasons import Reason, ReasonKind
 from gmlp.cutedsl.sm90._compile import fake_matrix, sym_stride
+from gmlp.cutedsl.sm90._blockwise_k_loops import pipelined_k_tiles, promoted_k_tiles
 from gmlp.cutedsl.sm90._engine import Slots
 from gmlp.cutedsl.sm90._cluster import PairedTile, item_tiles, multicast_load_op, tile_shares
 from gmlp.cutedsl.sm90._pipeline import ALIGN, mainloop_fields, produce_k_tiles, slot_tensors, smem_array
@@ -47,7 +49,7 @@ from gmlp.fp8_blockwise import layout
 
 __all__ = ["TILE_N", "TILE_K", "MMA_WARPGROUPS", "SCALE_BOX_ROWS", "BRows", "Operands", "slot_bytes", "make_operands",
            "scale_smem_layout", "storage_fields", "scaled_slot_tensors", "check_token_scales", "fake_token_rows",
-           "fake_weight_tiles", "ffn_problem_support", "produce_items", "promoted_k_tiles", "PromotedArgs",
+           "fake_weight_tiles", "ffn_problem_support", "produce_items", "PromotedArgs",
            "PromotedOperands", "PromotedTokenRows"]
 
 TILE_N = 128  # one weight tile row: one B scale per k-tile
@@ -224,62 +226,6 @@ def produce_items(mainloop, stages: cutlass.Constexpr, items: TokenItems, item: 
     mainloop.producer_tail(state)
 
 
-@cute.jit
-def promoted_k_tiles(tiled_mma: cute.TiledMma, mainloop, read_state, k_tiles: Int32, tCrA: cute.Tensor,
-                     tCrBs: list, accs: list, partial: cute.Tensor, sAScale: cute.Tensor, mBScale: cute.Tensor,
-                     g: Int32, rows_b: tuple, first_row: Int32, rows: tuple):
-    """One work item's promoted mainloop into ``accs`` (one fragment a half, overwritten):
-    ``rows_b`` the halves' weight tile rows (``BRows.of``), ``rows`` the thread's two accumulator
-    rows. Returns (tiled_mma, read_state): the caller rebinds both, so the tracer carries them
-    (the MMA's ACCUMULATE field and the state) across its work-item loop."""
-    halves = len(accs)
-    k_blocks = cute.size(tCrA, mode=[2])
-    box_rows = (rows[0] + first_row % SCALE_ROW_ALIGN, rows[1] + first_row % SCALE_ROW_ALIGN)  # in the scale box
-    for h in cutlass.range_constexpr(halves):
-        accs[h].fill(0.0)
-    # the B scales of k-tile 0, then each k-tile's next ones loaded while its wgmmas run (the
-    # second repeats the first with one half)
-    b_scale0, b_scale1 = _b_scales(mBScale, g, rows_b, halves, Int32(0))
-    for k_tile in range(k_tiles):
-        mainloop.consumer_wait(read_state)
-        upper_a = sAScale[box_rows[0], 0, read_state.index]  # the thread's two rows' A scales
-        lower_a = sAScale[box_rows[1], 0, read_state.index]
-        for h in cutlass.range_constexpr(halves):
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-            cute.nvgpu.warpgroup.fence()
-            for k_block in cutlass.range_constexpr(k_blocks):
-                slot = (None, None, k_block, read_state.index)
-                cute.gemm(tiled_mma, partial, tCrA[slot], tCrBs[h][slot], partial)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            cute.nvgpu.warpgroup.commit_group()
-            if const_expr(h == halves - 1):
-                next_b_scale0, next_b_scale1 = b_scale0, b_scale1
-                if k_tile + 1 < k_tiles:
-                    next_b_scale0, next_b_scale1 = _b_scales(mBScale, g, rows_b, halves, k_tile + 1)
-            cute.nvgpu.warpgroup.wait_group(0)
-            if const_expr(h == halves - 1):
-                mainloop.consumer_release(read_state)
-                read_state.advance()
-            # promote: acc += (sa * sb) * partial
-            b_scale = b_scale0 if h == 0 else b_scale1
-            upper, lower = upper_a * b_scale, lower_a * b_scale
-            for i in cutlass.range_constexpr(cute.size(partial)):
-                accs[h][i] = accs[h][i] + (upper if (i % 4) < 2 else lower) * partial[i]
-        b_scale0, b_scale1 = next_b_scale0, next_b_scale1
-    return tiled_mma, read_state
-
-
-@cute.jit
-def _b_scales(mBScale: cute.Tensor, g: Int32, rows_b: tuple, halves: cutlass.Constexpr, k_tile: Int32):
-    """The B scales of k-tile ``k_tile`` of weight tile row ``rows_b[0]`` and, with two halves, of
-    ``rows_b[1]`` (the first twice with one half)."""
-    b0 = mBScale[g, rows_b[0], k_tile]
-    b1 = b0
-    if const_expr(halves == 2):
-        b1 = mBScale[g, rows_b[1], k_tile]
-    return b0, b1
-
-
 class PromotedArgs(NamedTuple):
     """The promoted mainloop's kernel arguments: the first field, ``operands``, of a blockwise
     token-row site's ``args``."""
@@ -304,7 +250,7 @@ class PromotedOperands:
     tCrA: cute.Tensor
     tCrBs: tuple
     accs: tuple  # one fp32 fragment a half
-    partial: cute.Tensor  # a k-tile's products before the promotion
+    partials: tuple  # a k-tile's products before the promotion: one fragment, two when pipelined
     sAScale: cute.Tensor
     rows: tuple  # the thread's two accumulator rows (m64 layout: elements 4j, 4j+1 and 4j+2, 4j+3)
 
@@ -315,7 +261,10 @@ class PromotedTokenRows:
     A site sets ``a_dtype`` and ``halves`` and supplies ``b_rows(args)`` (its ``BRows``) and
     ``item_columns(args)`` (its output columns and a work item's width); its ``args`` start with
     the ``PromotedArgs`` as ``operands`` and hold the groups' ``mRowStart`` and ``mTileStart``;
-    its consumer record holds the ``PromotedOperands`` as ``mma``."""
+    its consumer record holds the ``PromotedOperands`` as ``mma``. ``pipelined`` (one half only,
+    the site's config): ``pipelined_k_tiles`` for ``promoted_k_tiles``."""
+
+    pipelined = False
 
     def tma_atoms(self, args: tuple) -> tuple:
         return (args.operands.tma_atom_a, args.operands.tma_atom_sa, args.operands.tma_atom_b)
@@ -352,16 +301,23 @@ class PromotedTokenRows:
                           fragment) -> PromotedOperands:
         """The consumer's operands: ``fragment`` the accumulators' shape (one fragment a half)."""
         accs = tuple(cute.make_rmem_tensor(fragment, Float32) for _ in range(self.halves))
-        return PromotedOperands(tCrA, tCrBs, accs, cute.make_rmem_tensor(fragment, Float32), slots.scales[0],
-                                (tCcD[0][0], tCcD[2][0]))
+        partials = tuple(cute.make_rmem_tensor(fragment, Float32) for _ in range(2 if self.pipelined else 1))
+        return PromotedOperands(tCrA, tCrBs, accs, partials, slots.scales[0], (tCcD[0][0], tCcD[2][0]))
 
     @cute.jit
     def mainloop(self, consumer, args: tuple, tiled_mma: cute.TiledMma, mainloop, read_state, release_state,
                  work: TokenItems, tile: tuple):
-        """``promoted_k_tiles`` of the item; a slot is released in it as it is read."""
+        """The item's k-loop (``_blockwise_k_loops``); a slot is released in it once read."""
         g, _, n_tile, first_row, _ = tile
         mma = consumer.mma
-        tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, work.k_tiles, mma.tCrA, mma.tCrBs,
-                                                 mma.accs, mma.partial, mma.sAScale, args.operands.mBScale, g,
-                                                 self.b_rows(args).of(n_tile, self.halves), first_row, mma.rows)
+        rows_b = self.b_rows(args).of(n_tile, self.halves)
+        box_rows = (mma.rows[0] + first_row % SCALE_ROW_ALIGN, mma.rows[1] + first_row % SCALE_ROW_ALIGN)
+        if const_expr(self.pipelined):
+            tiled_mma, read_state, release_state = pipelined_k_tiles(
+                tiled_mma, mainloop, read_state, release_state, work.k_tiles, mma.tCrA, mma.tCrBs[0], mma.accs[0],
+                mma.partials, mma.sAScale, args.operands.mBScale, g, rows_b[0], box_rows)
+        else:
+            tiled_mma, read_state = promoted_k_tiles(tiled_mma, mainloop, read_state, work.k_tiles, mma.tCrA,
+                                                     mma.tCrBs, mma.accs, mma.partials[0], mma.sAScale,
+                                                     args.operands.mBScale, g, rows_b, box_rows)
         return tiled_mma, read_state, release_state

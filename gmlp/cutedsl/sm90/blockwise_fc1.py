@@ -167,7 +167,7 @@ class BlockwiseFC1Sm90(PromotedTokenRows, GroupedGemmEngine, ActivationEpilogue)
                              consumer.row_probs, consumer.pair, consumer.pair_bits, (tCgC, tCgU, None), None)
         # a (over the gate accumulator), zero in the rows past the expert's end
         values = [cutlass.select_(tCcD[v][0] < limits[0], accs[0][v], Float32(0.0))
-                  for v in range(cute.size(consumer.mma.partial))]
+                  for v in range(cute.size(consumer.mma.partials[0]))]
         quantize_tile_blockwise(values, tCcD, thr_mma, consumer.mma_tidx,
                                 (args.mRowData, args.mRowScale, args.mColData, args.mColScale), consumer.smem_q,
                                 first_row, col0, limits[0], m_tile, A_FORMAT.max_normal, False,

@@ -122,6 +122,7 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
         self.bias_grad = config.bias_grad
         self.e5m2 = config.grad_format is ElementFormat.E5M2
         self.a_dtype = Float8E5M2 if self.e5m2 else Float8E4M3FN  # dy's
+        self.pipelined = config.pipelined
 
     @cute.jit
     def __call__(
@@ -204,7 +205,7 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
         sums_row = m_tile * WARPS_PER_TILE + mma_tidx // 32
         halves = ((d_gate, col0), (acc, ffn + col0)) if const_expr(self.gated) else ((d_gate, col0),)
         for h in cutlass.range_constexpr(len(halves)):
-            values = [halves[h][0][v] for v in range(cute.size(consumer.mma.partial))]
+            values = [halves[h][0][v] for v in range(cute.size(consumer.mma.partials[0]))]
             quantize_tile_blockwise(values, tCcD, thr_mma, mma_tidx,
                                     (args.mRowData, args.mRowScale, args.mColData, args.mColScale), consumer.smem_q,
                                     first_row, halves[h][1], limits[0], m_tile, self.config.grad_format.max_normal,
@@ -272,14 +273,15 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
                         *, activation: Activation, grad_format: ElementFormat | str = ElementFormat.E4M3,
                         probs: torch.Tensor | None = None, bias_grad: bool = False, power_of_two: bool = True,
                         groups: DeviceGroups | None = None, cluster: int | None = None,
-                        site: str | None = None) -> FC2DgradOutput:
+                        pipelined: bool | None = None, site: str | None = None) -> FC2DgradOutput:
     """Steps 5-6 of the dataflow on Q_row(dy) (T, H) in ``grad_format`` and W2^T (E, F, H) E4M3 in
     128 x 128 tiles, with the saved c (T, 2F | F) bf16: dprobs (deterministic), dh as Q_row(dh)
     and Q_col(dh) in ``grad_format``, db1 with ``bias_grad``; no host sync. The contract of
     ``gmlp.triton_ref.blockwise_fc2_dgrad.fc2_dgrad_blockwise``.
     ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
-    same bytes, bit for bit on the H200); None: ``launch_options``' choice (the tuned table's entry
-    of ``site``)."""
+    same bytes, bit for bit on the H200); ``pipelined``: each k-tile promoted while the next one's
+    wgmmas run (``BlockwiseFC2DgradConfig.pipelined``; the same bytes by construction); None:
+    ``launch_options``' choice (the tuned table's entry of ``site``)."""
     require_block_shape(dy, "dy", BlockShape.ROWWISE)
     require_block_shape(w2t, "w2t", BlockShape.TILE)
     check_activation(activation)
@@ -302,11 +304,11 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
     check_tma_bases(dy=dy.data, dy_scales=dy.scale_inv, w2t=w2t.data, c=c)
     check_token_scales("dy", dy.scale_inv)
     token_scalars("probs", probs, tokens)
-    cluster = launch_options.launch_options("fc2_dgrad_blockwise", tokens, ffn, hidden, experts,
-                                            dict(cluster=cluster), site=site)["cluster"]
+    knobs = launch_options.launch_options("fc2_dgrad_blockwise", tokens, ffn, hidden, experts,
+                                          dict(cluster=cluster, pipelined=pipelined), site=site)
     config = BlockwiseFC2DgradConfig(activation, grad_format=grad_format,
                                      probs_dtype=None if probs is None else probs.dtype, bias_grad=bias_grad,
-                                     power_of_two=power_of_two, cluster=cluster)
+                                     power_of_two=power_of_two, cluster=knobs["cluster"], pipelined=knobs["pipelined"])
     device = dy.data.device
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     num_tiles = layout.columnwise_blocks(tokens, experts)
@@ -318,7 +320,7 @@ def fc2_dgrad_blockwise(dy: FP8BlockwiseTensor, w2t: FP8BlockwiseTensor, c: torc
                  if bias_grad else None)
     buffers = both_ways_buffers(tokens, n1, experts, grad_format, device)
     dh, dh_scales, dh_col, dh_col_scales = buffers
-    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device, cluster)
+    num_ctas = _schedule.grid_size(tokens, experts, n_tiles, device, config.cluster)
     if num_ctas == 0:
         no_token_columnwise(dh_col, dh_col_scales)
     run(_compile, config, device, num_ctas, dy.data.view(torch.uint8), dy.scale_inv, w2t.data.view(torch.uint8),

@@ -85,6 +85,7 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
         self.setup_engine(config, MMA_WARPGROUPS, cluster=config.cluster)
         self.halves = config.halves
         self.a_dtype = Float8E5M2 if config.a_format is ElementFormat.E5M2 else Float8E4M3FN
+        self.pipelined = config.pipelined
 
     @cute.jit
     def __call__(
@@ -163,7 +164,7 @@ compile_blockwise_gemm = ahead_compiler(_NAME, _compile, BlockwiseGemmConfig(), 
 
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                bias: torch.Tensor | None = None, groups: DeviceGroups | None = None,
-                               wide: bool | None = None, cluster: int | None = None,
+                               wide: bool | None = None, cluster: int | None = None, pipelined: bool | None = None,
                                site: str | None = None) -> torch.Tensor:
     """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
     tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16
@@ -173,7 +174,9 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     column's sums and promotions do not depend on it). A knob left None is ``launch_options``'
     choice (the tuned table's entry of ``site``, wide wherever N allows it).
     ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
-    same bytes, bit for bit on the H200)."""
+    same bytes, bit for bit on the H200). ``pipelined``: each k-tile promoted while the next one's
+    wgmmas run (``BlockwiseGemmConfig.pipelined``; needs wide=False), the same bytes by
+    construction."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     if b.element_format is not ElementFormat.E4M3:
@@ -183,8 +186,8 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
         raise ValueError(f"b must be a contiguous (E={experts}, N, K={k}), got {tuple(b.data.shape)}")
     n = b.data.shape[1]
     knobs = launch_options.launch_options("grouped_gemm_fp8_blockwise", tokens, n, k, experts,
-                                          dict(wide=wide, cluster=cluster), site=site)
-    wide, cluster = knobs["wide"], knobs["cluster"]
+                                          dict(wide=wide, cluster=cluster, pipelined=pipelined), site=site)
+    wide, cluster, pipelined = knobs["wide"], knobs["cluster"], knobs["pipelined"]
     if wide and n % (2 * TILE_N):
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE_N} (two 128-column halves a work item), "
                          f"got N={n}")
@@ -197,7 +200,7 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
     config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format, wide=wide,
-                                 cluster=cluster)
+                                 cluster=cluster, pipelined=pipelined)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, config.tile_n), a.data.device, cluster)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8), a.scale_inv, b.data.view(torch.uint8),
         b.scale_inv, bias, groups.row_start, groups.tile_start, out)

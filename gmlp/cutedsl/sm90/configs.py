@@ -254,11 +254,17 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves a work item (N % 256 == 0; see the module docstring)
     cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
+    # promote k-tile k - 1 while k-tile k's wgmmas run (``_blockwise_k_loops.pipelined_k_tiles``;
+    # one half only: wide=False)
+    pipelined: bool = False
 
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
         launch_options.check_cluster(self.cluster)
+        if self.pipelined and self.wide:
+            raise ValueError(f"BlockwiseGemmConfig: pipelined=True needs wide=False: "
+                             f"{launch_options.PIPELINED_HALVES_REASON}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -313,6 +319,8 @@ class BlockwiseFC2DgradConfig(StagedConfig):
     power_of_two: bool = True  # dh's scales truncated to powers of two (the recipe's default)
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     cluster: int = 1  # CTAs a cluster: 2 pairs adjacent m-tiles, their B tiles multicast (``_cluster``)
+    # promote k-tile k - 1 while k-tile k's wgmmas run (``_blockwise_k_loops.pipelined_k_tiles``)
+    pipelined: bool = False
 
     def __post_init__(self):
         check_activation(self.activation)

@@ -1,6 +1,6 @@
 """The SM90 kernels' launch options, chosen in one place: each kernel's knobs (the tile width, the
 epilogue's store, the weight gradient's K tail, clusters; the FP8 blockwise kernels' 256-column
-items and clusters), from its defaults, the tuned table, a forced choice, and what the launch's
+items, clusters and pipelined promotion), from its defaults, the tuned table, a forced choice, and what the launch's
 variant allows.
 
 A launcher given None for a knob takes ``choose``'s value, built in four steps:
@@ -9,8 +9,8 @@ A launcher given None for a knob takes ``choose``'s value, built in four steps:
 2. the tuned table's entry for the nearest tuned shape of the op (``gmlp.cutedsl.sm90.tuned``);
 3. ``GMLP_SM90_CONFIG``'s items for the op;
 4. what the variant fixes (``_fixes``): a knob the launch's variant does not take (an MXFP8
-   output, a bias, 256-column items where the columns are not a multiple of 256) takes the one
-   value it allows. A
+   output, a bias, 256-column items where the columns are not a multiple of 256, the pipelined
+   promotion beside 256-column items) takes the one value it allows. A
    tuned choice so replaced is said in the choice's notes; a forced one is an error naming both,
    never a silent change.
 
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from gmlp.cutedsl.sm90 import tuned
 from gmlp.system.env import FALSE_WORDS, TRUE_WORDS, declare, setting
 
-__all__ = ["ENV", "STORES", "CLUSTERS", "TILE_WIDTHS", "QUANTIZED_TILE_N", "WIDE_COLUMNS", "DEFAULTS",
+__all__ = ["ENV", "STORES", "CLUSTERS", "TILE_WIDTHS", "QUANTIZED_TILE_N", "WIDE_COLUMNS",
+           "PIPELINED_HALVES_REASON", "DEFAULTS",
            "BLOCKWISE_OPS", "LaunchChoice", "check_store", "check_cluster", "recipe_of", "forced_options", "candidates",
            "choose", "launch_options", "describe"]
 
@@ -44,6 +45,9 @@ CLUSTERS = (1, 2)  # CTAs a cluster (along M) of the token-row kernels: alone, o
 TILE_WIDTHS = (128, 256)
 QUANTIZED_TILE_N = 128  # FC2 dgrad's quantizing epilogue: the MXFP8 block tile's columns (fc2_dgrad.py)
 WIDE_COLUMNS = 256  # the FP8 blockwise GEMMs' wide items: two 128-column halves (the recipe's blocks)
+# why the FP8 blockwise token-row kernels' pipelined promotion (_blockwise_k_loops) takes one half only
+PIPELINED_HALVES_REASON = ("its second fp32 partial fragment fits a consumer thread's 232 registers beside one "
+                           "128-column half's accumulators, not two")
 
 # op -> its knobs and their defaults (the faster on the H200 where the table has no entry:
 # bench gemm, docs/performance.md). The TMA store is every op's default where it applies.
@@ -52,10 +56,11 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "fc1_forward": dict(store="tma", cluster=1),
     "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
     "grouped_wgrad": dict(tile_n=256, ragged_tma=True, store="tma", cluster=1),
-    # the FP8 blockwise recipe's kernels (wide: 256-column items where the columns allow)
+    # the FP8 blockwise recipe's kernels (wide: 256-column items where the columns allow; pipelined:
+    # the promotion beside the next k-tile's wgmmas, not yet timed)
     "fc1_forward_blockwise": dict(cluster=1),
-    "grouped_gemm_fp8_blockwise": dict(wide=True, cluster=1),
-    "fc2_dgrad_blockwise": dict(cluster=1),
+    "grouped_gemm_fp8_blockwise": dict(wide=True, cluster=1, pipelined=False),
+    "fc2_dgrad_blockwise": dict(cluster=1, pipelined=False),
     "grouped_wgrad_fp8_blockwise": dict(wide=True, cluster=1),
 }
 BLOCKWISE_OPS = ("fc1_forward_blockwise", "grouped_gemm_fp8_blockwise", "fc2_dgrad_blockwise",
@@ -150,13 +155,17 @@ declare(ENV, "force the SM90 kernels' launch knobs (op.knob=value or knob=value,
         f"{', '.join(DEFAULTS)})", _parsed, default=())
 
 
-def _fixes(op: str, *, bias: bool, quantized: bool, columns: int | None = None) -> dict[str, tuple[object, str]]:
-    """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes;
-    ``columns``: the output columns the blockwise kernels' wide items split (None: any)."""
+def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool,
+           columns: int | None = None) -> dict[str, tuple[object, str]]:
+    """knob -> (the only value the variant takes, why) for the knobs the launch's variant fixes,
+    given the ``options`` chosen so far; ``columns``: the output columns the blockwise kernels'
+    wide items split (None: any)."""
     fixed: dict[str, tuple[object, str]] = {}
     if "wide" in DEFAULTS[op] and columns is not None and columns % WIDE_COLUMNS:
         fixed["wide"] = (False, f"{columns} columns are not a multiple of {WIDE_COLUMNS} (two 128-column halves an "
                                 "item)")
+    if "pipelined" in DEFAULTS[op] and options.get("wide") and "wide" not in fixed:
+        fixed["pipelined"] = (False, f"wide items have two halves: {PIPELINED_HALVES_REASON}")
     if quantized:
         fixed["store"] = ("regs", f"{op}'s TMA store does not take MXFP8 outputs yet")
         if op == "fc2_dgrad":
@@ -173,8 +182,8 @@ def candidates(op: str, *, quantized: bool = False) -> list[dict[str, object]]:
     values = {"tile_n": TILE_WIDTHS, "store": STORES, "cluster": CLUSTERS}  # the others are booleans
     knobs = list(DEFAULTS[op])
     combos = [dict(zip(knobs, combo)) for combo in itertools.product(*(values.get(k, (False, True)) for k in knobs))]
-    fixed = _fixes(op, bias=False, quantized=quantized)
-    consistent = [c for c in combos if all(c[k] == v for k, (v, _) in fixed.items())]
+    consistent = [c for c in combos
+                  if all(c[k] == v for k, (v, _) in _fixes(op, c, bias=False, quantized=quantized).items())]
     return sorted(consistent, key=lambda c: c != DEFAULTS[op])
 
 
@@ -199,7 +208,7 @@ def choose(op: str, tokens: int, n: int, k: int, experts: int, *, given: tuple[t
     notes = []
     columns = k if op == "grouped_wgrad_fp8_blockwise" else n  # a weight gradient's (n, k): dW's (M, N)
     given_knobs = dict(given)
-    for knob, (value, why) in _fixes(op, bias=bias, quantized=quantized, columns=columns).items():
+    for knob, (value, why) in _fixes(op, options, bias=bias, quantized=quantized, columns=columns).items():
         if options[knob] == value or knob in given_knobs:
             continue
         if knob in forced:

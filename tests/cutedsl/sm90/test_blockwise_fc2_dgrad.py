@@ -7,6 +7,7 @@ the cross-check's bounds; within the cross-check's bound on random operands."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -17,7 +18,7 @@ from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
 from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands
 from tests.support.cases import parametrize_quick
-from tests.support.sm90 import check_fp8_binary, on_sm90
+from tests.support.sm90 import assert_same_outputs, check_fp8_binary, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -40,6 +41,22 @@ def test_compiles_to_fp8_wgmma_with_no_spills(activation, grad_format, probs, bi
     assert len(wgmmas) == 4, len(wgmmas)  # four k32 steps a k-tile
     tiles = 2 if activation_from(activation).gated else 1  # d gate and d up, each quantized both ways
     assert len(re.findall(r"div\.rn\.f32", ptx)) >= tiles * 2 * (2 + 4)
+    check_fp8_binary(compiled, producer=24, consumer=240)
+
+
+@pytest.mark.slow
+def test_the_pipelined_promotion_overlaps_the_next_k_tile():
+    """``pipelined`` (FC2 dgrad has one half): a k-tile's wgmmas are committed before the
+    previous k-tile is promoted (``wait_group 1``, absent from the default mainloop), four k-tiles'
+    wgmmas (``test_blockwise_gemm``'s twin); no spills within the consumer's 240 registers."""
+    from gmlp.cutedsl.sm90.blockwise_fc2_dgrad import BlockwiseFC2DgradConfig, compile_blockwise_fc2_dgrad
+
+    config = BlockwiseFC2DgradConfig(activation_from("swiglu"), probs_dtype=torch.float32, bias_grad=True)
+    compiled = compile_blockwise_fc2_dgrad(config=dataclasses.replace(config, pipelined=True))
+    default = compile_blockwise_fc2_dgrad(config=config).ptx
+    wait_one = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+1;")
+    assert len(wait_one.findall(compiled.ptx)) == 3 and not wait_one.search(default)
+    assert compiled.ptx.count("wgmma.mma_async") == 4 * default.count("wgmma.mma_async") == 16
     check_fp8_binary(compiled, producer=24, consumer=240)
 
 
@@ -105,6 +122,32 @@ def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, grad_f
     # dprobs and db1: sums of the same fp32 values in other orders, within the cross-check's bounds
     comparison = _compare(Op.BLOCKWISE_FC2_DGRAD, got, want, (dy, w2t, c, split_sizes), kwargs, None)
     assert not comparison.mismatches, comparison.outputs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", KERNEL_SPLITS + [[1, 2050, 1001]], ids=KERNEL_SPLIT_IDS + ["many-items"])
+@pytest.mark.parametrize("hidden", [128, 384, 512, 2048])
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_the_pipelined_promotion_is_bitwise_the_default(splits, hidden, cluster):
+    """Every output bit for bit the default mainloop's, at 1, 3, 4 and 16 k-tiles of H, experts
+    starting off a 4-row boundary, and with more items than CTAs (many-items at F = 1536)."""
+    from gmlp.cutedsl.sm90.blockwise_fc2_dgrad import fc2_dgrad_blockwise
+    from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+    from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+
+    torch.manual_seed(0)
+    experts, tokens = len(splits), sum(splits)
+    ffn = 1536 if tokens > 2048 else 256
+    split_sizes = torch.tensor(splits, device="cuda")
+    dy = quantize_fp8_blockwise(torch.randn(tokens, hidden, device="cuda").bfloat16()).rowwise
+    w2t = quantize_weights_fp8_blockwise(torch.randn(experts, ffn, hidden, device="cuda").bfloat16() / 16)
+    c = torch.randn(tokens, 2 * ffn, device="cuda").bfloat16()
+    kwargs = dict(activation=Activation(ActivationKind.SWIGLU), probs=torch.rand(tokens, device="cuda"),
+                  bias_grad=True, cluster=cluster)
+    assert_same_outputs(fc2_dgrad_blockwise(dy, w2t, c, split_sizes, pipelined=True, **kwargs),
+                        fc2_dgrad_blockwise(dy, w2t, c, split_sizes, pipelined=False, **kwargs),
+                        ("dprobs", "db1", "dh_rowwise", "dh_columnwise"))
 
 
 @pytest.mark.gpu

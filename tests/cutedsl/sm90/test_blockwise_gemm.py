@@ -13,7 +13,7 @@ import torch
 from gmlp.cutedsl import import_error
 from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, summation_error
 from tests.support.cases import parametrize_quick
-from tests.support.sm90 import check_fp8_binary, on_sm90
+from tests.support.sm90 import assert_same_bits, check_fp8_binary, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -45,6 +45,38 @@ def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format, wide):
     code = check_fp8_binary(compiled)
     if code is not None:
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+
+
+_WAIT_ONE = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+1;")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_the_pipelined_promotion_overlaps_the_next_k_tile(cluster):
+    """``pipelined``: a k-tile's wgmmas are committed before the previous k-tile is promoted
+    (``wait_group 1``, absent from the default mainloop): four k-tiles' wgmmas (the first, the
+    loop unrolled by two, an even count's last) and five promotions of 64 FMAs (two in the loop,
+    two after an even count, one after an odd one) against the default's one and one; no spills
+    within the consumer's 232 registers."""
+    from gmlp.cutedsl.sm90.blockwise_gemm import BlockwiseGemmConfig, compile_blockwise_gemm
+
+    compiled = compile_blockwise_gemm(config=BlockwiseGemmConfig(pipelined=True, cluster=cluster))
+    default = compile_blockwise_gemm(config=BlockwiseGemmConfig(cluster=cluster)).ptx
+    ptx = compiled.ptx
+    assert len(_WAIT_ONE.findall(ptx)) == 3 and not _WAIT_ONE.search(default)
+    assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)) == 2
+    assert ptx.count("wgmma.mma_async") == 4 * default.count("wgmma.mma_async") == 16
+    assert ptx.count("fma.rn.f32") == 5 * default.count("fma.rn.f32") == 5 * 64
+    check_fp8_binary(compiled)
+
+
+def test_the_pipelined_promotion_takes_one_half():
+    from gmlp.cutedsl.sm90.blockwise_gemm import BlockwiseGemmConfig
+
+    with pytest.raises(ValueError, match=r"BlockwiseGemmConfig: pipelined=True needs wide=False: its second fp32 "
+                                         r"partial fragment fits a consumer thread's 232 registers beside one "
+                                         r"128-column half's accumulators, not two"):
+        BlockwiseGemmConfig(wide=True, pipelined=True)
 
 
 def test_problem_rules():
@@ -88,6 +120,32 @@ def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format, 
     magnitude = grouped_gemm_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float64).float()
     bound = 2 * summation_error(k, True) * magnitude + 2.0**-7 * want.float().abs()
     assert ((got.float() - want.float()).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", KERNEL_SPLITS + [[1, 2050, 1001]], ids=KERNEL_SPLIT_IDS + ["many-items"])
+@pytest.mark.parametrize("k", [128, 384, 512, 2048])
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_the_pipelined_promotion_is_bitwise_the_default(splits, k, cluster):
+    """The same wgmmas and promotions in the same order: the same bytes, at 1, 3, 4 and 16
+    k-tiles (odd and even counts, more than the ring's slots), experts starting off a 4-row
+    boundary (edges, many-items), and with more items than CTAs (many-items: 312 at N = 1536, the
+    slots' phases carried from item to item)."""
+    from gmlp.cutedsl.sm90.blockwise_gemm import grouped_gemm_fp8_blockwise
+    from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+    from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+
+    torch.manual_seed(0)
+    experts, tokens = len(splits), sum(splits)
+    n = 1536 if tokens > 2048 else 384
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = quantize_fp8_blockwise(torch.randn(tokens, k, device="cuda").bfloat16()).rowwise
+    b = quantize_weights_fp8_blockwise(torch.randn(experts, n, k, device="cuda").bfloat16())
+    bias = torch.randn(experts, n, device="cuda")
+    run = dict(bias=bias, wide=False, cluster=cluster)
+    assert_same_bits(grouped_gemm_fp8_blockwise(a, b, split_sizes, pipelined=True, **run),
+                     grouped_gemm_fp8_blockwise(a, b, split_sizes, pipelined=False, **run), "d")
 
 
 def test_launcher_argument_errors():

@@ -113,7 +113,8 @@ def test_a_launcher_keeps_the_knobs_it_is_given(two_shapes, monkeypatch):
     ("fc3.store=tma", r"GMLP_SM90_CONFIG='fc3.store=tma': 'fc3.store=tma' names op 'fc3'; the ops are \('grouped_gemm'"),
     ("grouped_gemm.ragged_tma=1",
      r"names knob 'ragged_tma'; the knobs of grouped_gemm are \('tile_n', 'store', 'cluster'\)"),
-    ("tiles=2", r"names knob 'tiles'; the knobs are \('tile_n', 'store', 'cluster', 'ragged_tma', 'wide'\)"),
+    ("tiles=2",
+     r"names knob 'tiles'; the knobs are \('tile_n', 'store', 'cluster', 'ragged_tma', 'wide', 'pipelined'\)"),
     ("grouped_wgrad.pingpong=1",  # a removed knob (docs/design.md, what was tried)
      r"names knob 'pingpong'; the knobs of grouped_wgrad are \('tile_n', 'ragged_tma', 'store', 'cluster'\)"),
     ("store=smem", r"'store=smem' asks for store 'smem'; the stores are \('regs', 'tma'\)"),
@@ -225,9 +226,9 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     cluster as candidates."""
     assert launch_options.recipe_of("grouped_gemm_fp8_blockwise") == "fp8-blockwise"
     assert launch_options.recipe_of("fc2_dgrad", quantized=True) == "mxfp8"
-    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=True, cluster=1)
+    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=True, cluster=1, pipelined=False)
     narrow = choose("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128)  # N = 640: not two halves
-    assert narrow.options == dict(wide=False, cluster=1)
+    assert narrow.options == dict(wide=False, cluster=1, pipelined=False)
     assert narrow.notes == ("wide=False, not the default True: 640 columns are not a multiple of 256 (two "
                             "128-column halves an item)",)
     # the weight gradient's items split dW's N: the launch's k (its (n, k) are dW's (M, N))
@@ -235,7 +236,7 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     assert choose("grouped_wgrad_fp8_blockwise", 65536, 640, 2048, 128).options["wide"] is True
     # given wide=True where N does not allow it: kept, for the launcher to refuse
     assert launch_options.launch_options("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128,
-                                         dict(wide=True, cluster=None))["wide"] is True
+                                         dict(wide=True, cluster=None, pipelined=None))["wide"] is True
     assert launch_options.candidates("grouped_wgrad_fp8_blockwise") == [
         dict(wide=True, cluster=1), dict(wide=False, cluster=1), dict(wide=False, cluster=2), dict(wide=True, cluster=2)]
     assert launch_options.candidates("fc1_forward_blockwise") == [dict(cluster=1), dict(cluster=2)]
@@ -245,6 +246,35 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     (tmp_path / "blockwise").mkdir()  # another file: a table is read once per value of the variable
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "blockwise", [bf16, blockwise]))
     chosen = choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2, site="fc2")
-    assert chosen.options == dict(wide=False, cluster=2) and "fc2 (fp8-blockwise)" in chosen.source
+    assert chosen.options == dict(wide=False, cluster=2, pipelined=False) and "fc2 (fp8-blockwise)" in chosen.source
     assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).source == "defaults"  # no entry of its op
+
+
+def test_the_pipelined_promotion_takes_one_half(no_table, monkeypatch):
+    """The blockwise token-row kernels' pipelined promotion: off by default, fixed off beside wide
+    items (two halves: a note, or an error where GMLP_SM90_CONFIG forces it), a candidate with
+    narrow ones and with FC2 dgrad's one half; FC1 (gate and up halves) has no such knob."""
+    assert DEFAULTS["grouped_gemm_fp8_blockwise"]["pipelined"] is False
+    assert DEFAULTS["fc2_dgrad_blockwise"]["pipelined"] is False and "pipelined" not in DEFAULTS["fc1_forward_blockwise"]
+    assert launch_options.candidates("grouped_gemm_fp8_blockwise") == [
+        dict(wide=True, cluster=1, pipelined=False), dict(wide=False, cluster=1, pipelined=False),
+        dict(wide=False, cluster=1, pipelined=True), dict(wide=False, cluster=2, pipelined=False),
+        dict(wide=False, cluster=2, pipelined=True), dict(wide=True, cluster=2, pipelined=False)]
+    assert len(launch_options.candidates("fc2_dgrad_blockwise")) == 4
+    monkeypatch.setenv(ENV, "pipelined=true")
+    with pytest.raises(ValueError, match=r"GMLP_SM90_CONFIG forces grouped_gemm_fp8_blockwise.pipelined=True, but wide "
+                                         r"items have two halves: its second fp32 partial fragment fits a consumer "
+                                         r"thread's 232 registers beside one 128-column half's accumulators, not two "
+                                         r"\(pipelined=False\)"):
+        choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2)
+    assert choose("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128).options == dict(wide=False, cluster=1,
+                                                                                     pipelined=True)
+    assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).options == dict(cluster=1, pipelined=True)
+    monkeypatch.setenv(ENV, "pipelined=true,grouped_gemm_fp8_blockwise.wide=false")
+    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=False, cluster=1, pipelined=True)
+    monkeypatch.setenv(ENV, "grouped_gemm_fp8_blockwise.wide=false")
+    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options["pipelined"] is False
+    # given pipelined=True beside the default wide items: kept, for the config to refuse
+    assert launch_options.launch_options("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2,
+                                         dict(wide=None, cluster=None, pipelined=True))["pipelined"] is True
 

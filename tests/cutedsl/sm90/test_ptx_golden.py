@@ -74,6 +74,12 @@ CONFIGS = {
     "blockwise-fc1-cluster": ("blockwise_fc1", "BlockwiseFC1Config",
                               dict(activation="swiglu", probs_dtype=torch.float32, cluster=2)),
     "blockwise-wgrad-cluster": ("blockwise_wgrad", "BlockwiseWgradConfig", dict(wide=True, cluster=2)),
+    # the pipelined promotion (one half a work item: the narrow GEMM, FC2 dgrad)
+    "blockwise-gemm-pipelined": ("blockwise_gemm", "BlockwiseGemmConfig", dict(pipelined=True)),
+    "blockwise-gemm-pipelined-cluster": ("blockwise_gemm", "BlockwiseGemmConfig", dict(pipelined=True, cluster=2)),
+    "blockwise-fc2-dgrad-pipelined": ("blockwise_fc2_dgrad", "BlockwiseFC2DgradConfig",
+                                      dict(activation="swiglu", probs_dtype=torch.float32, bias_grad=True,
+                                           pipelined=True)),
 }
 
 
