@@ -16,8 +16,9 @@ an existing ``.grad`` (2.2 ms of a DeepSeek-like step, ``bench_results/profile-h
 ``gmlp-mxfp8-reused-weights`` is a later micro-batch of a gradient-accumulation step: the
 weights quantized by the first one (``weight_cache="reuse"``), the rest the same.
 ``gmlp-fp8-blockwise`` is the layer with the FP8 blockwise recipe (``--sides``; H and F multiples of
-128); ``gmlp-fp8-blockwise-reused-weights`` (``--sides``) its later micro-batch: W's and W^T's tiles
-quantized by the first (in one pass over each weight) and reused, so that it quantizes no weight. ``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
+128); ``gmlp-fp8-blockwise-reused-weights`` (``--sides``) its later micro-batch: W's and W^T's
+tiles quantized by the first (in one pass over each weight) and reused, so that it quantizes no
+weight. ``gmlp-bf16-w1-apart`` is the bf16 layer with W1's gate and up as two (E, F, H) tensors, as
 torchtitan keeps them (read in place: ``gmlp.contract.gate_up``). ``sonicmoe-bf16`` is SonicMoE on
 the same rows (``gmlp.bench.sonicmoe``; ``--sides``, in a process of its own).
 ``torchao-fp8-rowwise`` is torchao's FP8 rowwise grouped GEMMs with the compiled activation

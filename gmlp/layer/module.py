@@ -222,10 +222,10 @@ class GroupedMLP(nn.Module):
         Hopper: the bf16 values of W and W^T; FP8 blockwise: the fp8 tiles of W and W^T, both
         from one pass over W; on the SM100 path W1 gate/up interleaved as well) for later
         forwards, for example the first micro-batch of a gradient-accumulation step; "reuse"
-        takes the ones the last "update" forward kept, instead of quantizing again. With "reuse" the caller promises that the
-        weights have not changed since: gmlp checks their storage, shape, dtype, the plan and
-        their version counters (an in-place change, an optimizer step for example, raises
-        ``ValueError``; a change through ``.data`` is not seen).
+        takes the ones the last "update" forward kept, instead of quantizing again. With "reuse"
+        the caller promises that the weights have not changed since: gmlp checks their storage,
+        shape, dtype, the plan and their version counters (an in-place change, an optimizer step
+        for example, raises ``ValueError``; a change through ``.data`` is not seen).
 
         Meta tensors in (model tracing, deferred init) give meta outputs of the right shapes and
         dtypes, forward and backward, with nothing read on the host."""

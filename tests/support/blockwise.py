@@ -13,6 +13,12 @@ from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
 # (the scale boxes round down), one expert, 128-aligned starts, fewer tokens than a tile
 KERNEL_SPLITS = [[0, 1, 127, 128, 129, 0], [300], [64, 0, 200, 36], [5, 0, 46]]
 KERNEL_SPLIT_IDS = ["edges", "one", "mixed", "few"]
+# The pipelined promotion's GPU splits: the kernel splits and one with more work items than CTAs
+# (the slots' phases carried from item to item), and contraction lengths of 1, 3, 4 and 16 k-tiles
+# (odd and even counts, more than the ring's slots)
+PIPELINED_SPLITS = KERNEL_SPLITS + [[1, 2050, 1001]]
+PIPELINED_SPLIT_IDS = KERNEL_SPLIT_IDS + ["many-items"]
+PIPELINED_K = [128, 384, 512, 2048]
 
 
 def on_device(q: FP8BlockwiseTensor, device: torch.device | str) -> FP8BlockwiseTensor:
