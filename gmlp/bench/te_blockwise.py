@@ -7,7 +7,10 @@ The layer is the compiled-activation baseline's with both grouped GEMMs replaced
 weights, run under ``fp8_autocast(fp8_recipe=Float8BlockScaling())``, so TE quantizes x, a, dy and the
 weights in 1 x 128 and 128 x 128 blocks and runs its FP8 GEMMs forward and backward. TE takes the
 rows per expert as a host list (``m_splits``): the side reads ``split_sizes`` once, outside the
-timed step, as a user who routes on the host would; gmlp's sides never read it on the host.
+timed step, as a user who routes on the host would; gmlp's sides never read it on the host. TE's
+block-scaled GEMMs need every expert's rows a multiple of 16 (``ALIGN``, TE's alignment for the
+recipe): where the routing is not, the side pads as Megatron's TE experts do, TE's ``Fp8Padding``
+before FC1 and ``Fp8Unpadding`` after FC2 (zero rows, zero probabilities), inside the timed step.
 TransformerEngine is not a gmlp dependency: the side imports it when asked for (on the GPU machine,
 the offline bundle of the maintainer's guide).
 """
@@ -21,6 +24,7 @@ import torch
 __all__ = ["SIDE", "te_run"]
 
 SIDE = "te-fp8-blockwise"
+ALIGN = 16  # rows per expert TE's Float8BlockScaling GEMMs take (transformer_engine's alignment for the recipe)
 
 
 def _grouped_linear(te, weights: torch.Tensor):
@@ -46,10 +50,26 @@ def te_run(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, probs: torch.Ten
         raise RuntimeError(f"{SIDE}: TransformerEngine cannot run Float8BlockScaling here: {why}")
     fc1, fc2 = _grouped_linear(te, w1), _grouped_linear(te, w2)
     m_splits = split_sizes.tolist()
+    padded_splits = [-(-m // ALIGN) * ALIGN for m in m_splits]
+    if padded_splits == m_splits:
+        def forward() -> torch.Tensor:
+            with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
+                return fc2(activation(fc1(x, m_splits), probs), m_splits)
 
-    def forward() -> torch.Tensor:
+        return forward, [x, probs, *fc1.parameters(), *fc2.parameters()]
+
+    experts = len(m_splits)
+    pad, unpad = te.Fp8Padding(experts, align_size=ALIGN), te.Fp8Unpadding(experts, align_size=ALIGN)
+    # the padded layout's row of each routed row: expert g's rows start at its padded offset
+    starts = [sum(padded_splits[:g]) for g in range(experts)]
+    real_rows = torch.cat([torch.arange(m) + start for m, start in zip(m_splits, starts)]).to(probs.device)
+
+    def padded_forward() -> torch.Tensor:
         with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
-            h = fc1(x, m_splits)
-            return fc2(activation(h, probs), m_splits)
+            x_padded, splits = pad(x, m_splits)
+            probs_padded = probs.new_zeros(sum(padded_splits)).index_copy(0, real_rows, probs)
+            return unpad(fc2(activation(fc1(x_padded, splits), probs_padded), splits), m_splits)
+
+    return padded_forward, [x, probs, *fc1.parameters(), *fc2.parameters()]
 
     return forward, [x, probs, *fc1.parameters(), *fc2.parameters()]

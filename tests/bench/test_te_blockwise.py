@@ -28,11 +28,45 @@ class _GroupedLinear(torch.nn.Module):
 
     def forward(self, x, m_splits):
         assert isinstance(m_splits, list) and all(isinstance(m, int) for m in m_splits)
+        assert all(m % te_blockwise.ALIGN == 0 for m in m_splits), "TE's block-scaled GEMMs refuse these rows"
         assert _FakeTE.recipes, "called outside fp8_autocast"
         return torch.cat([part @ getattr(self, f"weight{g}").t() for g, part in enumerate(x.split(m_splits))])
 
 
+def _padded(x, m_splits, padded_splits):
+    """Each expert's rows followed by zero rows up to its padded count."""
+    parts = [torch.cat([part, part.new_zeros(p - m, *part.shape[1:])]) for part, m, p in
+             zip(x.split(m_splits), m_splits, padded_splits)]
+    return torch.cat(parts)
+
+
+class _Fp8Padding(torch.nn.Module):
+    """TE's ``Fp8Padding``: every expert's rows padded with zero rows to a multiple of ``align_size``."""
+
+    def __init__(self, num_gemms, align_size):
+        super().__init__()
+        self.align_size = align_size
+
+    def forward(self, x, m_splits):
+        padded = [-(-m // self.align_size) * self.align_size for m in m_splits]
+        _FakeTE.padded.append(padded)
+        return _padded(x, m_splits, padded), padded
+
+
+class _Fp8Unpadding(torch.nn.Module):
+    """TE's ``Fp8Unpadding``: the padding rows dropped."""
+
+    def __init__(self, num_gemms, align_size):
+        super().__init__()
+        self.align_size = align_size
+
+    def forward(self, x, m_splits):
+        padded = [-(-m // self.align_size) * self.align_size for m in m_splits]
+        return torch.cat([part[:m] for part, m in zip(x.split(padded), m_splits)])
+
+
 class _FakeTE:
+    padded: list = []
     recipes: list = []
     available = (True, "")
 
@@ -54,25 +88,32 @@ class _FakeTE:
 @pytest.fixture
 def fake_te(monkeypatch):
     modules = {"transformer_engine.pytorch": types.SimpleNamespace(
-                   GroupedLinear=_GroupedLinear, fp8_autocast=_FakeTE.fp8_autocast,
+                   GroupedLinear=_GroupedLinear, Fp8Padding=_Fp8Padding, Fp8Unpadding=_Fp8Unpadding,
+                   fp8_autocast=_FakeTE.fp8_autocast,
                    is_fp8_block_scaling_available=_FakeTE.is_fp8_block_scaling_available),
                "transformer_engine.common.recipe": types.SimpleNamespace(Float8BlockScaling=lambda: "block-scaling")}
     real = te_blockwise.importlib.import_module
     monkeypatch.setattr(te_blockwise.importlib, "import_module", lambda name, *a: modules.get(name) or real(name, *a))
     monkeypatch.setattr(_FakeTE, "available", (True, ""))
+    monkeypatch.setattr(_FakeTE, "padded", [])
     return _FakeTE
 
 
-def test_the_side_runs_the_baselines_layer_through_grouped_linear(fake_te):
+@pytest.mark.parametrize("sizes, padded", [([25, 0, 15], [32, 0, 16]), ([16, 0, 32], None)],
+                         ids=["rows-padded-to-16", "rows-aligned"])
+def test_the_side_runs_the_baselines_layer_through_grouped_linear(fake_te, sizes, padded):
     """TE's modules hold the bf16 weights in their (out, in) orientation, take the routing as a host
-    list, run under the block-scaling recipe, and train x, probs and their own weights."""
-    x, dy = mlp.layer_tensors(TOKENS, HIDDEN, torch.device("cpu"))
-    probs = mlp.router_probs(TOKENS, torch.device("cpu"))
-    split_sizes = torch.tensor([25, 0, 15])
+    list (each expert's rows padded to a multiple of 16 by TE's own padding where they are not, with
+    zero probabilities), run under the block-scaling recipe, and train x, probs and their own weights."""
+    tokens = sum(sizes)
+    x, dy = mlp.layer_tensors(tokens, HIDDEN, torch.device("cpu"))
+    probs = mlp.router_probs(tokens, torch.device("cpu"))
+    split_sizes = torch.tensor(sizes)
     layers, (w1, w2) = mlp.make_layers(EXPERTS, HIDDEN, FFN, torch.device("cpu"))
     forward, leaves = te_blockwise.te_run(w1, w2, x, probs, split_sizes, mlp.swiglu_probs)
     baseline = mlp.baseline_layer(x, probs, w1, w2, mlp.expert_offsets(split_sizes), mlp.swiglu_probs)
     torch.testing.assert_close(forward(), baseline, rtol=0, atol=0)  # the same bf16 products in the stand-in
+    assert fake_te.padded == ([] if padded is None else [padded])
     mlp.training_step(forward, leaves, dy)
     assert x.grad is not None and probs.grad is not None and all(leaf.grad is not None for leaf in leaves[2:])
     assert len(leaves) == 2 + 2 * EXPERTS and te_blockwise.SIDE in mlp.SIDES
