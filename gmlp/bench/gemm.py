@@ -147,9 +147,11 @@ def _wgrad(t: dict, a: str, b: str, flops: int) -> dict[str, Callable]:
         **{"cutedsl-dequant": lambda c: lambda: _sm90("wgrad").grouped_wgrad(
                deq(t[f"{a}_col"]), deq(t[f"{b}_col"]), splits, out_dtype=torch.bfloat16, **c)},
         quack=lambda c: lambda: _quack_gemm()(t[a].t(), t[b], cu_seqlens_k=t["cu_seqlens"], **c),
-        **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits),
+        # bf16 dW, as the layer writes it for bf16 weights and as the baseline does
+        **{"fp8-blockwise": lambda c: lambda: grouped_wgrad_fp8_blockwise(t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits,
+                                                                          out_dtype=torch.bfloat16),
            "cutedsl-fp8-blockwise": lambda c: lambda: _sm90("blockwise_wgrad").grouped_wgrad_fp8_blockwise(
-               t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits, **c)},
+               t[f"{a}_bw_col"], t[f"{b}_bw_col"], splits, out_dtype=torch.bfloat16, **c)},
         flops=flops, tilings=(WGRAD_CANDIDATES, dict(bf16=WGRAD_TILING, mxfp8=WGRAD_TILING)),
         configs=sm90_configs("grouped_wgrad"), cutedsl_blockwise_configs=BLOCKWISE_GEMM_CONFIGS)
 

@@ -70,6 +70,16 @@ def check_fp8_binary(compiled, producer: int = 40, consumer: int = 232) -> str |
         assert resources["stack"] == resources["local"] == 0, resources
     return code
 
+def check_weight_gradient_tma_stores(ptx: str, accumulate: bool, bf16: bool) -> None:
+    """A weight gradient's TMA-store epilogue in its PTX: subtiles through shared memory (stmatrix
+    for bf16, 32-bit shared stores for fp32), then 3-D TMA stores of out (E, M, N), reduce-adds
+    with ``accumulate``; no global stores or pair loads of out."""
+    stores = set(re.findall(r"cp\.(reduce\.)?async\.bulk\.tensor\.3d\.global\.shared::cta\.(add\.)?tile", ptx))
+    assert stores == ({("reduce.", "add.")} if accumulate else {("", "")}), stores
+    assert ("stmatrix.sync.aligned" in ptx) == bf16
+    assert "st.global" not in ptx and not re.search(r"ld\.global\.(v2\.b32|v2\.f32|b64)", ptx)  # out's pairs
+
+
 def on_sm90() -> bool:
     """Whether an sm_90 GPU (H100/H200) is here, for the kernels' GPU tests."""
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

@@ -20,22 +20,27 @@ slots and barriers):
 - Mainloop: ``_blockwise_mainloop``'s (a TMA producer warp, two consumer warpgroups of 64 rows,
   the promotion every k-tile, DeepGEMM's 1D2D form), the halves of a work item being weight tile
   rows ``2n`` and ``2n + 1`` (``BRows(halves, 1)``).
-- Epilogue: bf16 pairs (+ the bias row) from the registers, predicated at the expert's end
-  (``grouped_gemm.store_bf16_pairs``).
+- Epilogue (``BlockwiseGemmConfig.store``): "regs", bf16 pairs (+ the bias row) from the
+  registers, predicated at the expert's end (``grouped_gemm.store_bf16_pairs``), the tensor pipe
+  idle meanwhile; "tma" (no bias), the engine's TMA-store epilogue (``_store``): each half's tile
+  rounded into shared-memory subtiles and TMA-stored through the ragged view of D that ends at the
+  expert's last row (``_tma.ragged_rows``), the halves through one ring of buffers, draining while
+  the next item's mainloop runs. The same roundings: the same bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Int32
+from cutlass import BFloat16, Float8E4M3FN, Float8E5M2, Int32, const_expr
 
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import _schedule, launch_options
+from gmlp.cutedsl.sm90 import _schedule, _store, launch_options
 from gmlp.cutedsl.sm90._blockwise_mainloop import (MMA_WARPGROUPS, TILE_K, TILE_N, BRows, PromotedArgs,
                                                    PromotedOperands, PromotedTokenRows, check_token_scales,
                                                    fake_token_rows, fake_weight_tiles, make_operands)
@@ -43,7 +48,9 @@ from gmlp.cutedsl.sm90._compile import (FLOAT_DTYPES, ahead_compiler, config_com
                                         fake_vector)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
 from gmlp.cutedsl.sm90._launch import check_optional, check_problem, check_tma_bases, run
+from gmlp.cutedsl.sm90._pipeline import smem_array
 from gmlp.cutedsl.sm90._schedule import TILE_M
+from gmlp.cutedsl.sm90._tma import expert_rows, ragged_rows
 from gmlp.cutedsl.sm90.grouped_gemm import store_bf16_pairs
 from gmlp.cutedsl.sm90.configs import BlockwiseGemmConfig
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
@@ -65,6 +72,9 @@ class BlockwiseGemmArgs(NamedTuple):
     mRowStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} m_h
     mTileStart: cute.Tensor  # (E + 1,) int32: sum_{h<g} ceil(m_h / 128)
     mD: cute.Tensor  # (T, N) bf16, row-major
+    tma_atom_d: cute.CopyAtom | None  # store="tma": the subtiles' TMA store
+    mD_tma: cute.Tensor | None  # store="tma": TMA coordinates of D's ragged view
+    d_smem_layout: cute.ComposedLayout | None  # store="tma": (epi rows, epi cols, _store.STAGES) bf16
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
@@ -75,6 +85,12 @@ class _Consumer:
     thr_mma: cute.ThrMma
     tCcD: cute.Tensor  # (MMA, MMA_M, MMA_N) tile coordinates (row, column) of this thread's accumulators
     out: cute.Tensor  # staging of the bf16 pairs
+    half_stores: tuple  # store="tma": a half's TMA-store epilogue (one ring and pipeline for both), else ()
+
+    @property
+    def tile_store(self) -> _store.TileStore | None:
+        """The store the engine drains after the last item (the halves share its pipeline)."""
+        return self.half_stores[0] if self.half_stores else None
 
 
 class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
@@ -86,6 +102,7 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
         self.halves = config.halves
         self.a_dtype = Float8E5M2 if config.a_format is ElementFormat.E5M2 else Float8E4M3FN
         self.pipelined = config.pipelined
+        self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
@@ -102,9 +119,17 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
         stream,
     ):
         ops = make_operands(mA, mAScale, mB, self.a_dtype, self.stages, self.cluster)
-        args = BlockwiseGemmArgs(PromotedArgs.of(ops, mBScale), mBias, mRowStart, mTileStart, mD)
-        self.launch_engine(args, self.storage_fields(ops), ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout,
-                           num_ctas, stream)
+        fields = self.storage_fields(ops)
+        store = None  # store="tma": the subtiles' smem layout and TMA store
+        if const_expr(self.tma_store):
+            store = _store.make_store_operands(ragged_rows(mD), MMA_WARPGROUPS)
+            fields["sD"] = smem_array(BFloat16, cute.cosize(store.smem_layout))
+        args = BlockwiseGemmArgs(PromotedArgs.of(ops, mBScale), mBias, mRowStart, mTileStart, mD,
+                                 *_store.kernel_arguments(store))
+        self.launch_engine(args, fields, ops.tiled_mma, ops.a_smem_layout, ops.b_smem_layout, num_ctas, stream)
+
+    def tma_atoms(self, args: BlockwiseGemmArgs) -> tuple:
+        return super().tma_atoms(args) + ((args.tma_atom_d,) if const_expr(self.tma_store) else ())
 
     def b_rows(self, args: BlockwiseGemmArgs) -> BRows:
         return BRows(self.halves, 1)  # weight tile rows 2n and 2n + 1 (wide), or n
@@ -116,16 +141,29 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
                        tCrBs) -> _Consumer:
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCcD = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N)))
-        return _Consumer(self.promoted_operands(slots, tCrA, tCrBs, tCcD, tCcD.shape), thr_mma, tCcD,
-                         cute.make_rmem_tensor(tCcD.shape, BFloat16))
+        mma = self.promoted_operands(slots, tCrA, tCrBs, tCcD, tCcD.shape)
+        half_stores = ()
+        if const_expr(self.tma_store):
+            first = self.tile_store(storage, args.d_smem_layout, tiled_mma, mma.accs[0], mma_tidx, warp_idx)
+            # the second half's accumulators through the same buffers and store pipeline
+            half_stores = (first,) + tuple(dataclasses.replace(first, tRS_acc=first.copy_r2s.retile(acc))
+                                           for acc in mma.accs[1:])
+        return _Consumer(mma, thr_mma, tCcD, cute.make_rmem_tensor(tCcD.shape, BFloat16), half_stores)
 
     @cute.jit
     def epilogue(self, consumer: _Consumer, args: BlockwiseGemmArgs, tile: tuple, ahead, stores: Int32) -> Int32:
         g, _, n_tile, first_row, end_row = tile
         rows_b = self.b_rows(args).of(n_tile, self.halves)
         for h in cutlass.range_constexpr(self.halves):
-            store_bf16_pairs(consumer.mma.accs[h], consumer.out, consumer.thr_mma, consumer.tCcD, args.mD, args.mBias,
-                             g, rows_b[h], first_row, end_row, TILE_N)
+            if const_expr(self.tma_store):
+                # the ragged view: rows from end_row on (the next expert's) are not written
+                gD = cute.local_tile(expert_rows(args.mD_tma, first_row, end_row - first_row), (TILE_M, TILE_N),
+                                     (0, rows_b[h]))
+                consumer.half_stores[h].store(args.tma_atom_d, gD, stores)
+                stores = stores + 1
+            else:
+                store_bf16_pairs(consumer.mma.accs[h], consumer.out, consumer.thr_mma, consumer.tCcD, args.mD,
+                                 args.mBias, g, rows_b[h], first_row, end_row, TILE_N)
         return stores
 
 
@@ -165,7 +203,7 @@ compile_blockwise_gemm = ahead_compiler(_NAME, _compile, BlockwiseGemmConfig(), 
 def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, split_sizes: torch.Tensor, *,
                                bias: torch.Tensor | None = None, groups: DeviceGroups | None = None,
                                wide: bool | None = None, cluster: int | None = None, pipelined: bool | None = None,
-                               site: str | None = None) -> torch.Tensor:
+                               store: str | None = None, site: str | None = None) -> torch.Tensor:
     """(T, N) bf16: each expert's tokens of ``a`` (rowwise E4M3 or E5M2, (T, K)) times its
     tile-quantized weight ``b`` (E4M3 (E, N, K), contiguous) transposed, plus ``bias`` (E, N) bf16
     or fp32 (added in fp32 before the rounding); no host sync. The contract of
@@ -176,7 +214,8 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     ``cluster`` 2: CTAs in pairs along M, the weight tiles multicast (``_cluster.PairedTile``; the
     same bytes, bit for bit on the H200). ``pipelined``: each k-tile promoted while the next one's
     wgmmas run (``BlockwiseGemmConfig.pipelined``; needs wide=False), the same bytes by
-    construction."""
+    construction. ``store``: the epilogue's, "regs" or "tma" (``BlockwiseGemmConfig.store``; no
+    bias), the same bytes."""
     require_block_shape(a, "a", BlockShape.ROWWISE)
     require_block_shape(b, "b", BlockShape.TILE)
     if b.element_format is not ElementFormat.E4M3:
@@ -186,8 +225,9 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
         raise ValueError(f"b must be a contiguous (E={experts}, N, K={k}), got {tuple(b.data.shape)}")
     n = b.data.shape[1]
     knobs = launch_options.launch_options("grouped_gemm_fp8_blockwise", tokens, n, k, experts,
-                                          dict(wide=wide, cluster=cluster, pipelined=pipelined), site=site)
-    wide, cluster, pipelined = knobs["wide"], knobs["cluster"], knobs["pipelined"]
+                                          dict(wide=wide, cluster=cluster, pipelined=pipelined, store=store),
+                                          bias=bias is not None, site=site)
+    wide, cluster, pipelined, store = knobs["wide"], knobs["cluster"], knobs["pipelined"], knobs["store"]
     if wide and n % (2 * TILE_N):
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE_N} (two 128-column halves a work item), "
                          f"got N={n}")
@@ -200,7 +240,7 @@ def grouped_gemm_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, spl
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device=a.data.device)
     config = BlockwiseGemmConfig(bias_dtype=None if bias is None else bias.dtype, a_format=a.element_format, wide=wide,
-                                 cluster=cluster, pipelined=pipelined)
+                                 cluster=cluster, pipelined=pipelined, store=store)
     num_ctas = _schedule.grid_size(tokens, experts, scale_layout.ceil_div(n, config.tile_n), a.data.device, cluster)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8), a.scale_inv, b.data.view(torch.uint8),
         b.scale_inv, bias, groups.row_start, groups.tile_start, out)

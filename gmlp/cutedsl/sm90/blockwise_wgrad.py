@@ -36,12 +36,17 @@ k-loop on the skeleton's roles, slots and barriers):
   registers a thread; ``wide``: the halves one after the other through the one ``partial`` and
   the one set of column scales, 64 + 64 + 64 + 34). The two consumer warpgroups wait and release
   on their own, so one's promotion runs while the other's ``wgmma``s do.
-- Epilogue from the registers (``RegisterPaths.store_tile``): fp32 or bf16 pairs, or the fp32
-  pairs of ``out`` loaded, added and stored (main_grad).
+- Epilogue (``BlockwiseWgradConfig.store``): "regs", from the registers
+  (``RegisterPaths.store_tile``): fp32 or bf16 pairs, or the fp32 pairs of ``out`` loaded, added
+  and stored (main_grad), the tensor pipe idle meanwhile; "tma", the engine's TMA-store epilogue
+  (``_store``): each half's tile rounded into shared-memory subtiles and TMA-stored (reduce-added
+  into main_grad), the halves through one ring of buffers, draining while the next item's
+  mainloop runs. The same roundings of the same accumulators: the same bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,7 +61,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from gmlp.contract.operands import describe
 from gmlp.contract.reasons import Reason, ReasonKind
-from gmlp.cutedsl.sm90 import launch_options
+from gmlp.cutedsl.sm90 import _store, launch_options
 from gmlp.cutedsl.sm90._compile import (ahead_compiler, config_compiler, fake_matrix, fake_stream, fake_vector,
                                         sym_stride)
 from gmlp.cutedsl.sm90._engine import GroupedGemmEngine, Slots
@@ -65,8 +70,8 @@ from gmlp.cutedsl.sm90._cluster import PairedTile, load_tile, multicast_load_op,
 from gmlp.cutedsl.sm90._pipeline import ALIGN, THREADS_PER_WARPGROUP, mainloop_fields, slot_tensors, smem_array
 from gmlp.cutedsl.sm90._schedule import ExpertTiles, expert_tiles_grid
 from gmlp.cutedsl.sm90._wgrad_register_paths import RegisterPaths
-from gmlp.cutedsl.sm90.configs import (BLOCKWISE_TILE as TILE, FP8_DTYPES, OUT_DTYPES_DSL, SCALE_BOX,
-                                       BlockwiseWgradConfig)
+from gmlp.cutedsl.sm90.configs import (BLOCKWISE_TILE as TILE, BLOCKWISE_WGRAD_WARPGROUPS as MMA_WARPGROUPS,
+                                       FP8_DTYPES, OUT_DTYPES_DSL, SCALE_BOX, BlockwiseWgradConfig)
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseTensor, require_block_shape
 from gmlp.mxfp8.routing import DeviceGroups, device_groups
 
@@ -74,7 +79,6 @@ __all__ = ["BlockwiseWgradConfig", "BlockwiseWgradSm90", "compile_blockwise_wgra
            "grouped_wgrad_fp8_blockwise"]
 
 _NAME = "blockwise wgrad"
-MMA_WARPGROUPS = 2  # each 64 rows of the tile
 _ADD_CHUNK = 16  # out pairs loaded together by the accumulating epilogue (32 spilled 104 bytes; 16 none)
 _WIDE_ADD_CHUNK = 4  # the same with a second half's accumulators alive (16 spilled 272 bytes, 8 40; 4 none)
 
@@ -93,6 +97,9 @@ class BlockwiseWgradArgs(NamedTuple):
     mTileStart: cute.Tensor  # (E + 1,) int32: expert g's first block of tokens
     mOut: cute.Tensor  # (E, M, N) fp32 / bf16, row-major
     scale_smem_layout: cute.Layout  # a slot's scale box: (feature, block % 4, stages)
+    tma_atom_d: cute.CopyAtom | None  # store="tma": the subtiles' TMA store or reduce-add
+    mOut_tma: cute.Tensor | None  # store="tma": TMA coordinates of out as (M, N, E)
+    d_smem_layout: cute.ComposedLayout | None  # store="tma": (epi rows, epi cols, _store.STAGES)
 
 
 @dataclass(frozen=True)  # frozen: the DSL's loops do not carry it, only read it
@@ -109,6 +116,12 @@ class _Consumer:
     partial: cute.Tensor  # a k-tile's products before the promotion
     column_scales: cute.Tensor  # one half: the thread's column scales of the block
     rows: tuple  # the thread's two accumulator rows
+    half_stores: tuple  # store="tma": a half's TMA-store epilogue (one ring and pipeline for both), else ()
+
+    @property
+    def tile_store(self) -> _store.TileStore | None:
+        """The store the engine drains after the last item (the halves share its pipeline)."""
+        return self.half_stores[0] if self.half_stores else None
 
 
 class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
@@ -126,6 +139,7 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
         self.accumulate = config.accumulate
         self.add_chunk = _WIDE_ADD_CHUNK if config.wide else _ADD_CHUNK
         self.consumer_threads = MMA_WARPGROUPS * THREADS_PER_WARPGROUP
+        self.tma_store = config.store == "tma"
 
     @cute.jit
     def __call__(
@@ -167,12 +181,18 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
         if const_expr(self.config.wide):  # the second half's B tiles and scale boxes
             fields["sB1"] = smem_array(self.b_dtype, cute.cosize(b_smem_layout))
             fields["sBScale1"] = smem_array(Float32, cute.cosize(scale_smem_layout), align=128)
+        store = None  # store="tma": the subtiles' smem layout and TMA store (reduce-add with accumulate)
+        if const_expr(self.tma_store):
+            out_mne = cute.make_tensor(mOut.iterator, cute.select(mOut.layout, mode=[1, 2, 0]))  # (M, N, E)
+            store = _store.make_store_operands(out_mne, MMA_WARPGROUPS, self.out_dtype, reduce=self.accumulate)
+            fields["sD"] = smem_array(self.out_dtype, cute.cosize(store.smem_layout))
         args = BlockwiseWgradArgs(tma_atom_a, tma_a, tma_atom_sa, tma_sa, tma_atom_b, tma_b, tma_atom_sb, tma_sb,
-                                  mTileStart, mOut, scale_smem_layout)
+                                  mTileStart, mOut, scale_smem_layout, *_store.kernel_arguments(store))
         self.launch_engine(args, fields, tiled_mma, a_smem_layout, b_smem_layout, num_ctas, stream)
 
     def tma_atoms(self, args: BlockwiseWgradArgs) -> tuple:
-        return (args.tma_atom_a, args.tma_atom_b, args.tma_atom_sa, args.tma_atom_sb)
+        return (args.tma_atom_a, args.tma_atom_b, args.tma_atom_sa, args.tma_atom_sb) \
+            + ((args.tma_atom_d,) if const_expr(self.tma_store) else ())
 
     def slots(self, storage, args: BlockwiseWgradArgs, a_smem_layout, b_smem_layout) -> Slots:
         """A slot: A's k-tile, one B k-tile a half, and each one's scale box; scales = (sAScale,
@@ -233,8 +253,15 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
         accs = tuple(cute.make_rmem_tensor(tCcD.shape, Float32) for _ in range(self.halves))
         partial = cute.make_rmem_tensor(tCcD.shape, Float32)
         pairs = cute.size(partial) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
+        half_stores = ()
+        if const_expr(self.tma_store):
+            first = self.tile_store(storage, args.d_smem_layout, tiled_mma, accs[0], mma_tidx, warp_idx,
+                                    self.out_dtype)
+            # the second half's accumulators through the same buffers and store pipeline
+            half_stores = (first,) + tuple(dataclasses.replace(first, tRS_acc=first.copy_r2s.retile(acc))
+                                           for acc in accs[1:])
         return _Consumer(tCrA, tCrBs, *slots.scales, thr_mma, tCcD, accs, partial,
-                         cute.make_rmem_tensor((2 * pairs,), Float32), (tCcD[0][0], tCcD[2][0]))
+                         cute.make_rmem_tensor((2 * pairs,), Float32), (tCcD[0][0], tCcD[2][0]), half_stores)
 
     @cute.jit
     def mainloop(self, consumer: _Consumer, args: BlockwiseWgradArgs, tiled_mma, mainloop, read_state, release_state,
@@ -289,8 +316,17 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
     def epilogue(self, consumer: _Consumer, args: BlockwiseWgradArgs, tile: tuple, ahead, stores: Int32) -> Int32:
         g, m_tile, n_tile, _, k_tiles, _ = tile
         for half in cutlass.range_constexpr(self.halves):
-            self.store_tile(consumer.accs[half], consumer.thr_mma, consumer.tCcD, args.mOut, g, m_tile,
-                            n_tile * self.halves + half, k_tiles)
+            if const_expr(self.tma_store):
+                # half h's 128-column tile of out[g], clipped at M and N by TMA; an empty expert
+                # adds nothing (accumulate) or stores its zeros
+                if k_tiles > 0 or not self.accumulate:
+                    gOut = cute.local_tile(args.mOut_tma[(None, None, g)], (TILE, TILE),
+                                           (m_tile, n_tile * self.halves + half))
+                    consumer.half_stores[half].store(args.tma_atom_d, gOut, stores)
+                    stores += 1
+            else:
+                self.store_tile(consumer.accs[half], consumer.thr_mma, consumer.tCcD, args.mOut, g, m_tile,
+                                n_tile * self.halves + half, k_tiles)
         return stores
 
 
@@ -337,14 +373,15 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
                                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
                                 groups: DeviceGroups | None = None, wide: bool | None = None,
                                 cluster: int | None = None,  # 2: n-tiles in pairs, A multicast
+                                store: str | None = None,  # the epilogue's stores, "regs" or "tma"
                                 site: str | None = None) -> torch.Tensor:
     """(E, M, N): dW_g = A_g^T @ B_g over expert g's tokens, A (T, M) and B (T, N) given as their
     columnwise quantizations (contiguous); stored as ``out_dtype``, or added to the fp32 ``out``
     (main_grad). No host sync. The contract of
     ``gmlp.triton_ref.blockwise_wgrad.grouped_wgrad_fp8_blockwise``. ``wide``: 256-column n-tiles
-    (``BlockwiseWgradConfig.wide``; needs N % 256 == 0). The bytes are the same either way. A
-    knob left None is ``launch_options``' choice (the tuned table's entry of ``site``, wide
-    wherever N allows it)."""
+    (``BlockwiseWgradConfig.wide``; needs N % 256 == 0); ``store``: the epilogue's
+    (``BlockwiseWgradConfig.store``). The bytes are the same either way. A knob left None is
+    ``launch_options``' choice (the tuned table's entry of ``site``, wide wherever N allows it)."""
     require_block_shape(a, "a", BlockShape.COLUMNWISE)
     require_block_shape(b, "b", BlockShape.COLUMNWISE)
     (tokens, m), (b_tokens, n), experts = a.source_shape, b.source_shape, split_sizes.numel()
@@ -361,8 +398,8 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     if out_dtype not in OUT_DTYPES_DSL:
         raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES_DSL)}, got {out_dtype}")
     knobs = launch_options.launch_options("grouped_wgrad_fp8_blockwise", tokens, m, n, experts,
-                                          dict(wide=wide, cluster=cluster), site=site)
-    wide, cluster = knobs["wide"], knobs["cluster"]
+                                          dict(wide=wide, cluster=cluster, store=store), site=site)
+    wide, cluster, store = knobs["wide"], knobs["cluster"], knobs["store"]
     if wide and n % (2 * TILE):
         raise ValueError(f"wide=True needs N a multiple of {2 * TILE} (two 128-column halves an n-tile), got N={n}")
     check_problem(_NAME, problem_support(tokens, m, n, experts))
@@ -374,9 +411,11 @@ def grouped_wgrad_fp8_blockwise(a: FP8BlockwiseTensor, b: FP8BlockwiseTensor, sp
     if tokens == 0:
         return out  # nothing to add
     check_tma_bases(a=a.data, b=b.data, a_scales=a.scale_inv, b_scales=b.scale_inv)
+    if store == "tma":
+        check_tma_bases(out=out)  # the TMA store's destination
     groups = groups if groups is not None else device_groups(split_sizes, tokens)
     config = BlockwiseWgradConfig(out_dtype=out.dtype, accumulate=accumulate, a_format=a.element_format,
-                                  b_format=b.element_format, wide=wide, cluster=cluster)
+                                  b_format=b.element_format, wide=wide, cluster=cluster, store=store)
     num_ctas = expert_tiles_grid(experts, m // TILE, n // config.tile_n, a.data.device, cluster)
     run(_compile, config, a.data.device, num_ctas, a.data.view(torch.uint8),
         a.scale_inv, b.data.view(torch.uint8), b.scale_inv, groups.tile_start, out)

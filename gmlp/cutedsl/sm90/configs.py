@@ -27,8 +27,8 @@ from gmlp.mxfp8.spec import ElementFormat
 __all__ = ["KernelConfig", "FC1Config", "FC2DgradConfig", "WgradConfig", "BlockwiseGemmConfig", "BlockwiseFC1Config",
            "BlockwiseFC2DgradConfig", "BlockwiseWgradConfig", "TOKEN_ROW_WARPGROUPS", "FC1_TILE_N",
            "FC2_DGRAD_TILE_NS", "QUANTIZED_TILE_N", "QUANTIZED_PRODUCER_REGISTERS", "QUANTIZED_CONSUMER_REGISTERS",
-           "quantized_tile_n_reason", "OUT_DTYPES_DSL", "BLOCKWISE_TILE", "SCALE_BOX", "FP8_DTYPES",
-           "BLOCKWISE_GRAD_FORMATS"]
+           "quantized_tile_n_reason", "OUT_DTYPES_DSL", "BLOCKWISE_TILE", "BLOCKWISE_WGRAD_WARPGROUPS", "SCALE_BOX",
+           "FP8_DTYPES", "BLOCKWISE_GRAD_FORMATS"]
 
 TOKEN_ROW_WARPGROUPS = 2  # FC1's and FC2 dgrad's consumer warpgroups, 64 rows of the tile each
 FC1_TILE_N = 128  # FC1's a columns per work item (gated: 2 x 128 h columns)
@@ -40,6 +40,7 @@ QUANTIZED_TILE_N = launch_options.QUANTIZED_TILE_N
 QUANTIZED_PRODUCER_REGISTERS, QUANTIZED_CONSUMER_REGISTERS = 24, 240
 OUT_DTYPES_DSL = dict(zip(OUT_DTYPES, (Float32, BFloat16)))  # torch -> cutlass dtype of a weight gradient
 BLOCKWISE_TILE = 128  # the blockwise weight gradient's BM = BN = BK, and one scale block of tokens
+BLOCKWISE_WGRAD_WARPGROUPS = 2  # the blockwise weight gradient's consumer warpgroups, 64 rows of the tile each
 SCALE_BOX = 4  # blocks of its scale box: 16 bytes of fp32, TMA's smallest inner extent and its alignment
 FP8_DTYPES = {ElementFormat.E4M3: Float8E4M3FN, ElementFormat.E5M2: Float8E5M2}
 BLOCKWISE_GRAD_FORMATS = (ElementFormat.E4M3, ElementFormat.E5M2)
@@ -257,19 +258,31 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
     # promote k-tile k - 1 while k-tile k's wgmmas run (``_blockwise_k_loops.pipelined_k_tiles``;
     # one half only: wide=False)
     pipelined: bool = False
+    # the epilogue's stores: "regs", predicated bf16 pairs (+ the bias) from the registers; "tma",
+    # subtiles staged in shared memory and TMA-stored through the ragged view of D, overlapped
+    # with the next item's mainloop (``_store``; no bias yet)
+    store: str = "regs"
 
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
+        launch_options.check_store(self.store)
         launch_options.check_cluster(self.cluster)
         if self.pipelined and self.wide:
             raise ValueError(f"BlockwiseGemmConfig: pipelined=True needs wide=False: "
                              f"{launch_options.PIPELINED_HALVES_REASON}")
+        if self.store == "tma" and self.bias_dtype is not None:
+            raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got "
+                             f"bias_dtype={self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
         """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and A's scale box."""
         return slot_bytes(self.halves)
+
+    def fixed_bytes(self) -> int:
+        """The TMA-store epilogue's subtiles (both halves' through one ring), outside the slot ring."""
+        return _store.smem_bytes(TOKEN_ROW_WARPGROUPS) if self.store == "tma" else 0
 
 
 @dataclass(frozen=True)
@@ -354,15 +367,26 @@ class BlockwiseWgradConfig(StagedConfig, WideItems):
     stages: int | None = None  # smem pipeline depth; None: as many as fit
     wide: bool = False  # two 128-column halves an n-tile (N % 256 == 0; see the module docstring)
     cluster: int = 1  # CTAs a cluster: 2 pairs adjacent n-tiles, their A tiles multicast (``_cluster``)
+    # the epilogue's stores: "regs", pairs from the registers (accumulate: loaded, added, stored);
+    # "tma", subtiles staged in shared memory and TMA-stored, or TMA reduce-added with accumulate
+    # (``_store``), overlapped with the next item's mainloop
+    store: str = "regs"
 
     def __post_init__(self):
         if self.out_dtype not in OUT_DTYPES_DSL:
             raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES_DSL)}, got {self.out_dtype}")
         if self.accumulate and self.out_dtype != torch.float32:
             raise ValueError("accumulate adds into an fp32 out: out_dtype must be torch.float32")
+        launch_options.check_store(self.store)
         launch_options.check_cluster(self.cluster)
         self.check_stages()
 
     def stage_bytes(self) -> int:
         """One slot: an A k-tile and a B k-tile a half, of fp8 bytes, and their (128, 4) fp32 scale boxes."""
         return (1 + self.halves) * (BLOCKWISE_TILE * BLOCKWISE_TILE + BLOCKWISE_TILE * SCALE_BOX * 4)
+
+    def fixed_bytes(self) -> int:
+        """The TMA-store epilogue's subtiles (both halves' through one ring), outside the slot ring."""
+        if self.store != "tma":
+            return 0
+        return _store.smem_bytes(BLOCKWISE_WGRAD_WARPGROUPS, OUT_DTYPES_DSL[self.out_dtype])

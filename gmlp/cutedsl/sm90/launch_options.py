@@ -57,11 +57,12 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "fc2_dgrad": dict(tile_n=256, store="tma", cluster=1),
     "grouped_wgrad": dict(tile_n=256, ragged_tma=True, store="tma", cluster=1),
     # the FP8 blockwise recipe's kernels (wide: 256-column items where the columns allow; pipelined:
-    # the promotion beside the next k-tile's wgmmas, not yet timed)
+    # the promotion beside the next k-tile's wgmmas, chosen nowhere on the H100; the TMA store
+    # chosen at every site and shape on the H100, 2026-12-07)
     "fc1_forward_blockwise": dict(cluster=1),
-    "grouped_gemm_fp8_blockwise": dict(wide=True, cluster=1, pipelined=False),
+    "grouped_gemm_fp8_blockwise": dict(wide=True, cluster=1, pipelined=False, store="tma"),
     "fc2_dgrad_blockwise": dict(cluster=1, pipelined=False),
-    "grouped_wgrad_fp8_blockwise": dict(wide=True, cluster=1),
+    "grouped_wgrad_fp8_blockwise": dict(wide=True, cluster=1, store="tma"),
 }
 BLOCKWISE_OPS = ("fc1_forward_blockwise", "grouped_gemm_fp8_blockwise", "fc2_dgrad_blockwise",
                  "grouped_wgrad_fp8_blockwise")
@@ -170,7 +171,7 @@ def _fixes(op: str, options: dict[str, object], *, bias: bool, quantized: bool,
         fixed["store"] = ("regs", f"{op}'s TMA store does not take MXFP8 outputs yet")
         if op == "fc2_dgrad":
             fixed["tile_n"] = (QUANTIZED_TILE_N, "the quantizing epilogue's tile is 128 columns wide")
-    if bias and op == "grouped_gemm":
+    if bias and op in ("grouped_gemm", "grouped_gemm_fp8_blockwise"):
         fixed["store"] = ("regs", f"{op}'s TMA store does not take a bias yet")
     return fixed
 

@@ -1,7 +1,8 @@
 """The CuTeDSL sm_90a grouped GEMM of the FP8 blockwise recipe (gmlp.cutedsl.sm90.blockwise_gemm),
 compiled without a GPU, with checks on its PTX and the cubin's resources, its problem rules, and
 (marker ``gpu``, H100/H200 only) run against the Triton twin within their two summation orders'
-bound, its 256-column (``wide``) and 128-column work items bit for bit alike."""
+bound, its 256-column (``wide``) and 128-column work items, its TMA-store and register-store
+epilogues bit for bit alike."""
 
 from __future__ import annotations
 
@@ -46,6 +47,30 @@ def test_compiles_to_fp8_wgmma_with_no_spills(bias, a_format, wide):
     code = check_fp8_binary(compiled)
     if code is not None:
         assert not re.search(r"@!?U?P\w+\s+R2UR", code)
+
+
+@parametrize_quick("knobs", [dict(wide=True), dict(wide=False), dict(wide=True, cluster=2),
+                             dict(wide=False, pipelined=True)], ids=["wide", "narrow", "wide-cluster", "pipelined"])
+def test_the_tma_store_configs_compile(knobs):
+    """The TMA-store epilogue: bf16 subtiles through shared memory by stmatrix, TMA-stored through
+    D's ragged view; no global stores, no spills; 3 slots wide (48 KB each beside the 32 KB of
+    subtiles), 5 narrow."""
+    from gmlp.cutedsl.sm90.blockwise_gemm import BlockwiseGemmConfig, compile_blockwise_gemm
+
+    config = BlockwiseGemmConfig(store="tma", **knobs)
+    compiled = compile_blockwise_gemm(config=config)
+    ptx = compiled.ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.tile\.bulk_group", ptx)
+    assert "stmatrix.sync.aligned" in ptx and "st.global" not in ptx
+    assert config.num_stages() == (3 if config.wide else 5), config.num_stages()
+    check_fp8_binary(compiled)
+
+
+def test_the_tma_store_takes_no_bias():
+    from gmlp.cutedsl.sm90.blockwise_gemm import BlockwiseGemmConfig
+
+    with pytest.raises(ValueError, match="store='tma' needs no bias .*, got bias_dtype=torch.float32"):
+        BlockwiseGemmConfig(store="tma", bias_dtype=torch.float32)
 
 
 _WAIT_ONE = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+1;")
@@ -164,3 +189,25 @@ def test_launcher_argument_errors():
         grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]))  # an E5M2 a (dh) is taken
     with pytest.raises(ValueError, match="wide=True needs N a multiple of 256 .*, got N=128"):
         grouped_gemm_fp8_blockwise(x.rowwise, w, torch.tensor([4, 4]), wide=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("splits", PIPELINED_SPLITS, ids=PIPELINED_SPLIT_IDS)
+@pytest.mark.parametrize("knobs", [dict(wide=True), dict(wide=False), dict(wide=True, cluster=2),
+                                   dict(wide=False, pipelined=True)], ids=["wide", "narrow", "wide-cluster", "pipelined"])
+def test_the_tma_store_is_bitwise_the_register_store(splits, knobs):
+    """The same roundings of the same accumulators, stored through shared memory and TMA instead of
+    from the registers: the same bytes, with experts ending mid-tile (the ragged view stops the
+    stores there), empty experts, and more items than CTAs (the subtile ring carried across items)."""
+    from gmlp.cutedsl.sm90.blockwise_gemm import grouped_gemm_fp8_blockwise
+    from gmlp.triton_ref.blockwise_quantize import quantize_fp8_blockwise
+    from gmlp.triton_ref.blockwise_weights import quantize_weights_fp8_blockwise
+
+    torch.manual_seed(0)
+    experts, tokens, k, n = len(splits), sum(splits), 384, 2048
+    split_sizes = torch.tensor(splits, device="cuda")
+    a = quantize_fp8_blockwise(torch.randn(tokens, k, device="cuda").bfloat16()).rowwise
+    b = quantize_weights_fp8_blockwise(torch.randn(experts, n, k, device="cuda").bfloat16())
+    assert_same_bits(grouped_gemm_fp8_blockwise(a, b, split_sizes, store="tma", **knobs),
+                     grouped_gemm_fp8_blockwise(a, b, split_sizes, store="regs", **knobs), "d")

@@ -2,7 +2,8 @@
 (gmlp.cutedsl.sm90.blockwise_wgrad), compiled without a GPU, with checks on its PTX and the
 cubin's resources, its problem rules and launcher errors, and (marker ``gpu``, H100/H200 only)
 run against the Triton twin within their two summation orders' bound, its 256-column (``wide``)
-and 128-column n-tiles bit for bit alike."""
+and 128-column n-tiles, its TMA-store and register-store epilogues and clusters bit for bit
+alike."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ import torch
 from gmlp.cutedsl import import_error
 from tests.support.blockwise import summation_error
 from tests.support.cases import parametrize_quick
-from tests.support.sm90 import check_fp8_binary, on_sm90
+from tests.support.sm90 import assert_same_bits, check_fp8_binary, check_weight_gradient_tma_stores, on_sm90
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
 
 CONFIGS = {"fp32": dict(), "bf16": dict(out_dtype=torch.bfloat16), "main-grad": dict(accumulate=True),
            "e5m2-a": dict(a_format="e5m2"), "wide": dict(wide=True), "wide-main-grad": dict(wide=True, accumulate=True),
-           "wide-bf16": dict(wide=True, out_dtype=torch.bfloat16)}
+           "wide-bf16": dict(wide=True, out_dtype=torch.bfloat16), "tma-store": dict(store="tma"),
+           "wide-tma-store-bf16": dict(wide=True, store="tma", out_dtype=torch.bfloat16),
+           "wide-tma-store-main-grad": dict(wide=True, store="tma", accumulate=True),
+           "wide-tma-store-cluster": dict(wide=True, store="tma", cluster=2, out_dtype=torch.bfloat16)}
 
 
 @parametrize_quick("options", list(CONFIGS.values()), ids=list(CONFIGS))
@@ -44,7 +48,10 @@ def test_compiles_to_fp8_wgmma_with_no_spills(options):
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)  # the promotion waits for the block's sums
     # A's and B's boxes: plain 2-D (features, block-aligned tokens) descriptors
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
-    assert not re.search(r"cp\.async\.bulk\.tensor\.[345]d", ptx)
+    assert not re.search(r"cp\.async\.bulk\.tensor\.[345]d\.shared", ptx)
+    if config.store == "tma":  # each half's tile through the subtile ring: 3 slots wide (55 KB each), 5 narrow
+        check_weight_gradient_tma_stores(ptx, config.accumulate, config.out_dtype == torch.bfloat16)
+        assert config.num_stages() == (3 if config.wide else 5), config.num_stages()
     check_fp8_binary(compiled)
 
 
@@ -81,6 +88,11 @@ def test_launcher_argument_errors():
                                      split_sizes=torch.tensor([0, 0])).columnwise,) * 2, torch.tensor([0, 0])).any()
 
 
+# launches whose bytes must be the default register-store kernel's (wide where N allows it)
+STORE_VARIANTS = {"narrow": dict(wide=False, store="regs"), "tma-store": dict(store="tma"),
+                  "narrow-tma-store": dict(wide=False, store="tma"), "tma-store-cluster": dict(store="tma", cluster=2)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("out", ["fp32", "bf16", "main-grad"])
@@ -92,7 +104,8 @@ def test_matches_the_triton_twin_within_the_bound(splits, a_format, out, n):
     """Against the Triton kernel on the same operands: both promote every 128 tokens in the same
     order, so they differ only by their fp8 wgmma chains' and fp32 sums' rounding (twice the
     bound of ``crosscheck._blockwise_delta``) and each output's rounding. At N = 256 the default
-    is the wide kernel, whose bytes must be the 128-column kernel's."""
+    is the wide kernel, whose bytes must be the 128-column kernel's; the TMA-store epilogue's (alone
+    and in clusters of two) must be the register stores'."""
     from gmlp.cutedsl.sm90.blockwise_wgrad import grouped_wgrad_fp8_blockwise as cutedsl_wgrad
     from gmlp.fp8_blockwise.gemm import grouped_wgrad_blockwise_ref
     from gmlp.fp8_blockwise.tensor import absolute
@@ -113,13 +126,16 @@ def test_matches_the_triton_twin_within_the_bound(splits, a_format, out, n):
     if out == "main-grad":
         start = torch.randn(len(splits), m, n, device="cuda")
         want = grouped_wgrad_fp8_blockwise(a, b, split_sizes, out=start.clone())
-        got = cutedsl_wgrad(a, b, split_sizes, out=start.clone())
-        narrow = cutedsl_wgrad(a, b, split_sizes, out=start.clone(), wide=False)
+        got = cutedsl_wgrad(a, b, split_sizes, out=start.clone(), store="regs")
+        variants = {name: cutedsl_wgrad(a, b, split_sizes, out=start.clone(), **knobs)
+                    for name, knobs in STORE_VARIANTS.items()}
     else:
         want = grouped_wgrad_fp8_blockwise(a, b, split_sizes, out_dtype=out_dtype)
-        got = cutedsl_wgrad(a, b, split_sizes, out_dtype=out_dtype)
-        narrow = cutedsl_wgrad(a, b, split_sizes, out_dtype=out_dtype, wide=False)
-    assert torch.equal(got, narrow)
+        got = cutedsl_wgrad(a, b, split_sizes, out_dtype=out_dtype, store="regs")
+        variants = {name: cutedsl_wgrad(a, b, split_sizes, out_dtype=out_dtype, **knobs)
+                    for name, knobs in STORE_VARIANTS.items()}
+    for name, variant in variants.items():
+        assert_same_bits(variant, got, name)
     magnitude = grouped_wgrad_blockwise_ref(absolute(a), absolute(b), split_sizes, out_dtype=torch.float64)
     rounding = 2.0**-8 if out == "bf16" else 2.0**-24  # each output's rounding to its dtype
     bound = 2 * summation_error(max(splits), True) * magnitude + rounding * (got.double().abs() + want.double().abs())

@@ -2,6 +2,7 @@
 defaults, the tuned table's nearest entry, ``GMLP_SM90_CONFIG``, what a variant fixes, and the same
 choice in ``explain()``'s words. Pure Python: no cutlass-dsl needed."""
 
+import itertools
 import json
 
 import pytest
@@ -226,9 +227,10 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     cluster as candidates."""
     assert launch_options.recipe_of("grouped_gemm_fp8_blockwise") == "fp8-blockwise"
     assert launch_options.recipe_of("fc2_dgrad", quantized=True) == "mxfp8"
-    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=True, cluster=1, pipelined=False)
+    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=True, cluster=1, pipelined=False,
+                                                                                store="tma")
     narrow = choose("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128)  # N = 640: not two halves
-    assert narrow.options == dict(wide=False, cluster=1, pipelined=False)
+    assert narrow.options == dict(wide=False, cluster=1, pipelined=False, store="tma")
     assert narrow.notes == ("wide=False, not the default True: 640 columns are not a multiple of 256 (two "
                             "128-column halves an item)",)
     # the weight gradient's items split dW's N: the launch's k (its (n, k) are dW's (M, N))
@@ -237,8 +239,9 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     # given wide=True where N does not allow it: kept, for the launcher to refuse
     assert launch_options.launch_options("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128,
                                          dict(wide=True, cluster=None, pipelined=None))["wide"] is True
-    assert launch_options.candidates("grouped_wgrad_fp8_blockwise") == [
-        dict(wide=True, cluster=1), dict(wide=False, cluster=1), dict(wide=False, cluster=2), dict(wide=True, cluster=2)]
+    wgrad = launch_options.candidates("grouped_wgrad_fp8_blockwise")
+    assert wgrad[0] == dict(wide=True, cluster=1, store="tma") and len(wgrad) == 8
+    assert {tuple(c.values()) for c in wgrad} == set(itertools.product((False, True), (1, 2), ("regs", "tma")))
     assert launch_options.candidates("fc1_forward_blockwise") == [dict(cluster=1), dict(cluster=2)]
     bf16 = dict(_entry("grouped_gemm", "deepseek-v3-rank", 7168, 2048, 1024, tile_n=128, store="tma", cluster=2))
     blockwise = dict(_entry("grouped_gemm_fp8_blockwise", "deepseek-v3-rank", 7168, 2048, 1024, wide=False, cluster=2),
@@ -246,7 +249,8 @@ def test_the_blockwise_kernels_knobs(no_table, monkeypatch, tmp_path):
     (tmp_path / "blockwise").mkdir()  # another file: a table is read once per value of the variable
     monkeypatch.setenv(tuned.ENV, _table(tmp_path / "blockwise", [bf16, blockwise]))
     chosen = choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2, site="fc2")
-    assert chosen.options == dict(wide=False, cluster=2, pipelined=False) and "fc2 (fp8-blockwise)" in chosen.source
+    assert chosen.options == dict(wide=False, cluster=2, pipelined=False, store="tma")
+    assert "fc2 (fp8-blockwise)" in chosen.source
     assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).source == "defaults"  # no entry of its op
 
 
@@ -256,10 +260,12 @@ def test_the_pipelined_promotion_takes_one_half(no_table, monkeypatch):
     narrow ones and with FC2 dgrad's one half; FC1 (gate and up halves) has no such knob."""
     assert DEFAULTS["grouped_gemm_fp8_blockwise"]["pipelined"] is False
     assert DEFAULTS["fc2_dgrad_blockwise"]["pipelined"] is False and "pipelined" not in DEFAULTS["fc1_forward_blockwise"]
-    assert launch_options.candidates("grouped_gemm_fp8_blockwise") == [
-        dict(wide=True, cluster=1, pipelined=False), dict(wide=False, cluster=1, pipelined=False),
-        dict(wide=False, cluster=1, pipelined=True), dict(wide=False, cluster=2, pipelined=False),
-        dict(wide=False, cluster=2, pipelined=True), dict(wide=True, cluster=2, pipelined=False)]
+    gemm = launch_options.candidates("grouped_gemm_fp8_blockwise")
+    assert gemm[0] == dict(wide=True, cluster=1, pipelined=False, store="tma") and len(gemm) == 12
+    # pipelined only with narrow items, each of the six with either store
+    assert {tuple(c.values()) for c in gemm} == {
+        (wide, cluster, pipelined, store) for wide, cluster, pipelined, store
+        in itertools.product((False, True), (1, 2), (False, True), ("regs", "tma")) if not (wide and pipelined)}
     assert len(launch_options.candidates("fc2_dgrad_blockwise")) == 4
     monkeypatch.setenv(ENV, "pipelined=true")
     with pytest.raises(ValueError, match=r"GMLP_SM90_CONFIG forces grouped_gemm_fp8_blockwise.pipelined=True, but wide "
@@ -268,10 +274,11 @@ def test_the_pipelined_promotion_takes_one_half(no_table, monkeypatch):
                                          r"\(pipelined=False\)"):
         choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2)
     assert choose("grouped_gemm_fp8_blockwise", 65536, 640, 768, 128).options == dict(wide=False, cluster=1,
-                                                                                     pipelined=True)
+                                                                                     pipelined=True, store="tma")
     assert choose("fc2_dgrad_blockwise", *DEEPSEEK_FC2).options == dict(cluster=1, pipelined=True)
     monkeypatch.setenv(ENV, "pipelined=true,grouped_gemm_fp8_blockwise.wide=false")
-    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=False, cluster=1, pipelined=True)
+    assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options == dict(wide=False, cluster=1, pipelined=True,
+                                                                                store="tma")
     monkeypatch.setenv(ENV, "grouped_gemm_fp8_blockwise.wide=false")
     assert choose("grouped_gemm_fp8_blockwise", *DEEPSEEK_FC2).options["pipelined"] is False
     # given pipelined=True beside the default wide items: kept, for the config to refuse

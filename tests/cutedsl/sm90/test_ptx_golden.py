@@ -80,6 +80,12 @@ CONFIGS = {
     "blockwise-fc2-dgrad-pipelined": ("blockwise_fc2_dgrad", "BlockwiseFC2DgradConfig",
                                       dict(activation="swiglu", probs_dtype=torch.float32, bias_grad=True,
                                            pipelined=True)),
+    # the TMA-store epilogue of the blockwise GEMM and weight gradient
+    "blockwise-gemm-wide-tma-store": ("blockwise_gemm", "BlockwiseGemmConfig", dict(wide=True, store="tma")),
+    "blockwise-wgrad-wide-tma-store-cluster": ("blockwise_wgrad", "BlockwiseWgradConfig",
+                                               dict(wide=True, store="tma", cluster=2, out_dtype=torch.bfloat16)),
+    "blockwise-wgrad-wide-tma-store-accumulate": ("blockwise_wgrad", "BlockwiseWgradConfig",
+                                                  dict(wide=True, store="tma", accumulate=True)),
 }
 
 

@@ -20,7 +20,7 @@ from gmlp.debug.compare import gemm_delta
 from tests.support.backends import twice_without_sync
 from tests.support.cases import BANDED_SPLITS, config_id, parametrize_quick
 from tests.support.ptx import check_register_split, kernel_resources, sass
-from tests.support.sm90 import assert_same_bits, on_sm90, tuned_knobs
+from tests.support.sm90 import assert_same_bits, check_weight_gradient_tma_stores, on_sm90, tuned_knobs
 
 _IMPORT_ERROR = import_error()
 pytestmark = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTeDSL kernels unavailable: {_IMPORT_ERROR}")
@@ -127,10 +127,7 @@ def check_tma_store_ptx(compiled) -> None:
     stores for fp32), then 3-D TMA stores of out (E, M, N), reduce-adds with accumulate; no
     global stores or pair loads of out, no spills; 4 (tile_n 256) and 6 (128) pipeline stages."""
     config, ptx = compiled.config, compiled.ptx
-    stores = set(re.findall(r"cp\.(reduce\.)?async\.bulk\.tensor\.3d\.global\.shared::cta\.(add\.)?tile", ptx))
-    assert stores == ({("reduce.", "add.")} if config.accumulate else {("", "")}), stores
-    assert ("stmatrix.sync.aligned" in ptx) == (config.out_dtype == torch.bfloat16)
-    assert "st.global" not in ptx and not re.search(r"ld\.global\.(v2\.b32|v2\.f32|b64)", ptx)  # out's pairs
+    check_weight_gradient_tma_stores(ptx, config.accumulate, config.out_dtype == torch.bfloat16)
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert config.num_stages() == {256: 4, 128: 6}[config.tile_n]
     resources = kernel_resources(compiled.cubin)
