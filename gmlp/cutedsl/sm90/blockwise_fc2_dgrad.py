@@ -15,7 +15,9 @@ Kernel design:
   holds dy's k-tile and one W2^T k-tile (32 KB: 6 stages beside the epilogue's 20 KB). dy may be
   E5M2 (``grad_format``): fp8 ``wgmma`` mixes it with the E4M3 weights.
 - Epilogue: one pass over the thread's column pairs (c's gate and up words loaded 16 pairs at a
-  time, ``DhEpilogue.load_c_pairs``; ``pair_backward``: dprobs' row partial of da * act(c), then
+  time, ``DhEpilogue.load_c_pairs``, the rows' probs and, but with the pipelined promotion
+  (whose second partial leaves no room: 56 bytes spilled), the first 16 pairs before the item's
+  mainloop, so that their loads run beside it, as in FC2 dgrad's bf16 and MXFP8 kernels; ``pair_backward``: dprobs' row partial of da * act(c), then
   da * probs through act'), d gate into a second 64-value fragment and d up over da's (srelu: dh
   over da); rows past the expert's end as zeros. Then each 128-column tile of dh (d gate at
   column n, d up at F + n) is quantized both ways (``_blockwise_epilogue``) and, with
@@ -170,21 +172,36 @@ class BlockwiseFC2DgradSm90(PromotedTokenRows, GroupedGemmEngine, DhEpilogue):
                          _quantize_epilogue.smem_tensors(storage))
 
     @cute.jit
-    def epilogue(self, consumer: _Consumer, args: BlockwiseFC2DgradArgs, tile: tuple, ahead, stores: Int32) -> Int32:
-        """Rows first_row + [0, 128) (those < end_row are the expert's), da columns col0 + [0, 128)."""
-        g, m_tile, n_tile, first_row, end_row = tile
+    def before_mainloop(self, consumer: _Consumer, args: BlockwiseFC2DgradArgs, tile: tuple):
+        """Rows first_row + [0, 128) (those < end_row are the expert's), da columns col0 + [0, 128):
+        loaded here, their loads running beside the mainloop, the rows' probs and (not pipelined)
+        c's first batch of pairs. Returns (limits, c's gate and up views)."""
+        _, _, n_tile, first_row, end_row = tile
         ffn = args.operands.mB.shape[0]
-        acc, d_gate, c_words = consumer.mma.accs[0], consumer.d_gate, consumer.c_words
-        tCcD, thr_mma, mma_tidx = consumer.tCcD, consumer.thr_mma, consumer.mma_tidx
-        lane = mma_tidx % 32
         col0 = n_tile * TILE_N
         limits = (end_row - first_row, ffn - col0)
         if const_expr(self.has_probs):
             load_row_probs(consumer.row_probs, args.mProbs, consumer.mma.rows, first_row, limits[0],
                            consumer.row_dprobs)
-        tCgG, tCgU = c_pair_views(thr_mma, args.mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
+        tCgG, tCgU = c_pair_views(consumer.thr_mma, args.mC, first_row, col0, ffn, (TILE_M, TILE_N), self.gated)
+        if const_expr(not self.pipelined):
+            self.load_c_pairs(consumer.c_words, 0, C_WORD_PAIRS, tCgG, tCgU, consumer.tCcD, limits)
+        return limits, tCgG, tCgU
+
+    @cute.jit
+    def epilogue(self, consumer: _Consumer, args: BlockwiseFC2DgradArgs, tile: tuple, ahead: tuple,
+                 stores: Int32) -> Int32:
+        """The pass over the pairs (the probs and c's first batch, not pipelined, loaded by
+        ``before_mainloop``), then dh's two tiles quantized both ways."""
+        g, m_tile, n_tile, first_row, end_row = tile
+        limits, tCgG, tCgU = ahead
+        ffn = args.operands.mB.shape[0]
+        acc, d_gate, c_words = consumer.mma.accs[0], consumer.d_gate, consumer.c_words
+        tCcD, thr_mma, mma_tidx = consumer.tCcD, consumer.thr_mma, consumer.mma_tidx
+        lane = mma_tidx % 32
+        col0 = n_tile * TILE_N
         for i in cutlass.range_constexpr(cute.size(tCcD) // 2):  # pair i: row slot i % 2 of column group i // 2
-            if const_expr(i % C_WORD_PAIRS == 0):
+            if const_expr(i % C_WORD_PAIRS == 0 and (i > 0 or self.pipelined)):  # batch 0: before the mainloop
                 self.load_c_pairs(c_words, i, C_WORD_PAIRS, tCgG, tCgU, tCcD, limits)
             if cute.elem_less(tCcD[2 * i], limits):
                 word = 2 * (i % C_WORD_PAIRS)
