@@ -1,5 +1,10 @@
-"""``python -m gmlp.bench torchtitan``: torchtitan's qwen3 MoE debug model trained with each
-experts backend, the same weights and tokens: loss per step and tokens/s (JSON), then a plot.
+"""``python -m gmlp.bench torchtitan``: a torchtitan MoE model (by default qwen3's debug model)
+trained with each experts backend, the same weights and tokens: loss per step, tokens/s, MFU and
+the experts' share of a profiled step (JSON), then a plot.
+
+``--model`` picks torchtitan's registry flavor (``gmlp.bench.torchtitan_models.MODELS``: the
+debug model, Qwen3-30B-A3B, DeepSeek-V3-16B); ``--layers N`` keeps its first N blocks, ``--layers
+auto`` as many as ``--gpu-memory-gb`` holds by ``torchtitan_models.layers_that_fit``.
 
 The runs differ only in the ``--override.imports`` flag (parsed by torchtitan's own
 ``parse_cli_imports`` and applied by its ``apply_overrides``, as its trainer does):
@@ -52,6 +57,15 @@ from gmlp.bench.common import (
     synchronize,
     use_cold_cache,
 )
+from gmlp.bench.torchtitan_models import (
+    EXPERT_KERNELS,
+    MODELS,
+    count,
+    expert_share,
+    layers_that_fit,
+    mfu,
+    registry_spec,
+)
 
 RUNS = {
     "stock": [],
@@ -60,8 +74,9 @@ RUNS = {
     "gmlp-mxfp8": ["gmlp.integrations.torchtitan.gmlp_experts"],
     "gmlp-fp8-blockwise": ['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "fp8_blockwise"}'],
 }
-FLAVOR = "debugmodel_moe"  # torchtitan's qwen3 MoE debug model: 8 layers, dim 256, 64 experts of 768, top 8
+FLAVOR = MODELS["debug"][1]  # the default model's flavor (qwen3's MoE debug model)
 SUCCESSORS = 4  # likely next tokens per token in the synthetic Markov chain
+CHAIN_VOCAB = 8192  # the chain's tokens are the model's first ones: its dense transition table is vocab^2 floats
 
 
 def torch_shims() -> list[str]:
@@ -115,14 +130,13 @@ def causal_sdpa(cfg: FlexAttention.Config) -> CausalSDPAttention.Config:
 ATTENTION = "gmlp.bench.torchtitan.causal_sdpa"
 
 
-def model_spec(flags: list[str], prepare: Callable | None = None):
-    """torchtitan's qwen3 MoE debug model spec with the causal SDPA core and the override flags,
-    applied by torchtitan; ``prepare(model_config)`` first if given (as the trainer sets the
-    sharding configs before it applies overrides)."""
+def model_spec(flags: list[str], prepare: Callable | None = None, *, model: str = "debug", layers: int | None = None):
+    """torchtitan's spec of ``model`` (a key of ``MODELS``; its first ``layers`` blocks if given)
+    with the causal SDPA core and the override flags, applied by torchtitan; ``prepare(model_config)``
+    first if given (as the trainer sets the sharding configs before it applies overrides)."""
     from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
-    from torchtitan.models.qwen3 import model_registry
 
-    spec = model_registry(FLAVOR)
+    spec = registry_spec(model, layers)
     if prepare is not None:
         prepare(spec.model)
     applied = apply_overrides(OverrideConfig(imports=parse_cli_imports([ATTENTION, *flags])), spec)
@@ -130,10 +144,11 @@ def model_spec(flags: list[str], prepare: Callable | None = None):
     return spec
 
 
-def build_model(flags: list[str], device: torch.device, state: dict | None, seed: int):
+def build_model(flags: list[str], device: torch.device, state: dict | None, seed: int, *, model: str = "debug",
+                layers: int | None = None):
     """The model on ``device``: built on meta, materialized and initialized as torchtitan's trainer
     does (``to_empty``, ``init_states``), then given ``state`` (the stock model's) if any."""
-    spec = model_spec(flags)
+    spec = model_spec(flags, model=model, layers=layers)
     with torch.device("meta"):
         model = spec.model.build()
     model.to_empty(device=device)
@@ -143,6 +158,17 @@ def build_model(flags: list[str], device: torch.device, state: dict | None, seed
     if state is not None:
         model.load_state_dict(copy.deepcopy(state))
     return model
+
+
+def meta_counts(model: str, layers: int | None, seq_len: int):
+    """``model``'s parameter counts (its first ``layers`` blocks if given) and torchtitan's model
+    FLOPs per token at ``seq_len`` (its config's ``get_nparams_and_flops``: 6 x the active
+    parameters but the embedding, plus 6 x layers x heads x head dims x seq_len for attention),
+    from a build on the meta device: no weights are made."""
+    spec = registry_spec(model, layers)
+    with torch.device("meta"):
+        built = spec.model.build()
+    return count(built), spec.model.get_nparams_and_flops(built, seq_len)[1]
 
 
 def fully_sharded(model, device: torch.device):
@@ -197,27 +223,51 @@ def optimizer_and_schedule(model, args):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
 
 
+def training_step(model, optimizer, schedule, tokens: torch.Tensor) -> torch.Tensor:
+    """One step on ``tokens`` (batch, seq_len + 1): next-token cross-entropy, clipped AdamW; the loss."""
+    positions = torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)  # one document each
+    logits = model(tokens[:, :-1], positions=positions)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def profiled_kernels(step: Callable[[], object], device: torch.device) -> list[tuple[str, float]]:
+    """Run ``step`` under torch.profiler; each GPU kernel name and its launches' device ms (none
+    on a CPU). Annotations on the GPU's timeline (``Optimizer.step#...``) repeat their kernels'
+    time and are left out."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        step()
+        synchronize(device)
+    totals: dict[str, float] = {}
+    for event in profile.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and not event.is_user_annotation:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / 1000
+    return list(totals.items())
+
+
 def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
-    """Train ``args.steps`` steps; the loss of each and tokens/s past the warm-up steps."""
+    """Train ``args.steps`` steps; the loss of each and tokens/s past the warm-up steps, then
+    ``args.profile_steps`` more steps (on the last batches again) profiled: the experts' share of
+    their kernels' time by ``EXPERT_KERNELS[name]`` (see ``torchtitan_models.expert_share``)."""
     optimizer, schedule = optimizer_and_schedule(model, args)
     losses, tokens_per_step = [], args.batch * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
-    positions = torch.arange(args.seq_len, device=data.device).expand(args.batch, -1)  # one document per sequence
     first_step_s = None
     start = first_start = time.perf_counter()
     for step in range(args.steps):
         if step == timed_from:
             synchronize(data.device)
             start = time.perf_counter()
-        tokens = data.batch(step)
-        logits = model(tokens[:, :-1], positions=positions)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        loss = training_step(model, optimizer, schedule, data.batch(step))
+        losses.append(loss)
         if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
             synchronize(data.device)
             first_step_s = time.perf_counter() - first_start
@@ -227,8 +277,11 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     seconds = time.perf_counter() - start
     timed_steps = args.steps - timed_from
     peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None
+    batches = [data.batch(args.steps - 1 - i) for i in range(min(args.profile_steps, args.steps))]
+    kernels = profiled_kernels(lambda: [training_step(model, optimizer, schedule, b) for b in batches], data.device)
     return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
-            "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "peak_memory_gb": peak}
+            "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "peak_memory_gb": peak,
+            "profile": {"steps": len(batches), **expert_share(kernels, EXPERT_KERNELS[name])} if batches else None}
 
 
 def moving_gap(losses: list[float], stock: list[float], window: int) -> list[float]:
@@ -288,8 +341,9 @@ def plot(path: pathlib.Path) -> pathlib.Path:
     curves.set_yscale("log")
     curves.legend()
     env = results["environment"]
-    curves.set_title(f"torchtitan qwen3 {FLAVOR}, {env['device']}, torch {env['torch']}, gmlp {env['commit'][:7]} "
-                     f"({_kernels(results)}), seed {results['settings']['seed']}")
+    settings = results["settings"]
+    curves.set_title(f"torchtitan {settings['flavor']}, {env['device']}, torch {env['torch']}, "
+                     f"gmlp {env['commit'][:7]} ({_kernels(results)}), seed {settings['seed']}")
     gaps.axhline(0, color="gray", linewidth=0.5)
     gaps.set_ylabel(f"loss - stock loss\n(mean of {window} steps)")
     gaps.set_xlabel("step")
@@ -324,9 +378,33 @@ def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     return out
 
 
+def resolve_layers(value: str | None, model: str, tokens: int, gpu_memory_gb: float) -> int | None:
+    """``--layers``: None (all), a count within the model's, or "auto" (``layers_that_fit`` at
+    ``tokens`` per step); ValueError naming the argument otherwise."""
+    if value is None:
+        return None
+    available = len(registry_spec(model).model.layers)
+    if value == "auto":
+        fitting = layers_that_fit(meta_counts(model, None, 1)[0], tokens, gpu_memory_gb)
+        if fitting == 0:
+            raise ValueError(f"--layers auto: not one block of {model} fits {gpu_memory_gb} GB at {tokens} tokens per "
+                             "step; expected a smaller --batch or --seq-len, or a larger --gpu-memory-gb")
+        return fitting
+    if not value.isdigit() or not 1 <= int(value) <= available:
+        raise ValueError(f"--layers: expected 'auto' or a count from 1 to {available} ({model}), got {value!r}")
+    return int(value)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench torchtitan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    parser.add_argument("--model", choices=list(MODELS), default="debug",
+                        help="torchtitan's model: " + ", ".join(f"{k} = {p} {f}" for k, (p, f) in MODELS.items()))
+    parser.add_argument("--layers", default=None,
+                        help="keep the model's first N blocks; 'auto': as many as --gpu-memory-gb holds (default: all)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="the GPU memory --layers auto plans for")
+    parser.add_argument("--profile-steps", type=int, default=1,
+                        help="steps profiled after the timed ones for the experts' share of kernel time (0: none)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
@@ -356,21 +434,33 @@ def main(argv: list[str]) -> None:
     unknown = [name for name in names if name not in RUNS]
     if unknown:
         parser.error(f"--runs: unknown {unknown}; known are {list(RUNS)}")
+    if args.profile_steps < 0:
+        parser.error(f"--profile-steps: expected 0 or more, got {args.profile_steps}")
+    shims = torch_shims()  # before torchtitan's model packages are imported
+    for shim in shims:
+        print(f"torch {torch.__version__} shim: {shim}", flush=True)
+    try:
+        layers = resolve_layers(args.layers, args.model, args.batch * args.seq_len, args.gpu_memory_gb)
+    except ValueError as error:
+        parser.error(str(error))
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("python -m gmlp.bench torchtitan: no CUDA GPU here (--device cpu makes a smoke run)")
-    shims = torch_shims()
-    for shim in shims:
-        print(f"torch {torch.__version__} shim: {shim}", flush=True)
-    stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed).state_dict().items()}
-    vocab = model_spec([]).model.vocab_size
+    shape = {"model": args.model, "layers": layers}
+    counts, flops_per_token = meta_counts(args.model, layers, args.seq_len)
+    stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed, **shape).state_dict().items()}
+    vocab = min(registry_spec(args.model).model.vocab_size, CHAIN_VOCAB)
     data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     results = PartialResults(f"torchtitan-{device_label(device)}" if device.type == "cuda" else "torchtitan-cpu-smoke",
                              args.out)
     record = {"environment": environment(device),
               "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
-                           "flavor": FLAVOR, "attention_core": ATTENTION, "flags": {n: RUNS[n] for n in names},
+                           "flavor": MODELS[args.model][1], "layers_built": len(counts.layers),
+                           "total_params": counts.total, "active_params": counts.active,
+                           "flops_per_token": flops_per_token, "chain_vocab": vocab, "attention_core": ATTENTION,
+                           "flags": {n: RUNS[n] for n in names},
                            "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
@@ -378,10 +468,11 @@ def main(argv: list[str]) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            model = build_model(RUNS[name], device, stock_state, args.seed)
+            model = build_model(RUNS[name], device, stock_state, args.seed, **shape)
             if args.fsdp:
                 model = fully_sharded(model, device)
-            record["runs"][name] = train(name, model, data, args, lambda line: print(line, flush=True))
+            run = train(name, model, data, args, lambda line: print(line, flush=True))
+            record["runs"][name] = {**run, **mfu(flops_per_token, run["tokens_per_s"], device_name)}
         except Exception as error:  # recorded and reported; the other runs still run
             traceback.print_exc()
             failed[name] = record.setdefault("failed", {})[name] = f"{type(error).__name__}: {error}"

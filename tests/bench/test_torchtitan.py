@@ -10,7 +10,15 @@ import torch
 
 pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
-from gmlp.bench.torchtitan import SUCCESSORS, CausalSDPAttention, MarkovTokens, moving_gap, summary  # noqa: E402
+from gmlp.bench.torchtitan import (  # noqa: E402
+    SUCCESSORS,
+    CausalSDPAttention,
+    MarkovTokens,
+    moving_gap,
+    profiled_kernels,
+    summary,
+    training_step,
+)
 
 
 def test_the_token_source_is_its_markov_chain_and_the_same_every_time():
@@ -47,3 +55,30 @@ def test_the_causal_core_is_causal_attention_and_refuses_masks():
     torch.testing.assert_close(out, want)
     with pytest.raises(NotImplementedError, match="one causal document per sequence only"):
         core(q, k, v, attention_masks=object())
+
+
+class _Bigram(torch.nn.Module):
+    """A model with torchtitan's call: tokens and positions in, logits out."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, tokens, positions=None):
+        assert positions.shape == tokens.shape and (positions[:, 1:] - positions[:, :-1] == 1).all()
+        return self.table(tokens)
+
+
+def test_a_training_step_lowers_the_loss_and_a_cpu_profile_has_no_kernels():
+    torch.manual_seed(0)
+    model = _Bigram(8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    tokens = torch.randint(8, (2, 17))
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model.table(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    first = training_step(model, optimizer, schedule, tokens)
+    assert first == want  # the next-token loss of the weights before the step
+    assert training_step(model, optimizer, schedule, tokens) < first
+    assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
+    assert profiled_kernels(lambda: training_step(model, optimizer, schedule, tokens), torch.device("cpu")) == []

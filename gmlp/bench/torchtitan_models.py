@@ -1,0 +1,179 @@
+"""The models ``python -m gmlp.bench torchtitan`` trains (torchtitan registry flavors), their
+parameter counts on the meta device, how many of their layers fit one GPU, their FLOPs per token
+and MFU, and the experts' share of a profiled step's device time."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+
+import torch
+
+# --model -> (torchtitan model package, registry flavor)
+MODELS = {
+    "debug": ("qwen3", "debugmodel_moe"),  # 8 layers, dim 256, 64 experts of 768, top 8
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B"),  # 48 layers, dim 2048, 128 experts of 768, top 8
+    "deepseek-v3-16b": ("deepseek_v3", "16B"),  # 27 layers (the first dense), dim 2048, 64 of 1408, top 6, 2 shared
+}
+
+# Dense bf16 tensor-core peak (FLOP/s, without sparsity), keyed by torch.cuda.get_device_name().
+PEAK_BF16_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989.4e12,  # H100 SXM
+    "NVIDIA H200": 989.4e12,
+}
+
+STATE_BYTES_PER_PARAM = 18  # fp32 param 4 + fp32 grad 4 + AdamW's two fp32 states 8 + bf16 all-gathered copy 2
+LOGIT_BYTES = 16  # per logit: bf16 logits 2 + fp32 copy 4 + saved log-softmax 4 + fp32 grad 4 + bf16 grad 2
+ACTIVATION_SAFETY = 2.0  # multiplies the counted bf16 activations (backward transients, fp32 intermediates)
+MEMORY_MARGIN = 0.15  # share of the GPU's memory left unplanned (CUDA context, workspaces, fragmentation)
+
+
+def registry_spec(model: str, layers: int | None = None):
+    """torchtitan's model spec of ``--model`` ``model`` (its registry's default attention), with
+    only its first ``layers`` blocks if given (each keeps its own init)."""
+    package, flavor = MODELS[model]
+    spec = importlib.import_module(f"torchtitan.models.{package}").model_registry(flavor)
+    if layers is not None:
+        available = len(spec.model.layers)
+        if not 1 <= layers <= available:
+            raise ValueError(f"layers: expected 1 to {available} for {model}, got {layers}")
+        spec.model.layers = spec.model.layers[:layers]
+    return spec
+
+
+@dataclass(frozen=True)
+class LayerCounts:
+    """One block's parameters: all, the routed experts' (0 in a dense block), the routing
+    (experts, top k, expert hidden size), and the hidden size of its dense MLP or shared experts."""
+
+    params: int
+    routed_params: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    expert_hidden: int = 0
+    dense_hidden: int = 0
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    """A model's parameters: outside the blocks (embedding, head, final norm) and per block."""
+
+    dim: int
+    vocab: int
+    other_params: int
+    layers: tuple[LayerCounts, ...]
+
+    @property
+    def total(self) -> int:
+        return self.other_params + sum(layer.params for layer in self.layers)
+
+    @property
+    def active(self) -> int:
+        """Parameters a token uses: all but the routed experts it is not sent to."""
+        unused = sum(layer.routed_params * (layer.num_experts - layer.top_k) // layer.num_experts
+                     for layer in self.layers if layer.num_experts)
+        return self.total - unused
+
+
+def _numel(module) -> int:
+    return sum(p.numel() for p in module.parameters()) if module is not None else 0
+
+
+def layer_counts(block, dim: int) -> LayerCounts:
+    """The counts of one built torchtitan block (meta tensors will do)."""
+    moe = getattr(block, "moe", None)
+    dense = getattr(block, "feed_forward", None) or getattr(moe, "shared_experts", None)
+    dense_hidden = _numel(dense) // (3 * dim)  # a SwiGLU MLP: w1, w3 (dim x h) and w2 (h x dim)
+    if moe is None:
+        return LayerCounts(_numel(block), dense_hidden=dense_hidden)
+    experts = moe.routed_experts.inner_experts
+    return LayerCounts(_numel(block), _numel(moe.routed_experts), experts.num_experts, moe.router.top_k,
+                       experts.w1_EFD.shape[1], dense_hidden)  # w1: (experts, hidden, dim)
+
+
+def count(model) -> ModelCounts:
+    """The counts of a built torchtitan decoder (build it under ``torch.device("meta")``)."""
+    dim = model.tok_embeddings.embedding_dim
+    layers = tuple(layer_counts(block, dim) for block in model.layers.values())
+    return ModelCounts(dim, model.tok_embeddings.num_embeddings, _numel(model) - sum(l.params for l in layers), layers)
+
+
+def activation_bytes(layer: LayerCounts, dim: int, tokens: int) -> int:
+    """Activations one block keeps for its backward, estimated: bf16 tensors per token of 12 x dim
+    (norms, q/k/v, attention output, projections, residual), per routed copy of a token 2 x dim +
+    3 x expert hidden (its input and output; gate, up and their product), 3 x the dense or shared
+    MLP's hidden; all x ``ACTIVATION_SAFETY``."""
+    elements = 12 * dim + layer.top_k * (2 * dim + 3 * layer.expert_hidden) + 3 * layer.dense_hidden
+    return int(ACTIVATION_SAFETY * 2 * elements * tokens)
+
+
+def layers_that_fit(counts: ModelCounts, tokens: int, gpu_memory_gb: float) -> int:
+    """The most leading blocks of ``counts`` that one GPU of ``gpu_memory_gb`` (1e9 bytes) trains
+    with AdamW under the bench's FSDP2 mixed precision, at ``tokens`` tokens per step (batch x
+    sequence length):
+
+        (1 - MEMORY_MARGIN) x memory >= 18 x (other params + sum of the blocks' params)
+                                        + 16 x tokens x vocab + sum of the blocks' activations
+
+    18 bytes per parameter: fp32 parameter, fp32 gradient, AdamW's two fp32 states, and a bf16
+    all-gathered copy of every parameter (FSDP2 holds one or two blocks' at a time: an
+    overestimate, which leaves room for the bf16 gradients of the block in its backward). 16 bytes
+    per logit (``LOGIT_BYTES``), activations by ``activation_bytes``. 0 when not even one fits."""
+    budget = (1 - MEMORY_MARGIN) * gpu_memory_gb * 1e9
+    used = STATE_BYTES_PER_PARAM * counts.other_params + LOGIT_BYTES * tokens * counts.vocab
+    fitting = 0
+    for layer in counts.layers:
+        used += STATE_BYTES_PER_PARAM * layer.params + activation_bytes(layer, counts.dim, tokens)
+        if used > budget:
+            break
+        fitting += 1
+    return fitting
+
+
+def peak_flops(device_name: str) -> tuple[float | None, str | None]:
+    """The device's dense bf16 peak in FLOP/s, or None and why."""
+    peak = PEAK_BF16_FLOPS.get(device_name)
+    return (peak, None) if peak is not None else (None, f"no dense bf16 peak known for {device_name!r}")
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, device_name: str) -> dict:
+    """Model FLOP utilization: ``flops_per_token`` x ``tokens_per_s`` over the device's peak."""
+    peak, reason = peak_flops(device_name)
+    if peak is None:
+        return {"mfu": None, "mfu_unknown_because": reason}
+    return {"mfu": flops_per_token * tokens_per_s / peak, "peak_bf16_flops": peak}
+
+
+# Regular expressions (re.search) for the names of each run's expert kernels; the rest of the
+# step's kernels (attention, dense GEMMs, router, permutation, optimizer, ...) are "other".
+TORCH_GROUPED_MM = r"GroupProblemShape|grouped_mm|GroupedGemm"  # torch._grouped_mm's CUTLASS kernels
+# gmlp's CuTeDSL kernels carry its module path ("...gmlpcutedslsm90fc2_dgrad..."); its Triton
+# kernels are named by their functions.
+KERNELS_OF_GMLP = r"gmlp|^(fc1_|fc2_dgrad|wgrad|grouped_gemm|expert_groups|segment_sum|quantize|dequantize)"
+EXPERT_KERNELS = {
+    "stock": TORCH_GROUPED_MM,
+    "torchtitan-fused": rf"{TORCH_GROUPED_MM}|silu_and_mul",
+    "gmlp-bf16": KERNELS_OF_GMLP,
+    "gmlp-mxfp8": KERNELS_OF_GMLP,
+    "gmlp-fp8-blockwise": KERNELS_OF_GMLP,
+}
+
+
+def expert_share(kernels: list[tuple[str, float]], pattern: str, top: int = 15) -> dict:
+    """Split kernels' (name, device ms) into the experts' (name matching ``pattern``) and the
+    rest: the experts' share of their sum, and the ``top`` kernels by time with their class, so
+    that a reader can check the split by name.
+
+    Limits: a split by kernel name, so the experts' kernels that a pattern does not name (stock's
+    SiLU and multiply, torch copies inside gmlp's torch code, torchtitan's permutation and
+    combine around either) count as the rest, and the share is of kernel time, not of the step's
+    wall time (idle GPU time, where the host sets the pace, is in neither)."""
+    expression = re.compile(pattern)
+    experts = sum(ms for name, ms in kernels if expression.search(name))
+    total = sum(ms for _, ms in kernels)
+    ranked = sorted(kernels, key=lambda kernel: kernel[1], reverse=True)[:top]
+    return {"pattern": pattern, "experts_ms": experts, "kernels_ms": total,
+            "experts_share": experts / total if total else None,
+            "top_kernels": [{"name": name[:120], "ms": ms, "experts": bool(expression.search(name))}
+                            for name, ms in ranked]}

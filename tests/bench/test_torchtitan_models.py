@@ -1,0 +1,151 @@
+"""The real-dimension models of ``python -m gmlp.bench torchtitan`` (issue 49), on the meta device
+only (no weights are made): parameter counts, the layers that fit a GPU, MFU, and the split of a
+profile's kernels into the experts' and the rest."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
+
+from gmlp.bench.torchtitan import RUNS, main, meta_counts, model_spec, resolve_layers, torch_shims  # noqa: E402
+from gmlp.bench.torchtitan_models import (  # noqa: E402
+    EXPERT_KERNELS,
+    LayerCounts,
+    ModelCounts,
+    expert_share,
+    layers_that_fit,
+    mfu,
+)
+
+torch_shims()
+TOKENS = 4096  # batch 1 x sequence 4096, the issue's sequence length
+
+
+def test_qwen3_30b_a3b_counts_and_flops_match_torchtitans():
+    counts, flops = meta_counts("qwen3-30b-a3b", None, TOKENS)
+    assert len(counts.layers) == 48 and counts.dim == 2048 and counts.vocab == 151936
+    assert {(l.num_experts, l.top_k, l.expert_hidden, l.dense_hidden) for l in counts.layers} == {(128, 8, 768, 0)}
+    assert round(counts.total / 1e9, 2) == 30.53 and round(counts.active / 1e9, 2) == 3.35
+    # torchtitan's formula from our active count: 6 x (active - embedding) + 6 x layers x heads x head dims x seq
+    assert flops == 6 * (counts.active - counts.vocab * counts.dim) + 6 * 48 * 32 * 256 * TOKENS
+
+
+def test_deepseek_v3_16b_keeps_its_dense_first_block_and_shared_experts():
+    counts, flops = meta_counts("deepseek-v3-16b", 3, TOKENS)
+    dense, moe = counts.layers[0], counts.layers[1]
+    assert len(counts.layers) == 3 and dense.num_experts == 0 and dense.dense_hidden == 10944
+    assert (moe.num_experts, moe.top_k, moe.expert_hidden, moe.dense_hidden) == (64, 6, 1408, 2 * 1408)
+    assert moe.routed_params == 64 * 3 * 2048 * 1408
+    assert counts.total - counts.active == 2 * moe.routed_params * (64 - 6) // 64
+    assert flops == 6 * (counts.active - counts.vocab * counts.dim) + 6 * 3 * 16 * (192 + 128) * TOKENS
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3-16b"])
+def test_the_overrides_apply_to_each_real_model(model, capsys):
+    spec = model_spec(['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'], model=model, layers=2)
+    with torch.device("meta"):
+        built = spec.model.build()
+    blocks = list(built.layers.values())
+    assert len(blocks) == 2
+    assert {type(b.attention.inner_attention).__name__ for b in blocks} == {"CausalSDPAttention"}
+    experts = [type(b.moe.routed_experts.inner_experts).__name__ for b in blocks if getattr(b, "moe", None) is not None]
+    assert experts == ["GmlpGroupedExperts"] * (2 if model.startswith("qwen3") else 1)  # deepseek's first is dense
+
+
+def _counts(layers: int) -> ModelCounts:
+    """dim 10, vocab 100, 1000 other parameters, dense blocks of 500 parameters and MLP hidden 20."""
+    return ModelCounts(10, 100, 1000, (LayerCounts(500, dense_hidden=20),) * layers)
+
+
+def test_layers_that_fit_follows_its_formula():
+    counts, tokens = _counts(6), 10
+    fixed = 18 * 1000 + 16 * tokens * 100  # states of the other parameters, the logits
+    per_layer = 18 * 500 + 2.0 * 2 * (12 * 10 + 3 * 20) * tokens  # states, activations x the safety factor
+    for layers in range(5):
+        memory_gb = (fixed + layers * per_layer) / 0.85 / 1e9  # the 15 % margin kept
+        assert layers_that_fit(counts, tokens, memory_gb * (1 + 1e-9)) == layers
+        assert layers_that_fit(counts, tokens, memory_gb * (1 - 1e-9)) == max(layers - 1, 0)
+    assert layers_that_fit(counts, tokens, 1.0) == 6  # never more than the model has
+
+
+def test_layers_that_fit_counts_routed_copies():
+    routed = LayerCounts(500, routed_params=400, num_experts=8, top_k=2, expert_hidden=30)
+    dense = LayerCounts(500, dense_hidden=20)
+    one = ModelCounts(10, 100, 0, (routed,))
+    plain = ModelCounts(10, 100, 0, (dense,))
+    tokens = 1000
+    need_routed = 16 * tokens * 100 + 18 * 500 + 4 * (12 * 10 + 2 * (2 * 10 + 3 * 30)) * tokens
+    assert layers_that_fit(one, tokens, need_routed / 0.85 / 1e9 * (1 + 1e-9)) == 1
+    assert layers_that_fit(one, tokens, need_routed / 0.85 / 1e9 * (1 - 1e-9)) == 0
+    assert layers_that_fit(plain, tokens, need_routed / 0.85 / 1e9 * (1 - 1e-9)) == 1  # fewer activations
+
+
+def test_layers_auto_on_an_80_gb_gpu():
+    assert resolve_layers("auto", "qwen3-30b-a3b", TOKENS, 80) == 3
+    assert resolve_layers("auto", "deepseek-v3-16b", TOKENS, 80) == 5
+    assert resolve_layers("auto", "deepseek-v3-16b", 2 * TOKENS, 80) == 4
+    assert resolve_layers("auto", "debug", TOKENS, 80) == 8
+    assert resolve_layers(None, "debug", TOKENS, 80) is None and resolve_layers("2", "debug", TOKENS, 80) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "deepseek-v3-16b", "--layers", "28"], r"--layers: expected 'auto' or a count from 1 to 27 "
+                                                       r"\(deepseek-v3-16b\), got '28'"),
+    (["--layers", "0"], r"--layers: expected 'auto' or a count from 1 to 8 \(debug\), got '0'"),
+    (["--layers", "two"], r"got 'two'"),
+    (["--model", "qwen3-30b-a3b", "--layers", "auto", "--gpu-memory-gb", "10"],
+     r"--layers auto: not one block of qwen3-30b-a3b fits 10.0 GB"),
+    (["--profile-steps", "-1"], r"--profile-steps: expected 0 or more, got -1"),
+])
+def test_bad_layers_are_refused_by_the_cli(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", *argv])
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_mfu_on_a_known_and_an_unknown_device():
+    assert mfu(1e9, 494.7e3, "NVIDIA H100 80GB HBM3")["mfu"] == pytest.approx(0.5)
+    assert mfu(1e9, 989.4e3, "NVIDIA H200")["mfu"] == pytest.approx(1.0)
+    unknown = mfu(1e9, 1e3, "cpu")
+    assert unknown["mfu"] is None and "'cpu'" in unknown["mfu_unknown_because"]
+
+
+def test_expert_share_splits_kernels_by_name():
+    kernels = [("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversal"
+                "INS_17GroupProblemShapeE", 6.0),  # torch._grouped_mm, mangled
+               ("sm90_xmma_gemm_bf16bf16_bf16f32", 3.0),  # a dense GEMM: attention's projections
+               ("fc1_forward_kernel", 0.0), ("pytorch_flash::flash_fwd_kernel", 1.0)]
+    stock = expert_share(kernels, EXPERT_KERNELS["stock"], top=2)
+    assert stock["experts_ms"] == 6.0 and stock["kernels_ms"] == 10.0 and stock["experts_share"] == 0.6
+    assert [(k["ms"], k["experts"]) for k in stock["top_kernels"]] == [(6.0, True), (3.0, False)]
+    gmlp = expert_share([("fc1_forward_kernel", 2.0), ("dequantize_rowwise_kernel", 1.0),
+                         ("kernel_cutlass_kernel_gmlpcutedslsm90fc2_dgradFC2DgradSm90_object_at__CopyAtom", 5.0),
+                         ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", 1.5),
+                         ("triton_poi_fused_wgrad_0", 0.5)],  # "wgrad" not at the start: not gmlp's
+                        EXPERT_KERNELS["gmlp-mxfp8"])
+    assert gmlp["experts_share"] == 0.8
+    assert expert_share([], EXPERT_KERNELS["stock"])["experts_share"] is None  # no device kernels: a CPU run
+    assert set(EXPERT_KERNELS) == set(RUNS)
+
+
+def test_deepseeks_attention_and_shared_experts_train_with_the_overrides(monkeypatch):
+    """DeepSeek-V3's block (MLA: q/k head dim 192, v 128; shared experts; a dense first block) at
+    torchtitan's debug size: the causal SDPA core and gmlp's bf16 experts give stock's loss."""
+    from gmlp.bench.torchtitan import MODELS, build_model
+
+    monkeypatch.setitem(MODELS, "deepseek-v3-debug", ("deepseek_v3", "debugmodel"))
+    tokens = torch.randint(100, (1, 33), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for flags in ([], RUNS["gmlp-bf16"]):
+        model = build_model(flags, torch.device("cpu"), None, 0, model="deepseek-v3-debug", layers=2)
+        logits = model(tokens[:, :-1], positions=torch.arange(32).expand(1, -1))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        assert all(p.grad is not None for p in model.layers["1"].moe.parameters() if p.requires_grad)
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-4)
