@@ -14,7 +14,11 @@ The runs differ only in the ``--override.imports`` flag (parsed by torchtitan's 
   interleaved w13, a fused SiLU-and-mul): the same model as stock, rounded differently, so its
   distance from stock is the bf16 noise that the gmlp bf16 run is judged against;
 - ``gmlp-bf16``, ``gmlp-mxfp8``, ``gmlp-fp8-blockwise``: gmlp's experts
-  (``gmlp.integrations.torchtitan``) in each recipe.
+  (``gmlp.integrations.torchtitan``) in each recipe;
+- ``torchao-fp8-rowwise`` (not in the default ``--runs``): no flag but torchtitan's model converter
+  ``Float8GroupedExpertsConverter`` (torchao's FP8 rowwise grouped GEMMs, token groups padded to
+  16 rows), applied by the model registry as the trainer applies converters; needs torchao and
+  an SM89+ GPU, and runs eager here, as every run does (torchao recommends compiling it).
 
 The attention is torchtitan's attention block with a causal SDPA core (``causal_sdpa``, an
 override of ``FlexAttention.Config`` in this module, in every run): torchtitan 0.3.0's own cores
@@ -74,6 +78,8 @@ RUNS = {
     "gmlp-mxfp8": ["gmlp.integrations.torchtitan.gmlp_experts"],
     "gmlp-fp8-blockwise": ['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "fp8_blockwise"}'],
 }
+TORCHAO_RUN = "torchao-fp8-rowwise"
+KNOWN_RUNS = [*RUNS, TORCHAO_RUN]
 FLAVOR = MODELS["debug"][1]  # the default model's flavor (qwen3's MoE debug model)
 SUCCESSORS = 4  # likely next tokens per token in the synthetic Markov chain
 CHAIN_VOCAB = 8192  # the chain's tokens are the model's first ones: its dense transition table is vocab^2 floats
@@ -130,13 +136,24 @@ def causal_sdpa(cfg: FlexAttention.Config) -> CausalSDPAttention.Config:
 ATTENTION = "gmlp.bench.torchtitan.causal_sdpa"
 
 
-def model_spec(flags: list[str], prepare: Callable | None = None, *, model: str = "debug", layers: int | None = None):
-    """torchtitan's spec of ``model`` (a key of ``MODELS``; its first ``layers`` blocks if given)
-    with the causal SDPA core and the override flags, applied by torchtitan; ``prepare(model_config)``
-    first if given (as the trainer sets the sharding configs before it applies overrides)."""
+def run_recipe(name: str) -> tuple[list[str], list]:
+    """A run's override flags and torchtitan model converter configs."""
+    if name == TORCHAO_RUN:
+        from torchtitan.components.quantization import Float8GroupedExpertsConverter
+
+        return [], [Float8GroupedExpertsConverter.Config()]
+    return RUNS[name], []
+
+
+def model_spec(flags: list[str], prepare: Callable | None = None, *, model: str = "debug", layers: int | None = None,
+               converters: list | None = None):
+    """torchtitan's spec of ``model`` (a key of ``MODELS``; its first ``layers`` blocks if given;
+    ``converters`` applied by its registry) with the causal SDPA core and the override flags,
+    applied by torchtitan; ``prepare(model_config)`` first if given (as the trainer sets the
+    sharding configs before it applies overrides)."""
     from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
 
-    spec = registry_spec(model, layers)
+    spec = registry_spec(model, layers, converters)
     if prepare is not None:
         prepare(spec.model)
     applied = apply_overrides(OverrideConfig(imports=parse_cli_imports([ATTENTION, *flags])), spec)
@@ -145,10 +162,10 @@ def model_spec(flags: list[str], prepare: Callable | None = None, *, model: str 
 
 
 def build_model(flags: list[str], device: torch.device, state: dict | None, seed: int, *, model: str = "debug",
-                layers: int | None = None):
+                layers: int | None = None, converters: list | None = None):
     """The model on ``device``: built on meta, materialized and initialized as torchtitan's trainer
     does (``to_empty``, ``init_states``), then given ``state`` (the stock model's) if any."""
-    spec = model_spec(flags, model=model, layers=layers)
+    spec = model_spec(flags, model=model, layers=layers, converters=converters)
     with torch.device("meta"):
         model = spec.model.build()
     model.to_empty(device=device)
@@ -360,7 +377,7 @@ def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     plt = _pyplot()
     figure, axes = plt.subplots(len(paths), 1, figsize=(9, 2.4 * len(paths) + 0.6), sharex=True, sharey=True,
                                 squeeze=False)
-    colors = {name: f"C{index}" for index, name in enumerate(RUNS)}
+    colors = {name: f"C{index}" for index, name in enumerate(KNOWN_RUNS)}
     for axis, path in zip(axes[:, 0], paths):
         results = json.loads(path.read_text())
         runs, window = results["runs"], results["settings"]["window"]
@@ -397,7 +414,8 @@ def resolve_layers(value: str | None, model: str, tokens: int, gpu_memory_gb: fl
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench torchtitan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    parser.add_argument("--runs", default=",".join(RUNS),
+                        help=f"comma-separated, of {', '.join(KNOWN_RUNS)} (default: all but {TORCHAO_RUN})")
     parser.add_argument("--model", choices=list(MODELS), default="debug",
                         help="torchtitan's model: " + ", ".join(f"{k} = {p} {f}" for k, (p, f) in MODELS.items()))
     parser.add_argument("--layers", default=None,
@@ -431,9 +449,9 @@ def main(argv: list[str]) -> None:
             print(plot_seeds(args.plot, args.plot_out))
         return
     names = args.runs.split(",")
-    unknown = [name for name in names if name not in RUNS]
+    unknown = [name for name in names if name not in KNOWN_RUNS]
     if unknown:
-        parser.error(f"--runs: unknown {unknown}; known are {list(RUNS)}")
+        parser.error(f"--runs: unknown {unknown}; known are {KNOWN_RUNS}")
     if args.profile_steps < 0:
         parser.error(f"--profile-steps: expected 0 or more, got {args.profile_steps}")
     shims = torch_shims()  # before torchtitan's model packages are imported
@@ -447,6 +465,7 @@ def main(argv: list[str]) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("python -m gmlp.bench torchtitan: no CUDA GPU here (--device cpu makes a smoke run)")
     shape = {"model": args.model, "layers": layers}
+    recipes = {name: run_recipe(name) for name in names}
     counts, flops_per_token = meta_counts(args.model, layers, args.seq_len)
     stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed, **shape).state_dict().items()}
     vocab = min(registry_spec(args.model).model.vocab_size, CHAIN_VOCAB)
@@ -460,7 +479,9 @@ def main(argv: list[str]) -> None:
                            "flavor": MODELS[args.model][1], "layers_built": len(counts.layers),
                            "total_params": counts.total, "active_params": counts.active,
                            "flops_per_token": flops_per_token, "chain_vocab": vocab, "attention_core": ATTENTION,
-                           "flags": {n: RUNS[n] for n in names},
+                           "flags": {n: flags for n, (flags, _) in recipes.items()},
+                           "converters": {n: [f"{type(c).__module__}.{type(c).__qualname__}" for c in converters]
+                                          for n, (_, converters) in recipes.items() if converters},
                            "torch_shims": shims},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
@@ -468,7 +489,8 @@ def main(argv: list[str]) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            model = build_model(RUNS[name], device, stock_state, args.seed, **shape)
+            flags, converters = recipes[name]
+            model = build_model(flags, device, stock_state, args.seed, converters=converters, **shape)
             if args.fsdp:
                 model = fully_sharded(model, device)
             run = train(name, model, data, args, lambda line: print(line, flush=True))

@@ -29,11 +29,12 @@ ACTIVATION_SAFETY = 2.0  # multiplies the counted bf16 activations (backward tra
 MEMORY_MARGIN = 0.15  # share of the GPU's memory left unplanned (CUDA context, workspaces, fragmentation)
 
 
-def registry_spec(model: str, layers: int | None = None):
-    """torchtitan's model spec of ``--model`` ``model`` (its registry's default attention), with
-    only its first ``layers`` blocks if given (each keeps its own init)."""
+def registry_spec(model: str, layers: int | None = None, converters: list | None = None):
+    """torchtitan's model spec of ``--model`` ``model`` (its registry's default attention, and
+    ``converters``, torchtitan model converter configs, applied by the registry), with only its
+    first ``layers`` blocks if given (each keeps its own init)."""
     package, flavor = MODELS[model]
-    spec = importlib.import_module(f"torchtitan.models.{package}").model_registry(flavor)
+    spec = importlib.import_module(f"torchtitan.models.{package}").model_registry(flavor, converters=converters)
     if layers is not None:
         available = len(spec.model.layers)
         if not 1 <= layers <= available:
@@ -157,6 +158,7 @@ EXPERT_KERNELS = {
     "gmlp-bf16": KERNELS_OF_GMLP,
     "gmlp-mxfp8": KERNELS_OF_GMLP,
     "gmlp-fp8-blockwise": KERNELS_OF_GMLP,
+    "torchao-fp8-rowwise": rf"{TORCH_GROUPED_MM}|fp8|float8",  # torch._scaled_grouped_mm, torchao's quantize kernels
 }
 
 

@@ -130,7 +130,7 @@ def test_expert_share_splits_kernels_by_name():
                         EXPERT_KERNELS["gmlp-mxfp8"])
     assert gmlp["experts_share"] == 0.8
     assert expert_share([], EXPERT_KERNELS["stock"])["experts_share"] is None  # no device kernels: a CPU run
-    assert set(EXPERT_KERNELS) == set(RUNS)
+    assert set(EXPERT_KERNELS) == {*RUNS, "torchao-fp8-rowwise"}
 
 
 def test_deepseeks_attention_and_shared_experts_train_with_the_overrides(monkeypatch):
@@ -149,3 +149,30 @@ def test_deepseeks_attention_and_shared_experts_train_with_the_overrides(monkeyp
         assert all(p.grad is not None for p in model.layers["1"].moe.parameters() if p.requires_grad)
         losses.append(loss.detach())
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_torchao_run_is_torchtitans_float8_experts_converter():
+    from gmlp.bench.torchtitan import run_recipe
+
+    flags, converters = run_recipe("torchao-fp8-rowwise")
+    assert flags == [] and [type(c).__qualname__ for c in converters] == ["Float8GroupedExpertsConverter.Config"]
+    assert run_recipe("gmlp-bf16") == (RUNS["gmlp-bf16"], [])
+    if not torch.cuda.is_available():  # torchtitan's converter refuses the machine, with its reason
+        with pytest.raises((ImportError, ValueError), match="torchao is not installed|SM89"):
+            model_spec(flags, converters=converters, layers=1)
+
+
+@pytest.mark.gpu
+def test_the_torchao_run_trains_a_step_on_a_gpu():
+    pytest.importorskip("torchao")
+    from gmlp.bench.torchtitan import build_model, fully_sharded, run_recipe, training_step
+
+    flags, converters = run_recipe("torchao-fp8-rowwise")
+    device = torch.device("cuda")
+    model = build_model(flags, device, None, 0, layers=2, converters=converters)
+    assert type(model.layers["0"].moe.routed_experts.inner_experts).__name__ == "Float8GroupedExperts"
+    model = fully_sharded(model, device)  # bf16 parameters in the forward, as the bench trains
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    tokens = torch.randint(2048, (2, 257), device=device)
+    assert torch.isfinite(training_step(model, optimizer, schedule, tokens))
