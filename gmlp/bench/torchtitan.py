@@ -64,11 +64,11 @@ from gmlp.bench.common import (
 from gmlp.bench.torchtitan_models import (
     EXPERT_KERNELS,
     MODELS,
-    count,
     expert_share,
-    layers_that_fit,
+    meta_counts,
     mfu,
     registry_spec,
+    resolve_layers,
 )
 
 RUNS = {
@@ -175,17 +175,6 @@ def build_model(flags: list[str], device: torch.device, state: dict | None, seed
     if state is not None:
         model.load_state_dict(copy.deepcopy(state))
     return model
-
-
-def meta_counts(model: str, layers: int | None, seq_len: int):
-    """``model``'s parameter counts (its first ``layers`` blocks if given) and torchtitan's model
-    FLOPs per token at ``seq_len`` (its config's ``get_nparams_and_flops``: 6 x the active
-    parameters but the embedding, plus 6 x layers x heads x head dims x seq_len for attention),
-    from a build on the meta device: no weights are made."""
-    spec = registry_spec(model, layers)
-    with torch.device("meta"):
-        built = spec.model.build()
-    return count(built), spec.model.get_nparams_and_flops(built, seq_len)[1]
 
 
 def fully_sharded(model, device: torch.device):
@@ -393,23 +382,6 @@ def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     figure.tight_layout()
     figure.savefig(out, dpi=120)
     return out
-
-
-def resolve_layers(value: str | None, model: str, tokens: int, gpu_memory_gb: float) -> int | None:
-    """``--layers``: None (all), a count within the model's, or "auto" (``layers_that_fit`` at
-    ``tokens`` per step); ValueError naming the argument otherwise."""
-    if value is None:
-        return None
-    available = len(registry_spec(model).model.layers)
-    if value == "auto":
-        fitting = layers_that_fit(meta_counts(model, None, 1)[0], tokens, gpu_memory_gb)
-        if fitting == 0:
-            raise ValueError(f"--layers auto: not one block of {model} fits {gpu_memory_gb} GB at {tokens} tokens per "
-                             "step; expected a smaller --batch or --seq-len, or a larger --gpu-memory-gb")
-        return fitting
-    if not value.isdigit() or not 1 <= int(value) <= available:
-        raise ValueError(f"--layers: expected 'auto' or a count from 1 to {available} ({model}), got {value!r}")
-    return int(value)
 
 
 def main(argv: list[str]) -> None:

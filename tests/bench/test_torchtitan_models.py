@@ -11,14 +11,16 @@ import torch
 
 pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] extra")
 
-from gmlp.bench.torchtitan import RUNS, main, meta_counts, model_spec, resolve_layers, torch_shims  # noqa: E402
+from gmlp.bench.torchtitan import RUNS, main, model_spec, torch_shims  # noqa: E402
 from gmlp.bench.torchtitan_models import (  # noqa: E402
     EXPERT_KERNELS,
     LayerCounts,
     ModelCounts,
     expert_share,
     layers_that_fit,
+    meta_counts,
     mfu,
+    resolve_layers,
 )
 
 torch_shims()
