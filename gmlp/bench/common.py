@@ -63,6 +63,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def is_gpu_kernel(event) -> bool:
+    """Whether a profiler event (``events()`` or ``key_averages()``) is a GPU kernel's: device
+    time, not an annotation of a region (``Optimizer.step#...``, ``nccl:all_to_all``) on the GPU's
+    timeline that repeats its kernels' time."""
+    return event.device_type == torch.autograd.DeviceType.CUDA and not getattr(event, "is_user_annotation", False)
+
+
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 100.0, measure_ms: float = 300.0) -> float:
     """Median device time of one fn() call in milliseconds, by CUDA events, after a timed warm-up.
 

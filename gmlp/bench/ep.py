@@ -30,7 +30,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from gmlp.bench.common import PartialResults, add_out_argument, environment, single_process_rendezvous, synchronize
+from gmlp.bench.common import (PartialResults, add_out_argument, environment, is_gpu_kernel, single_process_rendezvous,
+                               synchronize)
 from gmlp.bench.torchtitan import (
     ATTENTION,
     FLAVOR,
@@ -132,10 +133,8 @@ def all_to_all_ms(events, device_type: str) -> float:
 
 
 def _kernels(events) -> list:
-    """The GPU kernels among a profile's ``key_averages()``: device time, not an annotation of a
-    region (``Optimizer.step#...``, ``nccl:all_to_all``) that repeats its kernels' time."""
-    return [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA
-            and event.self_device_time_total > 0 and not getattr(event, "is_user_annotation", False)]
+    """The GPU kernels among a profile's ``key_averages()`` that took device time."""
+    return [event for event in events if is_gpu_kernel(event) and event.self_device_time_total > 0]
 
 
 def top_kernels_ms(events, count: int = 12) -> dict[str, float]:

@@ -57,6 +57,7 @@ from gmlp.bench.common import (
     add_out_argument,
     device_label,
     environment,
+    is_gpu_kernel,
     single_process_rendezvous,
     synchronize,
     use_cold_cache,
@@ -244,8 +245,7 @@ def training_step(model, optimizer, schedule, tokens: torch.Tensor) -> torch.Ten
 
 def profiled_kernels(step: Callable[[], object], device: torch.device) -> list[tuple[str, float]]:
     """Run ``step`` under torch.profiler; each GPU kernel name and its launches' device ms (none
-    on a CPU). Annotations on the GPU's timeline (``Optimizer.step#...``) repeat their kernels'
-    time and are left out."""
+    on a CPU; ``common.is_gpu_kernel``: annotations are left out)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -254,7 +254,7 @@ def profiled_kernels(step: Callable[[], object], device: torch.device) -> list[t
         synchronize(device)
     totals: dict[str, float] = {}
     for event in profile.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and not event.is_user_annotation:
+        if is_gpu_kernel(event):
             totals[event.name] = totals.get(event.name, 0.0) + event.device_time / 1000
     return list(totals.items())
 
