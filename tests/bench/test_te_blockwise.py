@@ -33,13 +33,6 @@ class _GroupedLinear(torch.nn.Module):
         return torch.cat([part @ getattr(self, f"weight{g}").t() for g, part in enumerate(x.split(m_splits))])
 
 
-def _padded(x, m_splits, padded_splits):
-    """Each expert's rows followed by zero rows up to its padded count."""
-    parts = [torch.cat([part, part.new_zeros(p - m, *part.shape[1:])]) for part, m, p in
-             zip(x.split(m_splits), m_splits, padded_splits)]
-    return torch.cat(parts)
-
-
 class _Fp8Padding(torch.nn.Module):
     """TE's ``Fp8Padding``: every expert's rows padded with zero rows to a multiple of ``align_size``."""
 
@@ -47,22 +40,21 @@ class _Fp8Padding(torch.nn.Module):
         super().__init__()
         self.align_size = align_size
 
+    def padded_splits(self, m_splits):
+        return [-(-m // self.align_size) * self.align_size for m in m_splits]
+
     def forward(self, x, m_splits):
-        padded = [-(-m // self.align_size) * self.align_size for m in m_splits]
+        padded = self.padded_splits(m_splits)
         _FakeTE.padded.append(padded)
-        return _padded(x, m_splits, padded), padded
+        return torch.cat([torch.cat([part, part.new_zeros(p - m, *part.shape[1:])])
+                          for part, m, p in zip(x.split(m_splits), m_splits, padded)]), padded
 
 
-class _Fp8Unpadding(torch.nn.Module):
+class _Fp8Unpadding(_Fp8Padding):
     """TE's ``Fp8Unpadding``: the padding rows dropped."""
 
-    def __init__(self, num_gemms, align_size):
-        super().__init__()
-        self.align_size = align_size
-
     def forward(self, x, m_splits):
-        padded = [-(-m // self.align_size) * self.align_size for m in m_splits]
-        return torch.cat([part[:m] for part, m in zip(x.split(padded), m_splits)])
+        return torch.cat([part[:m] for part, m in zip(x.split(self.padded_splits(m_splits)), m_splits)])
 
 
 class _FakeTE:

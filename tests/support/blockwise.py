@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from gmlp.debug.compare import FP8_WGMMA_BLOCK_ERROR
 from gmlp.fp8_blockwise.tensor import FP8BlockwiseTensor
+from tests.support.sm90 import on_sm90
 
 # The token kernels' GPU splits: empty experts and starts off a 4-row (16-byte scale) boundary
 # (the scale boxes round down), one expert, 128-aligned starts, fewer tokens than a tile
@@ -19,6 +21,20 @@ KERNEL_SPLIT_IDS = ["edges", "one", "mixed", "few"]
 PIPELINED_SPLITS = KERNEL_SPLITS + [[1, 2050, 1001]]
 PIPELINED_SPLIT_IDS = KERNEL_SPLIT_IDS + ["many-items"]
 PIPELINED_K = [128, 384, 512, 2048]
+
+
+def pipelined_gpu_cases(k_name: str):
+    """The pipelined promotion's GPU test cases (on an sm_90 GPU): ``PIPELINED_SPLITS`` x the
+    contraction lengths ``PIPELINED_K`` (the test's argument ``k_name``) x clusters of 1 and 2."""
+    marks = (pytest.mark.gpu, pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)"),
+             pytest.mark.parametrize("splits", PIPELINED_SPLITS, ids=PIPELINED_SPLIT_IDS),
+             pytest.mark.parametrize(k_name, PIPELINED_K), pytest.mark.parametrize("cluster", [1, 2]))
+
+    def mark(test):
+        for decorator in reversed(marks):
+            test = decorator(test)
+        return test
+    return mark
 
 
 def on_device(q: FP8BlockwiseTensor, device: torch.device | str) -> FP8BlockwiseTensor:

@@ -26,6 +26,7 @@ the load-add-store epilogue computes).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -125,6 +126,11 @@ class TileStore:
                          pipeline.PipelineTmaStore.create(
                              num_stages=STAGES // outputs,
                              producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers)))
+
+    def over(self, accs: tuple) -> tuple:
+        """One store a fragment of ``accs`` (this one is ``accs[0]``'s), all through this store's
+        buffers and pipeline: a work item's 128-column halves stored one after the other."""
+        return (self,) + tuple(dataclasses.replace(self, tRS_acc=self.copy_r2s.retile(acc)) for acc in accs[1:])
 
     def staging(self, dtype=None) -> cute.Tensor:
         """A register tensor of one subtile's values of one output (``dtype``: the store's)."""

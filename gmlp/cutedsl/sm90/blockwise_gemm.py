@@ -30,7 +30,6 @@ slots and barriers):
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -144,10 +143,8 @@ class BlockwiseGemmSm90(PromotedTokenRows, GroupedGemmEngine):
         mma = self.promoted_operands(slots, tCrA, tCrBs, tCcD, tCcD.shape)
         half_stores = ()
         if const_expr(self.tma_store):
-            first = self.tile_store(storage, args.d_smem_layout, tiled_mma, mma.accs[0], mma_tidx, warp_idx)
-            # the second half's accumulators through the same buffers and store pipeline
-            half_stores = (first,) + tuple(dataclasses.replace(first, tRS_acc=first.copy_r2s.retile(acc))
-                                           for acc in mma.accs[1:])
+            store = self.tile_store(storage, args.d_smem_layout, tiled_mma, mma.accs[0], mma_tidx, warp_idx)
+            half_stores = store.over(mma.accs)
         return _Consumer(mma, thr_mma, tCcD, cute.make_rmem_tensor(tCcD.shape, BFloat16), half_stores)
 
     @cute.jit

@@ -46,7 +46,6 @@ k-loop on the skeleton's roles, slots and barriers):
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -255,11 +254,8 @@ class BlockwiseWgradSm90(GroupedGemmEngine, RegisterPaths):
         pairs = cute.size(partial) // 4  # the thread's (4j .. 4j + 3) groups: 2 columns each
         half_stores = ()
         if const_expr(self.tma_store):
-            first = self.tile_store(storage, args.d_smem_layout, tiled_mma, accs[0], mma_tidx, warp_idx,
-                                    self.out_dtype)
-            # the second half's accumulators through the same buffers and store pipeline
-            half_stores = (first,) + tuple(dataclasses.replace(first, tRS_acc=first.copy_r2s.retile(acc))
-                                           for acc in accs[1:])
+            store = self.tile_store(storage, args.d_smem_layout, tiled_mma, accs[0], mma_tidx, warp_idx, self.out_dtype)
+            half_stores = store.over(accs)
         return _Consumer(tCrA, tCrBs, *slots.scales, thr_mma, tCcD, accs, partial,
                          cute.make_rmem_tensor((2 * pairs,), Float32), (tCcD[0][0], tCcD[2][0]), half_stores)
 

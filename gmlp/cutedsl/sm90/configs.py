@@ -67,11 +67,8 @@ class KernelConfig(StagedConfig):
             raise ValueError(f"tile_n must be 128 or 256, got {self.tile_n}")
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
-        launch_options.check_store(self.store)
+        launch_options.check_store(self.store, self.bias_dtype)
         launch_options.check_cluster(self.cluster)
-        if self.store == "tma" and self.bias_dtype is not None:
-            raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got "
-                             f"bias_dtype={self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:
@@ -266,14 +263,11 @@ class BlockwiseGemmConfig(StagedConfig, WideItems):
     def __post_init__(self):
         if self.bias_dtype is not None and self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias dtype must be one of {tuple(FLOAT_DTYPES)}, got {self.bias_dtype}")
-        launch_options.check_store(self.store)
+        launch_options.check_store(self.store, self.bias_dtype)
         launch_options.check_cluster(self.cluster)
         if self.pipelined and self.wide:
             raise ValueError(f"BlockwiseGemmConfig: pipelined=True needs wide=False: "
                              f"{launch_options.PIPELINED_HALVES_REASON}")
-        if self.store == "tma" and self.bias_dtype is not None:
-            raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got "
-                             f"bias_dtype={self.bias_dtype}")
         self.check_stages()
 
     def stage_bytes(self) -> int:

@@ -69,10 +69,13 @@ BLOCKWISE_OPS = ("fc1_forward_blockwise", "grouped_gemm_fp8_blockwise", "fc2_dgr
 _BOOLEANS = {**dict.fromkeys(TRUE_WORDS, True), **dict.fromkeys(FALSE_WORDS, False)}
 
 
-def check_store(store: str) -> None:
-    """Raises for a kernel config's ``store`` that is not one of ``STORES``."""
+def check_store(store: str, bias_dtype=None) -> None:
+    """Raises for a kernel config's ``store`` that is not one of ``STORES``, or that is "tma"
+    beside a bias (``bias_dtype`` not None; the TMA-store epilogue adds none)."""
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
+    if store == "tma" and bias_dtype is not None:
+        raise ValueError(f"store='tma' needs no bias (the TMA-store epilogue has none yet), got bias_dtype={bias_dtype}")
 
 
 def check_cluster(cluster: int) -> None:

@@ -16,8 +16,7 @@ import torch
 from gmlp.contract.activations import Activation, ActivationKind, activation_from
 from gmlp.cutedsl import import_error
 from gmlp.mxfp8.spec import ElementFormat
-from tests.support.blockwise import (KERNEL_SPLIT_IDS, KERNEL_SPLITS, PIPELINED_K, PIPELINED_SPLIT_IDS,
-                                     PIPELINED_SPLITS, exact_operands)
+from tests.support.blockwise import KERNEL_SPLIT_IDS, KERNEL_SPLITS, exact_operands, pipelined_gpu_cases
 from tests.support.cases import parametrize_quick
 from tests.support.sm90 import assert_same_outputs, check_fp8_binary, on_sm90
 
@@ -125,11 +124,7 @@ def test_bit_exact_with_the_triton_twin_on_exact_sums(splits, activation, grad_f
     assert not comparison.mismatches, comparison.outputs
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("splits", PIPELINED_SPLITS, ids=PIPELINED_SPLIT_IDS)
-@pytest.mark.parametrize("hidden", PIPELINED_K)
-@pytest.mark.parametrize("cluster", [1, 2])
+@pipelined_gpu_cases("hidden")
 def test_the_pipelined_promotion_is_bitwise_the_default(splits, hidden, cluster):
     """Every output bit for bit the default mainloop's, at 1, 3, 4 and 16 k-tiles of H, experts
     starting off a 4-row boundary, and with more items than CTAs (many-items at F = 1536)."""

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gmlp.cutedsl import import_error
-from tests.support.blockwise import (KERNEL_SPLIT_IDS, KERNEL_SPLITS, PIPELINED_K, PIPELINED_SPLIT_IDS,
-                                     PIPELINED_SPLITS, summation_error)
+from tests.support.blockwise import (KERNEL_SPLIT_IDS, KERNEL_SPLITS, PIPELINED_SPLIT_IDS, PIPELINED_SPLITS,
+                                     pipelined_gpu_cases, summation_error)
 from tests.support.cases import parametrize_quick
 from tests.support.sm90 import assert_same_bits, check_fp8_binary, on_sm90
 
@@ -148,11 +148,7 @@ def test_matches_the_triton_twin_within_the_bound(splits, bias_dtype, a_format, 
     assert ((got.float() - want.float()).abs() <= bound).all()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU (H100/H200)")
-@pytest.mark.parametrize("splits", PIPELINED_SPLITS, ids=PIPELINED_SPLIT_IDS)
-@pytest.mark.parametrize("k", PIPELINED_K)
-@pytest.mark.parametrize("cluster", [1, 2])
+@pipelined_gpu_cases("k")
 def test_the_pipelined_promotion_is_bitwise_the_default(splits, k, cluster):
     """The same wgmmas and promotions in the same order: the same bytes, at 1, 3, 4 and 16
     k-tiles (odd and even counts, more than the ring's slots), experts starting off a 4-row
