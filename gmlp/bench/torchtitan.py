@@ -65,6 +65,7 @@ from gmlp.bench.common import (
 from gmlp.bench.torchtitan_models import (
     EXPERT_KERNELS,
     MODELS,
+    describe,
     expert_share,
     meta_counts,
     mfu,
@@ -389,7 +390,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs", default=",".join(RUNS),
                         help=f"comma-separated, of {', '.join(KNOWN_RUNS)} (default: all but {TORCHAO_RUN})")
     parser.add_argument("--model", choices=list(MODELS), default="debug",
-                        help="torchtitan's model: " + ", ".join(f"{k} = {p} {f}" for k, (p, f) in MODELS.items()))
+                        help="torchtitan's model: " + ", ".join(f"{name} = {describe(name)}" for name in MODELS))
     parser.add_argument("--layers", default=None,
                         help="keep the model's first N blocks; 'auto': as many as --gpu-memory-gb holds (default: all)")
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="the GPU memory --layers auto plans for")
@@ -448,7 +449,7 @@ def main(argv: list[str]) -> None:
                              args.out)
     record = {"environment": environment(device),
               "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
-                           "flavor": MODELS[args.model][1], "layers_built": len(counts.layers),
+                           "flavor": describe(args.model), "layers_built": len(counts.layers),
                            "total_params": counts.total, "active_params": counts.active,
                            "flops_per_token": flops_per_token, "chain_vocab": vocab, "attention_core": ATTENTION,
                            "flags": {n: flags for n, (flags, _) in recipes.items()},

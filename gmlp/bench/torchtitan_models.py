@@ -4,6 +4,7 @@ and MFU, and the experts' share of a profiled step's device time."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 from dataclasses import dataclass
@@ -15,7 +16,67 @@ MODELS = {
     "debug": ("qwen3", "debugmodel_moe"),  # 8 layers, dim 256, 64 experts of 768, top 8
     "qwen3-30b-a3b": ("qwen3", "30B-A3B"),  # 48 layers, dim 2048, 128 experts of 768, top 8
     "deepseek-v3-16b": ("deepseek_v3", "16B"),  # 27 layers (the first dense), dim 2048, 64 of 1408, top 6, 2 shared
+    "mixtral-like": ("qwen3", "235B-A22B"),  # reshaped by mixtral_like: dim 4096, 8 experts of 14336, top 2
 }
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """What ``with_experts`` gives every MoE block of a config: routed experts, their hidden size,
+    the experts a token is sent to, and the vocabulary."""
+
+    num_experts: int
+    hidden: int
+    top_k: int
+    vocab: int
+
+
+# Mixtral 8x7B's experts and vocabulary (dim 4096 comes with the qwen3 flavor reshaped).
+MIXTRAL_EXPERTS = ExpertShape(num_experts=8, hidden=14336, top_k=2, vocab=32000)
+
+
+def with_experts(config, shape: ExpertShape):
+    """``config`` (a torchtitan decoder config, changed in place and returned) with ``shape``'s
+    routed experts in every MoE block and its vocabulary. Every other setting is the config's own
+    (attention, norms, the router's score function, each parameter's init, the dispatcher's
+    backend): each changed config is a ``dataclasses.replace`` of torchtitan's, so a field that
+    torchtitan renames fails here loudly instead of being dropped."""
+    replace = dataclasses.replace
+    config.vocab_size = shape.vocab
+    config.tok_embeddings = replace(config.tok_embeddings, num_embeddings=shape.vocab)
+    config.lm_head = replace(config.lm_head, out_features=shape.vocab)
+    for block in config.layers:
+        moe = block.moe
+        if moe is None:
+            continue
+        routed = moe.routed_experts
+        block.moe = replace(
+            moe, num_experts=shape.num_experts,
+            router=replace(moe.router, num_experts=shape.num_experts, top_k=shape.top_k,
+                           gate=replace(moe.router.gate, out_features=shape.num_experts)),
+            routed_experts=replace(
+                routed,
+                inner_experts=replace(routed.inner_experts, hidden_dim=shape.hidden, num_experts=shape.num_experts),
+                token_dispatcher=replace(routed.token_dispatcher, num_experts=shape.num_experts, top_k=shape.top_k)))
+    return config
+
+
+def mixtral_like(config):
+    """qwen3's 235B-A22B flavor (dim 4096; its attention: 64 query and 4 key-value heads of 128,
+    QK norm; its inits) with Mixtral 8x7B's experts (8 of 14336, top 2) and 32000-token vocabulary:
+    torchtitan has no Mixtral flavor."""
+    return with_experts(config, MIXTRAL_EXPERTS)
+
+
+# --model -> how its registry flavor's config is reshaped, for the models that are not a flavor as is
+RESHAPED = {"mixtral-like": mixtral_like}
+
+
+def describe(model: str) -> str:
+    """``--model``'s torchtitan flavor, as the help and the results name it."""
+    package, flavor = MODELS[model]
+    reshaped = RESHAPED.get(model)
+    return f"{package} {flavor}" + (f" reshaped by {reshaped.__module__}.{reshaped.__name__}" if reshaped else "")
 
 # Dense bf16 tensor-core peak (FLOP/s, without sparsity), keyed by torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = {
@@ -30,11 +91,20 @@ MEMORY_MARGIN = 0.15  # share of the GPU's memory left unplanned (CUDA context, 
 
 
 def registry_spec(model: str, layers: int | None = None, converters: list | None = None):
-    """torchtitan's model spec of ``--model`` ``model`` (its registry's default attention, and
-    ``converters``, torchtitan model converter configs, applied by the registry), with only its
-    first ``layers`` blocks if given (each keeps its own init)."""
+    """torchtitan's model spec of ``--model`` ``model`` (its registry's default attention, reshaped
+    by ``RESHAPED[model]`` if any, then ``converters``, torchtitan model converter configs, applied
+    as its registry applies them), with only its first ``layers`` blocks if given (each keeps its
+    own init)."""
+    from torchtitan.models.utils import validate_converter_order
+
     package, flavor = MODELS[model]
-    spec = importlib.import_module(f"torchtitan.models.{package}").model_registry(flavor, converters=converters)
+    spec = importlib.import_module(f"torchtitan.models.{package}").model_registry(flavor)
+    config = RESHAPED.get(model, lambda config: config)(spec.model)
+    if converters:
+        validate_converter_order(converters)
+        for converter in converters:
+            config = converter.build().convert(config)
+    spec = dataclasses.replace(spec, model=config)
     if layers is not None:
         available = len(spec.model.layers)
         if not 1 <= layers <= available:

@@ -14,6 +14,8 @@ pytest.importorskip("torchtitan", reason="torchtitan is the gmlp[torchtitan] ext
 from gmlp.bench.torchtitan import RUNS, main, model_spec, torch_shims  # noqa: E402
 from gmlp.bench.torchtitan_models import (  # noqa: E402
     EXPERT_KERNELS,
+    RESHAPED,
+    ExpertShape,
     LayerCounts,
     ModelCounts,
     expert_share,
@@ -21,6 +23,7 @@ from gmlp.bench.torchtitan_models import (  # noqa: E402
     meta_counts,
     mfu,
     resolve_layers,
+    with_experts,
 )
 
 torch_shims()
@@ -46,7 +49,51 @@ def test_deepseek_v3_16b_keeps_its_dense_first_block_and_shared_experts():
     assert flops == 6 * (counts.active - counts.vocab * counts.dim) + 6 * 3 * 16 * (192 + 128) * TOKENS
 
 
-@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3-16b"])
+def test_mixtral_like_has_mixtrals_experts_and_vocabulary_on_a_4096_wide_qwen3():
+    counts, flops = meta_counts("mixtral-like", 2, TOKENS)
+    assert len(counts.layers) == 2 and counts.dim == 4096 and counts.vocab == 32000
+    assert {(l.num_experts, l.top_k, l.expert_hidden, l.dense_hidden) for l in counts.layers} == {(8, 2, 14336, 0)}
+    assert {l.routed_params for l in counts.layers} == {8 * 3 * 4096 * 14336}
+    attention_and_norms = 4096 * (64 + 2 * 4) * 128 + 64 * 128 * 4096 + 2 * 4096 + 2 * 128
+    assert {l.params for l in counts.layers} == {8 * 3 * 4096 * 14336 + 8 * 4096 + attention_and_norms}
+    assert counts.other_params == 2 * 32000 * 4096 + 4096  # untied embedding and head, the final norm
+    assert counts.total - counts.active == 2 * 8 * 3 * 4096 * 14336 * 6 // 8
+    assert flops == 6 * (counts.active - counts.vocab * counts.dim) + 6 * 2 * 64 * 256 * TOKENS
+    assert resolve_layers("auto", "mixtral-like", TOKENS, 80) == 2
+
+
+def test_reshaped_experts_train_and_keep_the_flavors_other_settings(monkeypatch):
+    """``with_experts`` on qwen3's debug MoE model, through ``--model``'s path (``RESHAPED``): a
+    forward and backward in the new shape, with the router's score function and each init the
+    flavor's own."""
+    from torchtitan.models.qwen3 import model_registry
+
+    from gmlp.bench.torchtitan import build_model
+    from gmlp.bench.torchtitan_models import MODELS
+
+    shape = ExpertShape(num_experts=4, hidden=96, top_k=2, vocab=300)
+    config = model_registry("debugmodel_moe").model
+    before = config.layers[0].moe
+    moe = with_experts(config, shape).layers[0].moe
+    assert (moe.router.score_func, moe.router.route_norm) == (before.router.score_func, before.router.route_norm)
+    assert moe.routed_experts.inner_experts.param_init is before.routed_experts.inner_experts.param_init
+    assert moe.router.gate.param_init is before.router.gate.param_init
+    assert set(RESHAPED) == {"mixtral-like"}
+
+    monkeypatch.setitem(MODELS, "debug-reshaped", MODELS["debug"])
+    monkeypatch.setitem(RESHAPED, "debug-reshaped", lambda config: with_experts(config, shape))
+    model = build_model([], torch.device("cpu"), None, 0, model="debug-reshaped", layers=2)
+    experts = model.layers["0"].moe.routed_experts.inner_experts
+    assert tuple(experts.w1_EFD.shape) == (4, 96, model.tok_embeddings.embedding_dim)
+    assert model.layers["1"].moe.router.top_k == 2
+    tokens = torch.randint(300, (1, 17), generator=torch.Generator().manual_seed(0))
+    logits = model(tokens[:, :-1], positions=torch.arange(16).expand(1, -1))
+    assert logits.shape == (1, 16, 300)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+    assert experts.w1_EFD.grad is not None and experts.w1_EFD.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3-16b", "mixtral-like"])
 def test_the_overrides_apply_to_each_real_model(model, capsys):
     spec = model_spec(['gmlp.integrations.torchtitan.gmlp_experts={"recipe": "bf16"}'], model=model, layers=2)
     with torch.device("meta"):
@@ -55,7 +102,7 @@ def test_the_overrides_apply_to_each_real_model(model, capsys):
     assert len(blocks) == 2
     assert {type(b.attention.inner_attention).__name__ for b in blocks} == {"CausalSDPAttention"}
     experts = [type(b.moe.routed_experts.inner_experts).__name__ for b in blocks if getattr(b, "moe", None) is not None]
-    assert experts == ["GmlpGroupedExperts"] * (2 if model.startswith("qwen3") else 1)  # deepseek's first is dense
+    assert experts == ["GmlpGroupedExperts"] * (1 if model.startswith("deepseek") else 2)  # deepseek's first is dense
 
 
 def _counts(layers: int) -> ModelCounts:
