@@ -38,11 +38,11 @@ from gmlp.bench.torchtitan import (
     RUNS,
     MarkovTokens,
     model_spec,
-    moving_gap,
     optimizer_and_schedule,
     torch_shims,
 )
 from gmlp.bench.torchtitan import build_model as stock_model
+from gmlp.bench.torchtitan_report import moving_gap
 
 SPMD_BACKEND = "partial_dtensor"
 

@@ -30,7 +30,8 @@ hooks) and sees the same synthetic tokens: sequences of a fixed random Markov ch
 has a few likely successors), so the loss falls towards the chain's entropy, which is recorded.
 The loop is plain PyTorch around torchtitan's model (AdamW with torchtitan's default settings,
 linear warm-up, cross-entropy): torchtitan's trainer needs a tokenizer and a dataset that its
-wheel does not ship (and packages the GPU machine lacks). ``--plot`` draws the curves of a JSON.
+wheel does not ship (and packages the GPU machine lacks). ``--plot`` draws the curves of a JSON, ``--table`` the markdown table of several
+(``gmlp.bench.torchtitan_report``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from gmlp.bench.torchtitan_models import (
     registry_spec,
     resolve_layers,
 )
+from gmlp.bench.torchtitan_report import plot, plot_seeds, summary, table
 
 RUNS = {
     "stock": [],
@@ -291,100 +293,6 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
             "profile": {"steps": len(batches), **expert_share(kernels, EXPERT_KERNELS[name])} if batches else None}
 
 
-def moving_gap(losses: list[float], stock: list[float], window: int) -> list[float]:
-    """loss - stock loss, each the mean over ``window`` steps ending at steps window-1, window, ..."""
-    diffs = [a - b for a, b in zip(losses, stock)]
-    return [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
-
-
-def summary(runs: dict, window: int) -> dict:
-    """Each run's mean loss over the last ``window`` steps, its largest distance from stock (the
-    mean over a moving ``window``), and tokens/s as a ratio of stock's."""
-    stock = runs.get("stock")
-    out = {}
-
-    def final_loss(losses: list[float]) -> float:  # over the steps there are, when fewer than the window
-        return sum(losses[-window:]) / len(losses[-window:])
-
-    for name, run in runs.items():
-        losses = run["loss"]
-        entry = {"final_loss": final_loss(losses)}
-        if stock is not None:
-            entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving_gap(losses, stock["loss"], window)), default=0.0)
-            entry["final_gap_to_stock_relative"] = entry["final_loss"] / final_loss(stock["loss"]) - 1
-            entry["tokens_per_s_vs_stock"] = run["tokens_per_s"] / stock["tokens_per_s"]
-        out[name] = entry
-    return out
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _kernels(results: dict) -> str:
-    """Which gmlp kernels the GPU run had: CuTeDSL where it runs, else Triton only."""
-    return "CuTeDSL + Triton" if results["environment"].get("nvidia-cutlass-dsl", "not installed") != "not installed" else "Triton only"
-
-
-def plot(path: pathlib.Path) -> pathlib.Path:
-    """The loss curves of a results JSON, and each run's gap to stock, as a PNG beside it."""
-    plt = _pyplot()
-    results = json.loads(path.read_text())
-    runs, window = results["runs"], results["settings"]["window"]
-    figure, (curves, gaps) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, height_ratios=[2, 1])
-    for index, (name, run) in enumerate(runs.items()):
-        color, tokens_per_s = f"C{index}", run["tokens_per_s"]
-        curves.plot(run["loss"], label=f"{name} ({tokens_per_s / 1e3:.0f}k tokens/s)", linewidth=1, color=color)
-        if name != "stock" and "stock" in runs:
-            gap = moving_gap(run["loss"], runs["stock"]["loss"], window)
-            gaps.plot(range(window - 1, window - 1 + len(gap)), gap, label=name, linewidth=1, color=color)
-    curves.axhline(results["data_entropy"], color="gray", linestyle=":", label="entropy of the token source")
-    curves.set_ylabel("training loss (nats)")
-    curves.set_yscale("log")
-    curves.legend()
-    env = results["environment"]
-    settings = results["settings"]
-    curves.set_title(f"torchtitan {settings['flavor']}, {env['device']}, torch {env['torch']}, "
-                     f"gmlp {env['commit'][:7]} ({_kernels(results)}), seed {settings['seed']}")
-    gaps.axhline(0, color="gray", linewidth=0.5)
-    gaps.set_ylabel(f"loss - stock loss\n(mean of {window} steps)")
-    gaps.set_xlabel("step")
-    gaps.legend()
-    figure.tight_layout()
-    out = path.with_suffix(".png")
-    figure.savefig(out, dpi=120)
-    return out
-
-
-def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
-    """Each run's gap to stock, one panel per results JSON (seed), on one scale: how far runs that
-    differ only in rounding (torchtitan-fused) drift from stock, beside gmlp's."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(len(paths), 1, figsize=(9, 2.4 * len(paths) + 0.6), sharex=True, sharey=True,
-                                squeeze=False)
-    colors = {name: f"C{index}" for index, name in enumerate(KNOWN_RUNS)}
-    for axis, path in zip(axes[:, 0], paths):
-        results = json.loads(path.read_text())
-        runs, window = results["runs"], results["settings"]["window"]
-        for name, run in runs.items():
-            if name != "stock":
-                gap = moving_gap(run["loss"], runs["stock"]["loss"], window)
-                axis.plot(range(window - 1, window - 1 + len(gap)), gap, label=name, linewidth=1, color=colors[name])
-        axis.axhline(0, color="gray", linewidth=0.5)
-        axis.set_title(f"seed {results['settings']['seed']}, gmlp on {_kernels(results)} ({path.name})", fontsize=9)
-        axis.set_ylabel(f"loss - stock\n({window}-step mean)")
-        axis.legend(fontsize=8)
-    axes[-1, 0].set_xlabel("step")
-    figure.tight_layout()
-    figure.savefig(out, dpi=120)
-    return out
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m gmlp.bench torchtitan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=",".join(RUNS),
@@ -409,10 +317,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--plot", type=pathlib.Path, nargs="+", default=None,
                         help="only plot results JSON: one file's curves beside it, or several seeds' gaps (--plot-out)")
     parser.add_argument("--plot-out", type=pathlib.Path, default=None, help="the PNG of several --plot files")
+    parser.add_argument("--table", type=pathlib.Path, nargs="+", default=None,
+                        help="only print the markdown table of results JSON (runs of one model and seed may be in "
+                             "several files; seeds are averaged, their spread judges the loss gaps)")
     add_out_argument(parser)
     add_cold_cache_argument(parser)
     args = parser.parse_args(argv)
     use_cold_cache(args.cold_cache)
+    if args.table is not None:
+        print(table(args.table))
+        return
     if args.plot is not None:
         if len(args.plot) == 1:
             print(plot(args.plot[0]))

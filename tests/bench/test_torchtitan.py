@@ -3,6 +3,7 @@ statistics of the summary, and the attention core the runs use."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -14,11 +15,10 @@ from gmlp.bench.torchtitan import (  # noqa: E402
     SUCCESSORS,
     CausalSDPAttention,
     MarkovTokens,
-    moving_gap,
     profiled_kernels,
-    summary,
     training_step,
 )
+from gmlp.bench.torchtitan_report import moving_gap, summary  # noqa: E402
 
 
 def test_the_token_source_is_its_markov_chain_and_the_same_every_time():
@@ -82,3 +82,49 @@ def test_a_training_step_lowers_the_loss_and_a_cpu_profile_has_no_kernels():
     assert training_step(model, optimizer, schedule, tokens) < first
     assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
     assert profiled_kernels(lambda: training_step(model, optimizer, schedule, tokens), torch.device("cpu")) == []
+
+
+def _results(seed: int, runs: dict, window: int = 2) -> dict:
+    """A results file's fields that ``--table`` reads, one experiment (debug model, CPU)."""
+    return {"settings": {"model": "debug", "layers_built": 8, "batch": 1, "seq_len": 64, "steps": 4, "seed": seed,
+                         "window": window},
+            "environment": {"device": "cpu"}, "runs": runs}
+
+
+def _run(losses: list[float], tokens_per_s: float, peak: float | None = 2.0, share: float | None = 0.5) -> dict:
+    return {"loss": losses, "tokens_per_s": tokens_per_s, "peak_memory_gb": peak, "mfu": None,
+            "profile": {"experts_share": share}}
+
+
+def test_the_table_gathers_runs_of_one_experiment_from_several_files_and_judges_gaps_by_the_spread(tmp_path):
+    from gmlp.bench.torchtitan_report import table
+
+    stock = [2.0, 1.0, 1.0, 1.0]
+    files = {"seed0-stock-fused.json": _results(0, {"stock": _run(stock, 100.0),
+                                                   "torchtitan-fused": _run([2.0, 1.2, 1.0, 1.0], 110.0)}),
+             "seed0-gmlp.json": _results(0, {"gmlp-bf16": _run([2.0, 1.1, 1.0, 1.0], 150.0, peak=1.0)}),
+             "seed1.json": _results(1, {"stock": _run(stock, 300.0),
+                                         "torchtitan-fused": _run([2.0, 1.0, 1.0, 1.0], 330.0),
+                                         "gmlp-bf16": _run([2.6, 1.0, 1.0, 1.0], 450.0, peak=1.0)})}
+    for name, results in files.items():
+        (tmp_path / name).write_text(json.dumps(results))
+    cells = [[cell.strip() for cell in line.strip("|").split("|")]
+             for line in table(sorted(tmp_path.glob("*.json"))).splitlines()[2:]]
+    rows = {row[1]: row for row in cells}
+    # columns: experiment, run, seeds, tokens/s, vs stock, MFU, peak, vs stock, share, final loss, max gap, within
+    assert rows["stock"][2:5] == ["2", "200", "1.00"]
+    assert rows["gmlp-bf16"][2:5] == ["2", "300", "1.50"] and rows["gmlp-bf16"][6:8] == ["1.0", "0.50"]
+    assert rows["torchtitan-fused"][10] == "0.1000"  # seed 0's (0.2 + 0) / 2, the larger of the two seeds
+    assert rows["gmlp-bf16"][10:12] == ["0.3000", "no"]  # seed 1's first window: (0.6 + 0) / 2 > the spread
+    assert rows["torchtitan-fused"][11] == "yes" and rows["stock"][11] == ""
+    assert cells[-1][1] == "bf16 spread: torchtitan-fused's max gap over 2 seeds" and cells[-1][10] == "0.1000"
+    assert rows["stock"][5] == "n/a"  # no MFU on a CPU
+
+
+def test_the_table_refuses_a_run_twice_for_one_seed(tmp_path):
+    from gmlp.bench.torchtitan_report import table
+
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(_results(0, {"stock": _run([1.0, 1.0], 1.0)})))
+    with pytest.raises(ValueError, match=r"run 'stock' of seed 0 is in two files .*b.json"):
+        table(sorted(tmp_path.glob("*.json")))

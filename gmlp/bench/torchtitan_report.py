@@ -1,0 +1,188 @@
+"""What ``python -m gmlp.bench torchtitan`` reports from its results JSON: the summary against the
+stock run, the loss plots, and the markdown table of ``--table`` (the runs of one model, and the
+bf16 spread that their loss gaps are judged against)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections import defaultdict
+
+SPREAD_RUN = "torchtitan-fused"  # stock's model rounded differently: its gap to stock is the bf16 noise
+
+
+def moving_gap(losses: list[float], stock: list[float], window: int) -> list[float]:
+    """loss - stock loss, each the mean over ``window`` steps ending at steps window-1, window, ..."""
+    diffs = [a - b for a, b in zip(losses, stock)]
+    return [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
+
+
+def summary(runs: dict, window: int) -> dict:
+    """Each run's mean loss over the last ``window`` steps, its largest distance from stock (the
+    mean over a moving ``window``), and tokens/s as a ratio of stock's."""
+    stock = runs.get("stock")
+    out = {}
+
+    def final_loss(losses: list[float]) -> float:  # over the steps there are, when fewer than the window
+        return sum(losses[-window:]) / len(losses[-window:])
+
+    for name, run in runs.items():
+        losses = run["loss"]
+        entry = {"final_loss": final_loss(losses)}
+        if stock is not None:
+            entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving_gap(losses, stock["loss"], window)), default=0.0)
+            entry["final_gap_to_stock_relative"] = entry["final_loss"] / final_loss(stock["loss"]) - 1
+            entry["tokens_per_s_vs_stock"] = run["tokens_per_s"] / stock["tokens_per_s"]
+        out[name] = entry
+    return out
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _kernels(results: dict) -> str:
+    """Which gmlp kernels the GPU run had: CuTeDSL where it runs, else Triton only."""
+    return "CuTeDSL + Triton" if results["environment"].get("nvidia-cutlass-dsl", "not installed") != "not installed" else "Triton only"
+
+
+def plot(path: pathlib.Path) -> pathlib.Path:
+    """The loss curves of a results JSON, and each run's gap to stock, as a PNG beside it."""
+    plt = _pyplot()
+    results = json.loads(path.read_text())
+    runs, window = results["runs"], results["settings"]["window"]
+    figure, (curves, gaps) = plt.subplots(2, 1, figsize=(9, 8), sharex=True, height_ratios=[2, 1])
+    for index, (name, run) in enumerate(runs.items()):
+        color, tokens_per_s = f"C{index}", run["tokens_per_s"]
+        curves.plot(run["loss"], label=f"{name} ({tokens_per_s / 1e3:.0f}k tokens/s)", linewidth=1, color=color)
+        if name != "stock" and "stock" in runs:
+            gap = moving_gap(run["loss"], runs["stock"]["loss"], window)
+            gaps.plot(range(window - 1, window - 1 + len(gap)), gap, label=name, linewidth=1, color=color)
+    curves.axhline(results["data_entropy"], color="gray", linestyle=":", label="entropy of the token source")
+    curves.set_ylabel("training loss (nats)")
+    curves.set_yscale("log")
+    curves.legend()
+    env = results["environment"]
+    settings = results["settings"]
+    curves.set_title(f"torchtitan {settings['flavor']}, {env['device']}, torch {env['torch']}, "
+                     f"gmlp {env['commit'][:7]} ({_kernels(results)}), seed {settings['seed']}")
+    gaps.axhline(0, color="gray", linewidth=0.5)
+    gaps.set_ylabel(f"loss - stock loss\n(mean of {window} steps)")
+    gaps.set_xlabel("step")
+    gaps.legend()
+    figure.tight_layout()
+    out = path.with_suffix(".png")
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
+    """Each run's gap to stock, one panel per results JSON (seed), on one scale: how far runs that
+    differ only in rounding (torchtitan-fused) drift from stock, beside gmlp's."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(len(paths), 1, figsize=(9, 2.4 * len(paths) + 0.6), sharex=True, sharey=True,
+                                squeeze=False)
+    names = sorted({name for path in paths for name in json.loads(path.read_text())["runs"]})
+    colors = {name: f"C{index}" for index, name in enumerate(names)}  # one color per run in every panel
+    for axis, path in zip(axes[:, 0], paths):
+        results = json.loads(path.read_text())
+        runs, window = results["runs"], results["settings"]["window"]
+        for name, run in runs.items():
+            if name != "stock":
+                gap = moving_gap(run["loss"], runs["stock"]["loss"], window)
+                axis.plot(range(window - 1, window - 1 + len(gap)), gap, label=name, linewidth=1, color=colors[name])
+        axis.axhline(0, color="gray", linewidth=0.5)
+        axis.set_title(f"seed {results['settings']['seed']}, gmlp on {_kernels(results)} ({path.name})", fontsize=9)
+        axis.set_ylabel(f"loss - stock\n({window}-step mean)")
+        axis.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("step")
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def _model_key(results: dict) -> tuple:
+    """What makes two results files the same experiment but for the seed and the runs in them."""
+    settings = results["settings"]
+    return (settings.get("model", "debug"), settings.get("layers_built"), settings["batch"], settings["seq_len"], settings["steps"], results["environment"]["device"])
+
+
+def _seed_runs(paths: list[pathlib.Path]) -> dict[tuple, dict[int, dict]]:
+    """Each experiment's runs per seed, gathered from files that may each hold some of them (one
+    run per process, the same seed, starts from the same weights and sees the same tokens); a run
+    in two files of one experiment and seed is an error, not a silent choice."""
+    experiments: dict[tuple, dict[int, dict]] = defaultdict(lambda: defaultdict(dict))
+    for path in paths:
+        results = json.loads(path.read_text())
+        runs = experiments[_model_key(results)][results["settings"]["seed"]]
+        for name, run in results["runs"].items():
+            if name in runs:
+                raise ValueError(f"--table: run {name!r} of seed {results['settings']['seed']} is in two files "
+                                 f"(the second: {path}); expected each once")
+            runs[name] = {**run, "window": results["settings"]["window"]}
+    return experiments
+
+
+def _mean(values: list) -> float | None:
+    """The mean, or None when a value is missing (a CPU run's memory, a run without a profile)."""
+    return sum(values) / len(values) if values and None not in values else None
+
+
+def _final_loss(run: dict) -> float:
+    tail = run["loss"][-run["window"]:]
+    return sum(tail) / len(tail)
+
+
+def _max_gap(run: dict, stock: dict) -> float:
+    return max(abs(d) for d in moving_gap(run["loss"], stock["loss"], run["window"]))
+
+
+def _figures(name: str, seeds: list[dict]) -> dict:
+    """Run ``name``'s figures over the seeds that have it (``seeds``: each seed's runs)."""
+    with_stock = [runs for runs in seeds if "stock" in runs]
+    tokens = _mean([runs[name]["tokens_per_s"] for runs in seeds])
+    stock_tokens = _mean([runs["stock"]["tokens_per_s"] for runs in with_stock])
+    peak = _mean([runs[name]["peak_memory_gb"] for runs in seeds])
+    stock_peak = _mean([runs["stock"]["peak_memory_gb"] for runs in with_stock])
+    gaps = [_max_gap(runs[name], runs["stock"]) for runs in with_stock if name != "stock"]
+    return {"seeds": len(seeds), "tokens_per_s": tokens,
+            "vs_stock": tokens / stock_tokens if tokens and stock_tokens else None,
+            "mfu": _mean([runs[name].get("mfu") for runs in seeds]), "peak_gb": peak,
+            "peak_vs_stock": peak / stock_peak if peak and stock_peak else None,
+            "experts_share": _mean([(runs[name].get("profile") or {}).get("experts_share") for runs in seeds]),
+            "final_loss": _mean([_final_loss(runs[name]) for runs in seeds]), "max_gap": max(gaps) if gaps else None}
+
+
+def _cell(value: float | None, pattern: str) -> str:
+    return "n/a" if value is None else format(value, pattern)
+
+
+def table(paths: list[pathlib.Path]) -> str:
+    """A markdown table of results files: per experiment (model, blocks, batch x length, steps,
+    device) and run, over the seeds that have it: the mean tokens/s and its ratio to stock's, MFU,
+    peak memory and its ratio to stock's, the experts' share of the profiled kernel time, the
+    final loss, and the largest moving gap to stock; then the bf16 spread, the largest gap of
+    ``SPREAD_RUN`` over the seeds, which each run's gap is compared with."""
+    lines = ["| model (blocks), tokens, device | run | seeds | tokens/s | vs stock | MFU | peak GB | vs stock | "
+             "experts' share | final loss | max gap to stock | within the bf16 spread |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for (model, layers, batch, length, steps, device), by_seed in _seed_runs(paths).items():
+        seeds = list(by_seed.values())
+        spread_gaps = [_max_gap(runs[SPREAD_RUN], runs["stock"]) for runs in seeds if {SPREAD_RUN, "stock"} <= set(runs)]
+        spread = max(spread_gaps) if spread_gaps else None
+        experiment = f"{model} ({layers}), {batch} x {length}, {steps} steps, {device}"
+        for name in dict.fromkeys(name for runs in seeds for name in runs):
+            f = _figures(name, [runs for runs in seeds if name in runs])
+            within = "" if f["max_gap"] is None or spread is None else ("yes" if f["max_gap"] <= spread else "no")
+            lines.append(f"| {experiment} | {name} | {f['seeds']} | {_cell(f['tokens_per_s'], ',.0f')} | "
+                         f"{_cell(f['vs_stock'], '.2f')} | {_cell(f['mfu'], '.3f')} | {_cell(f['peak_gb'], '.1f')} | "
+                         f"{_cell(f['peak_vs_stock'], '.2f')} | {_cell(f['experts_share'], '.2f')} | "
+                         f"{_cell(f['final_loss'], '.4f')} | {_cell(f['max_gap'], '.4f')} | {within} |")
+        lines.append(f"| {experiment} | bf16 spread: {SPREAD_RUN}'s max gap over {len(spread_gaps)} seeds | | | | | | | | | "
+                     f"{_cell(spread, '.4f')} | |")
+    return "\n".join(lines)
