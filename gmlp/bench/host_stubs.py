@@ -18,6 +18,9 @@ import torch
 from gmlp.contract.gate_up import GateUp
 from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.dispatch.sites import Op, Site
+from gmlp.fp8_blockwise import layout
+from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor, FP8BlockwiseWeightPair
 from gmlp.mxfp8.buffers import compact_buffers, empty_quantize
 from gmlp.mxfp8.recipe import MXFP8Recipe
 from gmlp.mxfp8.spec import ElementFormat
@@ -44,6 +47,69 @@ def _both_ways(values: torch.Tensor, recipe: MXFP8Recipe, split_sizes: torch.Ten
     """(rowwise, columnwise) MXFP8 tensors of an epilogue's quantized output, unwritten."""
     buffers = compact_buffers(values.shape[0], values.shape[1], split_sizes.numel(), fmt, values.device)
     return buffers.tensors(False, fmt, recipe.scale_mode, split_sizes)
+
+
+def _blockwise_both_ways(rows: int, cols: int, split_sizes: torch.Tensor, fmt: ElementFormat, pow2: bool, *,
+                         rowwise: bool = True, columnwise: bool = True) -> FP8BlockwiseQuantized:
+    """A blockwise quantization of a (rows, cols) token operand, its buffers unwritten."""
+    row_data, row_scales, col_data, col_scales = both_ways_buffers(
+        rows, cols, split_sizes.numel(), fmt, split_sizes.device, rowwise=rowwise, columnwise=columnwise)
+    recipe = (fmt, pow2, split_sizes)
+    return FP8BlockwiseQuantized(
+        None if row_data is None else FP8BlockwiseTensor(row_data, row_scales, BlockShape.ROWWISE, *recipe),
+        None if col_data is None else FP8BlockwiseTensor(col_data, col_scales, BlockShape.COLUMNWISE, *recipe, rows))
+
+
+def _tiles(shape: tuple[int, ...], fmt: ElementFormat, pow2: bool, device: torch.device) -> FP8BlockwiseTensor:
+    """A weight's 128 x 128 tiles, unwritten."""
+    return FP8BlockwiseTensor(torch.empty(shape, dtype=fmt.torch_dtype, device=device),
+                              torch.empty(layout.weight_scale_shape(shape), dtype=torch.float32, device=device),
+                              BlockShape.TILE, fmt, pow2)
+
+
+def _blockwise_weights(w: torch.Tensor, *, element_format: ElementFormat, power_of_two: bool, transposed: bool = False,
+                       both_orientations: bool = False) -> FP8BlockwiseTensor | FP8BlockwiseWeightPair:
+    """The stub of ``Op.BLOCKWISE_WEIGHTS``: W's tiles, W^T's, or both."""
+    flipped = (*w.shape[:-2], w.shape[-1], w.shape[-2])
+    if both_orientations:
+        return FP8BlockwiseWeightPair(_tiles(tuple(w.shape), element_format, power_of_two, w.device),
+                                      _tiles(flipped, element_format, power_of_two, w.device))
+    return _tiles(flipped if transposed else tuple(w.shape), element_format, power_of_two, w.device)
+
+
+def _blockwise_stub(op: Op, args: tuple, kwargs: dict):
+    """The stub of an FP8 blockwise op (``Op.BLOCKWISE_*``)."""
+    if op is Op.BLOCKWISE_WEIGHTS:
+        return _blockwise_weights(*args, **kwargs)
+    if op is Op.BLOCKWISE_QUANTIZE:
+        x = args[0]
+        return _blockwise_both_ways(*x.shape, kwargs["split_sizes"], kwargs["element_format"], kwargs["power_of_two"],
+                                    rowwise=kwargs["rowwise"], columnwise=kwargs["columnwise"])
+    if op is Op.BLOCKWISE_FC1:
+        x, w1, split_sizes = args[:3]
+        tokens, ffn = x.source_shape[0], kwargs["ffn_hidden_size"]
+        c = torch.empty(tokens, w1.data.shape[1], dtype=torch.bfloat16, device=split_sizes.device)
+        a = _blockwise_both_ways(tokens, ffn, split_sizes, ElementFormat.E4M3, kwargs["power_of_two"])
+        return FC1Output(c=c, a=None, a_rowwise=a.rowwise, a_columnwise=a.columnwise)
+    if op is Op.BLOCKWISE_GEMM:
+        a, b, split_sizes = args[:3]
+        return torch.empty(a.source_shape[0], b.data.shape[1], dtype=torch.bfloat16, device=split_sizes.device)
+    if op is Op.BLOCKWISE_FC2_DGRAD:
+        _, _, c, split_sizes = args[:4]
+        probs = kwargs.get("probs")
+        dprobs = None if probs is None else torch.empty(c.shape[0], dtype=torch.float32, device=c.device)
+        db1 = (torch.empty(split_sizes.numel(), c.shape[1], dtype=torch.float32, device=c.device)
+               if kwargs.get("bias_grad") else None)
+        dh = _blockwise_both_ways(*c.shape, split_sizes, kwargs["grad_format"], kwargs["power_of_two"])
+        return FC2DgradOutput(dprobs=dprobs, dh=None, db1=db1, dh_rowwise=dh.rowwise, dh_columnwise=dh.columnwise)
+    if op is Op.BLOCKWISE_WGRAD:
+        a, b, split_sizes = args[:3]
+        out = kwargs.get("out")
+        if out is not None:
+            return out
+        return torch.empty(split_sizes.numel(), a.source_shape[1], b.source_shape[1],
+                           dtype=kwargs.get("out_dtype", torch.float32), device=split_sizes.device)
+    raise NotImplementedError(f"no stub for {op}")
 
 
 def stub(site: Site, path, capability) -> Callable:
@@ -96,7 +162,7 @@ def stub(site: Site, path, capability) -> Callable:
         if op is Op.SEGMENT_SUM:
             values, starts = args[:2]
             return torch.empty(starts.numel() - 1, values.shape[1], dtype=torch.float32, device=values.device)
-        raise NotImplementedError(f"no stub for {op}")
+        return _blockwise_stub(op, args, kwargs)
 
     return run
 

@@ -419,7 +419,8 @@ def test_reduce_overhead_records_a_failed_compile_and_times_one_that_runs(monkey
         "reason": "needs CUDA (CUDA graphs)"}
 
 
-@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None], ids=["mxfp8", "bf16"])
+@pytest.mark.parametrize("recipe", [gmlp.MXFP8Recipe(), None, gmlp.FP8BlockwiseRecipe()],
+                         ids=["mxfp8", "bf16", "fp8-blockwise"])
 def test_stubbed_ops_give_the_real_ops_shapes(recipe):
     """``--paths stub``: a layer step with every op stubbed returns what the real step returns
     (outputs and gradients of the same shapes and dtypes) and leaves the real ops in place after."""
@@ -427,9 +428,10 @@ def test_stubbed_ops_give_the_real_ops_shapes(recipe):
     from gmlp.layer import steps
 
     real = steps.implementation
-    mlp = gmlp.GroupedMLP(4, 64, 64, recipe=recipe, bias=True)
+    size = 128 if isinstance(recipe, gmlp.FP8BlockwiseRecipe) else 64  # its 128-element blocks
+    mlp = gmlp.GroupedMLP(4, size, size, recipe=recipe, bias=True)
     split_sizes = torch.tensor([10, 0, 22, 32])
-    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(64, size, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(64, requires_grad=True)
 
     def step():
