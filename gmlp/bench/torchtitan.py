@@ -73,7 +73,7 @@ from gmlp.bench.torchtitan_models import (
     registry_spec,
     resolve_layers,
 )
-from gmlp.bench.torchtitan_report import plot, plot_seeds, summary, table
+from gmlp.bench.torchtitan_report import bars, plot, plot_seeds, summary, table
 
 RUNS = {
     "stock": [],
@@ -316,7 +316,8 @@ def main(argv: list[str]) -> None:
                         help="FSDP2 with bf16 parameters (torchtitan's default); --no-fsdp trains in fp32")
     parser.add_argument("--plot", type=pathlib.Path, nargs="+", default=None,
                         help="only plot results JSON: one file's curves beside it, or several seeds' gaps (--plot-out)")
-    parser.add_argument("--plot-out", type=pathlib.Path, default=None, help="the PNG of several --plot files")
+    parser.add_argument("--plot-out", type=pathlib.Path, default=None,
+                        help="the PNG of several --plot files' gaps, or of --table's ratios to stock")
     parser.add_argument("--table", type=pathlib.Path, nargs="+", default=None,
                         help="only print the markdown table of results JSON (runs of one model and seed may be in "
                              "several files; seeds are averaged, their spread judges the loss gaps)")
@@ -326,6 +327,8 @@ def main(argv: list[str]) -> None:
     use_cold_cache(args.cold_cache)
     if args.table is not None:
         print(table(args.table))
+        if args.plot_out is not None:
+            print(bars(args.table, args.plot_out))
         return
     if args.plot is not None:
         if len(args.plot) == 1:

@@ -186,3 +186,30 @@ def table(paths: list[pathlib.Path]) -> str:
         lines.append(f"| {experiment} | bf16 spread: {SPREAD_RUN}'s max gap over {len(spread_gaps)} seeds | | | | | | | | | "
                      f"{_cell(spread, '.4f')} | |")
     return "\n".join(lines)
+
+
+def bars(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
+    """Per experiment (a panel pair), each run's tokens/s and peak memory as ratios of stock's,
+    averaged over seeds as ``table`` does: the picture of the table's two ratio columns."""
+    plt = _pyplot()
+    experiments = _seed_runs(paths)
+    every_run = dict.fromkeys(name for by_seed in experiments.values() for runs in by_seed.values() for name in runs)
+    colors = {name: f"C{index}" for index, name in enumerate(every_run)}  # a run's color in every panel
+    figure, axes = plt.subplots(len(experiments), 2, figsize=(11, 3.2 * len(experiments) + 0.4), squeeze=False)
+    for (speed, memory), ((model, layers, batch, length, steps, device), by_seed) in zip(axes, experiments.items()):
+        seeds = list(by_seed.values())
+        names = [name for name in dict.fromkeys(name for runs in seeds for name in runs) if name != "stock"]
+        figures = [_figures(name, [runs for runs in seeds if name in runs]) for name in names]
+        for axis, key, label in ((speed, "vs_stock", "tokens/s / stock's"), (memory, "peak_vs_stock", "peak memory / stock's")):
+            values = [f[key] or 0.0 for f in figures]
+            axis.barh(names, values, color=[colors[name] for name in names])
+            for y, value in enumerate(values):
+                axis.text(value, y, f" {value:.2f}", va="center", fontsize=8)
+            axis.axvline(1.0, color="gray", linewidth=0.8)
+            axis.set_xlabel(label)
+            axis.invert_yaxis()
+        speed.set_title(f"{model}, {layers} blocks, {batch} x {length} tokens, {steps} steps, {device}", fontsize=9,
+                        loc="left")
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    return out
