@@ -57,9 +57,21 @@ class LayerPlan:
     # site -> how its SM90 kernel launches (its knobs and where they come from), for the sites on the SM90 kernels
     launch_notes: dict[str, str] = dataclasses.field(default_factory=dict)
     blockwise: bool = False  # the FP8 blockwise recipe's step sequence (``BLOCKWISE_SITES``)
+    # (site name, lookup) -> the function ``function`` returned: the layer asks at every op call
+    _functions: dict[tuple[str, Callable], Callable] = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                                                         compare=False)
 
     def path(self, site: str) -> Path:
         return self.decisions[site].path
+
+    def function(self, site: str, lookup: Callable = implementation) -> Callable:
+        """The function that runs site ``site`` on its path: ``lookup(Site, path, capability)``
+        (``implementation``, or a stand-in with its signature), asked once per site and lookup."""
+        key = (site, lookup)
+        found = self._functions.get(key)
+        if found is None:
+            found = self._functions[key] = lookup(self.site(site), self.path(site), self.capability)
+        return found
 
     def site(self, name: str) -> Site:
         """The site ``name`` of this plan's step sequence (its op differs between recipes)."""

@@ -25,8 +25,6 @@ CPU the check is free and always raises ``ValueError``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor
 from torch._functorch.utils import unwrap_dead_wrappers
@@ -65,6 +63,11 @@ def _structure_key(config: str, sm100: bool, probs: Tensor | None) -> tuple:
     """What the layout of the forward's state depends on: the config, the composition, whether
     there are probs (not the sizes: the state holds tensors and size-free constants only)."""
     return config, sm100, probs is not None
+
+
+def _as_dtype(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    """``tensor.to(dtype)``, skipped where it has that dtype (the call costs host time even then)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _capturing() -> bool:
@@ -135,23 +138,26 @@ def _forward_impl(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tens
     """[y, *the forward's state] (``gmlp.layer.steps`` or the SM100 composition, as planned)."""
     layer = decode_config(config)
     plan = _plan(layer, x, split_sizes, w1, w2)
-    y, saved, kept = _forward_steps(layer, plan, x, split_sizes, probs, w1, w3, b1, w2, b2, reused)
+    y, saved, kept = _forward_steps(layer, plan, x, split_sizes, probs, w1, w3, b1, w2, b2, reused,
+                                    active_cross_check())
     state, spec = flatten((saved, kept), [x, split_sizes, probs, w1, w3, b1, w2, b2, *reused])
     _remember_spec(_structure_key(config, plan.sm100, probs), spec)
-    return [y.to(x.dtype), *state]
+    return [_as_dtype(y, x.dtype), *state]
 
 
 def _forward_steps(layer: LayerConfig, plan, x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor,
-                   w3: Tensor | None, b1: Tensor | None, w2: Tensor, b2: Tensor | None, reused: list[Tensor]) -> tuple:
+                   w3: Tensor | None, b1: Tensor | None, w2: Tensor, b2: Tensor | None, reused: list[Tensor],
+                   settings: CrossCheckSettings | None) -> tuple:
     """(y, what the backward needs, the quantized weights kept for later forwards or None): the
-    split check, then ``gmlp.layer.steps`` or the SM100 composition, as ``plan`` says."""
+    split check, then ``gmlp.layer.steps`` or the SM100 composition, as ``plan`` says;
+    ``settings``: the cross-check's, or None."""
     # the step sequence reads the prefix sums at every op; the SM100 composition groups padded rows itself
     groups = None if plan.sm100 else _step_groups(split_sizes, x.shape[0])
     validate_split_sizes(split_sizes, x.shape[0], groups)
     if groups is not None:  # bad sizes have raised, or the stream stops at their assert before any kernel
-        groups = dataclasses.replace(groups, checked=True)
+        groups = DeviceGroups(groups.row_start, groups.tile_start, groups.block_start, groups.valid, checked=True)
     reused_weights = unflatten(_spec((_KEPT_KEY, plan.sm100, layer.recipe)), reused, []) if reused else None
-    run = _runner(layer, plan, split_sizes, reused_weights, active_cross_check())
+    run = _runner(layer, plan, split_sizes, reused_weights, settings)
     args = (run, x, split_sizes, probs, _w1_operand(layer, w1, w3), b1, w2, b2, layer.activation, layer.recipe)
     if plan.sm100:
         y, saved = sm100_forward(*args)
@@ -229,13 +235,13 @@ def _backward_steps(dy: Tensor, inputs: list[Tensor | None], saved, layer: Layer
         into = (w1_into, main_grads[3])
     backward = sm100_backward if plan.sm100 else blockwise_backward if plan.blockwise else grouped_mlp_backward
     grads = backward(run, dy.contiguous(), saved, layer.activation, layer.recipe, weight_dtype, into)
-    out = [grads.dx.to(x.dtype)]
+    out = [_as_dtype(grads.dx, x.dtype)]
     if probs is not None:
-        out.append(grads.dprobs.to(probs.dtype))
+        out.append(_as_dtype(grads.dprobs, probs.dtype))
     dw1, dw3 = _w1_grads(layer.gate_up, grads.dw1)
     params = ((w1, dw1), (w3, dw3), (b1, grads.db1), (w2, grads.dw2), (b2, grads.db2))
     if main_grads is None:
-        return out + [grad.to(param.dtype) for param, grad in params if param is not None]
+        return out + [_as_dtype(grad, param.dtype) for param, grad in params if param is not None]
     for main_grad, (param, grad) in zip(main_grads, params):
         if param is not None and grad is not main_grad:  # not already added by the backward itself
             main_grad.add_(grad)  # fp32 accumulation
@@ -355,15 +361,16 @@ class _EagerGroupedMLP(torch.autograd.Function):
     def forward(ctx, x, split_sizes, probs, w1, w3, b1, w2, b2, config):
         layer = decode_config(config)
         plan = _plan(layer, x, split_sizes, w1, w2)
-        y, saved, _ = _forward_steps(layer, plan, x, split_sizes, probs, w1, w3, b1, w2, b2, [])
+        settings = active_cross_check()
+        y, saved, _ = _forward_steps(layer, plan, x, split_sizes, probs, w1, w3, b1, w2, b2, [], settings)
         inputs = [x, split_sizes, probs, w1, w3, b1, w2, b2]
         state, spec = flatten(saved, inputs, traced=True)  # the inputs found by identity, the rest saved as is
         ctx.save_for_backward(*inputs, *state)
         ctx.layer, ctx.plan, ctx.spec = layer, plan, spec
         ctx.set_materialize_grads(False)
         ctx.main_grads = _main_grads(layer, (w1, w3, b1, w2, b2))
-        ctx.cross_check = active_cross_check()  # the forward's settings, for a backward in autograd's thread
-        return y.to(x.dtype)
+        ctx.cross_check = settings  # the forward's settings, for a backward in autograd's thread
+        return _as_dtype(y, x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -404,15 +411,17 @@ def grouped_mlp(x: Tensor, split_sizes: Tensor, probs: Tensor | None, w1: Tensor
 
 def _apply(*args) -> tuple:
     """The layer's autograd call: ``_GroupedMLPFunction.apply(*args)`` traced or under a torch.func
-    transform; in eager mode ``_EagerGroupedMLP`` (no weight cache, real tensors), else the call
-    ``Function.apply`` makes after binding the arguments to ``forward``'s signature
-    (``inspect.signature`` on every call, about 30 us of host time, binding nothing here: no
-    defaults, no keywords)."""
+    transform; in eager mode ``_EagerGroupedMLP`` (no weight cache, real tensors), else
+    ``_GroupedMLPFunction``. In eager mode each is called as ``Function.apply`` calls it without
+    transforms, minus its Python: for ``_GroupedMLPFunction`` the binding of the arguments to
+    ``forward``'s signature (``inspect.signature`` on every call, about 30 us of host time, binding
+    nothing here: no defaults, no keywords), for both its checks (about 6 us)."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return _GroupedMLPFunction.apply(*args)
     x, reused, config = args[0], args[8], args[9]
     if not (x.is_meta or reused or decode_config(config).weight_cache is not None):
-        return (_EagerGroupedMLP.apply(*args[:8], config),)
+        eager_args = unwrap_dead_wrappers((*args[:8], config))
+        return (super(torch.autograd.Function, _EagerGroupedMLP).apply(*eager_args),)
     return super(torch.autograd.Function, _GroupedMLPFunction).apply(*unwrap_dead_wrappers(args))
 
 

@@ -49,18 +49,30 @@ def _storage_key(tensor: torch.Tensor) -> tuple | None:
     return tensor.get_device(), tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
 
 
-# class -> its field names, None for a class that is not a dataclass (dataclasses.fields builds a
-# tuple on every call, is_dataclass looks the class up: the walk meets the same few classes each step)
-_FIELDS: dict[type, tuple[str, ...] | None] = {}
+# How the tree walks treat an instance of a class: a tensor, a dataclass (its field names), a dict, a
+# tuple or list, or a constant. Worked out once per class (``dataclasses.fields`` builds a tuple on
+# every call, ``is_dataclass`` looks the class up: the walks meet the same few classes each step).
+_TENSOR, _DICT, _SEQUENCE, _CONSTANT = "tensor", "dict", "sequence", "constant"
+_KINDS: dict[type, str | tuple[str, ...]] = {}
 
 
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    """The field names of a dataclass ``cls``, or None for any other class."""
-    try:
-        return _FIELDS[cls]
-    except KeyError:
-        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
-        return names
+def _kind(cls: type) -> str | tuple[str, ...]:
+    """How the walks treat an instance of ``cls``: ``_TENSOR``, a dataclass's field names,
+    ``_DICT``, ``_SEQUENCE`` or ``_CONSTANT``."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if issubclass(cls, torch.Tensor):
+            kind = _TENSOR
+        elif dataclasses.is_dataclass(cls):
+            kind = tuple(f.name for f in dataclasses.fields(cls))
+        elif issubclass(cls, dict):
+            kind = _DICT
+        elif issubclass(cls, (tuple, list)):
+            kind = _SEQUENCE
+        else:
+            kind = _CONSTANT
+        _KINDS[cls] = kind
+    return kind
 
 
 def _view_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -101,27 +113,29 @@ def flatten(tree: Any, inputs: list[torch.Tensor | None], traced: bool = False) 
 # that reference cycle would keep the state's tensors alive until the cyclic garbage collector ran.
 def _spec_of(node: Any, slot) -> Any:
     """``node`` with each tensor replaced by ``slot(tensor)`` and each dataclass by a ``_Node``."""
-    if isinstance(node, torch.Tensor):
+    kind = _kind(type(node))
+    if kind is _TENSOR:
         return slot(node)
-    names = _field_names(type(node))
-    if names is not None:  # a dataclass instance
-        return _Node(type(node), {name: _spec_of(getattr(node, name), slot) for name in names})
-    if isinstance(node, dict):
+    if kind is _CONSTANT:
+        return node
+    if kind is _DICT:
         return {key: _spec_of(value, slot) for key, value in node.items()}
-    if isinstance(node, (tuple, list)):
+    if kind is _SEQUENCE:
         return type(node)(_spec_of(value, slot) for value in node)
-    return node
+    return _Node(type(node), {name: _spec_of(getattr(node, name), slot) for name in kind})  # a dataclass
 
 
 def unflatten(spec: Spec, outputs: list[torch.Tensor], inputs: list[torch.Tensor | None]) -> Any:
     """The tree ``flatten`` described, from the op's ``outputs`` and ``inputs``."""
-    if isinstance(spec, _Slot):
+    cls = type(spec)
+    if cls is _Slot:
         base = (outputs if spec.source == "output" else inputs)[spec.index]
         return base if spec.view is None else base.as_strided(*spec.view)
-    if isinstance(spec, _Node):
+    if cls is _Node:
         return spec.cls(**{name: unflatten(value, outputs, inputs) for name, value in spec.fields.items()})
-    if isinstance(spec, dict):
+    kind = _kind(cls)
+    if kind is _DICT:
         return {key: unflatten(value, outputs, inputs) for key, value in spec.items()}
-    if isinstance(spec, (tuple, list)):
+    if kind is _SEQUENCE:
         return type(spec)(unflatten(value, outputs, inputs) for value in spec)
     return spec

@@ -71,7 +71,7 @@ class OpRunner:
         return self.kept_weights is not None or bool(self.reused_weights)
 
     def __call__(self, site: str, *args, **kwargs):
-        run = implementation(self.plan.site(site), self.plan.path(site), self.plan.capability)
+        run = self.plan.function(site, implementation)
         if self.check is None:
             return _naming_site(site, run, args, kwargs)
         # an accumulating output (main_grad; a pair of them for W1's gate and up) is copied
