@@ -163,15 +163,18 @@ class GroupedMLP(nn.Module):
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
                 f"activation={self.activation.name}, bias={self.b1 is not None}, {recipe}")
 
-    def _check_inputs(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None) -> None:
+    def _check_inputs(self, x: torch.Tensor, split_sizes: torch.Tensor, probs: torch.Tensor | None,
+                      w1: torch.Tensor) -> None:
+        """Raise for inputs the layer cannot take; ``w1`` is ``self.w1`` (read once by the caller: a
+        parameter's attribute lookup goes through ``nn.Module.__getattr__``, microseconds each)."""
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
             raise ValueError(f"x must be a (T, hidden_size={self.hidden_size}) tensor, got {getattr(x, 'shape', type(x))}")
         if self.recipe is not None:
-            _check_mxfp8_dtype(self.w1.dtype)  # the parameters may have been cast since
-        if x.dtype != self.w1.dtype:
-            raise TypeError(f"x must have the parameters' dtype {self.w1.dtype}, got {x.dtype=}")
-        if x.device != self.w1.device:
-            raise ValueError(f"x must be on the parameters' device {self.w1.device}, got {x.device=}")
+            _check_mxfp8_dtype(w1.dtype)  # the parameters may have been cast since
+        if x.dtype != w1.dtype:
+            raise TypeError(f"x must have the parameters' dtype {w1.dtype}, got {x.dtype=}")
+        if x.device != w1.device:
+            raise ValueError(f"x must be on the parameters' device {w1.device}, got {x.device=}")
         if not isinstance(split_sizes, torch.Tensor) or split_sizes.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"split_sizes must be an int32/int64 tensor of shape (num_experts,), got {split_sizes!r}")
         if split_sizes.shape != (self.num_experts,):
@@ -232,7 +235,8 @@ class GroupedMLP(nn.Module):
         if self.accumulate_main_grad and torch.compiler.is_compiling():
             _refuse_under_compile("gmlp: accumulate_main_grad under torch.compile: the backward adds into main_grad "
                                   "tensors outside the graph; run the layer eagerly with it")
-        self._check_inputs(x, split_sizes, probs)
+        w1, w2 = self.w1, self.w2
+        self._check_inputs(x, split_sizes, probs, w1)
         if weight_cache not in WEIGHT_CACHE_MODES:
             raise ValueError(f"weight_cache must be None, 'update' or 'reuse', got {weight_cache!r}")
         if weight_cache is not None and torch.compiler.is_compiling():
@@ -246,14 +250,14 @@ class GroupedMLP(nn.Module):
         x = x.contiguous()
         probs = probs.contiguous() if probs is not None else None
         if weight_cache is None:
-            return autograd.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config)[0]
+            return autograd.grouped_mlp(x, split_sizes, probs, w1, self.b1, w2, self.b2, config)[0]
         plan = cached_plan(decode_config(config), x.shape[0], self.num_experts, self.hidden_size,
-                           self.ffn_hidden_size, self.w1.dtype, x.dtype, x.device)
+                           self.ffn_hidden_size, w1.dtype, x.dtype, x.device)
         key = self._weight_cache_key(weight_cache, plan)
         reused = self._kept_weights.tensors if weight_cache == "reuse" else None
-        outputs = autograd.grouped_mlp(x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2, config, reused)
+        outputs = autograd.grouped_mlp(x, split_sizes, probs, w1, self.b1, w2, self.b2, config, reused)
         if weight_cache == "update":
-            tensors, _ = autograd.kept_weights(outputs, config, x, split_sizes, probs, self.w1, self.b1, self.w2, self.b2)
+            tensors, _ = autograd.kept_weights(outputs, config, x, split_sizes, probs, w1, self.b1, w2, self.b2)
             self._kept_weights = _KeptWeights(key, tensors, self._weight_versions())
         return outputs[0]
 

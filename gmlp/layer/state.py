@@ -113,7 +113,7 @@ def flatten(tree: Any, inputs: list[torch.Tensor | None], traced: bool = False) 
 # that reference cycle would keep the state's tensors alive until the cyclic garbage collector ran.
 def _spec_of(node: Any, slot) -> Any:
     """``node`` with each tensor replaced by ``slot(tensor)`` and each dataclass by a ``_Node``."""
-    kind = _kind(type(node))
+    kind = _KINDS.get(type(node)) or _kind(type(node))  # the lookup inline: once per node of every step
     if kind is _TENSOR:
         return slot(node)
     if kind is _CONSTANT:
@@ -133,7 +133,7 @@ def unflatten(spec: Spec, outputs: list[torch.Tensor], inputs: list[torch.Tensor
         return base if spec.view is None else base.as_strided(*spec.view)
     if cls is _Node:
         return spec.cls(**{name: unflatten(value, outputs, inputs) for name, value in spec.fields.items()})
-    kind = _kind(cls)
+    kind = _KINDS.get(cls) or _kind(cls)
     if kind is _DICT:
         return {key: unflatten(value, outputs, inputs) for key, value in spec.items()}
     if kind is _SEQUENCE:
