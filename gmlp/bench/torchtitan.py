@@ -326,7 +326,10 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     use_cold_cache(args.cold_cache)
     if args.table is not None:
-        print(table(args.table))
+        try:
+            print(table(args.table))
+        except ValueError as error:
+            parser.error(str(error))
         if args.plot_out is not None:
             print(bars(args.table, args.plot_out))
         return

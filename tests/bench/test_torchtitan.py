@@ -88,7 +88,8 @@ def _results(seed: int, runs: dict, window: int = 2) -> dict:
     """A results file's fields that ``--table`` reads, one experiment (debug model, CPU)."""
     return {"settings": {"model": "debug", "layers_built": 8, "batch": 1, "seq_len": 64, "steps": 4, "seed": seed,
                          "window": window},
-            "environment": {"device": "cpu"}, "runs": runs}
+            "environment": {"device": "cpu", "commit": "0123456789", "nvidia-cutlass-dsl": "not installed"},
+            "runs": runs}
 
 
 def _run(losses: list[float], tokens_per_s: float, peak: float | None = 2.0, share: float | None = 0.5) -> dict:
