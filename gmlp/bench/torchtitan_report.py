@@ -17,21 +17,29 @@ def moving_gap(losses: list[float], stock: list[float], window: int) -> list[flo
     return [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
 
 
+def final_loss(losses: list[float], window: int) -> float:
+    """The mean loss over the last ``window`` steps (over the steps there are, when fewer)."""
+    tail = losses[-window:]
+    return sum(tail) / len(tail)
+
+
+def max_gap(losses: list[float], stock: list[float], window: int) -> float:
+    """The largest distance from stock of the loss's mean over a moving ``window`` (0 for a run
+    shorter than the window)."""
+    return max((abs(d) for d in moving_gap(losses, stock, window)), default=0.0)
+
+
 def summary(runs: dict, window: int) -> dict:
     """Each run's mean loss over the last ``window`` steps, its largest distance from stock (the
     mean over a moving ``window``), and tokens/s as a ratio of stock's."""
     stock = runs.get("stock")
     out = {}
-
-    def final_loss(losses: list[float]) -> float:  # over the steps there are, when fewer than the window
-        return sum(losses[-window:]) / len(losses[-window:])
-
     for name, run in runs.items():
         losses = run["loss"]
-        entry = {"final_loss": final_loss(losses)}
+        entry = {"final_loss": final_loss(losses, window)}
         if stock is not None:
-            entry["max_moving_gap_to_stock"] = max((abs(d) for d in moving_gap(losses, stock["loss"], window)), default=0.0)
-            entry["final_gap_to_stock_relative"] = entry["final_loss"] / final_loss(stock["loss"]) - 1
+            entry["max_moving_gap_to_stock"] = max_gap(losses, stock["loss"], window)
+            entry["final_gap_to_stock_relative"] = entry["final_loss"] / final_loss(stock["loss"], window) - 1
             entry["tokens_per_s_vs_stock"] = run["tokens_per_s"] / stock["tokens_per_s"]
         out[name] = entry
     return out
@@ -135,15 +143,6 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values and None not in values else None
 
 
-def _final_loss(run: dict) -> float:
-    tail = run["loss"][-run["window"]:]
-    return sum(tail) / len(tail)
-
-
-def _max_gap(run: dict, stock: dict) -> float:
-    return max(abs(d) for d in moving_gap(run["loss"], stock["loss"], run["window"]))
-
-
 def _figures(name: str, seeds: list[dict]) -> dict:
     """Run ``name``'s figures over the seeds that have it (``seeds``: each seed's runs)."""
     with_stock = [runs for runs in seeds if "stock" in runs]
@@ -151,13 +150,15 @@ def _figures(name: str, seeds: list[dict]) -> dict:
     stock_tokens = _mean([runs["stock"]["tokens_per_s"] for runs in with_stock])
     peak = _mean([runs[name]["peak_memory_gb"] for runs in seeds])
     stock_peak = _mean([runs["stock"]["peak_memory_gb"] for runs in with_stock])
-    gaps = [_max_gap(runs[name], runs["stock"]) for runs in with_stock if name != "stock"]
+    gaps = [max_gap(runs[name]["loss"], runs["stock"]["loss"], runs[name]["window"])
+            for runs in with_stock if name != "stock"]
     return {"seeds": len(seeds), "tokens_per_s": tokens,
             "vs_stock": tokens / stock_tokens if tokens and stock_tokens else None,
             "mfu": _mean([runs[name].get("mfu") for runs in seeds]), "peak_gb": peak,
             "peak_vs_stock": peak / stock_peak if peak and stock_peak else None,
             "experts_share": _mean([(runs[name].get("profile") or {}).get("experts_share") for runs in seeds]),
-            "final_loss": _mean([_final_loss(runs[name]) for runs in seeds]), "max_gap": max(gaps) if gaps else None}
+            "final_loss": _mean([final_loss(runs[name]["loss"], runs[name]["window"]) for runs in seeds]),
+            "max_gap": max(gaps) if gaps else None}
 
 
 def _cell(value: float | None, pattern: str) -> str:
@@ -175,7 +176,8 @@ def table(paths: list[pathlib.Path]) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for (model, layers, batch, length, steps, device, code), by_seed in _seed_runs(paths).items():
         seeds = list(by_seed.values())
-        spread_gaps = [_max_gap(runs[SPREAD_RUN], runs["stock"]) for runs in seeds if {SPREAD_RUN, "stock"} <= set(runs)]
+        spread_gaps = [max_gap(runs[SPREAD_RUN]["loss"], runs["stock"]["loss"], runs["stock"]["window"])
+                       for runs in seeds if {SPREAD_RUN, "stock"} <= set(runs)]
         spread = max(spread_gaps) if spread_gaps else None
         experiment = f"{model} ({layers}), {batch} x {length}, {steps} steps, {device}, gmlp {code}"
         for name in dict.fromkeys(name for runs in seeds for name in runs):
