@@ -19,7 +19,7 @@ from gmlp.contract.gate_up import GateUp
 from gmlp.contract.outputs import FC1Output, FC2DgradOutput
 from gmlp.dispatch.sites import Op, Site
 from gmlp.fp8_blockwise import layout
-from gmlp.fp8_blockwise.buffers import both_ways_buffers
+from gmlp.fp8_blockwise.buffers import as_quantized, both_ways_buffers
 from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8BlockwiseTensor, FP8BlockwiseWeightPair
 from gmlp.mxfp8.buffers import compact_buffers, empty_quantize
 from gmlp.mxfp8.recipe import MXFP8Recipe
@@ -52,12 +52,9 @@ def _both_ways(values: torch.Tensor, recipe: MXFP8Recipe, split_sizes: torch.Ten
 def _blockwise_both_ways(rows: int, cols: int, split_sizes: torch.Tensor, fmt: ElementFormat, pow2: bool, *,
                          rowwise: bool = True, columnwise: bool = True) -> FP8BlockwiseQuantized:
     """A blockwise quantization of a (rows, cols) token operand, its buffers unwritten."""
-    row_data, row_scales, col_data, col_scales = both_ways_buffers(
-        rows, cols, split_sizes.numel(), fmt, split_sizes.device, rowwise=rowwise, columnwise=columnwise)
-    recipe = (fmt, pow2, split_sizes)
-    return FP8BlockwiseQuantized(
-        None if row_data is None else FP8BlockwiseTensor(row_data, row_scales, BlockShape.ROWWISE, *recipe),
-        None if col_data is None else FP8BlockwiseTensor(col_data, col_scales, BlockShape.COLUMNWISE, *recipe, rows))
+    buffers = both_ways_buffers(rows, cols, split_sizes.numel(), fmt, split_sizes.device, rowwise=rowwise,
+                                columnwise=columnwise)
+    return as_quantized(buffers, fmt, pow2, split_sizes, rows)
 
 
 def _tiles(shape: tuple[int, ...], fmt: ElementFormat, pow2: bool, device: torch.device) -> FP8BlockwiseTensor:

@@ -11,7 +11,7 @@ from gmlp.fp8_blockwise.tensor import BlockShape, FP8BlockwiseQuantized, FP8Bloc
 from gmlp.mxfp8.routing import DeviceGroups, poison_scales_if_invalid
 from gmlp.mxfp8.spec import ElementFormat
 
-__all__ = ["both_ways_buffers", "no_token_columnwise", "wrap_both_ways"]
+__all__ = ["both_ways_buffers", "no_token_columnwise", "wrap_both_ways", "as_quantized"]
 
 
 def both_ways_buffers(rows: int, cols: int, experts: int, element_format: ElementFormat, device: torch.device, *,
@@ -45,10 +45,17 @@ def wrap_both_ways(buffers: tuple[torch.Tensor | None, ...], groups: DeviceGroup
     """``both_ways_buffers``' four tensors, written by a kernel, as an ``FP8BlockwiseQuantized``
     of a ``rows``-token source (None for an orientation not asked for); every scale NaN where the
     split sizes are invalid (checked on the device, no host sync)."""
-    row_data, row_scales, col_data, col_scales = buffers
-    for scales in (row_scales, col_scales):
+    for scales in (buffers[1], buffers[3]):
         if scales is not None:
             poison_scales_if_invalid(scales, groups, poison=float("nan"))
+    return as_quantized(buffers, element_format, power_of_two, split_sizes, rows)
+
+
+def as_quantized(buffers: tuple[torch.Tensor | None, ...], element_format: ElementFormat, power_of_two: bool,
+                 split_sizes: torch.Tensor | None, rows: int) -> FP8BlockwiseQuantized:
+    """``both_ways_buffers``' four tensors as an ``FP8BlockwiseQuantized`` of a ``rows``-token
+    source (None for an orientation not asked for), as they are."""
+    row_data, row_scales, col_data, col_scales = buffers
     recipe = (element_format, power_of_two, split_sizes)
     return FP8BlockwiseQuantized(
         None if row_data is None else FP8BlockwiseTensor(row_data, row_scales, BlockShape.ROWWISE, *recipe),
