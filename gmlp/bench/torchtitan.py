@@ -228,22 +228,31 @@ class MarkovTokens:
 
 
 def optimizer_and_schedule(model, args):
-    """AdamW with torchtitan's default settings (``default_adamw``) and a linear warm-up."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    """AdamW with torchtitan's default settings (``default_adamw``, and its default
+    ``implementation="fused"``: one kernel per tensor group, where torch's own default, foreach,
+    passes over the states several times) and a linear warm-up."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                  fused=True)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
 
 
-def training_step(model, optimizer, schedule, tokens: torch.Tensor) -> torch.Tensor:
-    """One step on ``tokens`` (batch, seq_len + 1): next-token cross-entropy, clipped AdamW; the loss."""
-    positions = torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)  # one document each
-    logits = model(tokens[:, :-1], positions=positions)
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-    loss.backward()
+def training_step(model, optimizer, schedule, tokens: torch.Tensor, micro_batch: int) -> torch.Tensor:
+    """One step on ``tokens`` (rows, seq_len + 1) in micro-batches of ``micro_batch`` rows, their
+    gradients accumulated as torchtitan's trainer accumulates them (each micro-batch's mean
+    next-token cross-entropy over their count), then clipped AdamW; the step's mean loss."""
+    chunks = tokens.split(micro_batch)
+    total = None
+    for chunk in chunks:
+        positions = torch.arange(chunk.shape[1] - 1, device=chunk.device).expand(chunk.shape[0], -1)  # one document each
+        logits = model(chunk[:, :-1], positions=positions)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten()) / len(chunks)
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     schedule.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return total
 
 
 def profiled_kernels(step: Callable[[], object], device: torch.device) -> list[tuple[str, float]]:
@@ -267,7 +276,7 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     ``args.profile_steps`` more steps (on the last batches again) profiled: the experts' share of
     their kernels' time by ``EXPERT_KERNELS[name]`` (see ``torchtitan_models.expert_share``)."""
     optimizer, schedule = optimizer_and_schedule(model, args)
-    losses, tokens_per_step = [], args.batch * args.seq_len
+    losses, tokens_per_step = [], args.batch * args.accumulate * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
     first_step_s = None
     start = first_start = time.perf_counter()
@@ -275,7 +284,7 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
         if step == timed_from:
             synchronize(data.device)
             start = time.perf_counter()
-        loss = training_step(model, optimizer, schedule, data.batch(step))
+        loss = training_step(model, optimizer, schedule, data.batch(step), args.batch)
         losses.append(loss)
         if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
             synchronize(data.device)
@@ -287,7 +296,8 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     timed_steps = args.steps - timed_from
     peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None
     batches = [data.batch(args.steps - 1 - i) for i in range(min(args.profile_steps, args.steps))]
-    kernels = profiled_kernels(lambda: [training_step(model, optimizer, schedule, b) for b in batches], data.device)
+    kernels = profiled_kernels(lambda: [training_step(model, optimizer, schedule, b, args.batch) for b in batches],
+                               data.device)
     return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
             "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "peak_memory_gb": peak,
             "profile": {"steps": len(batches), **expert_share(kernels, EXPERT_KERNELS[name])} if batches else None}
@@ -307,6 +317,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="micro-batches of --batch x --seq-len per optimizer step (torchtitan's gradient "
+                             "accumulation); one GPU with K of them gives the optimizer the share of the step it has "
+                             "on K GPUs sharding the model (FSDP)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
@@ -345,6 +359,8 @@ def main(argv: list[str]) -> None:
     unknown = [name for name in names if name not in KNOWN_RUNS]
     if unknown:
         parser.error(f"--runs: unknown {unknown}; known are {KNOWN_RUNS}")
+    if args.accumulate < 1:
+        parser.error(f"--accumulate: expected 1 or more, got {args.accumulate}")
     if args.profile_steps < 0:
         parser.error(f"--profile-steps: expected 0 or more, got {args.profile_steps}")
     shims = torch_shims()  # before torchtitan's model packages are imported
@@ -362,7 +378,7 @@ def main(argv: list[str]) -> None:
     counts, flops_per_token = meta_counts(args.model, layers, args.seq_len)
     stock_state = {k: v.cpu() for k, v in build_model([], device, None, args.seed, **shape).state_dict().items()}
     vocab = min(registry_spec(args.model).model.vocab_size, CHAIN_VOCAB)
-    data = MarkovTokens(vocab, args.steps, args.batch, args.seq_len, args.seed, device)
+    data = MarkovTokens(vocab, args.steps, args.batch * args.accumulate, args.seq_len, args.seed, device)
     print(f"token source: {vocab} tokens, {SUCCESSORS} successors each, entropy {data.entropy:.4f} nats", flush=True)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     results = PartialResults(f"torchtitan-{device_label(device)}" if device.type == "cuda" else "torchtitan-cpu-smoke",

@@ -260,20 +260,35 @@ EXPERT_KERNELS = {
 }
 
 
+# The rest of a step's kernels by what they do (re.search, the first that matches; the experts'
+# own pattern goes first): what bounds the step where the experts do not.
+STEP_PARTS = {
+    "optimizer": r"multi_tensor_apply|lpnorm",  # AdamW (fused or foreach) and the gradient-norm clip
+    # FSDP2 on one GPU: the bf16 casts of the parameters, the all-gather's and reduce-scatter's copies
+    "copies": r"Memcpy|copy_kernel|chunk_cat|split_with_sizes",
+    "attention": r"flash|fmha|sdpa|attention",
+    "other GEMMs": r"nvjet|gemm|Gemm|cutlass|xmma",
+}
+
+
 def expert_share(kernels: list[tuple[str, float]], pattern: str, top: int = 15) -> dict:
     """Split kernels' (name, device ms) into the experts' (name matching ``pattern``) and the
-    rest: the experts' share of their sum, and the ``top`` kernels by time with their class, so
-    that a reader can check the split by name.
+    rest: the experts' share of their sum, each part's ms (the experts, then ``STEP_PARTS``, then
+    "other"), and the ``top`` kernels by time with their class, so that a reader can check the
+    split by name.
 
     Limits: a split by kernel name, so the experts' kernels that a pattern does not name (stock's
     SiLU and multiply, torch copies inside gmlp's torch code, torchtitan's permutation and
     combine around either) count as the rest, and the share is of kernel time, not of the step's
     wall time (idle GPU time, where the host sets the pace, is in neither)."""
     expression = re.compile(pattern)
-    experts = sum(ms for name, ms in kernels if expression.search(name))
-    total = sum(ms for _, ms in kernels)
+    parts = {"experts": expression, **{part: re.compile(rule) for part, rule in STEP_PARTS.items()}}
+    parts_ms = dict.fromkeys([*parts, "other"], 0.0)
+    for name, ms in kernels:
+        parts_ms[next((part for part, rule in parts.items() if rule.search(name)), "other")] += ms
+    experts, total = parts_ms["experts"], sum(parts_ms.values())
     ranked = sorted(kernels, key=lambda kernel: kernel[1], reverse=True)[:top]
     return {"pattern": pattern, "experts_ms": experts, "kernels_ms": total,
-            "experts_share": experts / total if total else None,
+            "experts_share": experts / total if total else None, "parts_ms": parts_ms,
             "top_kernels": [{"name": name[:120], "ms": ms, "experts": bool(expression.search(name))}
                             for name, ms in ranked]}

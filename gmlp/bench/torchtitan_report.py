@@ -116,10 +116,15 @@ def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
 
 def _model_key(results: dict) -> tuple:
     """What makes two results files the same experiment but for the seed and the runs in them:
-    the model, its blocks, batch x length, steps, the device, and gmlp's commit with its kernels."""
+    the model, its blocks, the tokens of a step (batch x length, times the micro-batches where
+    gradients accumulate), steps, the device, and gmlp's commit with its kernels."""
     settings, env = results["settings"], results["environment"]
-    return (settings.get("model", "debug"), settings.get("layers_built"), settings["batch"], settings["seq_len"],
-            settings["steps"], env["device"], f"{env['commit'][:7]}, {_kernels(results)}")
+    tokens = f"{settings['batch']} x {settings['seq_len']}"
+    micro_batches = settings.get("accumulate", 1)  # files before --accumulate: one batch a step
+    if micro_batches > 1:
+        tokens += f" x {micro_batches} micro-batches"
+    return (settings.get("model", "debug"), settings.get("layers_built"), tokens, settings["steps"], env["device"],
+            f"{env['commit'][:7]}, {_kernels(results)}")
 
 
 def _seed_runs(paths: list[pathlib.Path]) -> dict[tuple, dict[int, dict]]:
@@ -166,7 +171,7 @@ def _cell(value: float | None, pattern: str) -> str:
 
 
 def table(paths: list[pathlib.Path]) -> str:
-    """A markdown table of results files: per experiment (model, blocks, batch x length, steps,
+    """A markdown table of results files: per experiment (model, blocks, tokens of a step, steps,
     device, gmlp's commit and kernels) and run, over the seeds that have it: the mean tokens/s and its ratio to stock's, MFU,
     peak memory and its ratio to stock's, the experts' share of the profiled kernel time, the
     final loss, and the largest moving gap to stock; then the bf16 spread, the largest gap of
@@ -174,12 +179,12 @@ def table(paths: list[pathlib.Path]) -> str:
     lines = ["| experiment: model (blocks), tokens, steps, device, gmlp | run | seeds | tokens/s | vs stock | MFU | peak GB | vs stock | "
              "experts' share | final loss | max gap to stock | within the bf16 spread |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for (model, layers, batch, length, steps, device, code), by_seed in _seed_runs(paths).items():
+    for (model, layers, tokens, steps, device, code), by_seed in _seed_runs(paths).items():
         seeds = list(by_seed.values())
         spread_gaps = [max_gap(runs[SPREAD_RUN]["loss"], runs["stock"]["loss"], runs["stock"]["window"])
                        for runs in seeds if {SPREAD_RUN, "stock"} <= set(runs)]
         spread = max(spread_gaps) if spread_gaps else None
-        experiment = f"{model} ({layers}), {batch} x {length}, {steps} steps, {device}, gmlp {code}"
+        experiment = f"{model} ({layers}), {tokens}, {steps} steps, {device}, gmlp {code}"
         for name in dict.fromkeys(name for runs in seeds for name in runs):
             f = _figures(name, [runs for runs in seeds if name in runs])
             within = "" if f["max_gap"] is None or spread is None else ("yes" if f["max_gap"] <= spread else "no")
@@ -200,7 +205,7 @@ def bars(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     every_run = dict.fromkeys(name for by_seed in experiments.values() for runs in by_seed.values() for name in runs)
     colors = {name: f"C{index}" for index, name in enumerate(every_run)}  # a run's color in every panel
     figure, axes = plt.subplots(len(experiments), 2, figsize=(11, 3.2 * len(experiments) + 0.4), squeeze=False)
-    for (speed, memory), ((model, layers, batch, length, steps, device, code), by_seed) in zip(axes, experiments.items()):
+    for (speed, memory), ((model, layers, tokens, steps, device, code), by_seed) in zip(axes, experiments.items()):
         seeds = list(by_seed.values())
         names = [name for name in dict.fromkeys(name for runs in seeds for name in runs) if name != "stock"]
         figures = [_figures(name, [runs for runs in seeds if name in runs]) for name in names]
@@ -212,7 +217,7 @@ def bars(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
             axis.axvline(1.0, color="gray", linewidth=0.8)
             axis.set_xlabel(label)
             axis.invert_yaxis()
-        speed.set_title(f"{model}, {layers} blocks, {batch} x {length} tokens, {steps} steps, {device}, gmlp {code}",
+        speed.set_title(f"{model}, {layers} blocks, {tokens} tokens, {steps} steps, {device}, gmlp {code}",
                         fontsize=9, loc="left")
     figure.tight_layout()
     figure.savefig(out, dpi=120)

@@ -77,11 +77,29 @@ def test_a_training_step_lowers_the_loss_and_a_cpu_profile_has_no_kernels():
     tokens = torch.randint(8, (2, 17))
     with torch.no_grad():
         want = torch.nn.functional.cross_entropy(model.table(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-    first = training_step(model, optimizer, schedule, tokens)
+    first = training_step(model, optimizer, schedule, tokens, micro_batch=2)
     assert first == want  # the next-token loss of the weights before the step
-    assert training_step(model, optimizer, schedule, tokens) < first
+    assert training_step(model, optimizer, schedule, tokens, micro_batch=2) < first
     assert all(p.grad is None for p in model.parameters())  # zeroed for the next step
-    assert profiled_kernels(lambda: training_step(model, optimizer, schedule, tokens), torch.device("cpu")) == []
+    assert profiled_kernels(lambda: training_step(model, optimizer, schedule, tokens, 2), torch.device("cpu")) == []
+
+
+def test_a_step_in_micro_batches_is_the_step_on_their_rows_together():
+    """Gradient accumulation: micro-batches of equal size, each loss over their count, give the
+    whole batch's mean loss and gradient (float64, so only the sums' order rounds)."""
+    tokens = torch.randint(8, (4, 17), generator=torch.Generator().manual_seed(1))
+    steps = {}
+    for micro_batch in (4, 1):
+        torch.manual_seed(0)
+        model = _Bigram(8).double()
+        initial = model.table.weight.detach().clone()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        steps[micro_batch] = training_step(model, optimizer, schedule, tokens, micro_batch), model.table.weight
+        assert not torch.equal(model.table.weight, initial)  # the step moved the weights
+    (whole_loss, whole_weight), (micro_loss, micro_weight) = steps[4], steps[1]
+    torch.testing.assert_close(micro_loss, whole_loss)
+    torch.testing.assert_close(micro_weight, whole_weight)
 
 
 def _results(seed: int, runs: dict, window: int = 2) -> dict:
@@ -130,3 +148,16 @@ def test_the_table_refuses_a_run_twice_for_one_seed(tmp_path):
         (tmp_path / name).write_text(json.dumps(_results(0, {"stock": _run([1.0, 1.0], 1.0)})))
     with pytest.raises(ValueError, match=r"run 'stock' of seed 0 is in two files .*b.json"):
         table(sorted(tmp_path.glob("*.json")))
+
+
+def test_the_table_keeps_micro_batched_steps_apart_and_names_them(tmp_path):
+    from gmlp.bench.torchtitan_report import table
+
+    accumulated = _results(0, {"stock": _run([1.0, 1.0], 8.0)})
+    accumulated["settings"]["accumulate"] = 8
+    (tmp_path / "one.json").write_text(json.dumps(_results(0, {"stock": _run([1.0, 1.0], 1.0)})))
+    (tmp_path / "eight.json").write_text(json.dumps(accumulated))  # the same run and seed: another experiment
+    experiments = [line.split("|")[1].strip() for line in table(sorted(tmp_path.glob("*.json"))).splitlines()[2:]
+                   if "spread" not in line]
+    assert sorted(experiments) == ["debug (8), 1 x 64 x 8 micro-batches, 4 steps, cpu, gmlp 0123456, Triton only",
+                                   "debug (8), 1 x 64, 4 steps, cpu, gmlp 0123456, Triton only"]

@@ -182,6 +182,26 @@ def test_expert_share_splits_kernels_by_name():
     assert set(EXPERT_KERNELS) == {*RUNS, "torchao-fp8-rowwise"}
 
 
+def test_expert_share_parts_the_rest_of_the_step_by_what_its_kernels_do():
+    kernels = [("kernel_cutlass_kernel_gmlpcutedslsm90fc1FC1ForwardSm90_object_at__FC1Args", 4.0),
+               ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+                "namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor", 8.0),
+               ("void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float>", 0.5),
+               ("Memcpy DtoD (Device -> Device)", 2.0),
+               ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda", 1.0),
+               ("void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>", 1.0),
+               ("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", 3.0),
+               ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", 5.0),
+               ("void at::native::index_elementwise_kernel<128, 4>", 0.5)]
+    share = expert_share(kernels, EXPERT_KERNELS["gmlp-bf16"])
+    assert share["parts_ms"] == {"experts": 4.0, "optimizer": 8.5, "copies": 4.0, "attention": 3.0,
+                                 "other GEMMs": 5.0, "other": 0.5}
+    assert share["kernels_ms"] == sum(share["parts_ms"].values()) == 25.0
+    # the experts' pattern goes first: torch's grouped GEMM is stock's experts, not "other GEMMs"
+    stock = expert_share([("cutlass::GemmUniversal<GroupProblemShape>", 2.0)], EXPERT_KERNELS["stock"])
+    assert stock["parts_ms"]["experts"] == 2.0 and stock["parts_ms"]["other GEMMs"] == 0.0
+
+
 def test_deepseeks_attention_and_shared_experts_train_with_the_overrides(monkeypatch):
     """DeepSeek-V3's block (MLA: q/k head dim 192, v 128; shared experts; a dense first block) at
     torchtitan's debug size: the causal SDPA core and gmlp's bf16 experts give stock's loss."""
