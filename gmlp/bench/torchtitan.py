@@ -73,7 +73,7 @@ from gmlp.bench.torchtitan_models import (
     registry_spec,
     resolve_layers,
 )
-from gmlp.bench.torchtitan_report import bars, plot, plot_seeds, summary, table
+from gmlp.bench.torchtitan_report import bars, parts_table, plot, plot_seeds, summary, table
 
 RUNS = {
     "stock": [],
@@ -342,8 +342,11 @@ def main(argv: list[str]) -> None:
     if args.table is not None:
         try:
             print(table(args.table))
+            parts = parts_table(args.table)
         except ValueError as error:
             parser.error(str(error))
+        if parts is not None:
+            print(f"\nWhere the profiled steps go:\n\n{parts}")
         if args.plot_out is not None:
             print(bars(args.table, args.plot_out))
         return

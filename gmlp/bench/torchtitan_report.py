@@ -197,6 +197,31 @@ def table(paths: list[pathlib.Path]) -> str:
     return "\n".join(lines)
 
 
+def parts_table(paths: list[pathlib.Path]) -> str | None:
+    """A markdown table of where each run's profiled step goes (its ``parts_ms``: the experts, the
+    optimizer, copies, attention, other GEMMs, the rest), ms per step averaged over the seeds,
+    each part's share of the kernel time in brackets; None when no run has them (files before
+    313eaed recorded the experts' split alone)."""
+    lines = []
+    for (model, layers, tokens, steps, device, code), by_seed in _seed_runs(paths).items():
+        seeds = list(by_seed.values())
+        for name in dict.fromkeys(name for runs in seeds for name in runs):
+            profiles = [runs[name]["profile"] for runs in seeds if name in runs and runs[name].get("profile")]
+            if not profiles or any("parts_ms" not in profile for profile in profiles):
+                continue
+            parts = {part: _mean([profile["parts_ms"][part] / profile["steps"] for profile in profiles])
+                     for part in profiles[0]["parts_ms"]}
+            total = sum(parts.values())
+            if not lines:
+                lines = [f"| experiment | run | step ms | {' | '.join(parts)} |",
+                         "| --- | --- | ---: |" + " ---: |" * len(parts)]
+            step_ms = _mean([runs[name]["step_ms"] for runs in seeds if name in runs])
+            cells = " | ".join(f"{ms:.1f} ({ms / total:.0%})" if total else f"{ms:.1f}" for ms in parts.values())
+            lines.append(f"| {model} ({layers}), {tokens}, {device}, gmlp {code} | {name} | {_cell(step_ms, '.1f')} | "
+                         f"{cells} |")
+    return "\n".join(lines) if lines else None
+
+
 def bars(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     """Per experiment (a panel pair), each run's tokens/s and peak memory as ratios of stock's,
     averaged over seeds as ``table`` does: the picture of the table's two ratio columns."""

@@ -161,3 +161,22 @@ def test_the_table_keeps_micro_batched_steps_apart_and_names_them(tmp_path):
                    if "spread" not in line]
     assert sorted(experiments) == ["debug (8), 1 x 64 x 8 micro-batches, 4 steps, cpu, gmlp 0123456, Triton only",
                                    "debug (8), 1 x 64, 4 steps, cpu, gmlp 0123456, Triton only"]
+
+
+def test_the_parts_table_averages_each_part_per_step_over_seeds_and_skips_runs_without_parts(tmp_path):
+    from gmlp.bench.torchtitan_report import parts_table
+
+    def parted(step_ms: float, experts: float, optimizer: float) -> dict:
+        run = _run([1.0, 1.0], 1.0)
+        run["step_ms"] = step_ms
+        run["profile"] = {"steps": 2, "experts_share": 0.5,
+                          "parts_ms": {"experts": 2 * experts, "optimizer": 2 * optimizer, "other": 0.0}}
+        return run
+
+    (tmp_path / "old.json").write_text(json.dumps(_results(0, {"stock": _run([1.0, 1.0], 1.0)})))
+    assert parts_table([tmp_path / "old.json"]) is None  # a file from before parts_ms
+    (tmp_path / "s0.json").write_text(json.dumps(_results(0, {"gmlp-bf16": parted(10.0, 1.0, 3.0)})))
+    (tmp_path / "s1.json").write_text(json.dumps(_results(1, {"gmlp-bf16": parted(12.0, 3.0, 5.0)})))
+    lines = parts_table(sorted(tmp_path.glob("s*.json"))).splitlines()
+    assert lines[0] == "| experiment | run | step ms | experts | optimizer | other |"
+    assert lines[2].endswith("| gmlp-bf16 | 11.0 | 2.0 (33%) | 4.0 (67%) | 0.0 (0%) |")
