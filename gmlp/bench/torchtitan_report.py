@@ -200,8 +200,8 @@ def table(paths: list[pathlib.Path]) -> str:
 def parts_table(paths: list[pathlib.Path]) -> str | None:
     """A markdown table of where each run's profiled step goes (its ``parts_ms``: the experts, the
     optimizer, copies, attention, other GEMMs, the rest), ms per step averaged over the seeds,
-    each part's share of the kernel time in brackets; None when no run has them (files before
-    313eaed recorded the experts' split alone)."""
+    each part's share of the kernel time in brackets; None when no run has them (older files
+    recorded the experts' split alone)."""
     lines = []
     for (model, layers, tokens, steps, device, code), by_seed in _seed_runs(paths).items():
         seeds = list(by_seed.values())
