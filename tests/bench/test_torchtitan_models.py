@@ -244,4 +244,4 @@ def test_the_torchao_run_trains_a_step_on_a_gpu():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     tokens = torch.randint(2048, (2, 257), device=device)
-    assert torch.isfinite(training_step(model, optimizer, schedule, tokens))
+    assert torch.isfinite(training_step(model, optimizer, schedule, tokens, micro_batch=2))
