@@ -73,7 +73,7 @@ from gmlp.bench.torchtitan_models import (
     registry_spec,
     resolve_layers,
 )
-from gmlp.bench.torchtitan_report import bars, parts_table, plot, plot_seeds, summary, table
+from gmlp.bench.torchtitan_report import bars, curves, parts_table, plot, plot_seeds, summary, table
 
 RUNS = {
     "stock": [],
@@ -335,10 +335,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--table", type=pathlib.Path, nargs="+", default=None,
                         help="only print the markdown table of results JSON (runs of one model and seed may be in "
                              "several files; seeds are averaged, their spread judges the loss gaps)")
+    parser.add_argument("--curves-out", type=pathlib.Path, default=None,
+                        help="with --table: the PNG of each experiment's loss curves and gaps to stock, per seed")
     add_out_argument(parser)
     add_cold_cache_argument(parser)
     args = parser.parse_args(argv)
     use_cold_cache(args.cold_cache)
+    if args.curves_out is not None and args.table is None:
+        parser.error("--curves-out draws the files of --table; expected --table FILE ...")
     if args.table is not None:
         try:
             print(table(args.table))
@@ -349,6 +353,8 @@ def main(argv: list[str]) -> None:
             print(f"\nWhere the profiled steps go:\n\n{parts}")
         if args.plot_out is not None:
             print(bars(args.table, args.plot_out))
+        if args.curves_out is not None:
+            print(curves(args.table, args.curves_out))
         return
     if args.plot is not None:
         if len(args.plot) == 1:
@@ -387,7 +393,7 @@ def main(argv: list[str]) -> None:
     results = PartialResults(f"torchtitan-{device_label(device)}" if device.type == "cuda" else "torchtitan-cpu-smoke",
                              args.out)
     record = {"environment": environment(device),
-              "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "out")},
+              "settings": {**{k: v for k, v in vars(args).items() if k not in ("plot", "plot_out", "curves_out", "out")},
                            "flavor": describe(args.model), "layers_built": len(counts.layers),
                            "total_params": counts.total, "active_params": counts.active,
                            "flops_per_token": flops_per_token, "chain_vocab": vocab, "attention_core": ATTENTION,

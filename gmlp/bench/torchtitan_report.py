@@ -11,10 +11,14 @@ from collections import defaultdict
 SPREAD_RUN = "torchtitan-fused"  # stock's model rounded differently: its gap to stock is the bf16 noise
 
 
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """The means over ``window`` steps ending at steps window-1, window, ..."""
+    return [sum(values[i:i + window]) / window for i in range(len(values) - window + 1)]
+
+
 def moving_gap(losses: list[float], stock: list[float], window: int) -> list[float]:
     """loss - stock loss, each the mean over ``window`` steps ending at steps window-1, window, ..."""
-    diffs = [a - b for a, b in zip(losses, stock)]
-    return [sum(diffs[i:i + window]) / window for i in range(len(diffs) - window + 1)]
+    return moving_mean([a - b for a, b in zip(losses, stock)], window)
 
 
 def final_loss(losses: list[float], window: int) -> float:
@@ -244,6 +248,39 @@ def bars(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
             axis.invert_yaxis()
         speed.set_title(f"{model}, {layers} blocks, {tokens} tokens, {steps} steps, {device}, gmlp {code}",
                         fontsize=9, loc="left")
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def curves(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
+    """Per experiment and seed (a panel pair), the loss of every run gathered from ``paths`` (a
+    moving mean over the window, log scale) and its gap to stock's: ``table``'s loss columns as a
+    picture, for runs kept one side per file."""
+    plt = _pyplot()
+    panels = [(key, seed, runs) for key, by_seed in _seed_runs(paths).items() for seed, runs in sorted(by_seed.items())]
+    every_run = dict.fromkeys(name for _, _, runs in panels for name in runs)
+    colors = {name: f"C{index}" for index, name in enumerate(every_run)}  # a run's color in every panel
+    figure, axes = plt.subplots(2 * len(panels), 1, figsize=(9, 5.2 * len(panels) + 0.4),
+                                height_ratios=[2, 1] * len(panels), squeeze=False)
+    for index, ((model, layers, tokens, steps, device, code), seed, runs) in enumerate(panels):
+        losses, gaps = axes[2 * index, 0], axes[2 * index + 1, 0]
+        for name, run in runs.items():
+            window = run["window"]
+            smoothed = moving_mean(run["loss"], window)
+            steps_axis = range(window - 1, window - 1 + len(smoothed))
+            losses.plot(steps_axis, smoothed, label=name, linewidth=1, color=colors[name])
+            if name != "stock" and "stock" in runs:
+                gaps.plot(steps_axis, moving_gap(run["loss"], runs["stock"]["loss"], window), linewidth=1,
+                          color=colors[name])
+        losses.set_yscale("log")
+        losses.set_ylabel("loss (nats), moving mean")
+        losses.set_title(f"{model}, {layers} blocks, {tokens} tokens, seed {seed}, {device}, gmlp {code}", fontsize=9,
+                         loc="left")
+        losses.legend(fontsize=8)
+        gaps.axhline(0, color="gray", linewidth=0.5)
+        gaps.set_ylabel("loss - stock")
+        gaps.set_xlabel("step")
     figure.tight_layout()
     figure.savefig(out, dpi=120)
     return out

@@ -116,7 +116,7 @@ def _run(losses: list[float], tokens_per_s: float, peak: float | None = 2.0, sha
 
 
 def test_the_table_gathers_runs_of_one_experiment_from_several_files_and_judges_gaps_by_the_spread(tmp_path):
-    from gmlp.bench.torchtitan_report import bars, table
+    from gmlp.bench.torchtitan_report import bars, curves, table
 
     stock = [2.0, 1.0, 1.0, 1.0]
     files = {"seed0-stock-fused.json": _results(0, {"stock": _run(stock, 100.0),
@@ -138,6 +138,7 @@ def test_the_table_gathers_runs_of_one_experiment_from_several_files_and_judges_
     assert rows["torchtitan-fused"][11] == "yes" and rows["stock"][11] == ""
     assert cells[-1][1] == "bf16 spread: torchtitan-fused's max gap over 2 seeds" and cells[-1][10] == "0.1000"
     assert bars(sorted(tmp_path.glob("*.json")), tmp_path / "bars.png").stat().st_size > 0
+    assert curves(sorted(tmp_path.glob("*.json")), tmp_path / "curves.png").stat().st_size > 0
     assert rows["stock"][5] == "n/a"  # no MFU on a CPU
 
 
