@@ -276,14 +276,16 @@ def test_mxfp8_weights_of_another_dtype_are_refused():
         experts(torch.zeros(3, 64), torch.tensor([1, 2]))
 
 
-def _per_expert_failures(device: torch.device, dim: int, hidden: int, counts: list[int]) -> dict:
+def _per_expert_failures(device: torch.device, dim: int, hidden: int, counts: list[int],
+                         strict: bool | None = None) -> dict:
     """gmlp's bf16 experts against stock's on the same bf16 weights, input and output gradient,
     expert by expert: each expert's rows of the output and of dx, and its three weight gradients,
     beyond the bf16 bounds of ``test_bf16_moe_matches_the_stock_experts`` (a failure of one expert
-    cannot hide in the others' norm); an empty expert's weight gradients must be zeros."""
+    cannot hide in the others' norm); an empty expert's weight gradients must be zeros. ``strict``:
+    gmlp raises where it would fall back to a slower path than the device's own."""
     config = GroupedExperts.Config(dim=dim, hidden_dim=hidden, num_experts=len(counts))
     with torch.device(device):
-        stock, mine = config.build(), gmlp_experts(config, recipe="bf16").build()
+        stock, mine = config.build(), gmlp_experts(config, recipe="bf16", strict=strict).build()
     with torch.no_grad():
         for seed, name in enumerate(("w1_EFD", "w2_EDF", "w3_EFD")):
             generator = torch.Generator(device=device).manual_seed(seed)
@@ -332,6 +334,6 @@ _MIXTRAL_ROUTINGS = {"balanced": [1024] * 8, "skewed": [0, 5120, 1536, 0, 1024, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("routing", list(_MIXTRAL_ROUTINGS))
 def test_bf16_experts_match_stock_expert_by_expert_at_mixtrals_shape_on_a_gpu(routing):
-    """The SM90 kernels at their tuned Mixtral launch options, W1's gate and up stored apart as
-    torchtitan keeps them."""
-    assert _per_expert_failures(torch.device("cuda"), 4096, 14336, _MIXTRAL_ROUTINGS[routing]) == {}
+    """The SM90 kernels at their tuned Mixtral launch options (strict: no fallback to Triton), W1's
+    gate and up stored apart as torchtitan keeps them."""
+    assert _per_expert_failures(torch.device("cuda"), 4096, 14336, _MIXTRAL_ROUTINGS[routing], strict=True) == {}
