@@ -99,10 +99,9 @@ def plot_seeds(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     plt = _pyplot()
     figure, axes = plt.subplots(len(paths), 1, figsize=(9, 2.4 * len(paths) + 0.6), sharex=True, sharey=True,
                                 squeeze=False)
-    names = sorted({name for path in paths for name in json.loads(path.read_text())["runs"]})
-    colors = {name: f"C{index}" for index, name in enumerate(names)}  # one color per run in every panel
-    for axis, path in zip(axes[:, 0], paths):
-        results = json.loads(path.read_text())
+    every_results = [json.loads(path.read_text()) for path in paths]
+    colors = _colors([results["runs"] for results in every_results])
+    for axis, path, results in zip(axes[:, 0], paths, every_results):
         runs, window = results["runs"], results["settings"]["window"]
         for name, run in runs.items():
             if name != "stock":
@@ -152,6 +151,16 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values and None not in values else None
 
 
+def _run_names(seeds: list[dict]) -> list[str]:
+    """The runs of ``seeds`` (each seed's runs by name), each once, in the order first met."""
+    return list(dict.fromkeys(name for runs in seeds for name in runs))
+
+
+def _colors(seeds: list[dict]) -> dict[str, str]:
+    """A color per run of ``seeds``, the same in every panel of a figure."""
+    return {name: f"C{index}" for index, name in enumerate(_run_names(seeds))}
+
+
 def _figures(name: str, seeds: list[dict]) -> dict:
     """Run ``name``'s figures over the seeds that have it (``seeds``: each seed's runs)."""
     with_stock = [runs for runs in seeds if "stock" in runs]
@@ -189,7 +198,7 @@ def table(paths: list[pathlib.Path]) -> str:
                        for runs in seeds if {SPREAD_RUN, "stock"} <= set(runs)]
         spread = max(spread_gaps) if spread_gaps else None
         experiment = f"{model} ({layers}), {tokens}, {steps} steps, {device}, gmlp {code}"
-        for name in dict.fromkeys(name for runs in seeds for name in runs):
+        for name in _run_names(seeds):
             f = _figures(name, [runs for runs in seeds if name in runs])
             within = "" if f["max_gap"] is None or spread is None else ("yes" if f["max_gap"] <= spread else "no")
             lines.append(f"| {experiment} | {name} | {f['seeds']} | {_cell(f['tokens_per_s'], ',.0f')} | "
@@ -209,7 +218,7 @@ def parts_table(paths: list[pathlib.Path]) -> str | None:
     lines = []
     for (model, layers, tokens, steps, device, code), by_seed in _seed_runs(paths).items():
         seeds = list(by_seed.values())
-        for name in dict.fromkeys(name for runs in seeds for name in runs):
+        for name in _run_names(seeds):
             profiles = [runs[name]["profile"] for runs in seeds if name in runs and runs[name].get("profile")]
             if not profiles or any("parts_ms" not in profile for profile in profiles):
                 continue
@@ -231,12 +240,11 @@ def bars(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     averaged over seeds as ``table`` does: the picture of the table's two ratio columns."""
     plt = _pyplot()
     experiments = _seed_runs(paths)
-    every_run = dict.fromkeys(name for by_seed in experiments.values() for runs in by_seed.values() for name in runs)
-    colors = {name: f"C{index}" for index, name in enumerate(every_run)}  # a run's color in every panel
+    colors = _colors([runs for by_seed in experiments.values() for runs in by_seed.values()])
     figure, axes = plt.subplots(len(experiments), 2, figsize=(11, 3.2 * len(experiments) + 0.4), squeeze=False)
     for (speed, memory), ((model, layers, tokens, steps, device, code), by_seed) in zip(axes, experiments.items()):
         seeds = list(by_seed.values())
-        names = [name for name in dict.fromkeys(name for runs in seeds for name in runs) if name != "stock"]
+        names = [name for name in _run_names(seeds) if name != "stock"]
         figures = [_figures(name, [runs for runs in seeds if name in runs]) for name in names]
         for axis, key, label in ((speed, "vs_stock", "tokens/s / stock's"), (memory, "peak_vs_stock", "peak memory / stock's")):
             values = [f[key] or 0.0 for f in figures]
@@ -259,8 +267,7 @@ def curves(paths: list[pathlib.Path], out: pathlib.Path) -> pathlib.Path:
     picture, for runs kept one side per file."""
     plt = _pyplot()
     panels = [(key, seed, runs) for key, by_seed in _seed_runs(paths).items() for seed, runs in sorted(by_seed.items())]
-    every_run = dict.fromkeys(name for _, _, runs in panels for name in runs)
-    colors = {name: f"C{index}" for index, name in enumerate(every_run)}  # a run's color in every panel
+    colors = _colors([runs for _, _, runs in panels])
     figure, axes = plt.subplots(2 * len(panels), 1, figsize=(9, 5.2 * len(panels) + 0.4),
                                 height_ratios=[2, 1] * len(panels), squeeze=False)
     for index, ((model, layers, tokens, steps, device, code), seed, runs) in enumerate(panels):

@@ -45,7 +45,8 @@ def wrap_both_ways(buffers: tuple[torch.Tensor | None, ...], groups: DeviceGroup
     """``both_ways_buffers``' four tensors, written by a kernel, as an ``FP8BlockwiseQuantized``
     of a ``rows``-token source (None for an orientation not asked for); every scale NaN where the
     split sizes are invalid (checked on the device, no host sync)."""
-    for scales in (buffers[1], buffers[3]):
+    _, row_scales, _, col_scales = buffers
+    for scales in (row_scales, col_scales):
         if scales is not None:
             poison_scales_if_invalid(scales, groups, poison=float("nan"))
     return as_quantized(buffers, element_format, power_of_two, split_sizes, rows)
