@@ -33,6 +33,14 @@ def max_gap(losses: list[float], stock: list[float], window: int) -> float:
     return max((abs(d) for d in moving_gap(losses, stock, window)), default=0.0)
 
 
+def halfway_step(losses: list[float], stock: list[float], window: int) -> int | None:
+    """The first step at which the loss's mean over a moving ``window`` (the window's last step) is
+    at or below halfway from stock's first window mean to its last: how soon a run learns, where a
+    model's loss sits on a plateau and leaves it at a step of its own (None: never)."""
+    level = (final_loss(stock[:window], window) + final_loss(stock, window)) / 2
+    return next((step + window - 1 for step, mean in enumerate(moving_mean(losses, window)) if mean <= level), None)
+
+
 def summary(runs: dict, window: int) -> dict:
     """Each run's mean loss over the last ``window`` steps, its largest distance from stock (the
     mean over a moving ``window``), and tokens/s as a ratio of stock's."""
@@ -130,6 +138,17 @@ def _model_key(results: dict) -> tuple:
             f"{env['commit'][:7]}, {_kernels(results)}")
 
 
+def _run_label(name: str, results: dict) -> str:
+    """A gmlp run's name with the gmlp settings its process ran under (``GMLP_*`` variables but the
+    commit: a forced backend, launch knobs, the cross-check), so that a variant sits beside the
+    plain run of its experiment instead of colliding with it; other runs' names as they are."""
+    settings = {key: value for key, value in results["environment"].get("gmlp_settings", {}).items()
+                if key != "GMLP_COMMIT"}
+    if not name.startswith("gmlp-") or not settings:
+        return name
+    return f"{name} [{', '.join(f'{key}={value}' for key, value in sorted(settings.items()))}]"
+
+
 def _seed_runs(paths: list[pathlib.Path]) -> dict[tuple, dict[int, dict]]:
     """Each experiment's runs per seed, gathered from files that may each hold some of them (one
     run per process, the same seed, starts from the same weights and sees the same tokens); a run
@@ -138,7 +157,8 @@ def _seed_runs(paths: list[pathlib.Path]) -> dict[tuple, dict[int, dict]]:
     for path in paths:
         results = json.loads(path.read_text())
         runs = experiments[_model_key(results)][results["settings"]["seed"]]
-        for name, run in results["runs"].items():
+        for run_name, run in results["runs"].items():
+            name = _run_label(run_name, results)
             if name in runs:
                 raise ValueError(f"--table: run {name!r} of seed {results['settings']['seed']} is in two files "
                                  f"(the second: {path}); expected each once")
@@ -179,6 +199,13 @@ def _figures(name: str, seeds: list[dict]) -> dict:
             "max_gap": max(gaps) if gaps else None}
 
 
+def _halfway_steps(name: str, by_seed: dict[int, dict]) -> str:
+    """Run ``name``'s ``halfway_step`` in each seed that has it and stock, "seed: step" ("-": never)."""
+    steps = {seed: halfway_step(runs[name]["loss"], runs["stock"]["loss"], runs[name]["window"])
+             for seed, runs in sorted(by_seed.items()) if {name, "stock"} <= set(runs)}
+    return ", ".join(f"{seed}: {'-' if step is None else step}" for seed, step in steps.items())
+
+
 def _cell(value: float | None, pattern: str) -> str:
     return "n/a" if value is None else format(value, pattern)
 
@@ -187,11 +214,13 @@ def table(paths: list[pathlib.Path]) -> str:
     """A markdown table of results files: per experiment (model, blocks, tokens of a step, steps,
     device, gmlp's commit and kernels) and run, over the seeds that have it: the mean tokens/s and its ratio to stock's, MFU,
     peak memory and its ratio to stock's, the experts' share of the profiled kernel time, the
-    final loss, and the largest moving gap to stock; then the bf16 spread, the largest gap of
-    ``SPREAD_RUN`` over the seeds, which each run's gap is compared with."""
+    final loss, the largest moving gap to stock, whether that is within the bf16 spread (the
+    largest gap of ``SPREAD_RUN`` over the seeds), and each seed's ``halfway_step`` ("seed:
+    step"); then the spread's row. A gmlp run made under gmlp
+    settings is its own row (``_run_label``)."""
     lines = ["| experiment: model (blocks), tokens, steps, device, gmlp | run | seeds | tokens/s | vs stock | MFU | peak GB | vs stock | "
-             "experts' share | final loss | max gap to stock | within the bf16 spread |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "experts' share | final loss | max gap to stock | within the bf16 spread | halfway step, per seed |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for (model, layers, tokens, steps, device, code), by_seed in _seed_runs(paths).items():
         seeds = list(by_seed.values())
         spread_gaps = [max_gap(runs[SPREAD_RUN]["loss"], runs["stock"]["loss"], runs["stock"]["window"])
@@ -204,9 +233,10 @@ def table(paths: list[pathlib.Path]) -> str:
             lines.append(f"| {experiment} | {name} | {f['seeds']} | {_cell(f['tokens_per_s'], ',.0f')} | "
                          f"{_cell(f['vs_stock'], '.2f')} | {_cell(f['mfu'], '.3f')} | {_cell(f['peak_gb'], '.1f')} | "
                          f"{_cell(f['peak_vs_stock'], '.2f')} | {_cell(f['experts_share'], '.2f')} | "
-                         f"{_cell(f['final_loss'], '.4f')} | {_cell(f['max_gap'], '.4f')} | {within} |")
+                         f"{_cell(f['final_loss'], '.4f')} | {_cell(f['max_gap'], '.4f')} | {within} | "
+                         f"{_halfway_steps(name, by_seed)} |")
         lines.append(f"| {experiment} | bf16 spread: {SPREAD_RUN}'s max gap over {len(spread_gaps)} seeds | | | | | | | | | "
-                     f"{_cell(spread, '.4f')} | |")
+                     f"{_cell(spread, '.4f')} | | |")
     return "\n".join(lines)
 
 

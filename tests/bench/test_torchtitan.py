@@ -181,3 +181,28 @@ def test_the_parts_table_averages_each_part_per_step_over_seeds_and_skips_runs_w
     lines = parts_table(sorted(tmp_path.glob("s*.json"))).splitlines()
     assert lines[0] == "| experiment | run | step ms | experts | optimizer | other |"
     assert lines[2].endswith("| gmlp-bf16 | 11.0 | 2.0 (33%) | 4.0 (67%) | 0.0 (0%) |")
+
+
+def test_the_halfway_step_is_where_the_moving_mean_first_reaches_halfway_down_stocks_curve():
+    from gmlp.bench.torchtitan_report import halfway_step
+
+    stock = [10.0, 10.0, 6.0, 2.0, 2.0, 2.0]  # first window mean 10, last 2: halfway is 6
+    assert halfway_step(stock, stock, 2) == 3  # (6 + 2) / 2 = 4 <= 6 at the window ending at step 3
+    assert halfway_step([10.0, 10.0, 10.0, 10.0, 2.0, 2.0], stock, 2) == 4  # (10 + 2) / 2 = 6, one step later
+    assert halfway_step([10.0] * 6, stock, 2) is None  # never learns
+
+
+def test_a_gmlp_run_under_gmlp_settings_is_its_own_row_beside_the_plain_run(tmp_path):
+    from gmlp.bench.torchtitan_report import table
+
+    stock = [10.0, 10.0, 6.0, 2.0]
+    plain = _results(0, {"stock": _run(stock, 1.0), "gmlp-bf16": _run(stock, 1.0)})
+    variant = _results(0, {"gmlp-bf16": _run([10.0] * 4, 1.0), "stock": _run(stock, 1.0)})
+    variant["environment"]["gmlp_settings"] = {"GMLP_COMMIT": "0123456", "GMLP_BACKEND": "triton"}
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    (tmp_path / "variant.json").write_text(json.dumps({**variant, "runs": {"gmlp-bf16": variant["runs"]["gmlp-bf16"]}}))
+    rows = {row[1]: row for row in ([cell.strip() for cell in line.strip("|").split("|")]
+                                    for line in table(sorted(tmp_path.glob("*.json"))).splitlines()[2:])}
+    assert set(rows) >= {"stock", "gmlp-bf16", "gmlp-bf16 [GMLP_BACKEND=triton]"}  # the commit is no setting
+    assert rows["gmlp-bf16"][12] == "0: 3" and rows["gmlp-bf16 [GMLP_BACKEND=triton]"][12] == "0: -"
+    assert rows["stock"][12] == "0: 3"
