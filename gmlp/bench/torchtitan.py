@@ -74,6 +74,7 @@ from gmlp.bench.torchtitan_models import (
     resolve_layers,
 )
 from gmlp.bench.torchtitan_report import bars, curves, parts_table, plot, plot_seeds, summary, table
+from gmlp.system.versions import package_version
 
 RUNS = {
     "stock": [],
@@ -109,6 +110,29 @@ def torch_shims() -> list[str]:
         shims.append("torch.distributed.fsdp.DataParallelMeshDims: a placeholder that raises if used (imported by "
                      "torchtitan's FSDP helpers, which this bench does not call)")
     return shims
+
+
+def torchao_shims(runs: list[str]) -> list[str]:
+    """Aliases that let torchao's FP8 rowwise run import beside gmlp's CuTeDSL; each is named in the
+    results. torchao 0.17's MoE training package imports its CuTeDSL utilities (its MXFP8 kernels
+    for SM100, which the FP8 rowwise run never calls) whenever CuTeDSL's packages are installed,
+    from ``cutlass.base_dsl._mlir_helpers``, which the CuTeDSL that gmlp pins (4.8.1) has as
+    ``cutlass._mlir_helpers``: without the alias the torchao run fails at the model's build."""
+    import importlib
+    import importlib.util
+
+    if TORCHAO_RUN not in runs or importlib.util.find_spec("cutlass") is None:
+        return []
+    import cutlass.base_dsl
+
+    old, new = "cutlass.base_dsl._mlir_helpers", "cutlass._mlir_helpers"
+    if importlib.util.find_spec(old) is not None or importlib.util.find_spec(new) is None:
+        return []
+    helpers = importlib.import_module(new)
+    sys.modules[old] = helpers
+    cutlass.base_dsl._mlir_helpers = helpers
+    return [f"{old}: an alias of {new} (CuTeDSL {package_version('nvidia-cutlass-dsl')}), imported by torchao's MoE "
+            "training package, whose CuTeDSL kernels the FP8 rowwise run does not call"]
 
 
 class CausalSDPAttention(Module):
@@ -376,6 +400,8 @@ def main(argv: list[str]) -> None:
     shims = torch_shims()  # before torchtitan's model packages are imported
     for shim in shims:
         print(f"torch {torch.__version__} shim: {shim}", flush=True)
+    for shim in (torchao_shims_made := torchao_shims(names)):
+        print(f"torchao shim: {shim}", flush=True)
     try:
         layers = resolve_layers(args.layers, args.model, args.batch * args.seq_len, args.gpu_memory_gb)
     except ValueError as error:
@@ -401,7 +427,7 @@ def main(argv: list[str]) -> None:
                            "flags": {n: flags for n, (flags, _) in recipes.items()},
                            "converters": {n: [f"{type(c).__module__}.{type(c).__qualname__}" for c in converters]
                                           for n, (_, converters) in recipes.items() if converters},
-                           "torch_shims": shims},
+                           "torch_shims": shims, "torchao_shims": torchao_shims_made},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
     for name in names:

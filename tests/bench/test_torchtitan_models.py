@@ -231,12 +231,43 @@ def test_the_torchao_run_is_torchtitans_float8_experts_converter():
             model_spec(flags, converters=converters, layers=1)
 
 
+def test_the_torchao_shim_aliases_cutedsls_helpers_only_for_the_torchao_run():
+    pytest.importorskip("cutlass", reason="CuTeDSL is the gmlp[cutedsl] extra")
+    import importlib
+
+    from gmlp.bench.torchtitan import TORCHAO_RUN, torchao_shims
+
+    assert torchao_shims(["stock", "gmlp-bf16"]) == []
+    made = torchao_shims([TORCHAO_RUN])
+    assert importlib.import_module("cutlass.base_dsl._mlir_helpers") is importlib.import_module("cutlass._mlir_helpers")
+    assert all(shim.startswith("cutlass.base_dsl._mlir_helpers: an alias of cutlass._mlir_helpers") for shim in made)
+    assert torchao_shims([TORCHAO_RUN]) == []  # the name resolves now: nothing more to alias
+
+
+def test_the_torchao_models_experts_build_and_shard_beside_cutedsl(monkeypatch):
+    """torchao's MoE training package imports its CuTeDSL utilities when CuTeDSL is installed (the
+    H100's torchao run failed there at the build); its GEMMs need an SM89+ GPU, so the CPU stops
+    after the build and the sharding, which is where it failed."""
+    pytest.importorskip("torchao")
+    import torchtitan.components.quantization.float8 as float8
+
+    from gmlp.bench.torchtitan import TORCHAO_RUN, build_model, fully_sharded, run_recipe, torchao_shims
+
+    torchao_shims([TORCHAO_RUN])
+    monkeypatch.setattr(float8, "has_cuda_capability", lambda major, minor: True)  # the converter's SM89 check
+    flags, converters = run_recipe(TORCHAO_RUN)
+    model = build_model(flags, torch.device("cpu"), None, 0, layers=2, converters=converters)
+    assert type(model.layers["0"].moe.routed_experts.inner_experts).__name__ == "Float8GroupedExperts"
+    fully_sharded(model, torch.device("cpu"))
+
+
 @pytest.mark.gpu
 def test_the_torchao_run_trains_a_step_on_a_gpu():
     pytest.importorskip("torchao")
-    from gmlp.bench.torchtitan import build_model, fully_sharded, run_recipe, training_step
+    from gmlp.bench.torchtitan import TORCHAO_RUN, build_model, fully_sharded, run_recipe, torchao_shims, training_step
 
-    flags, converters = run_recipe("torchao-fp8-rowwise")
+    torchao_shims([TORCHAO_RUN])
+    flags, converters = run_recipe(TORCHAO_RUN)
     device = torch.device("cuda")
     model = build_model(flags, device, None, 0, layers=2, converters=converters)
     assert type(model.layers["0"].moe.routed_experts.inner_experts).__name__ == "Float8GroupedExperts"
