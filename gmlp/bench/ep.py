@@ -38,8 +38,10 @@ from gmlp.bench.torchtitan import (
     RUNS,
     MarkovTokens,
     model_spec,
+    GC_EVERY,
     optimizer_and_schedule,
     torch_shims,
+    trainer_garbage_collection,
 )
 from gmlp.bench.torchtitan import build_model as stock_model
 from gmlp.bench.torchtitan_report import moving_gap
@@ -190,35 +192,37 @@ def train(name: str, model, experts: list, data: MarkovTokens, dims, args, rank:
 
     untimed_s = 0.0  # the profiled step, its sync and the profile's processing
     step_host_ms, last = [], time.perf_counter()
-    for index in range(args.steps):
-        if index == timed_from:
-            dist.barrier()
-            start = time.perf_counter()
-        if index == args.profile_step:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if device.type == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-                torch.cuda.synchronize(device)  # the step's time is its own, not the previous one's tail
-            began = time.perf_counter()
-            with torch.profiler.profile(activities=activities) as profile:
+    with trainer_garbage_collection(args.gc_every) as collect:
+        for index in range(args.steps):
+            if index == timed_from:
+                dist.barrier()
+                start = time.perf_counter()
+            collect(index + 1)  # inside the step, as the trainer times it
+            if index == args.profile_step:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if device.type == "cuda":
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                    torch.cuda.synchronize(device)  # the step's time is its own, not the previous one's tail
+                began = time.perf_counter()
+                with torch.profiler.profile(activities=activities) as profile:
+                    losses.append(step(index))
+                    synchronize(device)
+                    step_ms = 1000 * (time.perf_counter() - began)
+                # the events exist once the profiler has stopped
+                events = profile.key_averages()
+                profiled = {"step": index, "step_ms": step_ms, "all_to_all_ms": all_to_all_ms(events, device.type)}
+                if device.type == "cuda":  # kernel time against the step's: how far the host keeps the GPU busy
+                    profiled["kernels_ms"] = sum(event.self_device_time_total for event in _kernels(events)) / 1000
+                    profiled["top_kernels_ms"] = top_kernels_ms(events)
+                if index >= timed_from:
+                    untimed_s += time.perf_counter() - began
+            else:
                 losses.append(step(index))
-                synchronize(device)
-                step_ms = 1000 * (time.perf_counter() - began)
-            # the events exist once the profiler has stopped
-            events = profile.key_averages()
-            profiled = {"step": index, "step_ms": step_ms, "all_to_all_ms": all_to_all_ms(events, device.type)}
-            if device.type == "cuda":  # kernel time against the step's: how far the host keeps the GPU busy
-                profiled["kernels_ms"] = sum(event.self_device_time_total for event in _kernels(events)) / 1000
-                profiled["top_kernels_ms"] = top_kernels_ms(events)
-            if index >= timed_from:
-                untimed_s += time.perf_counter() - began
-        else:
-            losses.append(step(index))
-        now = time.perf_counter()
-        step_host_ms.append(1000 * (now - last))
-        last = now
-        if rank == 0 and ((index + 1) % 25 == 0 or index + 1 == args.steps):
-            print(f"{name}: step {index + 1}/{args.steps} loss {float(losses[-1]):.4f}", flush=True)
+            now = time.perf_counter()
+            step_host_ms.append(1000 * (now - last))
+            last = now
+            if rank == 0 and ((index + 1) % 25 == 0 or index + 1 == args.steps):
+                print(f"{name}: step {index + 1}/{args.steps} loss {float(losses[-1]):.4f}", flush=True)
     dist.barrier()
     seconds = time.perf_counter() - start - untimed_s
     load = expert_load(model)
@@ -284,6 +288,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
+    parser.add_argument("--gc-every", type=int, default=GC_EVERY,
+                        help="Python's garbage collection as torchtitan's trainer runs it: automatic collection off, "
+                             "a collection every N steps (its training.gc_freq)")
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
     parser.add_argument("--profile-step", type=int, default=None, help="profile this step (default: the last)")
     parser.add_argument("--hot-expert", action="store_true", help="every token also routed to expert 0")
@@ -314,6 +321,8 @@ def main(argv: list[str]) -> None:
     if args.steps < args.warmup + 2:  # at least one timed step besides the profiled one
         parser.error(f"--steps {args.steps}: expected at least --warmup + 2 = {args.warmup + 2} "
                      "(the warm-up steps and the profiled step are not timed)")
+    if args.gc_every < 1:
+        parser.error(f"--gc-every: expected 1 or more, got {args.gc_every}")
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():

@@ -37,7 +37,9 @@ wheel does not ship (and packages the GPU machine lacks). ``--plot`` draws the c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import gc
 import json
 import pathlib
 import sys
@@ -260,6 +262,28 @@ def optimizer_and_schedule(model, args):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
 
 
+GC_EVERY = 50  # torchtitan's training.gc_freq default
+
+
+@contextlib.contextmanager
+def trainer_garbage_collection(every: int):
+    """Python's garbage collection as torchtitan's trainer runs it (``GarbageCollection``): automatic
+    collection off, a generation-1 collection first and then at every ``every``-th step, so that no
+    step stalls on a collection the trainer would not make (an automatic full collection costs a
+    step tens of ms of host time, in whichever process it happens). Yields the per-step call
+    (the step's number from 1, as the trainer counts); automatic collection is back on after,
+    as it was, since this bench trains several sides in one process."""
+    from torchtitan.tools.utils import GarbageCollection
+
+    was_enabled = gc.isenabled()
+    handler = GarbageCollection(gc_freq=every)
+    try:
+        yield handler.run
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def training_step(model, optimizer, schedule, tokens: torch.Tensor, micro_batch: int) -> torch.Tensor:
     """One step on ``tokens`` (rows, seq_len + 1) in micro-batches of ``micro_batch`` rows, their
     gradients accumulated as torchtitan's trainer accumulates them (each micro-batch's mean
@@ -303,25 +327,27 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     losses, tokens_per_step = [], args.batch * args.accumulate * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
     first_step_s = None
-    start = first_start = time.perf_counter()
-    for step in range(args.steps):
-        if step == timed_from:
-            synchronize(data.device)
-            start = time.perf_counter()
-        loss = training_step(model, optimizer, schedule, data.batch(step), args.batch)
-        losses.append(loss)
-        if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
-            synchronize(data.device)
-            first_step_s = time.perf_counter() - first_start
-        if (step + 1) % 25 == 0 or step + 1 == args.steps:
-            progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss.detach()):.4f}")
-    synchronize(data.device)
-    seconds = time.perf_counter() - start
-    timed_steps = args.steps - timed_from
-    peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None
-    batches = [data.batch(args.steps - 1 - i) for i in range(min(args.profile_steps, args.steps))]
-    kernels = profiled_kernels(lambda: [training_step(model, optimizer, schedule, b, args.batch) for b in batches],
-                               data.device)
+    with trainer_garbage_collection(args.gc_every) as collect:
+        start = first_start = time.perf_counter()
+        for step in range(args.steps):
+            if step == timed_from:
+                synchronize(data.device)
+                start = time.perf_counter()
+            collect(step + 1)
+            loss = training_step(model, optimizer, schedule, data.batch(step), args.batch)
+            losses.append(loss)
+            if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
+                synchronize(data.device)
+                first_step_s = time.perf_counter() - first_start
+            if (step + 1) % 25 == 0 or step + 1 == args.steps:
+                progress(f"{name}: step {step + 1}/{args.steps} loss {float(loss.detach()):.4f}")
+        synchronize(data.device)
+        seconds = time.perf_counter() - start
+        timed_steps = args.steps - timed_from
+        peak = torch.cuda.max_memory_allocated(data.device) / 1e9 if data.device.type == "cuda" else None
+        batches = [data.batch(args.steps - 1 - i) for i in range(min(args.profile_steps, args.steps))]
+        kernels = profiled_kernels(lambda: [training_step(model, optimizer, schedule, b, args.batch) for b in batches],
+                                   data.device)
     return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
             "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "peak_memory_gb": peak,
             "profile": {"steps": len(batches), **expert_share(kernels, EXPERT_KERNELS[name])} if batches else None}
@@ -347,6 +373,9 @@ def main(argv: list[str]) -> None:
                              "on K GPUs sharding the model (FSDP)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
+    parser.add_argument("--gc-every", type=int, default=GC_EVERY,
+                        help="Python's garbage collection as torchtitan's trainer runs it: automatic collection off, "
+                             "a collection every N steps (its training.gc_freq)")
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (its timings mean nothing)")
@@ -395,6 +424,8 @@ def main(argv: list[str]) -> None:
         parser.error(f"--runs: unknown {unknown}; known are {KNOWN_RUNS}")
     if args.accumulate < 1:
         parser.error(f"--accumulate: expected 1 or more, got {args.accumulate}")
+    if args.gc_every < 1:
+        parser.error(f"--gc-every: expected 1 or more, got {args.gc_every}")
     if args.profile_steps < 0:
         parser.error(f"--profile-steps: expected 0 or more, got {args.profile_steps}")
     shims = torch_shims()  # before torchtitan's model packages are imported

@@ -3,6 +3,7 @@ statistics of the summary, and the attention core the runs use."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -206,3 +207,48 @@ def test_a_gmlp_run_under_gmlp_settings_is_its_own_row_beside_the_plain_run(tmp_
     assert set(rows) >= {"stock", "gmlp-bf16", "gmlp-bf16 [GMLP_BACKEND=triton]"}  # the commit is no setting
     assert rows["gmlp-bf16"][12] == "0: 3" and rows["gmlp-bf16 [GMLP_BACKEND=triton]"][12] == "0: -"
     assert rows["stock"][12] == "0: 3"
+
+
+def test_training_collects_garbage_as_torchtitans_trainer_does_and_restores_automatic_collection():
+    import gc
+
+    from gmlp.bench.torchtitan import trainer_garbage_collection
+
+    collected = []
+    gc.callbacks.append(lambda phase, info: collected.append(info["generation"]) if phase == "start" else None)
+    try:
+        assert gc.isenabled()
+        with trainer_garbage_collection(3) as collect:
+            assert not gc.isenabled() and collected == [1]  # automatic collection off, one collection first
+            ran = [collect(step) for step in range(1, 8)]
+            assert ran == [False, False, True, False, False, True, False] and collected == [1, 1, 1]
+        assert gc.isenabled()
+        gc.disable()
+        with trainer_garbage_collection(3):
+            pass
+        assert not gc.isenabled()  # as it was
+    finally:
+        gc.enable()
+        gc.callbacks.pop()
+
+
+def test_train_runs_its_steps_under_the_trainers_garbage_collection(monkeypatch):
+    import argparse
+    import gc
+
+    import gmlp.bench.torchtitan as bench
+
+    calls = []
+    real = bench.trainer_garbage_collection
+
+    def recorded(every):  # torchtitan's handler, each step's call recorded, automatic collection seen off
+        with real(every) as collect:
+            yield lambda step: calls.append((step, gc.isenabled())) or collect(step)
+
+    monkeypatch.setattr(bench, "trainer_garbage_collection", contextlib.contextmanager(recorded))
+    args = argparse.Namespace(steps=4, warmup=1, batch=2, accumulate=1, seq_len=16, profile_steps=1, gc_every=2,
+                              lr=0.1)
+    data = bench.MarkovTokens(8, args.steps, args.batch, args.seq_len, 0, torch.device("cpu"))
+    result = bench.train("stock", _Bigram(8), data, args, progress=lambda line: None)
+    assert calls == [(1, False), (2, False), (3, False), (4, False)] and gc.isenabled()
+    assert len(result["loss"]) == 4 and result["tokens_per_s"] > 0
