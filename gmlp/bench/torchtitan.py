@@ -327,15 +327,18 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
     losses, tokens_per_step = [], args.batch * args.accumulate * args.seq_len
     timed_from = min(args.warmup, args.steps - 1)
     first_step_s = None
+    step_host_ms = []  # each step's host time, no sync: spikes are host stalls (a collection, a compile)
     with trainer_garbage_collection(args.gc_every) as collect:
         start = first_start = time.perf_counter()
         for step in range(args.steps):
             if step == timed_from:
                 synchronize(data.device)
                 start = time.perf_counter()
+            began = time.perf_counter()
             collect(step + 1)
             loss = training_step(model, optimizer, schedule, data.batch(step), args.batch)
             losses.append(loss)
+            step_host_ms.append(1000 * (time.perf_counter() - began))
             if step == 0:  # the first step's wall time: kernels compiled, or loaded from the compile cache
                 synchronize(data.device)
                 first_step_s = time.perf_counter() - first_start
@@ -349,7 +352,8 @@ def train(name: str, model, data: MarkovTokens, args, progress) -> dict:
         kernels = profiled_kernels(lambda: [training_step(model, optimizer, schedule, b, args.batch) for b in batches],
                                    data.device)
     return {"loss": [float(x) for x in losses], "tokens_per_s": timed_steps * tokens_per_step / seconds,
-            "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "peak_memory_gb": peak,
+            "step_ms": 1000 * seconds / timed_steps, "first_step_s": first_step_s, "step_host_ms": step_host_ms,
+            "peak_memory_gb": peak,
             "profile": {"steps": len(batches), **expert_share(kernels, EXPERT_KERNELS[name])} if batches else None}
 
 

@@ -251,4 +251,4 @@ def test_train_runs_its_steps_under_the_trainers_garbage_collection(monkeypatch)
     data = bench.MarkovTokens(8, args.steps, args.batch, args.seq_len, 0, torch.device("cpu"))
     result = bench.train("stock", _Bigram(8), data, args, progress=lambda line: None)
     assert calls == [(1, False), (2, False), (3, False), (4, False)] and gc.isenabled()
-    assert len(result["loss"]) == 4 and result["tokens_per_s"] > 0
+    assert len(result["loss"]) == len(result["step_host_ms"]) == 4 and result["tokens_per_s"] > 0
