@@ -392,7 +392,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--table", type=pathlib.Path, nargs="+", default=None,
                         help="only print the markdown table of results JSON (runs of one model and seed may be in "
                              "several files; seeds are averaged, their spread judges the loss gaps; each seed's halfway "
-                             "step; a gmlp run under GMLP_* settings is its own row)")
+                             "step and kernel speed vs stock; a gmlp run under GMLP_* settings is its own row)")
     parser.add_argument("--curves-out", type=pathlib.Path, default=None,
                         help="with --table: the PNG of each experiment's loss curves and gaps to stock, per seed")
     add_out_argument(parser)

@@ -181,6 +181,12 @@ def _colors(seeds: list[dict]) -> dict[str, str]:
     return {name: f"C{index}" for index, name in enumerate(_run_names(seeds))}
 
 
+def _kernel_ms(run: dict) -> float | None:
+    """The profiled steps' GPU kernel ms per step (None: no profile, or a CPU run's, which has no kernels)."""
+    profile = run.get("profile") or {}
+    return profile["kernels_ms"] / profile["steps"] if profile.get("kernels_ms") and profile.get("steps") else None
+
+
 def _figures(name: str, seeds: list[dict]) -> dict:
     """Run ``name``'s figures over the seeds that have it (``seeds``: each seed's runs)."""
     with_stock = [runs for runs in seeds if "stock" in runs]
@@ -190,7 +196,10 @@ def _figures(name: str, seeds: list[dict]) -> dict:
     stock_peak = _mean([runs["stock"]["peak_memory_gb"] for runs in with_stock])
     gaps = [max_gap(runs[name]["loss"], runs["stock"]["loss"], runs[name]["window"])
             for runs in with_stock if name != "stock"]
+    kernels = _mean([_kernel_ms(runs[name]) for runs in seeds])
+    stock_kernels = _mean([_kernel_ms(runs["stock"]) for runs in with_stock])
     return {"seeds": len(seeds), "tokens_per_s": tokens,
+            "kernel_speed": stock_kernels / kernels if kernels and stock_kernels else None,
             "vs_stock": tokens / stock_tokens if tokens and stock_tokens else None,
             "mfu": _mean([runs[name].get("mfu") for runs in seeds]), "peak_gb": peak,
             "peak_vs_stock": peak / stock_peak if peak and stock_peak else None,
@@ -215,12 +224,15 @@ def table(paths: list[pathlib.Path]) -> str:
     device, gmlp's commit and kernels) and run, over the seeds that have it: the mean tokens/s and its ratio to stock's, MFU,
     peak memory and its ratio to stock's, the experts' share of the profiled kernel time, the
     final loss, the largest moving gap to stock, whether that is within the bf16 spread (the
-    largest gap of ``SPREAD_RUN`` over the seeds), and each seed's ``halfway_step`` ("seed:
-    step"); then the spread's row. A gmlp run made under gmlp
+    largest gap of ``SPREAD_RUN`` over the seeds), each seed's ``halfway_step`` ("seed:
+    step"), and stock's GPU kernel time per profiled step over the run's (above 1: the run's
+    kernels are faster; steadier than tokens/s, which the host's stalls move from process to
+    process); then the spread's row. A gmlp run made under gmlp
     settings is its own row (``_run_label``)."""
     lines = ["| experiment: model (blocks), tokens, steps, device, gmlp | run | seeds | tokens/s | vs stock | MFU | peak GB | vs stock | "
-             "experts' share | final loss | max gap to stock | within the bf16 spread | halfway step, per seed |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "experts' share | final loss | max gap to stock | within the bf16 spread | halfway step, per seed | "
+             "kernel speed vs stock |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for (model, layers, tokens, steps, device, code), by_seed in _seed_runs(paths).items():
         seeds = list(by_seed.values())
         spread_gaps = [max_gap(runs[SPREAD_RUN]["loss"], runs["stock"]["loss"], runs["stock"]["window"])
@@ -234,9 +246,9 @@ def table(paths: list[pathlib.Path]) -> str:
                          f"{_cell(f['vs_stock'], '.2f')} | {_cell(f['mfu'], '.3f')} | {_cell(f['peak_gb'], '.1f')} | "
                          f"{_cell(f['peak_vs_stock'], '.2f')} | {_cell(f['experts_share'], '.2f')} | "
                          f"{_cell(f['final_loss'], '.4f')} | {_cell(f['max_gap'], '.4f')} | {within} | "
-                         f"{_halfway_steps(name, by_seed)} |")
+                         f"{_halfway_steps(name, by_seed)} | {_cell(f['kernel_speed'], '.2f')} |")
         lines.append(f"| {experiment} | bf16 spread: {SPREAD_RUN}'s max gap over {len(spread_gaps)} seeds | | | | | | | | | "
-                     f"{_cell(spread, '.4f')} | | |")
+                     f"{_cell(spread, '.4f')} | | | |")
     return "\n".join(lines)
 
 

@@ -252,3 +252,19 @@ def test_train_runs_its_steps_under_the_trainers_garbage_collection(monkeypatch)
     result = bench.train("stock", _Bigram(8), data, args, progress=lambda line: None)
     assert calls == [(1, False), (2, False), (3, False), (4, False)] and gc.isenabled()
     assert len(result["loss"]) == len(result["step_host_ms"]) == 4 and result["tokens_per_s"] > 0
+
+
+def test_the_kernel_speed_is_stocks_kernel_time_per_profiled_step_over_the_runs(tmp_path):
+    from gmlp.bench.torchtitan_report import table
+
+    def profiled(kernels_ms: float | None, steps: int) -> dict:
+        run = _run([1.0, 1.0], 1.0)
+        run["profile"] = {"experts_share": 0.5, "kernels_ms": kernels_ms, "steps": steps}
+        return run
+
+    (tmp_path / "a.json").write_text(json.dumps(_results(0, {"stock": profiled(240.0, 2), "gmlp-bf16": profiled(100.0, 1),
+                                                            "torchtitan-fused": profiled(None, 2)})))
+    rows = {row[1]: row for row in ([cell.strip() for cell in line.strip("|").split("|")]
+                                    for line in table([tmp_path / "a.json"]).splitlines()[2:])}
+    assert rows["gmlp-bf16"][13] == "1.20"  # stock's 120 ms a step over gmlp's 100
+    assert rows["stock"][13] == "1.00" and rows["torchtitan-fused"][13] == "n/a"  # no kernels: a CPU run
