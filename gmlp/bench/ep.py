@@ -37,8 +37,8 @@ from gmlp.bench.torchtitan import (
     FLAVOR,
     RUNS,
     MarkovTokens,
+    add_gc_argument,
     model_spec,
-    GC_EVERY,
     optimizer_and_schedule,
     torch_shims,
     trainer_garbage_collection,
@@ -288,9 +288,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
-    parser.add_argument("--gc-every", type=int, default=GC_EVERY,
-                        help="Python's garbage collection as torchtitan's trainer runs it: automatic collection off, "
-                             "a collection every N steps (its training.gc_freq)")
+    add_gc_argument(parser)
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
     parser.add_argument("--profile-step", type=int, default=None, help="profile this step (default: the last)")
     parser.add_argument("--hot-expert", action="store_true", help="every token also routed to expert 0")
@@ -321,8 +319,6 @@ def main(argv: list[str]) -> None:
     if args.steps < args.warmup + 2:  # at least one timed step besides the profiled one
         parser.error(f"--steps {args.steps}: expected at least --warmup + 2 = {args.warmup + 2} "
                      "(the warm-up steps and the profiled step are not timed)")
-    if args.gc_every < 1:
-        parser.error(f"--gc-every: expected 1 or more, got {args.gc_every}")
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():

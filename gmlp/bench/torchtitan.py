@@ -265,6 +265,21 @@ def optimizer_and_schedule(model, args):
 GC_EVERY = 50  # torchtitan's training.gc_freq default
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: an int of 1 or more."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
+def add_gc_argument(parser: argparse.ArgumentParser) -> None:
+    """``--gc-every``, the training benches' garbage collection (``trainer_garbage_collection``)."""
+    parser.add_argument("--gc-every", type=at_least_one, default=GC_EVERY,
+                        help="Python's garbage collection as torchtitan's trainer runs it: automatic collection off, "
+                             "a collection every N steps (its training.gc_freq)")
+
+
 @contextlib.contextmanager
 def trainer_garbage_collection(every: int):
     """Python's garbage collection as torchtitan's trainer runs it (``GarbageCollection``): automatic
@@ -371,15 +386,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--accumulate", type=int, default=1,
+    parser.add_argument("--accumulate", type=at_least_one, default=1,
                         help="micro-batches of --batch x --seq-len per optimizer step (torchtitan's gradient "
                              "accumulation); one GPU with K of them gives the optimizer the share of the step it has "
                              "on K GPUs sharding the model (FSDP)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (not timed)")
-    parser.add_argument("--gc-every", type=int, default=GC_EVERY,
-                        help="Python's garbage collection as torchtitan's trainer runs it: automatic collection off, "
-                             "a collection every N steps (its training.gc_freq)")
+    add_gc_argument(parser)
     parser.add_argument("--window", type=int, default=20, help="steps averaged in the summary")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (its timings mean nothing)")
@@ -426,16 +439,13 @@ def main(argv: list[str]) -> None:
     unknown = [name for name in names if name not in KNOWN_RUNS]
     if unknown:
         parser.error(f"--runs: unknown {unknown}; known are {KNOWN_RUNS}")
-    if args.accumulate < 1:
-        parser.error(f"--accumulate: expected 1 or more, got {args.accumulate}")
-    if args.gc_every < 1:
-        parser.error(f"--gc-every: expected 1 or more, got {args.gc_every}")
     if args.profile_steps < 0:
         parser.error(f"--profile-steps: expected 0 or more, got {args.profile_steps}")
     shims = torch_shims()  # before torchtitan's model packages are imported
     for shim in shims:
         print(f"torch {torch.__version__} shim: {shim}", flush=True)
-    for shim in (torchao_shims_made := torchao_shims(names)):
+    torchao_aliases = torchao_shims(names)
+    for shim in torchao_aliases:
         print(f"torchao shim: {shim}", flush=True)
     try:
         layers = resolve_layers(args.layers, args.model, args.batch * args.seq_len, args.gpu_memory_gb)
@@ -462,7 +472,7 @@ def main(argv: list[str]) -> None:
                            "flags": {n: flags for n, (flags, _) in recipes.items()},
                            "converters": {n: [f"{type(c).__module__}.{type(c).__qualname__}" for c in converters]
                                           for n, (_, converters) in recipes.items() if converters},
-                           "torch_shims": shims, "torchao_shims": torchao_shims_made},
+                           "torch_shims": shims, "torchao_shims": torchao_aliases},
               "data_entropy": data.entropy, "runs": {}}
     failed = {}
     for name in names:

@@ -152,6 +152,8 @@ def test_layers_auto_on_an_80_gb_gpu():
     (["--model", "qwen3-30b-a3b", "--layers", "auto", "--gpu-memory-gb", "10"],
      r"--layers auto: not one block of qwen3-30b-a3b fits 10.0 GB"),
     (["--profile-steps", "-1"], r"--profile-steps: expected 0 or more, got -1"),
+    (["--gc-every", "0"], r"argument --gc-every: expected 1 or more, got 0"),
+    (["--accumulate", "0"], r"argument --accumulate: expected 1 or more, got 0"),
 ])
 def test_bad_layers_are_refused_by_the_cli(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -281,6 +283,11 @@ def test_the_torchao_run_trains_a_step_on_a_gpu():
     assert torch.isfinite(training_step(model, optimizer, schedule, tokens, micro_batch=2))
 
 
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 parameter, gradient or state entry (a DTensor), or the tensor."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def _gradient_gaps(device: torch.device, model: str, layers: int, seq_len: int, trained_steps: int,
                    runs: tuple[str, ...]) -> dict[str, dict[str, float]]:
     """Each parameter's gradient of one step of each of ``runs``, as its relative RMS distance from
@@ -300,16 +307,14 @@ def _gradient_gaps(device: torch.device, model: str, layers: int, seq_len: int, 
     optimizer, schedule = optimizer_and_schedule(trained, argparse.Namespace(lr=3e-4, warmup=20))
     for step in range(trained_steps):
         training_step(trained, optimizer, schedule, data.batch(step), 1)
-    state = {name: (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().cpu()
-             for name, value in trained.state_dict().items()}
+    state = {name: _full(value).detach().cpu() for name, value in trained.state_dict().items()}
     del trained, optimizer, schedule
     tokens, gradients = data.batch(trained_steps), {}
     for run in ("stock", *runs):
         built = fully_sharded(build_model(RUNS[run], device, state, 0, **shape), device)
         logits = built(tokens[:, :-1], positions=torch.arange(seq_len, device=device).expand(1, -1))
         torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
-        gradients[run] = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).float().cpu()
-                          for name, p in built.named_parameters() if p.grad is not None}
+        gradients[run] = {name: _full(p.grad).float().cpu() for name, p in built.named_parameters() if p.grad is not None}
         del built, logits
     return {name: {run: relative_rms_error(gradients[run][name], want) for run in runs}
             for name, want in gradients["stock"].items()}
